@@ -1,0 +1,127 @@
+"""The Litestar application factory: core routes plus every plugin's ``mlxrt_routes``.
+
+``create_app(host)`` builds a fresh app around a plugin host whose ``engine`` is set. Route
+conflicts between plugins are found before Litestar sees the handlers (Litestar would
+refuse to build the whole app): the later plugin's route is reported and skipped.
+"""
+
+from __future__ import annotations
+
+import inspect
+import logging
+from collections.abc import Iterable
+from typing import Any
+
+from litestar import Litestar, Request, Response, get
+from litestar.config.cors import CORSConfig
+from litestar.datastructures import State
+from litestar.handlers import HTTPRouteHandler
+from litestar.openapi import OpenAPIConfig
+from litestar.router import Router
+
+import mlxrt
+from mlxrt.api.errors import exception_handlers
+
+__all__ = ["create_app", "RouteConflict"]
+
+log = logging.getLogger("mlxrt.api")
+
+HEALTH_BODY = b'{"status": "ok"}'
+
+
+class RouteConflict(Exception):
+    pass
+
+
+@get("/health", summary="Liveness", tags=["server"], include_in_schema=True)
+async def health() -> Response:
+    # Exact bytes (with the space) as mlx-bun and mlx_lm.server clients expect.
+    return Response(content=HEALTH_BODY, media_type="application/json")
+
+
+@get("/v1", summary="Index of endpoints", tags=["server"])
+async def index(request: Request) -> dict[str, Any]:
+    host = request.app.state.host
+    endpoints = sorted(
+        {f"{method} {path}" for path, methods in _route_table(request.app.route_handler_method_map)
+         for method in methods},
+        key=lambda s: (s.split(" ", 1)[1], s),
+    )
+    return {
+        "name": "mlxrt",
+        "version": mlxrt.__version__,
+        "model": host.engine.info.model_id if host.engine else None,
+        "endpoints": endpoints,
+    }
+
+
+def _route_table(method_map: dict[str, dict[str, Any]]) -> Iterable[tuple[str, list[str]]]:
+    for path, handlers in method_map.items():
+        if path.startswith("/schema"):
+            continue
+        methods = [m for m in handlers if m not in ("OPTIONS", "HEAD", "asgi", "websocket")]
+        if methods:
+            yield path, methods
+
+
+def _claims(item: Any) -> list[tuple[str, str]]:
+    """(method, path) pairs a contributed route object claims."""
+    if isinstance(item, HTTPRouteHandler):
+        return [(m, p) for p in item.paths for m in item.http_methods]
+    if isinstance(item, Router):
+        return [(m, p) for route in item.routes for p in [route.path]
+                for m in getattr(route, "methods", ())]
+    if inspect.isclass(item) and hasattr(item, "path"):
+        claims = []
+        for value in vars(item).values():
+            if isinstance(value, HTTPRouteHandler):
+                base = item.path.rstrip("/")
+                claims += [(m, (base + p) if p != "/" else base or "/") for p in value.paths for m in value.http_methods]
+        return claims
+    return []
+
+
+def collect_routes(host: Any) -> list[Any]:
+    """Every plugin's routes, in plugin call order, minus conflicting ones (reported)."""
+    taken: dict[tuple[str, str], str] = {
+        (m, p): "mlxrt" for h in (health, index) for p in h.paths for m in h.http_methods
+    }
+    accepted: list[Any] = []
+    for plugin, item in host.collect("mlxrt_routes", host=host):
+        claims = _claims(item)
+        clash = next(((c, taken[c]) for c in claims if c in taken), None)
+        if clash is not None:
+            (method, path), owner = clash
+            log.error("plugin %s: route %s %s conflicts with plugin %s; skipped", plugin, method, path, owner)
+            host.route_conflicts.append(f"{plugin}: {method} {path} (taken by {owner})")
+            continue
+        taken.update({c: plugin for c in claims})
+        accepted.append(item)
+    return accepted
+
+
+def create_app(host: Any, *, cors_origins: list[str] | None = None, debug: bool = False) -> Litestar:
+    """Build the HTTP app for ``host`` (whose ``engine`` serves the model)."""
+    routes = [health, index, *collect_routes(host)]
+
+    async def startup() -> None:
+        for _plugin, result in host.collect("mlxrt_startup", host=host):
+            if inspect.isawaitable(result):
+                await result
+
+    async def shutdown() -> None:
+        for _plugin, result in host.collect("mlxrt_shutdown", host=host):
+            if inspect.isawaitable(result):
+                await result
+
+    return Litestar(
+        route_handlers=routes,
+        state=State({"host": host}),
+        exception_handlers=exception_handlers(),
+        cors_config=CORSConfig(allow_origins=cors_origins) if cors_origins else None,
+        openapi_config=OpenAPIConfig(title="mlxrt", version=mlxrt.__version__, path="/schema"),
+        on_startup=[startup],
+        on_shutdown=[shutdown],
+        request_max_body_size=host.options.get("max_body_bytes") or 64 * 1024 * 1024,
+        debug=debug,
+    )

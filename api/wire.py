@@ -1,0 +1,133 @@
+"""Wire-type conversion at the HTTP edge: raw bodies → validated values, with exact error texts.
+
+Two steps, both strict:
+
+1. :func:`check_fields` validates the raw JSON against a table of rules and raises the texts
+   mlx_lm.server uses (``max_tokens must be of type int``, ``top_p must be at most 1``…).
+   Unlike mlx_lm.server, a JSON ``true`` is not accepted where a number is expected.
+2. :func:`strict_converter` builds a cattrs converter that never coerces (cattrs' default
+   turns ``"false"`` into ``True``, ``"END"`` into ``['E','N','D']`` and ``3.7`` into ``3``),
+   for structuring into a dialect's attrs wire types.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
+
+import attrs
+import cattrs
+from cattrs.strategies import configure_union_passthrough
+
+from mlxrt.errors import InvalidRequest
+
+__all__ = ["FieldRule", "check_fields", "parse_json_object", "strict_converter", "structure"]
+
+T = TypeVar("T")
+
+
+def parse_json_object(raw: bytes) -> dict[str, Any]:
+    """Decode a request body that must be a JSON object."""
+    try:
+        body = json.loads(raw)
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise InvalidRequest("invalid JSON body") from None
+    if not isinstance(body, dict):
+        raise InvalidRequest("Request should be a JSON dictionary")
+    return body
+
+
+@attrs.frozen
+class FieldRule:
+    """How one top-level field is validated (mirrors mlx_lm.server's ``_validate``)."""
+
+    name: str
+    types: tuple[type, ...]
+    min: float | None = None
+    max: float | None = None
+    nullable: bool = True
+    allowed: tuple[Any, ...] = ()
+
+
+def _type_text(types: tuple[type, ...]) -> str:
+    # mlx_lm.server prints a tuple of type names for multi-type fields.
+    if len(types) == 1:
+        return types[0].__name__
+    return str(tuple(t.__name__ for t in types))
+
+
+def _is_instance(value: Any, types: tuple[type, ...]) -> bool:
+    if isinstance(value, bool) and bool not in types:
+        return False
+    return isinstance(value, types)
+
+
+def check_fields(body: Mapping[str, Any], rules: Sequence[FieldRule]) -> None:
+    """Raise :class:`InvalidRequest` for the first field that breaks its rule."""
+    for rule in rules:
+        if rule.name not in body:
+            continue
+        value = body[rule.name]
+        if value is None and rule.nullable:
+            continue
+        if not _is_instance(value, rule.types):
+            raise InvalidRequest(f"{rule.name} must be of type {_type_text(rule.types)}", param=rule.name)
+        if value in rule.allowed:
+            continue
+        if rule.min is not None and value < rule.min:
+            raise InvalidRequest(f"{rule.name} must be at least {_num(rule.min)}", param=rule.name)
+        if rule.max is not None and value > rule.max:
+            raise InvalidRequest(f"{rule.name} must be at most {_num(rule.max)}", param=rule.name)
+
+
+def _num(x: float) -> str:
+    return str(int(x)) if float(x).is_integer() else str(x)
+
+
+def strict_converter() -> cattrs.Converter:
+    """A cattrs converter that rejects instead of coercing."""
+    conv = cattrs.Converter(forbid_extra_keys=False)
+
+    def exact(kind: type, name: str):
+        def hook(value: Any, _type: Any) -> Any:
+            if isinstance(value, bool) and kind is not bool:
+                raise TypeError(f"expected {name}")
+            if kind is float and isinstance(value, int):
+                return float(value)
+            if not isinstance(value, kind):
+                raise TypeError(f"expected {name}")
+            return value
+
+        return hook
+
+    for kind in (int, float, bool, str):
+        conv.register_structure_hook(kind, exact(kind, kind.__name__))
+
+    def no_str_list(value: Any, type_: Any) -> Any:
+        if not isinstance(value, list):
+            raise TypeError("expected list")
+        (item,) = getattr(type_, "__args__", (Any,))
+        return tuple(conv.structure(v, item) for v in value) if getattr(type_, "__origin__", None) is tuple \
+            else [conv.structure(v, item) for v in value]
+
+    conv.register_structure_hook_func(
+        lambda t: getattr(t, "__origin__", None) in (list, tuple) and len(getattr(t, "__args__", ())) <= 2
+        and (getattr(t, "__origin__", None) is list or getattr(t, "__args__", (None, None))[-1] is Ellipsis),
+        lambda v, t: no_str_list(v, list[t.__args__[0]]) if t.__origin__ is list
+        else tuple(no_str_list(v, list[t.__args__[0]])),
+    )
+    configure_union_passthrough(int | float | str | bool | None, conv)
+    return conv
+
+
+def structure(conv: cattrs.Converter, value: Any, cls: type[T], *, where: str = "") -> T:
+    """Structure ``value`` into ``cls``; a failure becomes a 400 naming the path."""
+    try:
+        return conv.structure(value, cls)
+    except (cattrs.BaseValidationError, TypeError, ValueError, KeyError) as exc:
+        if isinstance(exc, cattrs.BaseValidationError):
+            detail = "; ".join(cattrs.transform_error(exc, path=where or "$"))
+        else:
+            detail = f"{where or 'body'}: {exc}"
+        raise InvalidRequest(f"invalid request: {detail}") from None

@@ -1,0 +1,83 @@
+"""Qwen tool-call parsers: Qwen3's JSON calls and Qwen3.5/Coder's XML calls.
+
+Both put each call between ``<tool_call>`` and ``</tool_call>``. Qwen3 writes
+``{"name": ..., "arguments": {...}}``; Qwen3.5 writes ``<function=NAME><parameter=KEY>VALUE
+</parameter></function>`` with raw-text values that are typed by the tool's JSON schema.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from mlxrt import ToolCall
+
+__all__ = ["Qwen3JsonParser", "Qwen3XmlParser"]
+
+_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.S)
+_FUNCTION = re.compile(r"<function=([^>\s]+)>(.*?)(?:</function>|\Z)", re.S)
+_PARAMETER = re.compile(r"<parameter=([^>\s]+)>(.*?)(?:</parameter>|(?=<parameter=)|\Z)", re.S)
+
+
+def _blocks(text: str) -> list[str]:
+    blocks = [b.strip() for b in _BLOCK.findall(text)]
+    if not blocks:
+        raise ValueError("no <tool_call> block")
+    return blocks
+
+
+class Qwen3JsonParser:
+    start = "<tool_call>"
+    end = "</tool_call>"
+
+    def parse(self, text: str, tools: Sequence[Mapping[str, Any]] | None) -> list[ToolCall]:
+        calls = []
+        for block in _blocks(text):
+            obj = json.loads(block)
+            if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
+                raise ValueError("a tool call must be a JSON object with a string name")
+            args = obj.get("arguments", {})
+            if isinstance(args, str):
+                args = json.loads(args or "{}")
+            calls.append(ToolCall(name=obj["name"], arguments=json.dumps(args, ensure_ascii=False)))
+        return calls
+
+
+def _schema_of(tools: Sequence[Mapping[str, Any]] | None, name: str) -> Mapping[str, Any]:
+    for tool in tools or ():
+        fn = tool.get("function") or {}
+        if fn.get("name") == name:
+            return (fn.get("parameters") or {}).get("properties") or {}
+    return {}
+
+
+def _typed(raw: str, schema: Mapping[str, Any]) -> Any:
+    value = raw.strip("\n")
+    kind = schema.get("type")
+    if kind == "string" or (kind is None and not value[:1] in "[{0123456789-tfn"):
+        return value
+    try:
+        return json.loads(value)
+    except json.JSONDecodeError:
+        if kind in ("integer", "number", "boolean", "object", "array"):
+            raise ValueError(f"parameter value {value!r} is not a valid {kind}") from None
+        return value
+
+
+class Qwen3XmlParser:
+    start = "<tool_call>"
+    end = "</tool_call>"
+
+    def parse(self, text: str, tools: Sequence[Mapping[str, Any]] | None) -> list[ToolCall]:
+        calls = []
+        for block in _blocks(text):
+            fn = _FUNCTION.search(block)
+            if fn is None:
+                raise ValueError("a tool call must contain <function=NAME>")
+            name, body = fn.group(1), fn.group(2)
+            props = _schema_of(tools, name)
+            args = {key: _typed(val, props.get(key) or {}) for key, val in _PARAMETER.findall(body)}
+            calls.append(ToolCall(name=name, arguments=json.dumps(args, ensure_ascii=False)))
+        return calls

@@ -1,0 +1,210 @@
+"""The ``mlxrt`` command line: ``serve``, ``plugins`` and whatever plugins register.
+
+Plugins are loaded before the command line is built (they may add ``serve`` options and
+subcommands), so ``--disable-plugin`` is read from argv first: a disabled plugin is never
+imported, and a broken one is reported, not fatal.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import click
+
+import mlxrt
+from mlxrt.host import PluginHost, make_host
+
+__all__ = ["main", "build_cli"]
+
+log = logging.getLogger("mlxrt")
+
+#: mlx_lm.server flags mlxrt accepts but does not implement yet, with the value that means
+#: "off". Any other value is refused at start-up instead of being ignored.
+_NOT_YET = {
+    "adapter_path": None,
+    "draft_model": None,
+    "num_draft_tokens": 3,
+    "trust_remote_code": False,
+    "use_default_chat_template": False,
+    "decode_concurrency": 32,
+    "prompt_concurrency": 8,
+    "prefill_step_size": 2048,
+    "prompt_cache_size": 10,
+    "prompt_cache_bytes": None,
+    "kv_bits": None,
+    "kv_group_size": 64,
+    "quantized_kv_start": 5000,
+    "pipeline": False,
+}
+
+
+def _disabled_from_argv(argv: Sequence[str]) -> list[str]:
+    names: list[str] = []
+    for i, arg in enumerate(argv):
+        if arg == "--disable-plugin" and i + 1 < len(argv):
+            names.append(argv[i + 1])
+        elif arg.startswith("--disable-plugin="):
+            names.append(arg.split("=", 1)[1])
+    return names
+
+
+def _version_text() -> str:
+    from importlib.metadata import PackageNotFoundError, version
+
+    parts = [f"mlxrt {mlxrt.__version__}"]
+    for dist in ("mlx", "mlx-lm"):
+        try:
+            parts.append(f"{dist} {version(dist)}")
+        except PackageNotFoundError:
+            parts.append(f"{dist} (not installed)")
+    return ", ".join(parts)
+
+
+def _plugins_table(host: PluginHost) -> str:
+    rows = [("NAME", "VERSION", "KIND", "STATUS", "HOOKS / ERROR")]
+    for r in host.records.values():
+        detail = r.error if r.status == "failed" else ", ".join(h.removeprefix("mlxrt_") for h in r.hooks) or "-"
+        rows.append((r.name, r.version or "-", r.kind, r.status, detail))
+    widths = [max(len(row[i]) for row in rows) for i in range(4)]
+    return "\n".join(
+        "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:4])) + "  " + row[4] for row in rows
+    )
+
+
+def _serve(host: PluginHost, model: str | None, opts: dict[str, Any]) -> None:
+    from mlxrt.errors import ModelLoadError, PluginError
+
+    refused = [f"--{name.replace('_', '-')}" for name, off in _NOT_YET.items()
+               if opts.get(name) not in (off, None) or (off is None and opts.get(name) is not None)]
+    if refused:
+        raise click.UsageError(
+            f"{', '.join(refused)}: accepted for mlx_lm.server compatibility but not implemented "
+            "in this mlxrt version; remove the flag"
+        )
+    for record in host.failed():
+        click.echo(f"warning: plugin {record.name} failed to load and is skipped: {record.error}", err=True)
+    try:
+        server = build_server(host, model, opts)
+    except (ModelLoadError, PluginError) as exc:
+        raise click.ClickException(exc.message) from exc
+    import uvicorn
+
+    engine = host.engine
+    click.echo(
+        f"mlxrt {mlxrt.__version__} serving {engine.info.model_id} ({engine.info.model_type}, family "
+        f"{engine.profile.family}) on http://{opts['host']}:{opts['port']}",
+        err=True,
+    )
+    uvicorn.run(server, host=opts["host"], port=opts["port"], log_level=opts["log_level"].lower(),
+                timeout_graceful_shutdown=5)
+
+
+def build_server(host: PluginHost, model: str | None, opts: dict[str, Any]) -> Any:
+    """Load the model, start the engine and build the app (also used by tests)."""
+    from mlxrt.api.app import create_app
+    from mlxrt.engine import Engine
+    from mlxrt.loading import load_model, read_model_info, resolve_model
+
+    host.options.update(opts)
+    host.options.setdefault("started_at", time.time())
+    source = resolve_model(model, allow_download=True)
+    info = read_model_info(source)
+    loaded, profile = load_model(info, host)
+    if opts.get("chat_template"):
+        loaded.tokenizer.chat_template = opts["chat_template"]
+    host.engine = Engine(loaded, profile, host)
+    host.engine.start()
+    origins = opts.get("allowed_origins")
+    return create_app(host, cors_origins=[o.strip() for o in origins.split(",")] if origins else None)
+
+
+def build_cli(host: PluginHost) -> click.Group:
+    @click.group(context_settings={"help_option_names": ["-h", "--help"]})
+    @click.version_option(mlxrt.__version__, "--version", message=_version_text())
+    def cli() -> None:
+        """mlxrt: a plugin-architecture model runtime and inference server built on MLX."""
+
+    @cli.command("plugins")
+    @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+    @click.option("--disable-plugin", multiple=True, help="Do not load this plugin (repeatable).")
+    def plugins_cmd(as_json: bool, disable_plugin: tuple[str, ...]) -> None:
+        """List installed plugins: name, version, kind, hooks implemented, status."""
+        if as_json:
+            import attrs
+
+            click.echo(json.dumps([attrs.asdict(r) for r in host.records.values()], indent=2))
+        else:
+            click.echo(_plugins_table(host))
+
+    serve_options = [opt for _plugin, opt in host.collect("mlxrt_serve_options")]
+
+    @cli.command("serve", context_settings={"show_default": True})
+    @click.argument("model_arg", metavar="[MODEL]", required=False)
+    @click.option("--model", help="Model: a local HF folder, a .gguf file or a repo id "
+                  "(default: the embedded SmolLM2-135M-Instruct).")
+    @click.option("--host", default="127.0.0.1", help="Address to bind.")
+    @click.option("--port", default=8080, type=int, help="Port to bind.")
+    @click.option("--log-level", default="INFO",
+                  type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], case_sensitive=False))
+    @click.option("--allowed-origins", default=None, help="CORS origins, comma-separated (off when unset).")
+    @click.option("--disable-plugin", multiple=True, help="Do not load this plugin (repeatable).")
+    @click.option("--temp", type=float, default=None,
+                  help="Default temperature. Fallback chain: request → this flag → generation_config.json → 0.0")
+    @click.option("--top-p", type=float, default=None, help="Default top_p (same chain; last fallback 1.0).")
+    @click.option("--top-k", type=int, default=None, help="Default top_k (same chain; last fallback 0 = off).")
+    @click.option("--min-p", type=float, default=None, help="Default min_p (same chain; last fallback 0.0).")
+    @click.option("--max-tokens", type=int, default=None,
+                  help="Default max_tokens (chat: 65536 capped by the context; completions: 512).")
+    @click.option("--chat-template", default="", help="Override the model's chat template (Jinja text).")
+    @click.option("--chat-template-args", default="{}", help="JSON object of default chat-template kwargs.")
+    @click.option("--adapter-path", default=None, help="(mlx_lm.server flag; not implemented yet)")
+    @click.option("--draft-model", default=None, help="(mlx_lm.server flag; not implemented yet)")
+    @click.option("--num-draft-tokens", type=int, default=3, help="(mlx_lm.server flag; not implemented yet)")
+    @click.option("--trust-remote-code", is_flag=True, help="(mlx_lm.server flag; not implemented yet)")
+    @click.option("--use-default-chat-template", is_flag=True, help="(mlx_lm.server flag; not implemented yet)")
+    @click.option("--decode-concurrency", type=int, default=32, help="(mlx_lm.server flag; not implemented yet)")
+    @click.option("--prompt-concurrency", type=int, default=8, help="(mlx_lm.server flag; not implemented yet)")
+    @click.option("--prefill-step-size", type=int, default=2048, help="(mlx_lm.server flag; not implemented yet)")
+    @click.option("--prompt-cache-size", type=int, default=10, help="(mlx_lm.server flag; not implemented yet)")
+    @click.option("--prompt-cache-bytes", default=None, help="(mlx_lm.server flag; not implemented yet)")
+    @click.option("--kv-bits", type=int, default=None, help="(mlx_lm.server flag; not implemented yet)")
+    @click.option("--kv-group-size", type=int, default=64, help="(mlx_lm.server flag; not implemented yet)")
+    @click.option("--quantized-kv-start", type=int, default=5000, help="(mlx_lm.server flag; not implemented yet)")
+    @click.option("--pipeline", is_flag=True, help="(mlx_lm.server flag; not implemented yet)")
+    def serve(model_arg: str | None, model: str | None, **opts: Any) -> None:
+        """Serve MODEL over HTTP (OpenAI-compatible; a superset of mlx_lm.server)."""
+        if model_arg and model and model_arg != model:
+            raise click.UsageError("give the model once: as MODEL or as --model")
+        logging.basicConfig(level=opts["log_level"].upper(), format="%(levelname)s %(name)s: %(message)s")
+        try:
+            args = json.loads(opts["chat_template_args"])
+        except json.JSONDecodeError as exc:
+            raise click.BadParameter(f"not JSON: {exc}", param_hint="--chat-template-args") from None
+        if not isinstance(args, dict):
+            raise click.BadParameter("must be a JSON object", param_hint="--chat-template-args")
+        opts["chat_template_args"] = args
+        _serve(host, model_arg or model, opts)
+
+    serve.params.extend(serve_options)
+    for _plugin, _none in host.collect("mlxrt_register_commands", cli=cli):
+        pass
+    return cli
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if os.environ.get("MLXRT_LOG_PLUGINS") != "1":
+        logging.getLogger("mlxrt.host").addHandler(logging.NullHandler())
+        logging.getLogger("mlxrt.host").propagate = False
+    host = make_host(disable=_disabled_from_argv(argv))
+    build_cli(host).main(args=argv, prog_name="mlxrt")
+
+
+if __name__ == "__main__":
+    main()

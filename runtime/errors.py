@@ -1,0 +1,79 @@
+"""Typed errors: the runtime raises these, each dialect renders them in its own shape.
+
+Errors are data at the edge (STYLE.md): a handler never builds an error body by hand; it
+raises one of these and the dialect's exception handler turns ``status``, ``type``,
+``code``, ``param`` and ``message`` into the wire format.
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "MlxrtError",
+    "InvalidRequest",
+    "NotFound",
+    "OverBudget",
+    "ModelLoadError",
+    "PluginError",
+    "EngineError",
+]
+
+
+class MlxrtError(Exception):
+    """Base of every error mlxrt reports to a client or an operator."""
+
+    status: int = 500
+    type: str = "server_error"
+
+    def __init__(self, message: str, *, param: str | None = None, code: str | None = None) -> None:
+        super().__init__(message)
+        self.message = message
+        self.param = param
+        self.code = code
+
+
+class InvalidRequest(MlxrtError):
+    """The client's request is malformed or asks for something impossible (400)."""
+
+    status = 400
+    type = "invalid_request_error"
+
+
+class NotFound(MlxrtError):
+    """The route, model or object named by the client does not exist (404)."""
+
+    status = 404
+    type = "not_found_error"
+
+
+class OverBudget(MlxrtError):
+    """Admission refused the request: it would not fit the memory budget (400)."""
+
+    status = 400
+    type = "memory_admission"
+
+
+class ModelLoadError(MlxrtError):
+    """The model could not be resolved or loaded (an operator-facing error)."""
+
+    status = 500
+    type = "model_load_error"
+
+
+class EngineError(MlxrtError):
+    """Generation failed inside the engine for a reason that is not the client's."""
+
+    status = 500
+    type = "server_error"
+
+
+class PluginError(MlxrtError):
+    """A plugin's hook raised; names the plugin and the hook so the fault is traceable."""
+
+    status = 500
+    type = "plugin_error"
+
+    def __init__(self, plugin: str, hook: str, cause: BaseException) -> None:
+        super().__init__(f"plugin {plugin!r} failed in {hook}: {type(cause).__name__}: {cause}")
+        self.plugin = plugin
+        self.hook = hook
+        self.cause = cause

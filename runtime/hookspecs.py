@@ -1,0 +1,295 @@
+"""Hook specifications: the whole supported plugin API of mlxrt.
+
+A plugin is a module (or object) registered under the ``mlxrt`` entry-point group whose
+functions are marked with :data:`mlxrt.hookimpl` and named after a hook below::
+
+    # pyproject.toml
+    [project.entry-points.mlxrt]
+    x = "mlxrt_family_x"
+
+    # mlxrt_family_x/__init__.py
+    from mlxrt import hookimpl
+
+    @hookimpl
+    def mlxrt_thinking_format(info):
+        ...
+
+Rules every hook follows:
+
+* Hooks are called with **keyword arguments only**. An implementation may accept any subset
+  of the documented arguments, so a hook can gain an argument without breaking plugins.
+* **Call order**: third-party plugins run before built-ins (the host registers built-ins first
+  and pluggy calls the last registered first). Use ``@hookimpl(tryfirst=True)`` only to
+  override another third-party plugin.
+* **Family hooks** (``firstresult``) run once per model load, on the engine thread, and their
+  answers are frozen into a :class:`mlxrt.FamilyProfile`. No hook runs per token. A family
+  answers for its own model types and returns ``None`` for all others, so a later plugin can
+  override one aspect of a family without forking it. Hook wrappers are not supported on
+  family hooks (the host walks the implementations itself to record which plugin answered).
+* **Collection hooks** return lists (or mappings) that the host concatenates, tagging each
+  contribution with the plugin that gave it.
+* An exception raised by a hook is reported as :class:`mlxrt.errors.PluginError` naming the
+  plugin and the hook. At load time it fails the load with that message; per request it
+  fails only that request.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+import pluggy
+
+if TYPE_CHECKING:
+    from mlxrt.host import PluginHost
+    from mlxrt.records import (
+        GenerationRequest,
+        LoadedModel,
+        LogitsProcessor,
+        ModelInfo,
+        Sampler,
+        ThinkingFormat,
+        ToolParser,
+        ToolStreamMode,
+        VisionAdapter,
+    )
+    from mlxrt.templating import ChatInput
+
+__all__ = ["hookspec", "PROJECT"]
+
+PROJECT = "mlxrt"
+hookspec = pluggy.HookspecMarker(PROJECT)
+
+# -- Family hooks: called at model load; a family answers for its own models ------------------
+
+
+@hookspec(firstresult=True)
+def mlxrt_load_model(info: ModelInfo, host: PluginHost) -> LoadedModel | None:
+    """Load the model and tokenizer for ``info``.
+
+    :param info: The model being loaded (folder, ``config.json``, tokenizer facts).
+    :param host: The plugin host (options, other plugins).
+    :returns: A :class:`mlxrt.LoadedModel`, or ``None`` to let a later plugin, and finally
+        mlx-lm (``mlx_lm.load``), load it. Families whose architecture mlx-lm has return
+        ``None``; a family with its own architecture returns
+        ``mlxrt.loading.mlx_lm_load(info, classes=(Model, ModelArgs))``.
+
+    Called once per model load, on the engine thread. Stops at first non-None result.
+    Import model code inside the implementation, not at module top level, so that
+    ``mlxrt plugins`` stays fast.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec(firstresult=True)
+def mlxrt_tool_parser(info: ModelInfo) -> ToolParser | None:
+    """Give the parser for tool calls in this model's generated text.
+
+    :param info: The loaded model's description.
+    :returns: An object with ``start``, ``end`` and ``parse(text, tools)`` (see
+        :class:`mlxrt.ToolParser`), or ``None`` if this plugin doesn't handle the model.
+        When no plugin answers, the host uses the tool parser mlx-lm infers from the chat
+        template, if any.
+
+    Called once per model load, on the engine thread. Stops at first non-None result.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec(firstresult=True)
+def mlxrt_tool_stream_mode(info: ModelInfo, has_tools: bool) -> ToolStreamMode | None:
+    """Say how tool calls are found while streaming.
+
+    :param info: The loaded model's description.
+    :param has_tools: Whether the request carries tools. The host calls this hook twice at
+        load, once with ``False`` and once with ``True``, and keeps both answers.
+    :returns: A :class:`mlxrt.ToolStreamMode`, or ``None`` for the default:
+        ``buffered-text`` when tools are present, ``plain`` otherwise.
+
+    Called twice per model load, on the engine thread. Stops at first non-None result.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec(firstresult=True)
+def mlxrt_thinking_format(info: ModelInfo) -> ThinkingFormat | None:
+    """Describe how this model marks its reasoning.
+
+    :param info: The loaded model's description.
+    :returns: A :class:`mlxrt.ThinkingFormat`, or ``None`` if this plugin doesn't handle
+        ``info.model_type``. When no plugin answers, the model has no reasoning format and its
+        whole output is content.
+
+    Called once per model load, on the engine thread. Stops at first non-None result.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec(firstresult=True)
+def mlxrt_vision(info: ModelInfo, host: PluginHost) -> VisionAdapter | None:
+    """Give the model's vision adapter, which turns images into spliced prompt embeddings.
+
+    :param info: The loaded model's description.
+    :param host: The plugin host.
+    :returns: A :class:`mlxrt.VisionAdapter` whose ``splice(prompt_ids, images)`` runs per
+        request, or ``None`` when the model has no vision input. The adapter should load its
+        tower lazily, on the first image, so text-only sessions never pay for it.
+
+    Called once per model load, on the engine thread. Stops at first non-None result.
+
+    .. versionadded:: 0.1
+    """
+
+
+# -- Per-request hooks --------------------------------------------------------------------------
+
+
+@hookspec(firstresult=True)
+def mlxrt_chat_template_kwargs(info: ModelInfo, request: ChatInput) -> Mapping[str, Any] | None:
+    """Give extra keyword arguments for the chat template of one request.
+
+    :param info: The served model's description.
+    :param request: The chat input (messages, tools, the client's ``chat_template_kwargs``,
+        ``reasoning_effort``).
+    :returns: A mapping merged over the client's own ``chat_template_kwargs`` (the client's
+        explicit keys win), or ``None``. Families use it to map ``reasoning_effort`` to their
+        template's switch (``enable_thinking`` for Qwen3).
+
+    Called per request before templating, off the event loop. Stops at first non-None result.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec(firstresult=True)
+def mlxrt_prompt_canonicalize(request: GenerationRequest, dialect: str) -> GenerationRequest | None:
+    """Rewrite a request before the prompt-cache lookup (strip volatile noise).
+
+    :param request: The request as the dialect built it.
+    :param dialect: The dialect's name (``openai``, ``anthropic``, ``responses``).
+    :returns: A replacement request, or ``None`` to leave it unchanged.
+
+    Called per request, off the event loop. Stops at first non-None result.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def mlxrt_logits_processors(request: GenerationRequest, info: ModelInfo) -> Sequence[LogitsProcessor]:
+    """Contribute logits processors for one request.
+
+    :param request: The request about to be admitted.
+    :param info: The served model's description.
+    :returns: A list of ``(tokens, logits) -> logits`` callables (mlx-lm's protocol), applied
+        in plugin call order before sampling; an empty list when not interested. Build them once
+        here; they run per token.
+
+    Called per request at admission, on the engine thread. Results are concatenated.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec(firstresult=True)
+def mlxrt_sampler(request: GenerationRequest, info: ModelInfo) -> Sampler | None:
+    """Replace the sampler for one request.
+
+    :param request: The request about to be admitted.
+    :param info: The served model's description.
+    :returns: A ``(logprobs) -> tokens`` callable (mlx-lm's protocol), or ``None`` for the
+        default, ``mlx_lm.sample_utils.make_sampler`` over the request's sampling settings.
+
+    Called per request at admission, on the engine thread. Stops at first non-None result.
+
+    .. versionadded:: 0.1
+    """
+
+
+# -- Build-time collection hooks ----------------------------------------------------------------
+
+
+@hookspec
+def mlxrt_routes(host: PluginHost) -> Sequence[Any]:
+    """Contribute HTTP routes: Litestar route handlers, controllers or routers.
+
+    :param host: The plugin host; ``host.engine`` and ``host.options`` are available to
+        handlers through it.
+    :returns: A list of Litestar ``ControllerRouterHandler`` objects. Tag a handler with
+        ``opt={"dialect": "<name>"}`` so errors it raises render in that dialect's shape.
+
+    Called once when the app is built, on the event loop's thread. Results are concatenated;
+    a route whose path and method another plugin already claimed is reported and skipped.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def mlxrt_request_fields(dialect: str) -> Mapping[str, type] | None:
+    """Claim extra request-body fields for a dialect.
+
+    :param dialect: The dialect asking (``openai``, …).
+    :returns: A mapping of field name → expected Python type. Claimed fields are type-checked
+        by the dialect and passed on in ``GenerationRequest.extra``. Two plugins claiming one
+        field is a load error.
+
+    Called once per dialect when the app is built. Results are merged.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def mlxrt_serve_options() -> Sequence[Any]:
+    """Contribute ``mlxrt serve`` command-line options.
+
+    :returns: A list of ``click.Option`` objects. Their values reach plugins as
+        ``host.options["name"]``. Keep mlx_lm.server's flag names where they overlap.
+
+    Called once when the CLI is built. Results are concatenated.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def mlxrt_register_commands(cli: Any) -> None:
+    """Add subcommands to the ``mlxrt`` command line.
+
+    :param cli: The ``click.Group`` of the ``mlxrt`` command; call ``cli.command()`` on it.
+
+    Called once when the CLI is built.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def mlxrt_startup(host: PluginHost) -> Any:
+    """Run when the server starts, after the model loaded and before the first request.
+
+    :param host: The plugin host.
+    :returns: ``None`` or an awaitable, which the server awaits.
+
+    Called once in the app's lifespan, on the event loop.
+
+    .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def mlxrt_shutdown(host: PluginHost) -> Any:
+    """Run when the server stops.
+
+    :param host: The plugin host.
+    :returns: ``None`` or an awaitable, which the server awaits.
+
+    Called once in the app's lifespan, on the event loop.
+
+    .. versionadded:: 0.1
+    """

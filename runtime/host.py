@@ -1,0 +1,264 @@
+"""The plugin host: loads ``mlxrt`` entry points one by one, isolates failures, and resolves
+family answers with provenance.
+
+There is no module-level plugin manager. :func:`make_host` builds a fresh
+:class:`PluginHost` (tests call it with explicit plugins); the CLI builds one after parsing
+its arguments, so a blocked plugin is never imported and a broken one cannot lock a user out
+of ``mlxrt plugins``.
+"""
+
+from __future__ import annotations
+
+import importlib.metadata as md
+import logging
+import os
+import re
+from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from typing import Any
+
+import attrs
+import pluggy
+
+from mlxrt import hookspecs
+from mlxrt.errors import PluginError
+from mlxrt.records import PluginRecord
+
+__all__ = ["PluginHost", "make_host", "FAMILY_HOOKS", "ENTRY_POINT_GROUP"]
+
+log = logging.getLogger("mlxrt.host")
+
+ENTRY_POINT_GROUP = "mlxrt"
+FAMILY_HOOKS = frozenset(
+    {
+        "mlxrt_load_model",
+        "mlxrt_tool_parser",
+        "mlxrt_tool_stream_mode",
+        "mlxrt_thinking_format",
+        "mlxrt_vision",
+        "mlxrt_chat_template_kwargs",
+    }
+)
+_SAMPLER_HOOKS = frozenset({"mlxrt_sampler", "mlxrt_logits_processors", "mlxrt_request_fields"})
+_BUILTIN_DIST = "mlxrt"
+
+
+def _normalize(dist: str) -> str:
+    return re.sub(r"[-_.]+", "-", dist).lower()
+
+
+def _env_list(name: str) -> list[str] | None:
+    raw = os.environ.get(name)
+    if raw is None:
+        return None
+    return [part.strip() for part in raw.split(",") if part.strip()]
+
+
+@attrs.define
+class PluginHost:
+    """The plugin manager plus what the host knows about each plugin.
+
+    :ivar pm: The pluggy manager (project ``mlxrt``), hookspecs added.
+    :ivar records: One :class:`PluginRecord` per plugin seen, in load order.
+    :ivar options: Values of ``mlxrt serve`` options, by name (plugins read their own here).
+    :ivar engine: The running engine once the server started, else ``None``.
+    :ivar route_conflicts: Routes skipped because another plugin claimed them first.
+    """
+
+    pm: pluggy.PluginManager
+    records: dict[str, PluginRecord] = attrs.field(factory=dict)
+    options: dict[str, Any] = attrs.field(factory=dict)
+    engine: Any = None
+    route_conflicts: list[str] = attrs.field(factory=list)
+
+    @property
+    def hook(self) -> Any:
+        return self.pm.hook
+
+    def plugin(self, name: str) -> PluginRecord:
+        """The record of plugin ``name``; ``KeyError`` when the host never saw it."""
+        return self.records[name]
+
+    def loaded(self) -> list[PluginRecord]:
+        return [r for r in self.records.values() if r.status == "loaded"]
+
+    def failed(self) -> list[PluginRecord]:
+        return [r for r in self.records.values() if r.status == "failed"]
+
+    def register(
+        self,
+        plugin: object,
+        name: str,
+        *,
+        dist: str | None = None,
+        version: str | None = None,
+        builtin: bool = False,
+    ) -> PluginRecord:
+        """Register ``plugin`` under ``name`` and record it; failures are recorded, not raised."""
+        if name in self.records and self.records[name].status == "loaded":
+            other = self.records[name].dist or "an explicit plugin"
+            return self._fail(name, dist, version, f"duplicate name, also provided by {other}",
+                              builtin, replace=False)
+        try:
+            self.pm.register(plugin, name=name)
+            self.pm.check_pending()
+        except Exception as exc:  # plugin boundary: record and skip
+            if self.pm.get_plugin(name) is not None:
+                self.pm.unregister(name=name)
+            return self._fail(name, dist, version, f"{type(exc).__name__}: {exc}", builtin)
+        hooks = tuple(sorted(c.name for c in self.pm.get_hookcallers(plugin) or ()))
+        record = PluginRecord(
+            name=name,
+            dist=dist,
+            version=version,
+            kind=_kind_of(plugin, hooks),
+            status="loaded",
+            hooks=hooks,
+            builtin=builtin,
+        )
+        self.records[name] = record
+        return record
+
+    def _fail(self, name: str, dist: str | None, version: str | None, error: str,
+              builtin: bool, *, replace: bool = True) -> PluginRecord:
+        log.error("plugin %s (%s %s) failed to load: %s", name, dist or "?", version or "?", error)
+        record = PluginRecord(name=name, dist=dist, version=version, kind="?", status="failed",
+                              error=error, builtin=builtin)
+        key = name if replace else f"{name} ({dist or 'duplicate'})"
+        self.records[key] = record
+        return record
+
+    # -- calling hooks with provenance ---------------------------------------------------------
+
+    def first_answer(self, hook_name: str, **kwargs: Any) -> tuple[str | None, Any]:
+        """Call a ``firstresult`` hook and say which plugin answered.
+
+        Walks the implementations in pluggy's call order and returns ``(plugin_name, value)``
+        for the first non-``None`` answer, ``(None, None)`` when none answered. An exception is
+        re-raised as :class:`PluginError` naming the plugin.
+        """
+        caller = getattr(self.pm.hook, hook_name)
+        for impl in reversed(caller.get_hookimpls()):
+            try:
+                value = impl.function(**{arg: kwargs[arg] for arg in impl.argnames})
+            except Exception as exc:  # plugin boundary
+                raise PluginError(impl.plugin_name, hook_name, exc) from exc
+            if value is not None:
+                return impl.plugin_name, value
+        return None, None
+
+    def collect(self, hook_name: str, **kwargs: Any) -> list[tuple[str, Any]]:
+        """Call a collection hook; return ``(plugin_name, item)`` for every contributed item.
+
+        A list (or tuple) answer contributes its items; a mapping or other object contributes
+        itself. ``None`` contributes nothing.
+        """
+        caller = getattr(self.pm.hook, hook_name)
+        out: list[tuple[str, Any]] = []
+        for impl in reversed(caller.get_hookimpls()):
+            try:
+                value = impl.function(**{arg: kwargs[arg] for arg in impl.argnames})
+            except Exception as exc:  # plugin boundary
+                raise PluginError(impl.plugin_name, hook_name, exc) from exc
+            if value is None:
+                continue
+            if isinstance(value, (list, tuple)):
+                out.extend((impl.plugin_name, item) for item in value)
+            else:
+                out.append((impl.plugin_name, value))
+        return out
+
+
+def _kind_of(plugin: object, hooks: Iterable[str]) -> str:
+    declared = getattr(plugin, "MLXRT_PLUGIN_KIND", None)
+    if isinstance(declared, str):
+        return declared
+    names = set(hooks)
+    if names & FAMILY_HOOKS:
+        return "family"
+    if "mlxrt_routes" in names:
+        return "endpoint"
+    if names & _SAMPLER_HOOKS:
+        return "sampler"
+    return "other"
+
+
+def _discover() -> list[md.EntryPoint]:
+    seen: set[tuple[str, str]] = set()
+    found: list[md.EntryPoint] = []
+    for ep in md.entry_points(group=ENTRY_POINT_GROUP):
+        dist = _normalize(ep.dist.name) if ep.dist else ""
+        if (dist, ep.name) in seen:
+            continue  # the same distribution seen twice on sys.path
+        seen.add((dist, ep.name))
+        found.append(ep)
+    found.sort(key=lambda ep: (not _is_builtin(ep), ep.name))
+    return found
+
+
+def _is_builtin(ep: md.EntryPoint) -> bool:
+    return ep.dist is not None and _normalize(ep.dist.name) == _BUILTIN_DIST
+
+
+def make_host(
+    *,
+    entry_points: bool = True,
+    only: Collection[str] | None = None,
+    disable: Collection[str] = (),
+    extra: Sequence[object | tuple[str, object]] = (),
+    options: Mapping[str, Any] | None = None,
+    loader: Callable[[md.EntryPoint], object] | None = None,
+) -> PluginHost:
+    """Build a plugin host.
+
+    :param entry_points: Load plugins from the ``mlxrt`` entry-point group.
+    :param only: Load only these entry-point names (env ``MLXRT_LOAD_PLUGINS``; an empty value
+        means built-ins only).
+    :param disable: Names never imported (``--disable-plugin``; env ``MLXRT_DISABLE_PLUGINS``).
+    :param extra: Plugins to register directly, as objects or ``(name, object)`` pairs (tests).
+    :param options: Serve options, readable by plugins as ``host.options``.
+    :param loader: How an entry point is imported (default ``EntryPoint.load``).
+    """
+    pm = pluggy.PluginManager(hookspecs.PROJECT)
+    pm.add_hookspecs(hookspecs)
+    host = PluginHost(pm=pm, options=dict(options or {}))
+    blocked = set(disable) | set(_env_list("MLXRT_DISABLE_PLUGINS") or ())
+    env_only = _env_list("MLXRT_LOAD_PLUGINS")
+    if only is None and env_only is not None:
+        only = env_only
+    strict = os.environ.get("MLXRT_STRICT_PLUGINS") == "1"
+    if os.environ.get("MLXRT_TRACE_HOOKS") == "1":
+        pm.add_hookcall_monitoring(
+            lambda name, impls, kw: log.debug("hook %s → %s", name, [i.plugin_name for i in impls]),
+            lambda outcome, name, impls, kw: None,
+        )
+
+    if entry_points:
+        for ep in _discover():
+            dist = ep.dist.name if ep.dist else None
+            version = ep.dist.version if ep.dist else None
+            builtin = _is_builtin(ep)
+            if ep.name in blocked:
+                pm.set_blocked(ep.name)
+                host.records[ep.name] = PluginRecord(name=ep.name, dist=dist, version=version,
+                                                     kind="?", status="disabled", builtin=builtin)
+                continue
+            if only is not None and not builtin and ep.name not in only:
+                continue
+            try:
+                plugin = (loader or md.EntryPoint.load)(ep)
+            except Exception as exc:  # plugin boundary: a broken plugin never takes the host down
+                if strict:
+                    raise
+                host._fail(ep.name, dist, version, f"{type(exc).__name__}: {exc}", builtin)
+                continue
+            record = host.register(plugin, ep.name, dist=dist, version=version, builtin=builtin)
+            if strict and record.status == "failed":
+                raise RuntimeError(f"plugin {ep.name} failed: {record.error}")
+
+    for item in extra:
+        name, plugin = item if isinstance(item, tuple) else (None, item)
+        name = name or getattr(plugin, "__name__", None) or type(plugin).__name__
+        if name in blocked:
+            continue
+        host.register(plugin, name)
+    return host

@@ -1,0 +1,211 @@
+"""Model sources and loading: a MODEL argument becomes a local folder, a ModelInfo, and a
+loaded model with its FamilyProfile.
+
+Sources: a local folder in Hugging Face layout, a ``.gguf`` file (converted once into a
+cache folder), a Hugging Face repo id (resolved through the HF cache by huggingface-hub,
+downloaded only when the caller allows it), or nothing — the embedded SmolLM2 model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from mlxrt.errors import ModelLoadError
+from mlxrt.records import FamilyProfile, LoadedModel, ModelInfo, ToolStreamMode
+
+if TYPE_CHECKING:
+    from mlxrt.host import PluginHost
+
+__all__ = [
+    "ModelSource",
+    "resolve_model",
+    "read_model_info",
+    "load_model",
+    "mlx_lm_load",
+    "resolve_profile",
+    "mlxrt_home",
+]
+
+log = logging.getLogger("mlxrt.loading")
+
+
+def mlxrt_home() -> Path:
+    """mlxrt's own cache root: ``$MLXRT_HOME``, default ``~/.cache/mlxrt``."""
+    return Path(os.environ.get("MLXRT_HOME") or Path.home() / ".cache" / "mlxrt")
+
+
+@attrs.frozen
+class ModelSource:
+    """Where a model's files are, and the id the server answers with."""
+
+    path: Path
+    model_id: str
+    source: str
+
+
+def resolve_model(spec: str | None, *, allow_download: bool = True) -> ModelSource:
+    """Turn a MODEL argument into a local folder.
+
+    :param spec: A folder, a ``.gguf`` file, a repo id, or ``None`` for the embedded model.
+    :param allow_download: Whether a repo id missing from the HF cache may be downloaded.
+    :raises ModelLoadError: With a message saying what was tried and what to do.
+    """
+    if spec is None:
+        from mlxrt.embedded import EMBEDDED_MODEL_ID, EmbeddedModelMissing, embedded_model_dir
+
+        try:
+            return ModelSource(embedded_model_dir(), EMBEDDED_MODEL_ID, "embedded")
+        except EmbeddedModelMissing as exc:
+            raise ModelLoadError(str(exc)) from exc
+    path = Path(spec).expanduser()
+    if path.suffix == ".gguf":
+        if not path.is_file():
+            raise ModelLoadError(f"GGUF file not found: {path}")
+        return ModelSource(_convert_gguf_cached(path), path.stem, "gguf")
+    if path.is_dir():
+        if not (path / "config.json").is_file():
+            raise ModelLoadError(f"{path} is a folder but has no config.json (not a Hugging Face model folder)")
+        return ModelSource(path.resolve(), path.resolve().name, "folder")
+    if path.exists():
+        raise ModelLoadError(f"{path} is neither a model folder nor a .gguf file")
+    if spec.count("/") != 1 or spec.startswith(("/", ".", "~")):
+        raise ModelLoadError(f"model {spec!r} not found: not a local folder, a .gguf file or a Hugging Face repo id")
+    return ModelSource(_from_hf_cache(spec, allow_download), spec, "hf-cache")
+
+
+def _from_hf_cache(repo_id: str, allow_download: bool) -> Path:
+    from huggingface_hub import snapshot_download
+    from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
+
+    patterns = ["*.json", "*.safetensors", "*.jinja", "*.txt", "tokenizer.model", "*.tiktoken"]
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=patterns, local_files_only=True))
+    except HFValidationError as exc:
+        raise ModelLoadError(f"{repo_id!r} is not a valid Hugging Face repo id: {exc}") from exc
+    except LocalEntryNotFoundError:
+        if not allow_download:
+            raise ModelLoadError(
+                f"model {repo_id!r} is not in the Hugging Face cache and downloads are off"
+            ) from None
+    try:
+        return Path(snapshot_download(repo_id, allow_patterns=patterns))
+    except Exception as exc:  # network, auth, missing repo: all reported the same way
+        raise ModelLoadError(
+            f"model {repo_id!r} is not in the local Hugging Face cache and could not be downloaded "
+            f"({type(exc).__name__}: {exc}). Download it on a connected machine with "
+            f"`huggingface-cli download {repo_id}`, or pass a local folder or .gguf file."
+        ) from exc
+
+
+def _convert_gguf_cached(gguf: Path) -> Path:
+    from mlxrt.gguf import UnsupportedGGUF, convert_gguf
+
+    stat = gguf.stat()
+    key = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    out = mlxrt_home() / "models" / f"{gguf.stem}-{key}"
+    if (out / "config.json").is_file():
+        return out
+    log.info("converting %s into %s (once)", gguf, out)
+    try:
+        return convert_gguf(gguf, out)
+    except UnsupportedGGUF as exc:
+        raise ModelLoadError(str(exc)) from exc
+
+
+def _read_json(path: Path) -> dict[str, Any]:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        return {}
+    except (OSError, json.JSONDecodeError) as exc:
+        raise ModelLoadError(f"cannot read {path}: {exc}") from exc
+
+
+def read_model_info(source: ModelSource) -> ModelInfo:
+    """Read config, tokenizer facts and chat template of a model folder (no weights)."""
+    config = _read_json(source.path / "config.json")
+    if not isinstance(config.get("model_type"), str):
+        raise ModelLoadError(f"{source.path / 'config.json'} has no model_type")
+    tok = _read_json(source.path / "tokenizer.json")
+    special = {t["content"]: t["id"] for t in tok.get("added_tokens", []) if "content" in t}
+    tok_config = _read_json(source.path / "tokenizer_config.json")
+    template = tok_config.get("chat_template")
+    jinja = source.path / "chat_template.jinja"
+    if jinja.is_file():
+        template = jinja.read_text(encoding="utf-8")
+    if isinstance(template, list):  # named templates: the default one
+        named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+        template = named.get("default")
+    return ModelInfo(
+        model_id=source.model_id,
+        path=source.path,
+        model_type=config["model_type"],
+        config=config,
+        special_tokens=special,
+        chat_template=template if isinstance(template, str) else None,
+        source=source.source,
+        generation_config=_read_json(source.path / "generation_config.json"),
+    )
+
+
+def mlx_lm_load(info: ModelInfo, classes: tuple[type, type] | None = None) -> LoadedModel:
+    """Load ``info`` with mlx-lm; ``classes=(Model, ModelArgs)`` supplies an architecture
+    mlx-lm lacks (the family's own model code)."""
+    from mlx_lm.utils import load_model as _load_model
+    from mlx_lm.utils import load_tokenizer
+
+    kwargs: dict[str, Any] = {}
+    if classes is not None:
+        kwargs["get_model_classes"] = lambda _config: classes
+    try:
+        model, config = _load_model(info.path, **kwargs)
+        tokenizer = load_tokenizer(info.path, eos_token_ids=config.get("eos_token_id"))
+    except (ValueError, FileNotFoundError, KeyError) as exc:
+        raise ModelLoadError(f"mlx-lm could not load {info.model_id}: {exc}") from exc
+    return LoadedModel(model=model, tokenizer=tokenizer)
+
+
+def resolve_profile(info: ModelInfo, host: PluginHost) -> FamilyProfile:
+    """Ask every family hook once and freeze the answers, with who gave each."""
+    provenance: dict[str, str] = {}
+
+    def ask(aspect: str, hook: str, **kwargs: Any) -> Any:
+        plugin, value = host.first_answer(hook, **kwargs)
+        if plugin is not None:
+            provenance[aspect] = plugin
+        return value
+
+    thinking = ask("thinking_format", "mlxrt_thinking_format", info=info)
+    parser = ask("tool_parser", "mlxrt_tool_parser", info=info)
+    plain = ask("tool_stream_mode", "mlxrt_tool_stream_mode", info=info, has_tools=False)
+    with_tools = ask("tool_stream_mode_with_tools", "mlxrt_tool_stream_mode", info=info, has_tools=True)
+    vision = ask("vision", "mlxrt_vision", info=info, host=host)
+    return FamilyProfile(
+        info=info,
+        thinking_format=thinking,
+        tool_parser=parser,
+        tool_stream_mode=ToolStreamMode(plain) if plain else ToolStreamMode.PLAIN,
+        tool_stream_mode_with_tools=ToolStreamMode(with_tools) if with_tools else ToolStreamMode.BUFFERED_TEXT,
+        vision=vision,
+        provenance=provenance,
+    )
+
+
+def load_model(info: ModelInfo, host: PluginHost) -> tuple[LoadedModel, FamilyProfile]:
+    """Load the model through the family hooks (mlx-lm when none answers) and resolve its profile."""
+    plugin, loaded = host.first_answer("mlxrt_load_model", info=info, host=host)
+    if loaded is None:
+        loaded = mlx_lm_load(info)
+    profile = resolve_profile(info, host)
+    profile = attrs.evolve(profile, provenance={"load_model": plugin or "mlx-lm", **profile.provenance})
+    return loaded, profile
+
+

@@ -1,0 +1,260 @@
+"""Core records the hooks receive and return, and the engine's request and events.
+
+Records are ``@attrs.frozen``: a plugin cannot mutate what another plugin sees. Interfaces
+that plugins implement (tool parsers, samplers, logits processors, vision adapters) are
+``typing.Protocol``s or callable aliases so any object of the right shape works.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol, runtime_checkable
+
+import attrs
+
+__all__ = [
+    "ModelInfo",
+    "LoadedModel",
+    "ThinkingFormat",
+    "ThinkingKind",
+    "ToolStreamMode",
+    "ToolCall",
+    "ToolParser",
+    "VisionAdapter",
+    "FamilyProfile",
+    "SamplingParams",
+    "GenerationRequest",
+    "TokenEvent",
+    "FinishEvent",
+    "FinishReason",
+    "PluginRecord",
+    "Sampler",
+    "LogitsProcessor",
+]
+
+#: ``(logprobs: mx.array) -> mx.array`` of sampled token ids, as in mlx-lm.
+Sampler = Callable[[Any], Any]
+#: ``(tokens: mx.array, logits: mx.array) -> mx.array``, as in mlx-lm.
+LogitsProcessor = Callable[[Any, Any], Any]
+
+
+@attrs.frozen
+class ModelInfo:
+    """What a family plugin is told about a model before it is loaded.
+
+    :ivar model_id: The id the server answers with (repo id, folder name or embedded id).
+    :ivar path: Local folder in Hugging Face layout.
+    :ivar model_type: ``config.json``'s ``model_type`` (the text model's, for nested configs,
+        is in ``text_model_type``).
+    :ivar config: The parsed ``config.json``.
+    :ivar special_tokens: Added-token text → id, from ``tokenizer.json``; families look their
+        sentinel ids up here instead of hard-coding them.
+    :ivar chat_template: The chat template text, if the checkpoint ships one.
+    :ivar source: Where the model came from: ``folder``, ``hf-cache``, ``gguf`` or ``embedded``.
+    :ivar generation_config: The parsed ``generation_config.json`` (sampling defaults).
+    """
+
+    model_id: str
+    path: Path
+    model_type: str
+    config: Mapping[str, Any] = attrs.field(factory=dict)
+    special_tokens: Mapping[str, int] = attrs.field(factory=dict)
+    chat_template: str | None = None
+    source: str = "folder"
+    generation_config: Mapping[str, Any] = attrs.field(factory=dict)
+
+    @property
+    def text_model_type(self) -> str:
+        """The text model's type: ``text_config.model_type`` when nested, else ``model_type``."""
+        text = self.config.get("text_config")
+        if isinstance(text, Mapping) and isinstance(text.get("model_type"), str):
+            return text["model_type"]
+        return self.model_type
+
+    @property
+    def context_window(self) -> int | None:
+        """``max_position_embeddings`` of the (text) config, if stated."""
+        for cfg in (self.config, self.config.get("text_config") or {}):
+            value = cfg.get("max_position_embeddings") if isinstance(cfg, Mapping) else None
+            if isinstance(value, int):
+                return value
+        return None
+
+
+@attrs.frozen
+class LoadedModel:
+    """A loaded model: what ``mlxrt_load_model`` returns.
+
+    :ivar model: The ``mlx.nn.Module`` (mlx-lm's model protocol: ``model(inputs, cache=...)``).
+    :ivar tokenizer: An ``mlx_lm.tokenizer_utils.TokenizerWrapper``.
+    :ivar engine: ``autoregressive`` (the default) or another engine name (``denoising``).
+    """
+
+    model: Any
+    tokenizer: Any
+    engine: str = "autoregressive"
+
+
+class ThinkingKind(enum.StrEnum):
+    THINK_TAG = "think-tag"
+    GEMMA_CHANNEL = "gemma-channel"
+
+
+@attrs.frozen
+class ThinkingFormat:
+    """How a model marks its reasoning in the generated text.
+
+    :ivar kind: The marker style.
+    :ivar open: Text that opens a reasoning span (e.g. ``<think>``).
+    :ivar close: Text that closes it (e.g. ``</think>``).
+    :ivar starts_in_thinking: True when the chat template's generation prompt already opened the
+        span, so generation starts inside reasoning. mlxrt also detects this per request from the
+        rendered prompt (a prompt ending in an unclosed ``open``).
+    """
+
+    kind: ThinkingKind = ThinkingKind.THINK_TAG
+    open: str = "<think>"
+    close: str = "</think>"
+    starts_in_thinking: bool = False
+
+
+class ToolStreamMode(enum.StrEnum):
+    """How tool calls are found in a generation."""
+
+    #: Token-id sentinels (Gemma 4): routed by id, never by text.
+    GEMMA_SENTINEL = "gemma-sentinel"
+    #: Decoded text is buffered and parsed when tools are present.
+    BUFFERED_TEXT = "buffered-text"
+    #: No tool parsing; text streams as it is.
+    PLAIN = "plain"
+
+
+@attrs.frozen
+class ToolCall:
+    """One parsed tool call: a function name and its JSON-encoded arguments."""
+
+    name: str
+    arguments: str
+    id: str | None = None
+
+
+@runtime_checkable
+class ToolParser(Protocol):
+    """Parses tool calls out of generated text (mirrors mlx-lm's tool parser modules).
+
+    ``start``/``end`` are the markers that delimit one call; ``parse`` turns the text between
+    them into calls, decoding arguments against the tools' JSON schemas.
+    """
+
+    start: str
+    end: str
+
+    def parse(self, text: str, tools: Sequence[Mapping[str, Any]] | None) -> list[ToolCall]: ...
+
+
+@runtime_checkable
+class VisionAdapter(Protocol):
+    """Turns images into embeddings spliced into the prompt (loaded once per model)."""
+
+    def splice(self, prompt_ids: Sequence[int], images: Sequence[Any]) -> Any: ...
+
+
+@attrs.frozen
+class FamilyProfile:
+    """Every family answer for one loaded model, resolved once at load time.
+
+    ``provenance`` maps each aspect (``load_model``, ``tool_parser``, ``thinking_format``, …) to
+    the plugin that answered, or ``mlx-lm`` / ``default`` when the host's fallback did.
+    """
+
+    info: ModelInfo
+    thinking_format: ThinkingFormat | None = None
+    tool_parser: ToolParser | None = None
+    tool_stream_mode: ToolStreamMode = ToolStreamMode.PLAIN
+    tool_stream_mode_with_tools: ToolStreamMode = ToolStreamMode.BUFFERED_TEXT
+    vision: VisionAdapter | None = None
+    provenance: Mapping[str, str] = attrs.field(factory=dict)
+
+    @property
+    def family(self) -> str:
+        """The plugin that loaded the model, or the fallback's name."""
+        return self.provenance.get("load_model", "mlx-lm")
+
+
+@attrs.frozen
+class SamplingParams:
+    """Sampling settings for one request, after defaults were applied."""
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+    seed: int | None = None
+
+
+class FinishReason(enum.StrEnum):
+    STOP = "stop"
+    LENGTH = "length"
+    TOOL_CALLS = "tool_calls"
+    CANCELLED = "cancelled"
+
+
+@attrs.frozen
+class GenerationRequest:
+    """What a dialect hands the engine: token ids and how to continue them.
+
+    :ivar request_id: Unique per request (the dialect's response id).
+    :ivar prompt_ids: The prompt, already templated and tokenized.
+    :ivar max_tokens: Tokens to generate at most (EOS counts).
+    :ivar sampling: Sampling settings.
+    :ivar stop: Stop strings, matched on decoded text.
+    :ivar dialect: Which dialect built the request (``openai``, ``anthropic``, …).
+    :ivar extra: Plugin-claimed request fields (``mlxrt_request_fields``), by name.
+    """
+
+    request_id: str
+    prompt_ids: tuple[int, ...]
+    max_tokens: int
+    sampling: SamplingParams = SamplingParams()
+    stop: tuple[str, ...] = ()
+    dialect: str = "openai"
+    extra: Mapping[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class TokenEvent:
+    """Text that became stable after one generated token.
+
+    ``text`` is the longest newly decoded prefix that can no longer change (never half a
+    UTF-8 character, never the start of a stop string); it may be empty.
+    """
+
+    token: int
+    text: str
+
+
+@attrs.frozen
+class FinishEvent:
+    """The last event of every generation."""
+
+    finish_reason: FinishReason
+    prompt_tokens: int
+    completion_tokens: int
+    cached_tokens: int = 0
+    text: str = ""
+
+
+@attrs.frozen
+class PluginRecord:
+    """What the host knows about one plugin: shown by ``mlxrt plugins``."""
+
+    name: str
+    dist: str | None
+    version: str | None
+    kind: str
+    status: str  # "loaded" | "failed" | "disabled"
+    hooks: tuple[str, ...] = ()
+    error: str | None = None
+    builtin: bool = False
