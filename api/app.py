@@ -12,25 +12,21 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
+import mlxrt
 from litestar import Litestar, Request, Response, get
 from litestar.config.cors import CORSConfig
 from litestar.datastructures import State
 from litestar.handlers import HTTPRouteHandler
 from litestar.openapi import OpenAPIConfig
 from litestar.router import Router
-
-import mlxrt
 from mlxrt.api.errors import exception_handlers
+from mlxrt.errors import PluginError
 
-__all__ = ["create_app", "RouteConflict"]
+__all__ = ["create_app", "claimed_fields"]
 
 log = logging.getLogger("mlxrt.api")
 
 HEALTH_BODY = b'{"status": "ok"}'
-
-
-class RouteConflict(Exception):
-    pass
 
 
 @get("/health", summary="Liveness", tags=["server"], include_in_schema=True)
@@ -100,9 +96,30 @@ def collect_routes(host: Any) -> list[Any]:
     return accepted
 
 
+def claimed_fields(host: Any, dialect: str) -> dict[str, type]:
+    """Extra body fields plugins claim for ``dialect`` (``mlxrt_request_fields``), merged.
+
+    Computed once per host and dialect; two plugins claiming one field is a load error.
+    """
+    cache = host.field_claims
+    if dialect not in cache:
+        merged: dict[str, type] = {}
+        owners: dict[str, str] = {}
+        for plugin, mapping in host.collect("mlxrt_request_fields", dialect=dialect):
+            for name, kind in dict(mapping).items():
+                if name in merged:
+                    raise PluginError(plugin, "mlxrt_request_fields",
+                                      ValueError(f"field {name!r} is already claimed by plugin {owners[name]}"))
+                merged[name], owners[name] = kind, plugin
+        cache[dialect] = merged
+    return cache[dialect]
+
+
 def create_app(host: Any, *, cors_origins: list[str] | None = None, debug: bool = False) -> Litestar:
     """Build the HTTP app for ``host`` (whose ``engine`` serves the model)."""
     routes = [health, index, *collect_routes(host)]
+    for dialect in {getattr(r, "opt", {}).get("dialect") for r in routes} - {None}:
+        claimed_fields(host, dialect)  # a conflicting claim fails here, at build time
 
     async def startup() -> None:
         for _plugin, result in host.collect("mlxrt_startup", host=host):

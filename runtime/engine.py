@@ -18,7 +18,6 @@ from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 import attrs
-
 from mlxrt.detokenize import Detokenizer
 from mlxrt.errors import EngineError, MlxrtError
 from mlxrt.records import (
@@ -106,6 +105,7 @@ class Engine:
     # -- worker thread -------------------------------------------------------------------------
 
     def _run(self) -> None:
+        self._warm_up()
         while (job := self._jobs.get()) is not None:
             if job.cancelled.is_set():
                 continue
@@ -116,6 +116,20 @@ class Engine:
             except Exception as exc:  # keep serving: one failed generation must not kill the worker
                 log.exception("generation %s failed", job.request.request_id)
                 job.emit(EngineError(f"generation failed: {type(exc).__name__}: {exc}"))
+
+    def _warm_up(self) -> None:
+        """Import the decode path and run one token, so the first request does not pay for it."""
+        try:
+            import mlx.core as mx
+            from mlx_lm.generate import generate_step
+            from mlx_lm.models.cache import make_prompt_cache
+
+            first = self.loaded.tokenizer.eos_token_id or 0
+            for _ in generate_step(mx.array([first]), self.loaded.model, max_tokens=1,
+                                   prompt_cache=make_prompt_cache(self.loaded.model)):
+                pass
+        except Exception:  # a model that cannot warm up will fail its first request visibly
+            log.warning("engine warm-up failed", exc_info=True)
 
     def _generate(self, job: _Job) -> None:
         import mlx.core as mx

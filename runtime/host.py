@@ -18,7 +18,6 @@ from typing import Any
 
 import attrs
 import pluggy
-
 from mlxrt import hookspecs
 from mlxrt.errors import PluginError
 from mlxrt.records import PluginRecord
@@ -62,6 +61,7 @@ class PluginHost:
     :ivar options: Values of ``mlxrt serve`` options, by name (plugins read their own here).
     :ivar engine: The running engine once the server started, else ``None``.
     :ivar route_conflicts: Routes skipped because another plugin claimed them first.
+    :ivar field_claims: Request fields claimed by plugins, per dialect (see ``mlxrt_request_fields``).
     """
 
     pm: pluggy.PluginManager
@@ -69,6 +69,7 @@ class PluginHost:
     options: dict[str, Any] = attrs.field(factory=dict)
     engine: Any = None
     route_conflicts: list[str] = attrs.field(factory=list)
+    field_claims: dict[str, dict[str, type]] = attrs.field(factory=dict)
 
     @property
     def hook(self) -> Any:

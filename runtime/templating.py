@@ -7,7 +7,6 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
-
 from mlxrt.errors import InvalidRequest
 from mlxrt.reasoning import prompt_opens_thinking
 from mlxrt.records import FamilyProfile
@@ -15,7 +14,7 @@ from mlxrt.records import FamilyProfile
 if TYPE_CHECKING:
     from mlxrt.host import PluginHost
 
-__all__ = ["ChatInput", "RenderedPrompt", "render_chat"]
+__all__ = ["ChatInput", "RenderedPrompt", "render_chat", "canonicalize"]
 
 
 @attrs.frozen
@@ -81,3 +80,9 @@ def render_chat(host: PluginHost, tokenizer: Any, profile: FamilyProfile, chat: 
 def encode_text(tokenizer: Any, text: str) -> Sequence[int]:
     """Tokenize raw text with the tokenizer's own special-token handling (completions)."""
     return tokenizer.encode(text)
+
+
+def canonicalize(host: PluginHost, request: Any, dialect: str) -> Any:
+    """The request after ``mlxrt_prompt_canonicalize`` (unchanged when no plugin answers)."""
+    _plugin, replaced = host.first_answer("mlxrt_prompt_canonicalize", request=request, dialect=dialect)
+    return replaced if replaced is not None else request

@@ -56,7 +56,7 @@ def _schema_of(tools: Sequence[Mapping[str, Any]] | None, name: str) -> Mapping[
 def _typed(raw: str, schema: Mapping[str, Any]) -> Any:
     value = raw.strip("\n")
     kind = schema.get("type")
-    if kind == "string" or (kind is None and not value[:1] in "[{0123456789-tfn"):
+    if kind == "string" or (kind is None and value[:1] not in "[{0123456789-tfn"):
         return value
     try:
         return json.loads(value)

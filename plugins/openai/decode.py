@@ -6,7 +6,6 @@ from collections.abc import Mapping
 from typing import Any
 
 import attrs
-
 from mlxrt.api.wire import check_fields, strict_converter, structure
 from mlxrt.errors import InvalidRequest
 from mlxrt.plugins.openai.wire import CHAT_RULES, ROLES, ChatCompletionRequest
@@ -39,6 +38,7 @@ class DecodedChat:
     request: ChatCompletionRequest
     chat: ChatInput
     stop: tuple[str, ...]
+    extra: Mapping[str, Any] = attrs.field(factory=dict)
 
 
 def decode_stop(value: Any) -> tuple[str, ...]:
@@ -136,15 +136,34 @@ def _decode_tools(tools: Any) -> tuple[Mapping[str, Any], ...] | None:
     return tuple(tools)
 
 
-def _refuse_unimplemented(body: Mapping[str, Any]) -> None:
+def _claimed(body: Mapping[str, Any], claimed: Mapping[str, type]) -> dict[str, Any]:
+    extra = {}
+    for name, kind in claimed.items():
+        if name not in body or body[name] is None:
+            continue
+        value = body[name]
+        if (isinstance(value, bool) and kind is not bool) or not isinstance(value, kind):
+            raise InvalidRequest(f"{name} must be of type {kind.__name__}", param=name)
+        extra[name] = value
+    return extra
+
+
+def _refuse_unimplemented(body: Mapping[str, Any], claimed: Mapping[str, type]) -> None:
     for name, neutral in _NOT_YET.items():
+        if name in claimed:
+            continue
         if name in body and body[name] is not None and body[name] not in neutral:
             raise InvalidRequest(f"{name} is not supported by this server yet", param=name,
                                  code="unsupported_parameter")
 
 
-def decode_chat(body: Mapping[str, Any]) -> DecodedChat:
-    """Validate a chat-completions body (mlx_lm.server's rules and texts, stricter types)."""
+def decode_chat(body: Mapping[str, Any], claimed: Mapping[str, type] | None = None) -> DecodedChat:
+    """Validate a chat-completions body (mlx_lm.server's rules and texts, stricter types).
+
+    ``claimed`` are the plugin-claimed fields (``mlxrt_request_fields``): type-checked and
+    returned in ``extra``.
+    """
+    claimed = claimed or {}
     messages = body.get("messages")
     if messages is None:
         raise InvalidRequest("Request did not contain messages", param="messages")
@@ -153,7 +172,8 @@ def decode_chat(body: Mapping[str, Any]) -> DecodedChat:
     if not messages:
         raise InvalidRequest("messages must contain at least one message", param="messages")
     check_fields(body, CHAT_RULES)
-    _refuse_unimplemented(body)
+    _refuse_unimplemented(body, claimed)
+    extra = _claimed(body, claimed)
     stop = decode_stop(body.get("stop"))
     fields = {f.name for f in attrs.fields(ChatCompletionRequest)}
     request = structure(_CONVERTER, {k: v for k, v in body.items() if k in fields}, ChatCompletionRequest)
@@ -165,4 +185,4 @@ def decode_chat(body: Mapping[str, Any]) -> DecodedChat:
         template_kwargs=request.chat_template_kwargs or {},
         reasoning_effort=request.reasoning_effort,
     )
-    return DecodedChat(request=request, chat=chat, stop=stop)
+    return DecodedChat(request=request, chat=chat, stop=stop, extra=extra)

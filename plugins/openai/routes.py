@@ -9,8 +9,8 @@ from typing import Any
 
 import anyio
 from litestar import Request, Response, get, post
-
 from mlxrt.admission import plan_max_tokens
+from mlxrt.api.app import claimed_fields
 from mlxrt.api.errors import openai_error_body
 from mlxrt.api.sse import sse_data, sse_response
 from mlxrt.api.wire import parse_json_object
@@ -20,7 +20,7 @@ from mlxrt.plugins.openai.encode import chunk, completion_body, tool_calls_json,
 from mlxrt.records import FinishEvent, GenerationRequest
 from mlxrt.responses import ResponseAssembler
 from mlxrt.sampling import resolve_sampling
-from mlxrt.templating import RenderedPrompt, render_chat
+from mlxrt.templating import RenderedPrompt, canonicalize, render_chat
 
 __all__ = ["ROUTES"]
 
@@ -37,7 +37,7 @@ def _host(request: Request) -> Any:
 async def _prepare(request: Request) -> tuple[DecodedChat, RenderedPrompt, GenerationRequest]:
     host = _host(request)
     engine = host.engine
-    decoded = decode_chat(parse_json_object(await request.body()))
+    decoded = decode_chat(parse_json_object(await request.body()), claimed_fields(host, "openai"))
     rendered = await anyio.to_thread.run_sync(
         render_chat, host, engine.tokenizer, engine.profile, decoded.chat
     )
@@ -59,9 +59,9 @@ async def _prepare(request: Request) -> tuple[DecodedChat, RenderedPrompt, Gener
         sampling=sampling,
         stop=decoded.stop,
         dialect="openai",
+        extra=decoded.extra,
     )
-    _plugin, replaced = host.first_answer("mlxrt_prompt_canonicalize", request=gen, dialect="openai")
-    return decoded, rendered, replaced or gen
+    return decoded, rendered, canonicalize(host, gen, "openai")
 
 
 @post(["/v1/chat/completions", "/chat/completions"], status_code=200, opt=_OPT,
@@ -145,8 +145,8 @@ async def list_models(request: Request) -> dict[str, Any]:
 
 
 @get(["/v1/models/{model_id:path}"], opt=_OPT, summary="Retrieve a model", tags=["openai"])
-async def get_model(request: Request, model_id: str) -> dict[str, Any]:
-    wanted = model_id.lstrip("/")
+async def get_model(request: Request) -> dict[str, Any]:
+    wanted = str(request.path_params["model_id"]).lstrip("/")
     for row in _model_rows(request):
         if row["id"] == wanted:
             return row

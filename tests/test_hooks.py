@@ -1,0 +1,318 @@
+"""One test per hook, each through a real plugin object registered with the host.
+
+A scripted sampler (``mlxrt_sampler`` + a claimed ``script`` field from
+``mlxrt_request_fields``) makes the random tiny model "write" a chosen text, so the family
+hooks' effects on the response are checked exactly.
+"""
+
+from __future__ import annotations
+
+import json
+
+import attrs
+import click
+import pytest
+from click.testing import CliRunner
+from support import openai_client
+from tokenizers import Tokenizer
+
+from mlxrt import ThinkingFormat, ToolCall, ToolStreamMode, hookimpl
+from mlxrt.cli import build_cli
+from mlxrt.errors import PluginError
+from mlxrt.host import make_host
+from mlxrt.hookspecs import PROJECT
+
+
+class Scripted:
+    """Claims the ``script`` field; samples its tokens, then EOS."""
+
+    @hookimpl
+    def mlxrt_request_fields(self, dialect):
+        return {"script": str} if dialect == "openai" else None
+
+    @hookimpl
+    def mlxrt_sampler(self, request, info):
+        script = request.extra.get("script")
+        if script is None:
+            return None
+        import mlx.core as mx
+
+        tok = Tokenizer.from_file(str(info.path / "tokenizer.json"))
+        eos = json.loads((info.path / "generation_config.json").read_text())["eos_token_id"]
+        ids = iter(tok.encode(script, add_special_tokens=False).ids + [eos if isinstance(eos, int) else eos[0]])
+
+        def sample(logprobs):
+            return mx.array([next(ids, 0)])
+
+        return sample
+
+
+def chat(client, text=None, **kw):
+    body = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 40, "temperature": 0, **kw}
+    if text is not None:
+        body["script"] = text
+    resp = client.post("/v1/chat/completions", json=body)
+    assert resp.status_code == 200, resp.text
+    return resp.json()
+
+
+def test_hook_mlxrt_sampler(tiny_models, serve_app):
+    client = serve_app(tiny_models("llama"), extra=[("scripted", Scripted())])
+    out = chat(client, "Hello, world!")
+    assert out["choices"][0]["message"]["content"] == "Hello, world!"
+    assert out["choices"][0]["finish_reason"] == "stop"
+
+
+def test_hook_mlxrt_request_fields(tiny_models, serve_app):
+    client = serve_app(tiny_models("llama"), extra=[("scripted", Scripted())])
+    bad = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "script": 5})
+    assert bad.status_code == 400 and bad.json()["error"]["message"] == "script must be of type str"
+
+
+def test_hook_mlxrt_request_fields_conflict_is_a_load_error(tiny_models, serve_app):
+    class Twin(Scripted):
+        pass
+
+    with pytest.raises(PluginError, match="already claimed"):
+        serve_app(tiny_models("llama"), extra=[("scripted", Scripted()), ("twin", Twin())])
+
+
+def test_hook_mlxrt_thinking_format(tiny_models, serve_app):
+    class Reasoner:
+        @hookimpl
+        def mlxrt_thinking_format(self, info):
+            return ThinkingFormat(open="<r>", close="</r>") if info.model_type == "llama" else None
+
+    client = serve_app(tiny_models("llama"), extra=[("scripted", Scripted()), ("reasoner", Reasoner())])
+    message = chat(client, "<r>because</r>the answer")["choices"][0]["message"]
+    assert message == {"role": "assistant", "content": "the answer", "reasoning": "because"}
+    streamed = client.post("/v1/chat/completions", json={
+        "messages": [{"role": "user", "content": "hi"}], "stream": True, "script": "<r>because</r>the answer"})
+    deltas = [json.loads(f[6:])["choices"][0]["delta"] for f in streamed.text.split("\n\n")
+              if f.startswith("data: {")]
+    assert "".join(d.get("reasoning", "") for d in deltas) == "because"
+    assert "".join(d.get("content", "") for d in deltas) == "the answer"
+
+
+class Brackets:
+    start, end = "[[", "]]"
+
+    def parse(self, text, tools):
+        body = text.split("[[", 1)[1].split("]]", 1)[0]
+        obj = json.loads(body)
+        return [ToolCall(name=obj["name"], arguments=json.dumps(obj["arguments"]))]
+
+
+TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
+
+
+def test_hook_mlxrt_tool_parser(tiny_models, serve_app):
+    class Family:
+        @hookimpl
+        def mlxrt_tool_parser(self, info):
+            return Brackets()
+
+    client = serve_app(tiny_models("llama"), extra=[("scripted", Scripted()), ("family", Family())])
+    out = openai_client(client).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "hi"}], tools=TOOLS,
+        extra_body={"script": 'ok [[{"name": "lookup", "arguments": {"q": "x"}}]]'})
+    choice = out.choices[0]
+    assert choice.finish_reason == "tool_calls"
+    assert choice.message.content == "ok "
+    (call,) = choice.message.tool_calls
+    assert call.function.name == "lookup" and json.loads(call.function.arguments) == {"q": "x"}
+    # Without tools in the request the same text is plain content.
+    plain = chat(client, 'ok [[{"name": "lookup", "arguments": {}}]]')
+    assert plain["choices"][0]["message"]["content"].startswith("ok [[")
+
+
+def test_hook_mlxrt_tool_stream_mode(tiny_models, serve_app):
+    class Family:
+        @hookimpl
+        def mlxrt_tool_parser(self, info):
+            return Brackets()
+
+        @hookimpl
+        def mlxrt_tool_stream_mode(self, info, has_tools):
+            return ToolStreamMode.PLAIN
+
+    client = serve_app(tiny_models("llama"), extra=[("scripted", Scripted()), ("family", Family())])
+    out = chat(client, 'ok [[{"name": "lookup", "arguments": {}}]]', tools=TOOLS)
+    assert out["choices"][0]["finish_reason"] == "stop"
+    assert "[[" in out["choices"][0]["message"]["content"]
+
+
+def test_hook_mlxrt_load_model(tiny_models, serve_app):
+    calls = []
+
+    class Loader:
+        @hookimpl
+        def mlxrt_load_model(self, info, host):
+            from mlxrt.loading import mlx_lm_load
+
+            calls.append(info.model_type)
+            return mlx_lm_load(info)
+
+    client = serve_app(tiny_models("llama"), extra=[("loader", Loader())])
+    assert calls == ["llama"]
+    assert client.app.state.host.engine.profile.provenance["load_model"] == "loader"
+    assert chat(client)["choices"][0]["message"]["role"] == "assistant"
+
+
+def test_hook_mlxrt_vision(tiny_models, serve_app):
+    class Eyes:
+        @hookimpl
+        def mlxrt_vision(self, info, host):
+            class Adapter:
+                def splice(self, prompt_ids, images):
+                    raise NotImplementedError
+
+            return Adapter()
+
+    client = serve_app(tiny_models("llama"), extra=[("eyes", Eyes())])
+    assert client.get("/v1/models").json()["data"][0]["vision"] is True
+
+
+def test_hook_mlxrt_chat_template_kwargs(tiny_models, serve_app):
+    seen = []
+
+    class Family:
+        @hookimpl
+        def mlxrt_chat_template_kwargs(self, info, request):
+            seen.append(request.reasoning_effort)
+            return {"marker": "MARK " * 20}
+
+    template = "{{ marker }}{% for m in messages %}{{ m.content }}{% endfor %}"
+    plain = serve_app(tiny_models("llama"), options={"chat_template": template})
+    hooked = serve_app(tiny_models("llama"), extra=[("family", Family())], options={"chat_template": template})
+    base = chat(plain, max_tokens=1)["usage"]["prompt_tokens"]
+    more = chat(hooked, max_tokens=1, reasoning_effort="low")["usage"]["prompt_tokens"]
+    assert more >= base + 20 and seen == ["low"]
+    # The client's explicit chat_template_kwargs win over the family's.
+    override = chat(hooked, max_tokens=1, chat_template_kwargs={"marker": ""})["usage"]["prompt_tokens"]
+    assert override == base
+
+
+def test_hook_mlxrt_prompt_canonicalize(tiny_models, serve_app):
+    class OneToken:
+        @hookimpl
+        def mlxrt_prompt_canonicalize(self, request, dialect):
+            return attrs.evolve(request, max_tokens=1) if dialect == "openai" else None
+
+    client = serve_app(tiny_models("llama"), extra=[("one", OneToken())])
+    assert chat(client, max_tokens=30)["usage"]["completion_tokens"] == 1
+
+
+def test_hook_mlxrt_logits_processors(tiny_models, serve_app):
+    target = 300
+
+    class OnlyOne:
+        @hookimpl
+        def mlxrt_logits_processors(self, request, info):
+            import mlx.core as mx
+
+            def force(tokens, logits):
+                keep = mx.arange(logits.shape[-1]) == target
+                return mx.where(keep, logits, -mx.inf)
+
+            return [force]
+
+    client = serve_app(tiny_models("llama"), extra=[("only", OnlyOne())])
+    out = chat(client, max_tokens=5, temperature=1.0)
+    tok = Tokenizer.from_file(str(tiny_models("llama") / "tokenizer.json"))
+    assert out["choices"][0]["message"]["content"] == tok.decode([target] * 5)
+
+
+def test_hook_mlxrt_routes(tiny_models, serve_app):
+    from litestar import get, post
+
+    @get("/example/ping")
+    async def ping() -> dict:
+        return {"pong": True}
+
+    @post("/v1/chat/completions", status_code=200)
+    async def hijack() -> dict:
+        return {"hijacked": True}
+
+    class Endpoints:
+        @hookimpl
+        def mlxrt_routes(self, host):
+            return [ping, hijack]
+
+    class Second:
+        @hookimpl
+        def mlxrt_routes(self, host):
+            @get("/example/ping")
+            async def again() -> dict:
+                return {"second": True}
+
+            return [again]
+
+    client = serve_app(tiny_models("llama"), extra=[("endpoints", Endpoints()), ("second", Second())])
+    # Third-party plugins run before built-ins: "second" was registered last, so it wins the path.
+    assert client.get("/example/ping").json() == {"second": True}
+    conflicts = client.app.state.host.route_conflicts
+    assert any(c.startswith("endpoints: GET /example/ping") for c in conflicts)
+    assert "GET /example/ping" in client.get("/v1").json()["endpoints"]
+
+
+def test_hook_mlxrt_startup_and_mlxrt_shutdown(tiny_models, serve_app):
+    events = []
+
+    class Life:
+        @hookimpl
+        def mlxrt_startup(self, host):
+            async def later():
+                events.append("startup")
+
+            return later()
+
+        @hookimpl
+        def mlxrt_shutdown(self, host):
+            events.append("shutdown")
+
+    from litestar.testing import TestClient
+
+    from mlxrt.cli import build_server
+
+    host = make_host(extra=[("life", Life())])
+    app = build_server(host, str(tiny_models("llama")), {})
+    with TestClient(app):
+        assert events == ["startup"]
+    assert events == ["startup", "shutdown"]
+    host.engine.stop()
+
+
+def test_hook_mlxrt_serve_options_and_mlxrt_register_commands(tmp_path):
+    class Cli:
+        @hookimpl
+        def mlxrt_serve_options(self):
+            return [click.Option(["--example-knob"], default="off", help="An example plugin knob.")]
+
+        @hookimpl
+        def mlxrt_register_commands(self, cli):
+            @cli.command()
+            def hello():
+                """Say hello."""
+                click.echo("hello from a plugin")
+
+    host = make_host(extra=[("cli", Cli())])
+    runner = CliRunner()
+    assert "--example-knob" in runner.invoke(build_cli(host), ["serve", "--help"]).output
+    assert runner.invoke(build_cli(host), ["hello"]).output == "hello from a plugin\n"
+    result = runner.invoke(build_cli(host), ["serve", str(tmp_path / "missing"), "--example-knob", "on"])
+    assert result.exit_code != 0 and host.options["example_knob"] == "on"
+
+
+def test_every_hook_has_a_test_and_is_documented():
+    from pathlib import Path
+
+    import mlxrt.hookspecs as specs
+
+    hooks = sorted(n for n in dir(specs) if n.startswith(f"{PROJECT}_"))
+    tests = Path(__file__).read_text()
+    docs = (Path(__file__).resolve().parents[1] / "docs" / "plugins" / "hooks.md").read_text()
+    for name in hooks:
+        assert name.removeprefix("mlxrt_") and name in tests, f"no test for {name}"
+        assert f"`{name}(" in docs, f"{name} missing from docs/plugins/hooks.md"
+        assert getattr(specs, name).__doc__, f"{name} has no docstring"

@@ -1,0 +1,171 @@
+"""The OpenAI chat dialect through the official openai client (in-process app)."""
+
+from __future__ import annotations
+
+import json
+
+import openai
+import pytest
+from support import openai_client
+
+MSG = [{"role": "user", "content": "Tell me about the sea."}]
+
+
+def test_non_stream_shape(qwen3_client):
+    client = openai_client(qwen3_client)
+    out = client.chat.completions.create(model="any", messages=MSG, max_tokens=12, temperature=0)
+    choice = out.choices[0]
+    assert out.object == "chat.completion" and out.id.startswith("chatcmpl-")
+    assert out.model == "qwen3-0-gen"  # the served model's id, not the request's
+    assert choice.finish_reason in ("length", "stop") and choice.message.role == "assistant"
+    assert out.usage.completion_tokens <= 12 and out.usage.prompt_tokens > 5
+    assert out.usage.total_tokens == out.usage.prompt_tokens + out.usage.completion_tokens
+    assert out.usage.prompt_tokens_details.cached_tokens == 0
+
+
+def test_stream_ends_with_one_finish_chunk_then_done(qwen3_client):
+    resp = qwen3_client.post("/v1/chat/completions", json={
+        "messages": MSG, "max_tokens": 10, "temperature": 0, "stream": True})
+    assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/event-stream")
+    frames = [f for f in resp.text.split("\n\n") if f]
+    assert all(f.startswith("data: ") for f in frames)
+    assert frames[-1] == "data: [DONE]"
+    chunks = [json.loads(f[6:]) for f in frames[:-1]]
+    finishes = [c for c in chunks if c["choices"][0]["finish_reason"] is not None]
+    assert len(finishes) == 1 and finishes[0] is chunks[-1]
+    assert chunks[0]["choices"][0]["delta"] == {"role": "assistant", "content": ""}
+    assert chunks[-1]["usage"]["completion_tokens"] <= 10
+    assert {c["object"] for c in chunks} == {"chat.completion.chunk"}
+
+
+def test_stream_text_equals_non_stream_text(qwen3_client):
+    client = openai_client(qwen3_client)
+    whole = client.chat.completions.create(model="m", messages=MSG, max_tokens=16, temperature=0)
+    parts = client.chat.completions.create(model="m", messages=MSG, max_tokens=16, temperature=0, stream=True)
+    text = "".join((c.choices[0].delta.content or "") for c in parts if c.choices)
+    assert text == whole.choices[0].message.content
+
+
+def test_same_seed_same_text(qwen3_client):
+    client = openai_client(qwen3_client)
+
+    def run(seed):
+        return client.chat.completions.create(model="m", messages=MSG, max_tokens=16, temperature=1.0,
+                                              seed=seed).choices[0].message.content
+
+    first = run(7)
+    assert run(7) == first
+    assert any(run(s) != first for s in (8, 9, 10))
+
+
+def test_default_seeds_differ(qwen3_client):
+    client = openai_client(qwen3_client)
+    texts = {client.chat.completions.create(model="m", messages=MSG, max_tokens=16, temperature=1.0)
+             .choices[0].message.content for _ in range(4)}
+    assert len(texts) > 1
+
+
+def test_stop_string_stops_and_is_not_sent(qwen3_client):
+    client = openai_client(qwen3_client)
+    full = client.chat.completions.create(model="m", messages=MSG, max_tokens=16, temperature=0)
+    text = full.choices[0].message.content
+    assert len(text) > 4
+    stop = text[2:4]
+    cut = client.chat.completions.create(model="m", messages=MSG, max_tokens=16, temperature=0, stop=[stop])
+    assert cut.choices[0].message.content == text[: text.find(stop)]
+    assert cut.choices[0].finish_reason == "stop"
+
+
+BAD_BODIES = [
+    (b"{not json", "invalid JSON body"),
+    (b"[1, 2]", "Request should be a JSON dictionary"),
+    (b'"text"', "Request should be a JSON dictionary"),
+    (b"{}", "Request did not contain messages"),
+    (b'{"messages": []}', "messages must contain at least one message"),
+    (b'{"messages": "hi"}', "messages must be of type list"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": "5"}', "max_tokens must be of type int"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 0}', "max_tokens must be at least 1"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "temperature": -1}', "temperature must be at least 0"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "temperature": "hot"}',
+     "temperature must be of type ('float', 'int')"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "top_p": 1.5}', "top_p must be at most 1"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "stream": "false"}', "stream must be of type bool"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "seed": 1.5}', "seed must be of type int"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "stop": 5}', "stop must be a string or a list of strings"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "stop": [1, 2]}', "stop must be a string or a list of strings"),
+    (b'{"messages": [{"role": "robot", "content": "x"}]}', "messages[0].role 'robot' is not one of"),
+    (b'{"messages": [{"role": "user", "content": 5}]}', "messages[0].content must be a string or an array"),
+    (b'{"messages": ["hi"]}', "messages[0] must be an object"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "top_logprobs": 12}', "top_logprobs must be at most 11"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "n": 2}', "n is not supported by this server yet"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 100000000}', "request needs"),
+]
+
+
+@pytest.mark.parametrize(("body", "message"), BAD_BODIES)
+def test_bad_input_is_a_400_and_the_server_keeps_serving(qwen3_client, body, message):
+    resp = qwen3_client.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"})
+    assert resp.status_code == 400, resp.text
+    error = resp.json()["error"]
+    assert error["message"].startswith(message)
+    assert set(error) == {"message", "type", "param", "code"}
+    ok = qwen3_client.post("/v1/chat/completions", json={"messages": MSG, "max_tokens": 2})
+    assert ok.status_code == 200
+
+
+def test_sdk_raises_bad_request(qwen3_client):
+    client = openai_client(qwen3_client)
+    with pytest.raises(openai.BadRequestError) as err:
+        client.chat.completions.create(model="m", messages=[], max_tokens=2)
+    assert "at least one message" in str(err.value)
+
+
+def test_over_context_names_the_budget(qwen3_client):
+    resp = qwen3_client.post("/v1/chat/completions", json={"messages": MSG, "max_tokens": 10**8})
+    error = resp.json()["error"]
+    assert resp.status_code == 400
+    assert error["type"] == "memory_admission" and error["code"] == "context_over_budget"
+
+
+def test_health_exact_bytes(qwen3_client):
+    resp = qwen3_client.get("/health")
+    assert resp.status_code == 200 and resp.content == b'{"status": "ok"}'
+    assert resp.headers["content-type"].startswith("application/json")
+
+
+def test_models(qwen3_client):
+    models = openai_client(qwen3_client).models.list()
+    (row,) = models.data
+    assert row.id == "qwen3-0-gen"
+    extra = row.model_extra
+    assert extra["reasoning"] is True and extra["vision"] is False and extra["context_window"] > 0
+    assert qwen3_client.get("/v1/models/qwen3-0-gen").json()["id"] == "qwen3-0-gen"
+    missing = qwen3_client.get("/v1/models/nope")
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
+
+
+def test_index_lists_registered_routes(qwen3_client):
+    index = qwen3_client.get("/v1").json()
+    assert index["name"] == "mlxrt" and index["model"] == "qwen3-0-gen"
+    assert {"POST /v1/chat/completions", "GET /v1/models", "GET /health", "GET /v1"} <= set(index["endpoints"])
+
+
+def test_unknown_route_is_a_json_404(qwen3_client):
+    resp = qwen3_client.get("/v1/nothing-here")
+    assert resp.status_code == 404
+    assert resp.json() == {"error": {"message": "not found", "type": "not_found_error", "param": None, "code": None}}
+
+
+def test_wrong_method_is_json(qwen3_client):
+    resp = qwen3_client.get("/v1/chat/completions")
+    assert resp.status_code == 405 and "error" in resp.json()
+
+
+def test_openapi_schema_is_served_and_valid(qwen3_client):
+    from openapi_spec_validator import validate
+
+    resp = qwen3_client.get("/schema/openapi.json")
+    assert resp.status_code == 200
+    schema = resp.json()
+    validate(schema)
+    assert "/v1/chat/completions" in schema["paths"]
