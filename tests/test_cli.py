@@ -1,0 +1,60 @@
+"""The `mlxrt` command line through a subprocess, and a real server on 127.0.0.1."""
+
+from __future__ import annotations
+
+import subprocess
+
+import httpx
+from support import MLXRT_BIN, openai_client
+
+import mlxrt
+
+
+def run(*args, **kw):
+    return subprocess.run([MLXRT_BIN, *args], capture_output=True, text=True, cwd="/", **kw)
+
+
+def test_version():
+    out = run("--version")
+    assert out.returncode == 0 and out.stdout.startswith(f"mlxrt {mlxrt.__version__}, mlx ")
+
+
+def test_serve_help_shows_mlx_lm_flags_and_the_fallback_chain():
+    out = run("serve", "--help").stdout
+    for flag in ("--model", "--host", "--port", "--temp", "--top-p", "--top-k", "--min-p", "--max-tokens",
+                 "--adapter-path", "--kv-bits", "--disable-plugin", "--chat-template-args"):
+        assert flag in out
+    assert "generation_config.json" in out and "127.0.0.1" in out and "8080" in out
+
+
+def test_unimplemented_flag_is_refused_at_start(tiny_models):
+    out = run("serve", str(tiny_models("qwen3")), "--kv-bits", "4")
+    assert out.returncode != 0 and "--kv-bits" in out.stderr and "not implemented" in out.stderr
+
+
+def test_missing_model_is_a_clear_error(tmp_path):
+    out = run("serve", str(tmp_path / "nothing-here"))
+    assert out.returncode != 0 and "not found" in out.stderr
+    out = run("serve", "some-org/some-model")
+    assert out.returncode != 0 and "some-org/some-model" in out.stderr
+
+
+def test_model_given_twice_is_refused(tiny_models):
+    out = run("serve", str(tiny_models("qwen3")), "--model", "/elsewhere")
+    assert out.returncode != 0 and "give the model once" in out.stderr
+
+
+def test_real_server_stream_and_non_stream(tiny_models, server_process):
+    server = server_process(["--model", str(tiny_models("qwen3"))])
+    with httpx.Client(base_url=server.url, timeout=60) as http:
+        client = openai_client(http)
+        msg = [{"role": "user", "content": "Count to three."}]
+        whole = client.chat.completions.create(model="m", messages=msg, max_tokens=10, temperature=0)
+        chunks = list(client.chat.completions.create(model="m", messages=msg, max_tokens=10, temperature=0,
+                                                     stream=True))
+        assert "".join(c.choices[0].delta.content or "" for c in chunks) == whole.choices[0].message.content
+        assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
+        assert http.get("/health").content == b'{"status": "ok"}'
+        # HTTP/1.1 keep-alive: both requests above reused one connection pool.
+        assert http.post("/v1/chat/completions", content=b"{oops").status_code == 400
+        assert client.chat.completions.create(model="m", messages=msg, max_tokens=2).choices
