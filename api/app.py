@@ -12,13 +12,14 @@ import logging
 from collections.abc import Iterable
 from typing import Any
 
-import mlxrt
 from litestar import Litestar, Request, Response, get
 from litestar.config.cors import CORSConfig
 from litestar.datastructures import State
 from litestar.handlers import HTTPRouteHandler
 from litestar.openapi import OpenAPIConfig
 from litestar.router import Router
+
+import mlxrt
 from mlxrt.api.errors import exception_handlers
 from mlxrt.errors import PluginError
 

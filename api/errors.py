@@ -13,6 +13,7 @@ from typing import Any
 
 from litestar import Request, Response
 from litestar.exceptions import HTTPException, NotFoundException
+
 from mlxrt.errors import MlxrtError
 
 __all__ = ["openai_error_body", "exception_handlers", "ErrorRenderer"]

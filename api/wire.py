@@ -19,6 +19,7 @@ from typing import Any, TypeVar
 import attrs
 import cattrs
 from cattrs.strategies import configure_union_passthrough
+
 from mlxrt.errors import InvalidRequest
 
 __all__ = ["FieldRule", "check_fields", "parse_json_object", "strict_converter", "structure"]

@@ -18,6 +18,7 @@ from collections.abc import AsyncIterator, Callable
 from typing import TYPE_CHECKING, Any
 
 import attrs
+
 from mlxrt.detokenize import Detokenizer
 from mlxrt.errors import EngineError, MlxrtError
 from mlxrt.records import (

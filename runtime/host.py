@@ -18,6 +18,7 @@ from typing import Any
 
 import attrs
 import pluggy
+
 from mlxrt import hookspecs
 from mlxrt.errors import PluginError
 from mlxrt.records import PluginRecord

@@ -12,7 +12,6 @@ import hashlib
 import json
 import logging
 import os
-from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 

@@ -7,6 +7,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import attrs
+
 from mlxrt.errors import InvalidRequest
 from mlxrt.reasoning import prompt_opens_thinking
 from mlxrt.records import FamilyProfile

@@ -51,6 +51,7 @@ def tiny_models(tmp_path_factory):
 def serve_app():
     """Factory: build the app in-process for a model folder; yields a Litestar TestClient."""
     from litestar.testing import TestClient
+
     from mlxrt.cli import build_server
     from mlxrt.host import make_host
 

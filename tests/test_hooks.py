@@ -19,8 +19,8 @@ from tokenizers import Tokenizer
 from mlxrt import ThinkingFormat, ToolCall, ToolStreamMode, hookimpl
 from mlxrt.cli import build_cli
 from mlxrt.errors import PluginError
-from mlxrt.host import make_host
 from mlxrt.hookspecs import PROJECT
+from mlxrt.host import make_host
 
 
 class Scripted:

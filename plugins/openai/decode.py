@@ -6,6 +6,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import attrs
+
 from mlxrt.api.wire import check_fields, strict_converter, structure
 from mlxrt.errors import InvalidRequest
 from mlxrt.plugins.openai.wire import CHAT_RULES, ROLES, ChatCompletionRequest

@@ -9,6 +9,7 @@ from typing import Any
 
 import anyio
 from litestar import Request, Response, get, post
+
 from mlxrt.admission import plan_max_tokens
 from mlxrt.api.app import claimed_fields
 from mlxrt.api.errors import openai_error_body

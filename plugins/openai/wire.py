@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import attrs
+
 from mlxrt.api.wire import FieldRule
 
 __all__ = ["ChatCompletionRequest", "StreamOptions", "CHAT_RULES", "ROLES"]
