@@ -109,17 +109,17 @@ def build_server(host: PluginHost, model: str | None, opts: dict[str, Any]) -> A
     """Load the model, start the engine and build the app (also used by tests)."""
     from mlxrt.api.app import create_app
     from mlxrt.engine import Engine
-    from mlxrt.loading import load_model, read_model_info, resolve_model
+    from mlxrt.loading import read_model_info, resolve_model
 
     host.options.update(opts)
     host.options.setdefault("started_at", time.time())
     source = resolve_model(model, allow_download=True)
     info = read_model_info(source)
-    loaded, profile = load_model(info, host)
+    engine = Engine(host)
+    engine.load(info)
     if opts.get("chat_template"):
-        loaded.tokenizer.chat_template = opts["chat_template"]
-    host.engine = Engine(loaded, profile, host)
-    host.engine.start()
+        engine.tokenizer.chat_template = opts["chat_template"]
+    host.engine = engine
     origins = opts.get("allowed_origins")
     return create_app(host, cors_origins=[o.strip() for o in origins.split(",")] if origins else None)
 

@@ -15,18 +15,21 @@ import logging
 import queue
 import threading
 from collections.abc import AsyncIterator, Callable
+from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from mlxrt.detokenize import Detokenizer
 from mlxrt.errors import EngineError, MlxrtError
+from mlxrt.loading import load_model
 from mlxrt.records import (
     FamilyProfile,
     FinishEvent,
     FinishReason,
     GenerationRequest,
     LoadedModel,
+    ModelInfo,
     TokenEvent,
 )
 from mlxrt.sampling import SeedSource, build_logits_processors, build_sampler
@@ -52,15 +55,16 @@ class _Job:
 class Engine:
     """Owns the model on a worker thread and runs generations for the HTTP side.
 
-    :param loaded: The model and tokenizer.
-    :param profile: The family profile resolved at load.
-    :param host: The plugin host (per-request sampler and processor hooks).
+    :param host: The plugin host (family hooks at load, sampler and processor hooks per request).
+
+    The model is loaded on the worker thread by :meth:`load`: MLX arrays a model creates at
+    load belong to that thread's stream, so loading anywhere else breaks some models.
     """
 
-    def __init__(self, loaded: LoadedModel, profile: FamilyProfile, host: PluginHost) -> None:
-        self.loaded = loaded
-        self.profile = profile
+    def __init__(self, host: PluginHost) -> None:
         self.host = host
+        self.loaded: LoadedModel | None = None
+        self.profile: FamilyProfile | None = None
         self.seeds = SeedSource()
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
         self._thread: threading.Thread | None = None
@@ -74,10 +78,22 @@ class Engine:
     def info(self):  # noqa: ANN201 - ModelInfo
         return self.profile.info
 
-    def start(self) -> None:
-        if self._thread is None:
-            self._thread = threading.Thread(target=self._run, name="mlxrt-engine", daemon=True)
-            self._thread.start()
+    def load(self, info: ModelInfo) -> None:
+        """Start the worker, load ``info`` on it (MLX state stays on that thread), and warm up.
+
+        Blocks until the model is ready; a load error is raised here.
+        """
+        if self._thread is not None:
+            raise EngineError("the engine already has a model")
+        ready: Future[None] = Future()
+        self._thread = threading.Thread(target=self._run, args=(info, ready), name="mlxrt-engine", daemon=True)
+        self._thread.start()
+        try:
+            ready.result()
+        except BaseException:
+            self._thread.join(timeout=5)
+            self._thread = None
+            raise
 
     def stop(self) -> None:
         if self._thread is not None:
@@ -87,7 +103,8 @@ class Engine:
 
     async def generate(self, request: GenerationRequest) -> AsyncIterator[Event]:
         """Run ``request``; yield its events. Stopping early cancels the request."""
-        self.start()
+        if self._thread is None:
+            raise EngineError("the engine has no model loaded")
         loop = asyncio.get_running_loop()
         events: asyncio.Queue[Event | BaseException] = asyncio.Queue()
         job = _Job(request, lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev))
@@ -105,8 +122,14 @@ class Engine:
 
     # -- worker thread -------------------------------------------------------------------------
 
-    def _run(self) -> None:
+    def _run(self, info: ModelInfo, ready: Future[None]) -> None:
+        try:
+            self.loaded, self.profile = load_model(info, self.host)
+        except BaseException as exc:  # handed to the caller of load()
+            ready.set_exception(exc)
+            return
         self._warm_up()
+        ready.set_result(None)
         while (job := self._jobs.get()) is not None:
             if job.cancelled.is_set():
                 continue
