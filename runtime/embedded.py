@@ -22,6 +22,8 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+from mlxrt.loading import mlxrt_home
+
 __all__ = [
     "EMBEDDED_MODEL_ID",
     "EMBEDDED_WHEEL",
@@ -29,7 +31,6 @@ __all__ = [
     "EMBEDDED_DIR_NAME",
     "INSTALL_COMMAND",
     "EmbeddedModelMissing",
-    "mlxrt_home",
     "embedded_gguf_path",
     "embedded_available",
     "embedded_model_dir",
@@ -58,12 +59,6 @@ class EmbeddedModelMissing(RuntimeError):
             "'llama-cpp-python', which mlxrt does not use and which need a source "
             "(C/C++) build. The wheel itself is only the 98 MB GGUF file, which mlxrt "
             "converts for MLX on first use."))
-
-
-def mlxrt_home() -> Path:
-    """``$MLXRT_HOME``, or ``~/.cache/mlxrt``."""
-    home = os.environ.get("MLXRT_HOME")
-    return Path(home).expanduser() if home else Path.home() / ".cache" / "mlxrt"
 
 
 def embedded_gguf_path() -> Path | None:

