@@ -52,6 +52,22 @@ async def index(request: Request) -> dict[str, Any]:
     }
 
 
+@get("/stats", summary="Engine counters", tags=["server"])
+async def stats(request: Request) -> dict[str, Any]:
+    host = request.app.state.host
+    engine = host.engine
+    return {
+        "server": {"version": mlxrt.__version__, "started_at": host.options.get("started_at")},
+        "model": {"id": engine.info.model_id, "model_type": engine.info.model_type,
+                  "family": engine.profile.family, "provenance": dict(engine.profile.provenance)},
+        "engine": {"requests_served": engine.requests_served,
+                   "requests_cancelled": engine.requests_cancelled},
+        "plugins": {"loaded": [r.name for r in host.loaded()],
+                    "failed": {r.name: r.error for r in host.failed()},
+                    "route_conflicts": list(host.route_conflicts)},
+    }
+
+
 def _route_table(method_map: dict[str, dict[str, Any]]) -> Iterable[tuple[str, list[str]]]:
     for path, handlers in method_map.items():
         if path.startswith("/schema"):
@@ -59,6 +75,9 @@ def _route_table(method_map: dict[str, dict[str, Any]]) -> Iterable[tuple[str, l
         methods = [m for m in handlers if m not in ("OPTIONS", "HEAD", "asgi", "websocket")]
         if methods:
             yield path, methods
+
+
+CORE_ROUTES = (health, index, stats)
 
 
 def _claims(item: Any) -> list[tuple[str, str]]:
@@ -81,7 +100,7 @@ def _claims(item: Any) -> list[tuple[str, str]]:
 def collect_routes(host: Any) -> list[Any]:
     """Every plugin's routes, in plugin call order, minus conflicting ones (reported)."""
     taken: dict[tuple[str, str], str] = {
-        (m, p): "mlxrt" for h in (health, index) for p in h.paths for m in h.http_methods
+        (m, p): "mlxrt" for h in CORE_ROUTES for p in h.paths for m in h.http_methods
     }
     accepted: list[Any] = []
     for plugin, item in host.collect("mlxrt_routes", host=host):
@@ -118,7 +137,7 @@ def claimed_fields(host: Any, dialect: str) -> dict[str, type]:
 
 def create_app(host: Any, *, cors_origins: list[str] | None = None, debug: bool = False) -> Litestar:
     """Build the HTTP app for ``host`` (whose ``engine`` serves the model)."""
-    routes = [health, index, *collect_routes(host)]
+    routes = [*CORE_ROUTES, *collect_routes(host)]
     for dialect in {getattr(r, "opt", {}).get("dialect") for r in routes} - {None}:
         claimed_fields(host, dialect)  # a conflicting claim fails here, at build time
 

@@ -69,6 +69,7 @@ class Engine:
         self._jobs: queue.Queue[_Job | None] = queue.Queue()
         self._thread: threading.Thread | None = None
         self.requests_served = 0
+        self.requests_cancelled = 0
 
     @property
     def tokenizer(self) -> Any:
@@ -199,6 +200,7 @@ class Engine:
             tail, _ = stops.feed(detok.flush())
             tail += stops.flush()
         self.requests_served += 1
+        self.requests_cancelled += finish is FinishReason.CANCELLED
         job.emit(
             FinishEvent(
                 finish_reason=finish,

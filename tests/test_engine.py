@@ -1,0 +1,62 @@
+"""The engine seam: cancellation on disconnect, errors that do not kill it, the event stream."""
+
+from __future__ import annotations
+
+import json
+import time
+
+import httpx
+import pytest
+
+from mlxrt import GenerationRequest, SamplingParams, hookimpl
+
+
+def test_disconnect_cancels_the_generation(tiny_models, server_process):
+    # A real server: the in-process test client reads streamed bodies to the end.
+    server = server_process([str(tiny_models("qwen3"))])
+    # Greedy, so the run is the same every time (this prompt never samples EOS in 30000 tokens).
+    body = {"messages": [{"role": "user", "content": "go"}], "max_tokens": 30000, "stream": True,
+            "temperature": 0}
+    with httpx.Client(base_url=server.url, timeout=60) as http:
+        with http.stream("POST", "/v1/chat/completions", json=body) as resp:
+            lines = resp.iter_lines()
+            assert next(lines).startswith("data: ")
+        deadline = time.monotonic() + 30
+        stats = http.get("/stats").json()
+        while stats["engine"]["requests_cancelled"] == 0 and time.monotonic() < deadline:
+            time.sleep(0.1)
+            stats = http.get("/stats").json()
+        assert stats["engine"]["requests_cancelled"] == 1
+        ok = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}],
+                                                      "max_tokens": 3})
+        assert ok.status_code == 200
+
+
+def test_a_failing_sampler_fails_one_request_and_the_engine_keeps_serving(tiny_models, serve_app):
+    class Flaky:
+        @hookimpl
+        def mlxrt_sampler(self, request, info):
+            if request.sampling.temperature == 0.5:
+                raise RuntimeError("boom")
+            return None
+
+    client = serve_app(tiny_models("llama"), extra=[("flaky", Flaky())])
+    msg = [{"role": "user", "content": "x"}]
+    bad = client.post("/v1/chat/completions", json={"messages": msg, "temperature": 0.5, "max_tokens": 3})
+    assert bad.status_code == 500
+    assert "flaky" in bad.json()["error"]["message"] and bad.json()["error"]["type"] == "plugin_error"
+    stream = client.post("/v1/chat/completions", json={"messages": msg, "temperature": 0.5, "stream": True})
+    frames = [f for f in stream.text.split("\n\n") if f]
+    assert "flaky" in json.loads(frames[-1][6:])["error"]["message"]  # the error travels in the stream
+    assert client.post("/v1/chat/completions", json={"messages": msg, "max_tokens": 3}).status_code == 200
+
+
+@pytest.mark.anyio
+async def test_generate_yields_tokens_then_one_finish(qwen3_client):
+    engine = qwen3_client.app.state.host.engine
+    request = GenerationRequest(request_id="t1", prompt_ids=(1, 2, 3), max_tokens=5,
+                                sampling=SamplingParams(temperature=0.0))
+    events = [e async for e in engine.generate(request)]
+    assert [type(e).__name__ for e in events][-1] == "FinishEvent"
+    assert sum(type(e).__name__ == "TokenEvent" for e in events) <= 5
+    assert events[-1].completion_tokens <= 5 and events[-1].prompt_tokens == 3
