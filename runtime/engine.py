@@ -52,6 +52,15 @@ class _Job:
     cancelled: threading.Event = attrs.field(factory=threading.Event)
 
 
+@attrs.define
+class _Call:
+    """A raw forward (embeddings, the curve designer) run exclusively on the worker."""
+
+    fn: Callable[[LoadedModel], Any]
+    done: asyncio.Future[Any]
+    loop: asyncio.AbstractEventLoop
+
+
 class Engine:
     """Owns the model on a worker thread and runs generations for the HTTP side.
 
@@ -66,7 +75,7 @@ class Engine:
         self.loaded: LoadedModel | None = None
         self.profile: FamilyProfile | None = None
         self.seeds = SeedSource()
-        self._jobs: queue.Queue[_Job | None] = queue.Queue()
+        self._jobs: queue.Queue[_Job | _Call | None] = queue.Queue()
         self._thread: threading.Thread | None = None
         self.requests_served = 0
         self.requests_cancelled = 0
@@ -121,6 +130,19 @@ class Engine:
         finally:
             job.cancelled.set()
 
+    async def call(self, fn: Callable[[LoadedModel], Any]) -> Any:
+        """Run ``fn(loaded_model)`` on the worker, between generations, and return its result.
+
+        For raw forwards (embeddings, next-token distributions): they are serialized with
+        generation, never run beside it. Exceptions raised by ``fn`` are re-raised here.
+        """
+        if self._thread is None:
+            raise EngineError("the engine has no model loaded")
+        loop = asyncio.get_running_loop()
+        done: asyncio.Future[Any] = loop.create_future()
+        self._jobs.put(_Call(fn, done, loop))
+        return await done
+
     # -- worker thread -------------------------------------------------------------------------
 
     def _run(self, info: ModelInfo, ready: Future[None]) -> None:
@@ -132,6 +154,9 @@ class Engine:
         self._warm_up()
         ready.set_result(None)
         while (job := self._jobs.get()) is not None:
+            if isinstance(job, _Call):
+                self._run_call(job)
+                continue
             if job.cancelled.is_set():
                 continue
             try:
@@ -141,6 +166,18 @@ class Engine:
             except Exception as exc:  # keep serving: one failed generation must not kill the worker
                 log.exception("generation %s failed", job.request.request_id)
                 job.emit(EngineError(f"generation failed: {type(exc).__name__}: {exc}"))
+
+    def _run_call(self, call: _Call) -> None:
+        def settle(setter: Callable[[Any], None], value: Any) -> None:
+            if not call.done.done():
+                setter(value)
+
+        try:
+            result = call.fn(self.loaded)
+        except BaseException as exc:  # handed back to the awaiting request
+            call.loop.call_soon_threadsafe(settle, call.done.set_exception, exc)
+        else:
+            call.loop.call_soon_threadsafe(settle, call.done.set_result, result)
 
     def _warm_up(self) -> None:
         """Import the decode path and run one token, so the first request does not pay for it."""

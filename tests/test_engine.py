@@ -60,3 +60,18 @@ async def test_generate_yields_tokens_then_one_finish(qwen3_client):
     assert [type(e).__name__ for e in events][-1] == "FinishEvent"
     assert sum(type(e).__name__ == "TokenEvent" for e in events) <= 5
     assert events[-1].completion_tokens <= 5 and events[-1].prompt_tokens == 3
+
+
+@pytest.mark.anyio
+async def test_call_runs_on_the_worker_and_raises_back(qwen3_client):
+    import threading
+
+    engine = qwen3_client.app.state.host.engine
+    name = await engine.call(lambda loaded: threading.current_thread().name)
+    assert name == "mlxrt-engine"
+
+    def boom(loaded):
+        raise ValueError("bad forward")
+
+    with pytest.raises(ValueError, match="bad forward"):
+        await engine.call(boom)
