@@ -180,31 +180,39 @@ def mlxrt_prompt_canonicalize(request: GenerationRequest, dialect: str) -> Gener
 
 
 @hookspec
-def mlxrt_logits_processors(request: GenerationRequest, info: ModelInfo) -> Sequence[LogitsProcessor]:
+def mlxrt_logits_processors(
+    request: GenerationRequest, info: ModelInfo, host: PluginHost
+) -> Sequence[LogitsProcessor]:
     """Contribute logits processors for one request.
 
     :param request: The request about to be admitted.
     :param info: The served model's description.
+    :param host: The plugin host (server options in ``host.options``).
     :returns: A list of ``(tokens, logits) -> logits`` callables (mlx-lm's protocol), applied
         in plugin call order before sampling; an empty list when not interested. Build them once
         here; they run per token.
 
-    Called per request at admission, on the engine thread. Results are concatenated.
+    Called per request at admission, on the engine thread. Results are concatenated. Raise
+    :class:`mlxrt.errors.InvalidRequest` for a client error in a claimed field (a 400); any
+    other exception fails the request as a plugin error.
 
     .. versionadded:: 0.1
     """
 
 
 @hookspec(firstresult=True)
-def mlxrt_sampler(request: GenerationRequest, info: ModelInfo) -> Sampler | None:
+def mlxrt_sampler(request: GenerationRequest, info: ModelInfo, host: PluginHost) -> Sampler | None:
     """Replace the sampler for one request.
 
     :param request: The request about to be admitted.
     :param info: The served model's description.
+    :param host: The plugin host (server options in ``host.options``, e.g. a plugin's own
+        ``mlxrt_serve_options`` values).
     :returns: A ``(logprobs) -> tokens`` callable (mlx-lm's protocol), or ``None`` for the
         default, ``mlx_lm.sample_utils.make_sampler`` over the request's sampling settings.
 
     Called per request at admission, on the engine thread. Stops at first non-None result.
+    Raise :class:`mlxrt.errors.InvalidRequest` for a client error in a claimed field (a 400).
 
     .. versionadded:: 0.1
     """

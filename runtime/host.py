@@ -20,7 +20,7 @@ import attrs
 import pluggy
 
 from mlxrt import hookspecs
-from mlxrt.errors import PluginError
+from mlxrt.errors import MlxrtError, PluginError
 from mlxrt.records import PluginRecord
 
 __all__ = ["PluginHost", "make_host", "FAMILY_HOOKS", "ENTRY_POINT_GROUP"]
@@ -142,6 +142,8 @@ class PluginHost:
         for impl in reversed(caller.get_hookimpls()):
             try:
                 value = impl.function(**{arg: kwargs[arg] for arg in impl.argnames})
+            except MlxrtError:
+                raise  # a typed error (e.g. InvalidRequest on a claimed field) is the client's
             except Exception as exc:  # plugin boundary
                 raise PluginError(impl.plugin_name, hook_name, exc) from exc
             if value is not None:
@@ -159,6 +161,8 @@ class PluginHost:
         for impl in reversed(caller.get_hookimpls()):
             try:
                 value = impl.function(**{arg: kwargs[arg] for arg in impl.argnames})
+            except MlxrtError:
+                raise  # a typed error (e.g. InvalidRequest on a claimed field) is the client's
             except Exception as exc:  # plugin boundary
                 raise PluginError(impl.plugin_name, hook_name, exc) from exc
             if value is None:

@@ -39,7 +39,7 @@ class SeedSource:
 
 def build_sampler(host: PluginHost, request: GenerationRequest, info: ModelInfo) -> Sampler:
     """A plugin's sampler for the request (``mlxrt_sampler``), else ``make_sampler``."""
-    _plugin, sampler = host.first_answer("mlxrt_sampler", request=request, info=info)
+    _plugin, sampler = host.first_answer("mlxrt_sampler", request=request, info=info, host=host)
     if sampler is not None:
         return sampler
     from mlx_lm.sample_utils import make_sampler
@@ -52,7 +52,7 @@ def build_logits_processors(
     host: PluginHost, request: GenerationRequest, info: ModelInfo
 ) -> list[LogitsProcessor]:
     """Every plugin's logits processors for the request, in plugin call order."""
-    return [proc for _plugin, proc in host.collect("mlxrt_logits_processors", request=request, info=info)]
+    return [proc for _plugin, proc in host.collect("mlxrt_logits_processors", request=request, info=info, host=host)]
 
 
 #: mlx_lm.server's defaults, the last link of the fallback chain.

@@ -75,3 +75,20 @@ async def test_call_runs_on_the_worker_and_raises_back(qwen3_client):
 
     with pytest.raises(ValueError, match="bad forward"):
         await engine.call(boom)
+
+
+def test_an_invalid_request_from_a_hook_is_a_400(tiny_models, serve_app):
+    from mlxrt.errors import InvalidRequest
+
+    class Picky:
+        @hookimpl
+        def mlxrt_sampler(self, request, info, host):
+            if request.sampling.temperature == 0.5:
+                raise InvalidRequest("temperature 0.5 is not allowed by picky", param="temperature")
+            return None
+
+    client = serve_app(tiny_models("llama"), extra=[("picky", Picky())])
+    msg = [{"role": "user", "content": "x"}]
+    bad = client.post("/v1/chat/completions", json={"messages": msg, "temperature": 0.5, "max_tokens": 3})
+    assert bad.status_code == 400 and bad.json()["error"]["message"] == "temperature 0.5 is not allowed by picky"
+    assert client.post("/v1/chat/completions", json={"messages": msg, "max_tokens": 3}).status_code == 200
