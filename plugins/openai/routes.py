@@ -8,16 +8,17 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
-from litestar import Request, Response, get, post
+from litestar import Request, Response, post
 
 from mlxrt.admission import plan_max_tokens
 from mlxrt.api.app import claimed_fields
 from mlxrt.api.errors import openai_error_body
 from mlxrt.api.sse import sse_data, sse_response
 from mlxrt.api.wire import parse_json_object
-from mlxrt.errors import MlxrtError, NotFound
+from mlxrt.errors import MlxrtError
 from mlxrt.plugins.openai.decode import DecodedChat, decode_chat
 from mlxrt.plugins.openai.encode import chunk, completion_body, tool_calls_json, usage
+from mlxrt.plugins.openai.models import get_model, list_models
 from mlxrt.records import FinishEvent, GenerationRequest
 from mlxrt.responses import ResponseAssembler
 from mlxrt.sampling import resolve_sampling
@@ -123,35 +124,6 @@ async def _stream(engine: Any, gen: GenerationRequest, assembler: ResponseAssemb
     except MlxrtError as exc:
         # Headers are gone: the error travels in the stream, which then closes without [DONE].
         yield sse_data(openai_error_body(exc.status, exc.type, exc.message, exc.param, exc.code))
-
-
-def _model_rows(request: Request) -> list[dict[str, Any]]:
-    host = _host(request)
-    engine = host.engine
-    info = engine.info
-    return [{
-        "id": info.model_id,
-        "object": "model",
-        "created": int(host.options.get("started_at") or time.time()),
-        "owned_by": "mlxrt",
-        "context_window": info.context_window,
-        "reasoning": engine.profile.thinking_format is not None,
-        "vision": engine.profile.vision is not None,
-    }]
-
-
-@get(["/v1/models", "/models"], opt=_OPT, summary="List models", tags=["openai"])
-async def list_models(request: Request) -> dict[str, Any]:
-    return {"object": "list", "data": _model_rows(request)}
-
-
-@get(["/v1/models/{model_id:path}"], opt=_OPT, summary="Retrieve a model", tags=["openai"])
-async def get_model(request: Request) -> dict[str, Any]:
-    wanted = str(request.path_params["model_id"]).lstrip("/")
-    for row in _model_rows(request):
-        if row["id"] == wanted:
-            return row
-    raise NotFound(f"model {wanted!r} is not served here", param="model", code="model_not_found")
 
 
 ROUTES = [chat_completions, list_models, get_model]
