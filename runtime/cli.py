@@ -30,8 +30,6 @@ _NOT_YET = {
     "adapter_path": None,
     "draft_model": None,
     "num_draft_tokens": 3,
-    "trust_remote_code": False,
-    "use_default_chat_template": False,
     "decode_concurrency": 32,
     "prompt_concurrency": 8,
     "prefill_step_size": 2048,
@@ -110,6 +108,7 @@ def build_server(host: PluginHost, model: str | None, opts: dict[str, Any]) -> A
     from mlxrt.api.app import create_app
     from mlxrt.engine import Engine
     from mlxrt.loading import read_model_info, resolve_model
+    from mlxrt.templating import DEFAULT_CHAT_TEMPLATE
 
     host.options.update(opts)
     host.options.setdefault("started_at", time.time())
@@ -119,9 +118,19 @@ def build_server(host: PluginHost, model: str | None, opts: dict[str, Any]) -> A
     engine.load(info)
     if opts.get("chat_template"):
         engine.tokenizer.chat_template = opts["chat_template"]
+    elif opts.get("use_default_chat_template") and getattr(engine.tokenizer, "chat_template", None) is None:
+        engine.tokenizer.chat_template = DEFAULT_CHAT_TEMPLATE
     host.engine = engine
-    origins = opts.get("allowed_origins")
-    return create_app(host, cors_origins=[o.strip() for o in origins.split(",")] if origins else None)
+    return create_app(host, cors_origins=_cors_origins(opts.get("allowed_origins"), opts.get("host")))
+
+
+def _cors_origins(given: str | None, bind: str | None) -> list[str] | None:
+    """mlx_lm.server allows ``*``; mlxrt does so only on loopback unless told otherwise."""
+    if given is not None:
+        origins = [o.strip() for o in given.split(",") if o.strip()]
+        return origins or None
+    loopback = bind in (None, "localhost", "::1") or str(bind).startswith("127.")
+    return ["*"] if loopback else None
 
 
 def build_cli(host: PluginHost) -> click.Group:
@@ -152,7 +161,8 @@ def build_cli(host: PluginHost) -> click.Group:
     @click.option("--port", default=8080, type=int, help="Port to bind.")
     @click.option("--log-level", default="INFO",
                   type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], case_sensitive=False))
-    @click.option("--allowed-origins", default=None, help="CORS origins, comma-separated (off when unset).")
+    @click.option("--allowed-origins", default=None,
+                  help="CORS origins, comma-separated. Default: * when bound to loopback, none otherwise.")
     @click.option("--disable-plugin", multiple=True, help="Do not load this plugin (repeatable).")
     @click.option("--temp", type=float, default=None,
                   help="Default temperature. Fallback chain: request → this flag → generation_config.json → 0.0")
@@ -166,8 +176,10 @@ def build_cli(host: PluginHost) -> click.Group:
     @click.option("--adapter-path", default=None, help="(mlx_lm.server flag; not implemented yet)")
     @click.option("--draft-model", default=None, help="(mlx_lm.server flag; not implemented yet)")
     @click.option("--num-draft-tokens", type=int, default=3, help="(mlx_lm.server flag; not implemented yet)")
-    @click.option("--trust-remote-code", is_flag=True, help="(mlx_lm.server flag; not implemented yet)")
-    @click.option("--use-default-chat-template", is_flag=True, help="(mlx_lm.server flag; not implemented yet)")
+    @click.option("--trust-remote-code", is_flag=True,
+                  help="Allow the tokenizer's custom code from the model folder to run.")
+    @click.option("--use-default-chat-template", is_flag=True,
+                  help="Use a ChatML template when the model has none.")
     @click.option("--decode-concurrency", type=int, default=32, help="(mlx_lm.server flag; not implemented yet)")
     @click.option("--prompt-concurrency", type=int, default=8, help="(mlx_lm.server flag; not implemented yet)")
     @click.option("--prefill-step-size", type=int, default=2048, help="(mlx_lm.server flag; not implemented yet)")

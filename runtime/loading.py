@@ -156,9 +156,11 @@ def read_model_info(source: ModelSource) -> ModelInfo:
     )
 
 
-def mlx_lm_load(info: ModelInfo, classes: tuple[type, type] | None = None) -> LoadedModel:
+def mlx_lm_load(info: ModelInfo, classes: tuple[type, type] | None = None, *,
+                trust_remote_code: bool = False) -> LoadedModel:
     """Load ``info`` with mlx-lm; ``classes=(Model, ModelArgs)`` supplies an architecture
-    mlx-lm lacks (the family's own model code)."""
+    mlx-lm lacks (the family's own model code). ``trust_remote_code`` lets the tokenizer's
+    own code from the model folder run (``--trust-remote-code``)."""
     from mlx_lm.utils import load_model as _load_model
     from mlx_lm.utils import load_tokenizer
 
@@ -167,7 +169,8 @@ def mlx_lm_load(info: ModelInfo, classes: tuple[type, type] | None = None) -> Lo
         kwargs["get_model_classes"] = lambda _config: classes
     try:
         model, config = _load_model(info.path, **kwargs)
-        tokenizer = load_tokenizer(info.path, eos_token_ids=config.get("eos_token_id"))
+        tokenizer = load_tokenizer(info.path, {"trust_remote_code": True} if trust_remote_code else None,
+                                   eos_token_ids=config.get("eos_token_id"))
     except (ValueError, FileNotFoundError, KeyError) as exc:
         raise ModelLoadError(f"mlx-lm could not load {info.model_id}: {exc}") from exc
     return LoadedModel(model=model, tokenizer=tokenizer)
@@ -203,7 +206,7 @@ def load_model(info: ModelInfo, host: PluginHost) -> tuple[LoadedModel, FamilyPr
     """Load the model through the family hooks (mlx-lm when none answers) and resolve its profile."""
     plugin, loaded = host.first_answer("mlxrt_load_model", info=info, host=host)
     if loaded is None:
-        loaded = mlx_lm_load(info)
+        loaded = mlx_lm_load(info, trust_remote_code=bool(host.options.get("trust_remote_code")))
     profile = resolve_profile(info, host)
     profile = attrs.evolve(profile, provenance={"load_model": plugin or "mlx-lm", **profile.provenance})
     return loaded, profile

@@ -15,7 +15,13 @@ from mlxrt.records import FamilyProfile
 if TYPE_CHECKING:
     from mlxrt.host import PluginHost
 
-__all__ = ["ChatInput", "RenderedPrompt", "render_chat", "canonicalize"]
+__all__ = ["ChatInput", "RenderedPrompt", "render_chat", "canonicalize", "DEFAULT_CHAT_TEMPLATE"]
+
+#: ChatML, for ``--use-default-chat-template`` on a model that ships no template.
+DEFAULT_CHAT_TEMPLATE = (
+    "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
+    "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
+)
 
 
 @attrs.frozen
