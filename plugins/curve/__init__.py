@@ -1,0 +1,40 @@
+"""The curve sampler (v2), as a plugin (built-in, through the public hooks only).
+
+A request's ``curve`` object draws a monotone transfer curve on log-probabilities; the
+sampler draws from ``p_out ∝ exp(curve(log p_in))``. It replaces temperature, top_p, top_k
+and min_p for that request (and samples even at temperature 0); logits processors still
+apply. The maths is in docs/samplers.md.
+"""
+
+from __future__ import annotations
+
+from mlxrt import hookimpl
+
+MLXRT_PLUGIN_KIND = "sampler"
+_DIALECTS = frozenset({"openai"})
+
+
+@hookimpl
+def mlxrt_request_fields(dialect):  # noqa: ANN001, ANN201 - hook signature documented in mlxrt.hookspecs
+    return {"curve": dict} if dialect in _DIALECTS else None
+
+
+@hookimpl
+def mlxrt_prompt_canonicalize(request, dialect):  # noqa: ANN001, ANN201
+    # Not a rewrite: the last hook before a response starts, so a bad curve is a 400 here even
+    # for a streamed request (at admission the stream would already be open).
+    if "curve" in request.extra:
+        from mlxrt.plugins.curve.params import parse_curve
+
+        parse_curve(request.extra["curve"])
+    return None
+
+
+@hookimpl
+def mlxrt_sampler(request):  # noqa: ANN001, ANN201
+    if "curve" not in request.extra:
+        return None
+    from mlxrt.plugins.curve.params import parse_curve
+    from mlxrt.plugins.curve.spline import make_curve_sampler
+
+    return make_curve_sampler(parse_curve(request.extra["curve"]))
