@@ -27,11 +27,16 @@ __all__ = ["FieldRule", "check_fields", "parse_json_object", "strict_converter",
 T = TypeVar("T")
 
 
+def _no_constants(name: str) -> Any:
+    # NaN and Infinity are not JSON; Python's parser accepts them and they slip past range checks.
+    raise ValueError(f"{name} is not valid JSON")
+
+
 def parse_json_object(raw: bytes) -> dict[str, Any]:
     """Decode a request body that must be a JSON object."""
     try:
-        body = json.loads(raw)
-    except (UnicodeDecodeError, json.JSONDecodeError):
+        body = json.loads(raw, parse_constant=_no_constants)
+    except (UnicodeDecodeError, ValueError):
         raise InvalidRequest("invalid JSON body") from None
     if not isinstance(body, dict):
         raise InvalidRequest("Request should be a JSON dictionary")
