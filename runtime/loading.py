@@ -166,7 +166,7 @@ def mlx_lm_load(info: ModelInfo, classes: tuple[type, type] | None = None, *,
 
     kwargs: dict[str, Any] = {}
     if classes is not None:
-        kwargs["get_model_classes"] = lambda _config: classes
+        kwargs["get_model_classes"] = lambda config: classes  # mlx-lm passes config=
     try:
         model, config = _load_model(info.path, **kwargs)
         tokenizer = load_tokenizer(info.path, {"trust_remote_code": True} if trust_remote_code else None,

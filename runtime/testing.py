@@ -36,6 +36,16 @@ Families (`TINY_MODEL_TYPES`, the `model_type` written to config.json):
                Llama-shaped with the same parameter names: pass
                ``config_overrides={"model_type": "llama", "architectures": ["LlamaForCausalLM"]}``.
 
+Layout variants (`TINY_VARIANTS`: another layout of one of those model types):
+  qwen3_embedding  the Qwen3-Embedding repo layout: the qwen3 graph (model_type
+               "qwen3") with weights saved WITHOUT the `model.` prefix, as
+               `Qwen3Model` saves them (plain `mlx_lm.load` rejects it; the qwen
+               family plugin re-prefixes on load), sentence-transformers files
+               (`modules.json`, `1_Pooling/config.json` with
+               `pooling_mode_lasttoken`, `config_sentence_transformers.json` with
+               the `Instruct: ...\nQuery:` prompt), EOS `<|endoftext|>`, left
+               padding, and a post-processor that appends `<|endoftext|>`.
+
 `config_overrides` is merged into config.json (dicts merge recursively; for
 qwen3_5 put text fields under "text_config") before the weights are drawn, so
 sizes such as `num_hidden_layers` can be changed; keep them consistent.
@@ -55,15 +65,17 @@ import numpy as np
 
 from mlxrt._tokenizer_factory import CHAT_TEMPLATES, generated_tokenizer
 
-__all__ = ["TINY_MODEL_TYPES", "write_tiny_checkpoint"]
+__all__ = ["TINY_MODEL_TYPES", "TINY_VARIANTS", "write_tiny_checkpoint"]
 
 TINY_MODEL_TYPES: tuple[str, ...] = ("llama", "qwen3", "qwen3_5", "gemma4_text", "minicpm")
+#: Layout variants: variant -> the model_type its config.json says.
+TINY_VARIANTS: dict[str, str] = {"qwen3_embedding": "qwen3"}
 
 _DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
 # Family end-of-turn tokens that go into generation_config.eos_token_id (if present).
 _EOS = {"llama": ["<|im_end|>"], "qwen3": ["<|im_end|>", "<|endoftext|>"],
         "qwen3_5": ["<|im_end|>", "<|endoftext|>"], "gemma4_text": ["<eos>", "<turn|>", "<|tool_response>"],
-        "minicpm": ["</s>", "<|im_end|>"]}
+        "minicpm": ["</s>", "<|im_end|>"], "qwen3_embedding": ["<|endoftext|>", "<|im_end|>"]}
 
 
 def write_tiny_checkpoint(
@@ -77,18 +89,23 @@ def write_tiny_checkpoint(
 ) -> Path:
     """Write a tiny random-weight `model_type` checkpoint into `path` (created) and return it.
 
+    `model_type`: one of `TINY_MODEL_TYPES` or a layout variant from `TINY_VARIANTS`.
     `tokenizer_dir`: copy a real tokenizer from there instead of generating one
     (config `vocab_size` then covers it). `dtype`: float32, bfloat16 or float16
     on disk. `config_overrides`: merged into config.json before weights are drawn.
     """
-    if model_type not in TINY_MODEL_TYPES:
-        raise ValueError(f"model_type must be one of {TINY_MODEL_TYPES}, not {model_type!r}")
+    if model_type not in TINY_MODEL_TYPES and model_type not in TINY_VARIANTS:
+        raise ValueError(f"model_type must be one of {TINY_MODEL_TYPES + tuple(TINY_VARIANTS)}, "
+                         f"not {model_type!r}")
+    variant, model_type = model_type, TINY_VARIANTS.get(model_type, model_type)
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be one of {tuple(_DTYPES)}, not {dtype!r}")
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
     if tokenizer_dir is None:
         num_tokens, ids, tcfg = _write_generated_tokenizer(out, model_type)
+        if variant == "qwen3_embedding":
+            tcfg = _embedding_tokenizer(out, ids, tcfg)
     else:
         num_tokens, ids, tcfg = _copy_tokenizer(out, model_type, Path(tokenizer_dir))
 
@@ -97,7 +114,7 @@ def write_tiny_checkpoint(
         tok = tok.get("content") if isinstance(tok, dict) else tok
         return ids.get(tok) if tok else None
 
-    eos = [ids[t] for t in _EOS[model_type] if t in ids]
+    eos = [ids[t] for t in _EOS[variant] if t in ids]
     if tid("eos_token") is not None and tid("eos_token") not in eos:
         eos.append(tid("eos_token"))
     if not eos:
@@ -109,6 +126,9 @@ def write_tiny_checkpoint(
     for name, t in tensors.items():  # rows past the tokenizer: logits ~0, never sampled
         if name.endswith(("embed_tokens.weight", "lm_head.weight")) and t.shape[0] > num_tokens:
             t[num_tokens:] *= 0.02
+    if variant == "qwen3_embedding":  # as Qwen3Model saves them: no "model." prefix
+        tensors = {name.removeprefix("model."): t for name, t in tensors.items()}
+        _write_sentence_transformers(out, config["hidden_size"])
     _save_safetensors(out / "model.safetensors", tensors, dtype)
     _write_json(out / "config.json", config)
     gen = {"bos_token_id": tok_ids["bos"], "eos_token_id": eos if len(eos) > 1 else eos[0],
@@ -152,6 +172,48 @@ def _copy_tokenizer(out: Path, family: str, src: Path) -> tuple[int, dict, dict]
         tcfg["chat_template"] = CHAT_TEMPLATES[family]
         _write_json(out / "tokenizer_config.json", tcfg)
     return num_tokens, dict(added), tcfg
+
+
+def _embedding_tokenizer(out: Path, ids: Mapping[str, int], tcfg: dict) -> dict:
+    """Make the generated Qwen3 tokenizer Qwen3-Embedding's: EOS <|endoftext|>, appended by the
+    post-processor (the updated official tokenizer does this), left padding."""
+    eot = "<|endoftext|>"
+    tj = json.loads((out / "tokenizer.json").read_text(encoding="utf-8"))
+    tail = {"SpecialToken": {"id": eot, "type_id": 0}}
+    tj["post_processor"] = {
+        "type": "TemplateProcessing",
+        "single": [{"Sequence": {"id": "A", "type_id": 0}}, tail],
+        "pair": [{"Sequence": {"id": "A", "type_id": 0}}, tail, {"Sequence": {"id": "B", "type_id": 1}},
+                 {"SpecialToken": {"id": eot, "type_id": 1}}],
+        "special_tokens": {eot: {"id": eot, "ids": [ids[eot]], "tokens": [eot]}},
+    }
+    (out / "tokenizer.json").write_text(json.dumps(tj, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
+    tcfg = {**tcfg, "eos_token": eot, "padding_side": "left"}
+    _write_json(out / "tokenizer_config.json", tcfg)
+    stm = json.loads((out / "special_tokens_map.json").read_text(encoding="utf-8"))
+    _write_json(out / "special_tokens_map.json", {**stm, "eos_token": eot})
+    return tcfg
+
+
+def _write_sentence_transformers(out: Path, hidden: int) -> None:
+    """modules.json (Transformer -> last-token Pooling -> Normalize) and its module configs."""
+    _write_json(out / "modules.json", [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+        {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
+    ])
+    (out / "1_Pooling").mkdir(exist_ok=True)
+    _write_json(out / "1_Pooling" / "config.json", {
+        "word_embedding_dimension": hidden, "pooling_mode_cls_token": False, "pooling_mode_mean_tokens": False,
+        "pooling_mode_max_tokens": False, "pooling_mode_mean_sqrt_len_tokens": False,
+        "pooling_mode_weightedmean_tokens": False, "pooling_mode_lasttoken": True, "include_prompt": True,
+    })
+    _write_json(out / "config_sentence_transformers.json", {
+        "prompts": {"query": "Instruct: Given a web search query, retrieve relevant passages that answer the query"
+                             "\nQuery:", "document": ""},
+        "default_prompt_name": None, "similarity_fn_name": "cosine",
+    })
+    _write_json(out / "sentence_bert_config.json", {"max_seq_length": 32768, "do_lower_case": False})
 
 
 @functools.lru_cache(maxsize=8)

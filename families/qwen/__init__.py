@@ -1,7 +1,9 @@
 """The Qwen family plugin: Qwen3, Qwen3-MoE and Qwen3.5 reasoning, tools and template switches.
 
-mlx-lm has these architectures, so this plugin does not load models; it answers the
-family hooks for its own model types and returns ``None`` for every other model.
+mlx-lm has these architectures, so this plugin loads only one kind of model itself:
+Qwen3-Embedding checkpoints (see :mod:`mlxrt.embedding`), whose weights lack mlx-lm's
+``model.`` prefix. It answers the family hooks for its own model types and returns ``None``
+for every other model.
 """
 
 from __future__ import annotations
@@ -19,6 +21,22 @@ MODEL_TYPES = JSON_TOOL_TYPES | XML_TOOL_TYPES
 
 def _ours(info) -> bool:  # noqa: ANN001
     return info.model_type in MODEL_TYPES
+
+
+@hookimpl
+def mlxrt_load_model(info, host):  # noqa: ANN001, ANN201
+    # Qwen3-Embedding: the prefix-less Qwen3Model layout (mlx-lm rejects it as it stands).
+    if info.model_type != "qwen3":
+        return None
+    from mlxrt.embedding import is_embedding_model
+
+    if not is_embedding_model(info):
+        return None
+    from mlxrt.families.qwen.embedding import ModelArgs, Qwen3EmbeddingModel
+    from mlxrt.loading import mlx_lm_load
+
+    return mlx_lm_load(info, (Qwen3EmbeddingModel, ModelArgs),
+                       trust_remote_code=bool(host.options.get("trust_remote_code")))
 
 
 @hookimpl

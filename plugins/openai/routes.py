@@ -17,6 +17,7 @@ from mlxrt.api.sse import sse_data, sse_response
 from mlxrt.api.wire import parse_json_object
 from mlxrt.errors import MlxrtError
 from mlxrt.plugins.openai.decode import DecodedChat, decode_chat
+from mlxrt.plugins.openai.embeddings import embeddings
 from mlxrt.plugins.openai.encode import chunk, completion_body, tool_calls_json, usage
 from mlxrt.plugins.openai.models import get_model, list_models
 from mlxrt.records import FinishEvent, GenerationRequest
@@ -126,4 +127,4 @@ async def _stream(engine: Any, gen: GenerationRequest, assembler: ResponseAssemb
         yield sse_data(openai_error_body(exc.status, exc.type, exc.message, exc.param, exc.code))
 
 
-ROUTES = [chat_completions, list_models, get_model]
+ROUTES = [chat_completions, embeddings, list_models, get_model]

@@ -1,0 +1,91 @@
+"""OpenAI ``POST /v1/embeddings``, served when the model is an embedding model.
+
+The pooling and the model-side rules are :mod:`mlxrt.embedding`'s; this module validates the
+request, tokenizes off the event loop, runs one raw forward job on the engine worker and
+answers in OpenAI's shape (``float`` lists or ``base64`` little-endian float32).
+"""
+
+from __future__ import annotations
+
+import base64
+from typing import Any
+
+import anyio
+import numpy as np
+from litestar import Request, Response, post
+
+from mlxrt.api.wire import FieldRule, check_fields, parse_json_object
+from mlxrt.embedding import (
+    embed_ids,
+    encode_inputs,
+    end_token_id,
+    hidden_size,
+    is_embedding_model,
+    query_text,
+)
+from mlxrt.errors import InvalidRequest
+from mlxrt.plugins.openai.models import OPT
+
+__all__ = ["embeddings", "MAX_INPUTS"]
+
+#: OpenAI's cap on the strings one request may embed.
+MAX_INPUTS = 2048
+_INPUT_ERROR = "`input` must be a string or array of strings"
+_RULES = (
+    FieldRule("model", (str,)),
+    FieldRule("encoding_format", (str,)),
+    FieldRule("dimensions", (int,), min=1),
+    FieldRule("instruction", (str,)),
+    FieldRule("user", (str,)),
+)
+
+
+def _texts(body: dict[str, Any]) -> list[str]:
+    value = body.get("input")
+    texts = [value] if isinstance(value, str) else value
+    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) and t for t in texts):
+        raise InvalidRequest(_INPUT_ERROR, param="input")
+    if len(texts) > MAX_INPUTS:
+        raise InvalidRequest(f"`input` may hold at most {MAX_INPUTS} strings", param="input")
+    return texts
+
+
+def _encode(vector: np.ndarray, fmt: str) -> list[float] | str:
+    if fmt == "base64":
+        return base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
+    return vector.tolist()
+
+
+@post(["/v1/embeddings", "/embeddings"], status_code=200, opt=OPT, summary="Create embeddings",
+      tags=["openai"])
+async def embeddings(request: Request) -> Response:
+    engine = request.app.state.host.engine
+    info = engine.info
+    if not is_embedding_model(info):  # before the body, as mlx-bun: the route is the wrong one
+        raise InvalidRequest(
+            f'served model "{info.model_id}" is not an embedding model; serve an embedding model '
+            f"(e.g. Qwen3-Embedding) to use /v1/embeddings")
+    body = parse_json_object(await request.body())
+    check_fields(body, _RULES)
+    texts = _texts(body)
+    fmt = body.get("encoding_format") or "float"
+    if fmt not in ("float", "base64"):
+        raise InvalidRequest('encoding_format must be "float" or "base64"', param="encoding_format")
+    dimensions = body.get("dimensions")
+    width = hidden_size(info)
+    if dimensions is not None and width is not None and dimensions > width:
+        raise InvalidRequest(f"dimensions must be at most {width}", param="dimensions")
+    instruction = body.get("instruction")
+    tokenizer = engine.tokenizer
+    ids = await anyio.to_thread.run_sync(
+        encode_inputs, tokenizer, [query_text(t, instruction) for t in texts],
+        end_token_id(info, tokenizer), info.context_window,
+    )
+    vectors = await engine.call(lambda loaded: embed_ids(loaded, ids, dimensions=dimensions))
+    tokens = sum(len(i) for i in ids)
+    return Response(content={
+        "object": "list",
+        "data": [{"object": "embedding", "index": i, "embedding": _encode(v, fmt)} for i, v in enumerate(vectors)],
+        "model": info.model_id,
+        "usage": {"prompt_tokens": tokens, "total_tokens": tokens},
+    }, status_code=200)
