@@ -1,26 +1,90 @@
-"""OpenAI model routes: ``GET /v1/models`` and ``GET /v1/models/{id}``."""
+"""OpenAI model routes: ``GET /v1/models`` and ``GET /v1/models/{id}``.
+
+The list is the served model first (with mlxrt's ``context_window``, ``reasoning`` and
+``vision`` flags), then one row per servable model repo in the local Hugging Face cache: a
+model repo whose ``refs/main`` snapshot has a ``config.json`` with a ``model_type`` and
+safetensors weights, i.e. what ``mlxrt serve ORG/NAME`` would load without a download.
+Listing never downloads; a missing or unreadable cache lists the served model alone.
+"""
 
 from __future__ import annotations
 
+import json
+import logging
+import os
 import time
+from pathlib import Path
 from typing import Any
 
+import anyio
 from litestar import Request, get
 
 from mlxrt.api.errors import openai_error_body
 from mlxrt.errors import NotFound
 
-__all__ = ["OPT", "list_models", "get_model"]
+__all__ = ["OPT", "list_models", "get_model", "hf_cache_dir", "cached_model_rows"]
+
+log = logging.getLogger("mlxrt.openai")
 
 #: Route options every OpenAI handler carries: errors render as OpenAI error objects.
 OPT = {"dialect": "openai", "render_error": openai_error_body}
 
 
-def _model_rows(request: Request) -> list[dict[str, Any]]:
+def hf_cache_dir() -> Path:
+    """The Hugging Face hub cache, from the environment as it is now (huggingface_hub reads it
+    once, at import): ``HF_HUB_CACHE``, ``HUGGINGFACE_HUB_CACHE``, ``HF_HOME/hub``, else
+    ``$XDG_CACHE_HOME/huggingface/hub`` (default ``~/.cache/huggingface/hub``)."""
+    env = os.environ
+    cache = env.get("HF_HUB_CACHE") or env.get("HUGGINGFACE_HUB_CACHE")
+    if not cache:
+        home = env.get("HF_HOME") or os.path.join(env.get("XDG_CACHE_HOME") or "~/.cache", "huggingface")
+        cache = os.path.join(home, "hub")
+    return Path(os.path.expandvars(cache)).expanduser()
+
+
+def _servable(snapshot: Path) -> dict[str, Any] | None:
+    """The snapshot's config when it is a model mlxrt can load (config + safetensors)."""
+    try:
+        config = json.loads((snapshot / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    if not isinstance(config, dict) or not isinstance(config.get("model_type"), str):
+        return None
+    if not any(snapshot.glob("*.safetensors")):
+        return None
+    return config
+
+
+def cached_model_rows(cache_dir: Path | None = None) -> list[dict[str, Any]]:
+    """One OpenAI model row per servable repo in the HF cache (its ``refs/main`` snapshot), by id."""
+    from huggingface_hub import scan_cache_dir
+
+    try:
+        info = scan_cache_dir(cache_dir or hf_cache_dir())
+    except Exception as exc:  # no cache, not a folder, unreadable: nothing to list
+        log.debug("no Hugging Face cache to list: %s", exc)
+        return []
+    rows = []
+    for repo in info.repos:
+        main = repo.refs.get("main") if repo.repo_type == "model" else None
+        config = _servable(main.snapshot_path) if main is not None else None
+        if config is None:
+            continue
+        row: dict[str, Any] = {"id": repo.repo_id, "object": "model", "created": int(main.last_modified),
+                               "owned_by": repo.repo_id.split("/")[0] if "/" in repo.repo_id else "huggingface"}
+        window = config.get("max_position_embeddings") or (config.get("text_config") or {}).get(
+            "max_position_embeddings")
+        if isinstance(window, int):
+            row["context_window"] = window
+        rows.append(row)
+    return sorted(rows, key=lambda r: r["id"])
+
+
+def _served_row(request: Request) -> dict[str, Any]:
     host = request.app.state.host
     engine = host.engine
     info = engine.info
-    return [{
+    return {
         "id": info.model_id,
         "object": "model",
         "created": int(host.options.get("started_at") or time.time()),
@@ -28,18 +92,28 @@ def _model_rows(request: Request) -> list[dict[str, Any]]:
         "context_window": info.context_window,
         "reasoning": engine.profile.thinking_format is not None,
         "vision": engine.profile.vision is not None,
-    }]
+    }
+
+
+async def _model_rows(request: Request) -> list[dict[str, Any]]:
+    served = _served_row(request)
+    cached = await anyio.to_thread.run_sync(cached_model_rows)  # stats every cached file: off the loop
+    return [served, *(row for row in cached if row["id"] != served["id"])]
 
 
 @get(["/v1/models", "/models"], opt=OPT, summary="List models", tags=["openai"])
 async def list_models(request: Request) -> dict[str, Any]:
-    return {"object": "list", "data": _model_rows(request)}
+    return {"object": "list", "data": await _model_rows(request)}
 
 
 @get(["/v1/models/{model_id:path}"], opt=OPT, summary="Retrieve a model", tags=["openai"])
 async def get_model(request: Request) -> dict[str, Any]:
     wanted = str(request.path_params["model_id"]).lstrip("/")
-    for row in _model_rows(request):
+    served = _served_row(request)
+    if served["id"] == wanted:  # no cache scan for the common case
+        return served
+    for row in await _model_rows(request):
         if row["id"] == wanted:
             return row
-    raise NotFound(f"model {wanted!r} is not served here", param="model", code="model_not_found")
+    raise NotFound(f"model {wanted!r} not found: it is neither the served model nor a servable model "
+                   f"in the local Hugging Face cache", param="model", code="model_not_found")
