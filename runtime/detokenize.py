@@ -46,6 +46,18 @@ class Detokenizer:
             return ""
         return self._emit(window)
 
+    def preview(self, candidates: Sequence[int]) -> list[str]:
+        """The text each candidate would add if it were the next token (for log-probability
+        alternatives), decoded in the same context window as :meth:`add` uses, so a candidate
+        equal to the token then added reads the same as that token's piece."""
+        window = self._ids[self._ctx :]
+        base = self._decode(window)
+        out = []
+        for token in candidates:
+            text = self._decode([*window, token])
+            out.append(text[len(base) :] if text.startswith(base) else self._decode([token]))
+        return out
+
     def flush(self) -> str:
         """Return whatever is still held back (at the end of generation)."""
         if self._start == len(self._ids):

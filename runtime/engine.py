@@ -31,6 +31,7 @@ from mlxrt.records import (
     LoadedModel,
     ModelInfo,
     TokenEvent,
+    TokenLogprob,
 )
 from mlxrt.sampling import SeedSource, build_logits_processors, build_sampler
 from mlxrt.stops import StopMatcher
@@ -200,7 +201,7 @@ class Engine:
 
         request = job.request
         model, tokenizer = self.loaded.model, self.loaded.tokenizer
-        sampler = build_sampler(self.host, request, self.info)
+        sampler = build_sampler(self.host, request, self.info, tokenizer)
         processors = build_logits_processors(self.host, request, self.info)
         seed = request.sampling.seed if request.sampling.seed is not None else self.seeds.next()
         mx.random.seed(seed)
@@ -218,14 +219,20 @@ class Engine:
             logits_processors=processors or None,
             prompt_cache=make_prompt_cache(model),
         )
-        for token, _logprobs in steps:
+        for token, logprobs in steps:
             token = int(token)
             produced += 1
             if token in eos:
                 finish = FinishReason.STOP
                 break
-            text, stopped = stops.feed(detok.add(token))
-            job.emit(TokenEvent(token=token, text=text))
+            if request.logprobs is None:
+                text, stopped = stops.feed(detok.add(token))
+                job.emit(TokenEvent(token=token, text=text))
+            else:
+                logprob, top = _describe(logprobs, token, request.logprobs, detok)
+                piece = detok.add(token)
+                text, stopped = stops.feed(piece)
+                job.emit(TokenEvent(token=token, text=text, logprob=logprob, top_logprobs=top, piece=piece))
             if stopped:
                 finish = FinishReason.STOP
                 break
@@ -246,3 +253,22 @@ class Engine:
                 text=tail,
             )
         )
+
+
+def _describe(logprobs: Any, token: int, k: int, detok: Detokenizer) -> tuple[float, tuple[TokenLogprob, ...]]:
+    """The emitted token's log-probability and the ``k`` best alternatives, best first.
+
+    ``logprobs`` is what mlx-lm's ``generate_step`` yields with the token: the log-softmax
+    after logits processors, before temperature and filters. Top-k uses argpartition (no full
+    sort of the vocabulary); only the ``k`` winners are sorted. Called only when asked for.
+    """
+    import mlx.core as mx
+
+    chosen = float(logprobs[token].item())
+    if k <= 0:
+        return chosen, ()
+    ids = mx.argpartition(-logprobs, kth=k - 1)[:k]
+    values = logprobs[ids].tolist()
+    ranked = sorted(zip(ids.tolist(), values, strict=True), key=lambda pair: -pair[1])
+    texts = detok.preview([i for i, _ in ranked])
+    return chosen, tuple(TokenLogprob(id=i, logprob=float(v), text=t) for (i, v), t in zip(ranked, texts, strict=True))

@@ -27,6 +27,7 @@ __all__ = [
     "SamplingParams",
     "GenerationRequest",
     "TokenEvent",
+    "TokenLogprob",
     "FinishEvent",
     "FinishReason",
     "PluginRecord",
@@ -73,14 +74,18 @@ class ModelInfo:
             return text["model_type"]
         return self.model_type
 
+    def config_int(self, key: str) -> int | None:
+        """An integer of the config, looked up at the top level, then in ``text_config``."""
+        for cfg in (self.config, self.config.get("text_config") or {}):
+            value = cfg.get(key) if isinstance(cfg, Mapping) else None
+            if isinstance(value, int) and not isinstance(value, bool):
+                return value
+        return None
+
     @property
     def context_window(self) -> int | None:
         """``max_position_embeddings`` of the (text) config, if stated."""
-        for cfg in (self.config, self.config.get("text_config") or {}):
-            value = cfg.get("max_position_embeddings") if isinstance(cfg, Mapping) else None
-            if isinstance(value, int):
-                return value
-        return None
+        return self.config_int("max_position_embeddings")
 
 
 @attrs.frozen
@@ -192,6 +197,21 @@ class SamplingParams:
     top_k: int = 0
     min_p: float = 0.0
     seed: int | None = None
+    #: Token id → additive bias on its logit (mlx-lm's ``logit_bias`` processor).
+    logit_bias: Mapping[int, float] = attrs.field(factory=dict)
+    #: Multiplicative penalty on recent tokens' logits; 0 (or 1) is off.
+    repetition_penalty: float = 0.0
+    #: How many of the latest tokens the penalties look at; 0 means the whole history.
+    repetition_context_size: int = 20
+    #: Subtracted once from the logit of each token present in the window.
+    presence_penalty: float = 0.0
+    presence_context_size: int = 20
+    #: Subtracted from a token's logit once per occurrence in the window.
+    frequency_penalty: float = 0.0
+    frequency_context_size: int = 20
+    #: Chance per token that XTC removes the likely tokens above ``xtc_threshold``.
+    xtc_probability: float = 0.0
+    xtc_threshold: float = 0.1
 
 
 class FinishReason(enum.StrEnum):
@@ -212,6 +232,7 @@ class GenerationRequest:
     :ivar stop: Stop strings, matched on decoded text.
     :ivar dialect: Which dialect built the request (``openai``, ``anthropic``, …).
     :ivar extra: Plugin-claimed request fields (``mlxrt_request_fields``), by name.
+    :ivar logprobs: How many alternatives to report per token, or ``None`` for none.
     """
 
     request_id: str
@@ -221,6 +242,18 @@ class GenerationRequest:
     stop: tuple[str, ...] = ()
     dialect: str = "openai"
     extra: Mapping[str, Any] = attrs.field(factory=dict)
+    #: ``None``: no log-probabilities (nothing is computed); ``k >= 0``: each token event
+    #: carries the emitted token's log-probability and the ``k`` most likely alternatives.
+    logprobs: int | None = None
+
+
+@attrs.frozen
+class TokenLogprob:
+    """One candidate token of a step: its id, log-probability and text in context."""
+
+    id: int
+    logprob: float
+    text: str
 
 
 @attrs.frozen
@@ -229,10 +262,19 @@ class TokenEvent:
 
     ``text`` is the longest newly decoded prefix that can no longer change (never half a
     UTF-8 character, never the start of a stop string); it may be empty.
+
+    When the request asked for log-probabilities (``GenerationRequest.logprobs``), the event
+    also describes its token: ``logprob`` from the distribution after logits processors and
+    before temperature and filters, ``top_logprobs`` best first, and ``piece``, the text this
+    token added to the decoded stream before stop matching (what the detokenizer released
+    for it, so the pieces of all tokens concatenate to the generated text).
     """
 
     token: int
     text: str
+    logprob: float | None = None
+    top_logprobs: tuple[TokenLogprob, ...] = ()
+    piece: str = ""
 
 
 @attrs.frozen

@@ -1,21 +1,23 @@
-"""Turning engine events into a response's parts: content, reasoning and tool calls.
+"""Turning engine events into a response's parts: content, reasoning, tool calls, logprobs.
 
 Every dialect runs its events through one :class:`ResponseAssembler`, so reasoning
-separation and tool routing behave the same on every API.
+separation and tool routing behave the same on every API, and through one
+:class:`LogprobTrail` when the client asked for log-probabilities.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections import deque
+from collections.abc import AsyncIterable, Callable, Mapping, Sequence
 from typing import Any
 
 import attrs
 
 from mlxrt.reasoning import ReasoningSplitter
-from mlxrt.records import FamilyProfile, FinishEvent, FinishReason, ToolCall
+from mlxrt.records import FamilyProfile, FinishEvent, FinishReason, TokenEvent, ToolCall
 from mlxrt.tool_calls import ToolRouter
 
-__all__ = ["Delta", "ResponseAssembler"]
+__all__ = ["Delta", "ResponseAssembler", "LogprobTrail", "drain"]
 
 
 @attrs.frozen
@@ -61,3 +63,79 @@ class ResponseAssembler:
         if delta.reasoning:
             self.reasoning.append(delta.reasoning)
         return delta
+
+
+class LogprobTrail:
+    """Releases each token's log-probability event once its text has reached the client.
+
+    One event per generated token (EOS excluded), over every token: reasoning and tool-call
+    markup included (mlx-bun's rule), so the pieces concatenate to the generated text. Text
+    the stop matcher holds back holds its tokens back too; when a stop string matches, the
+    token it starts in is trimmed to the part before it and tokens wholly inside it are
+    dropped, so a stop string never leaks through logprobs either. A token whose piece is
+    empty (the first bytes of a character the detokenizer still holds) waits for the token
+    that completes the character; text released only at the end (a character never
+    completed) is added to the last token's piece.
+    """
+
+    def __init__(self) -> None:
+        self._pending: deque[TokenEvent] = deque()
+        self._unclaimed = ""  # text sent to the client that no released piece accounts for yet
+
+    def feed(self, event: TokenEvent) -> list[TokenEvent]:
+        """Record ``event``; return the events whose whole piece is now visible, in order."""
+        if event.logprob is None:
+            return []
+        self._pending.append(event)
+        self._unclaimed += event.text
+        return self._release()
+
+    def finish(self, event: FinishEvent) -> list[TokenEvent]:
+        """Release the rest: held text was either sent (``event.text``) or cut by a stop."""
+        self._unclaimed += event.text
+        out = self._release()
+        unclaimed, kept = self._unclaimed, []
+        for ev in self._pending:
+            if ev.piece and not unclaimed:
+                break  # this token and the rest lie inside the stop string
+            take, unclaimed = unclaimed[: len(ev.piece)], unclaimed[len(ev.piece):]
+            kept.append(ev if take == ev.piece else attrs.evolve(ev, piece=take))
+        if unclaimed and (kept or out):
+            last = kept.pop() if kept else out.pop()
+            kept.append(attrs.evolve(last, piece=last.piece + unclaimed))
+        self._pending.clear()
+        self._unclaimed = ""
+        return out + kept
+
+    def _release(self) -> list[TokenEvent]:
+        out: list[TokenEvent] = []
+        while self._pending:
+            empties = 0
+            while empties < len(self._pending) and not self._pending[empties].piece:
+                empties += 1
+            if empties == len(self._pending):
+                break
+            piece = self._pending[empties].piece
+            if not self._unclaimed.startswith(piece):
+                break
+            self._unclaimed = self._unclaimed[len(piece):]
+            out.extend(self._pending.popleft() for _ in range(empties + 1))
+        return out
+
+
+async def drain(events: AsyncIterable[TokenEvent | FinishEvent],
+                on_text: Callable[[str], Any]) -> tuple[FinishEvent, list[TokenEvent]]:
+    """Run a whole generation for a non-streaming response.
+
+    Each token's text goes to ``on_text`` (the finish event's held text does not: the caller's
+    assembler flushes it); returns the finish event and the logprob events, in order (empty
+    when none were asked for).
+    """
+    trail = LogprobTrail()
+    logprobs: list[TokenEvent] = []
+    async for event in events:
+        if isinstance(event, FinishEvent):
+            return event, logprobs + trail.finish(event)
+        on_text(event.text)
+        logprobs += trail.feed(event)
+    raise RuntimeError("the generation ended without a finish event")

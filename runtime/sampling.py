@@ -1,12 +1,15 @@
-"""The sampler chain of one request: plugin samplers and logits processors, else mlx-lm's.
+"""The sampler chain of one request: built-in samplers and logits processors, and the hooks.
 
-Hooks are called once per request at admission (never per token); the returned callables
-run per token on the engine thread.
+The built-in chain is mlx-lm's (``make_sampler``, ``make_logits_processors``), configured from
+the request's :class:`SamplingParams`. ``mlxrt_sampler`` replaces the sampler;
+``mlxrt_logits_processors`` adds processors after the built-in ones. Hooks are called once per
+request at admission (never per token); the returned callables run per token on the engine
+thread.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 from mlxrt.records import GenerationRequest, LogitsProcessor, ModelInfo, Sampler, SamplingParams
@@ -14,10 +17,13 @@ from mlxrt.records import GenerationRequest, LogitsProcessor, ModelInfo, Sampler
 if TYPE_CHECKING:
     from mlxrt.host import PluginHost
 
-__all__ = ["build_sampler", "build_logits_processors", "resolve_sampling", "SeedSource"]
+__all__ = ["build_sampler", "build_logits_processors", "resolve_sampling", "xtc_special_tokens", "SeedSource"]
 
 _GOLDEN = 0x9E3779B9
 _MASK = (1 << 63) - 1
+#: Above this threshold at most one token can qualify, and XTC never removes the least likely
+#: qualifying token, so XTC is a no-op there (mlx-lm raises mid-generation instead).
+_XTC_MAX_USEFUL_THRESHOLD = 0.5
 
 
 class SeedSource:
@@ -37,42 +43,98 @@ class SeedSource:
         return (time.time_ns() // 1_000_000 ^ (self._count * _GOLDEN)) & _MASK
 
 
-def build_sampler(host: PluginHost, request: GenerationRequest, info: ModelInfo) -> Sampler:
-    """A plugin's sampler for the request (``mlxrt_sampler``), else ``make_sampler``."""
+def xtc_special_tokens(tokenizer: Any) -> list[int]:
+    """Ids XTC never removes: every EOS id and the newline's ids (encoded without specials),
+    so XTC cannot stop a model from ending its answer or its line (mlx-bun's set)."""
+    eos = list(getattr(tokenizer, "eos_token_ids", None) or ())
+    newline = list(tokenizer.encode("\n", add_special_tokens=False))
+    return sorted(set(eos) | set(newline))
+
+
+def build_sampler(host: PluginHost, request: GenerationRequest, info: ModelInfo,
+                  tokenizer: Any = None) -> Sampler:
+    """A plugin's sampler for the request (``mlxrt_sampler``), else mlx-lm's ``make_sampler``.
+
+    ``tokenizer`` supplies XTC's exempt ids; without one, XTC exempts nothing.
+    """
     _plugin, sampler = host.first_answer("mlxrt_sampler", request=request, info=info, host=host)
     if sampler is not None:
         return sampler
     from mlx_lm.sample_utils import make_sampler
 
     s = request.sampling
-    return make_sampler(temp=s.temperature, top_p=s.top_p, min_p=s.min_p, top_k=s.top_k)
+    xtc = s.xtc_probability if s.xtc_threshold <= _XTC_MAX_USEFUL_THRESHOLD else 0.0
+    return make_sampler(
+        temp=s.temperature, top_p=s.top_p, min_p=s.min_p, top_k=s.top_k,
+        xtc_probability=xtc, xtc_threshold=s.xtc_threshold,
+        xtc_special_tokens=xtc_special_tokens(tokenizer) if xtc > 0 and tokenizer is not None else [],
+    )
+
+
+def builtin_logits_processors(s: SamplingParams) -> list[LogitsProcessor]:
+    """logit_bias, then repetition, presence and frequency penalties (mlx-lm's order).
+
+    A context size of 0 means the whole history (prompt and generated tokens): mlx-lm's
+    processors slice ``tokens[-n:]``, and ``tokens[-0:]`` is every token.
+    """
+    from mlx_lm.sample_utils import make_logits_processors
+
+    return make_logits_processors(
+        logit_bias=dict(s.logit_bias) or None,
+        # 1.0 multiplies by one: skip it rather than pay for it per token.
+        repetition_penalty=s.repetition_penalty if s.repetition_penalty != 1.0 else None,
+        repetition_context_size=s.repetition_context_size,
+        presence_penalty=s.presence_penalty,
+        presence_context_size=s.presence_context_size,
+        frequency_penalty=s.frequency_penalty,
+        frequency_context_size=s.frequency_context_size,
+    )
 
 
 def build_logits_processors(
     host: PluginHost, request: GenerationRequest, info: ModelInfo
 ) -> list[LogitsProcessor]:
-    """Every plugin's logits processors for the request, in plugin call order."""
-    return [proc for _plugin, proc in host.collect("mlxrt_logits_processors", request=request, info=info, host=host)]
+    """The built-in processors for the request's settings, then every plugin's, in call order."""
+    plugins = [proc for _plugin, proc in host.collect("mlxrt_logits_processors", request=request, info=info, host=host)]
+    return builtin_logits_processors(request.sampling) + plugins
 
 
-#: mlx_lm.server's defaults, the last link of the fallback chain.
-_MLX_LM_DEFAULTS = {"temperature": 0.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0}
-#: Server option name for each sampling field (mlx_lm.server's flag names).
-_OPTION_NAMES = {"temperature": "temp", "top_p": "top_p", "top_k": "top_k", "min_p": "min_p"}
+#: Each field resolved through the fallback chain: (mlx_lm.server's default, server option
+#: name or None, generation_config.json key or None).
+_CHAIN: Mapping[str, tuple[float | int, str | None, str | None]] = {
+    "temperature": (0.0, "temp", "temperature"),
+    "top_p": (1.0, "top_p", "top_p"),
+    "top_k": (0, "top_k", "top_k"),
+    "min_p": (0.0, "min_p", "min_p"),
+    "repetition_penalty": (0.0, None, "repetition_penalty"),
+    "repetition_context_size": (20, None, None),
+    "presence_penalty": (0.0, None, None),
+    "presence_context_size": (20, None, None),
+    "frequency_penalty": (0.0, None, None),
+    "frequency_context_size": (20, None, None),
+    "xtc_probability": (0.0, None, None),
+    "xtc_threshold": (0.1, None, None),
+}
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
 def resolve_sampling(
     requested: Mapping[str, Any], options: Mapping[str, Any], generation_config: Mapping[str, Any],
-    seed: int | None = None,
+    seed: int | None = None, logit_bias: Mapping[int, float] | None = None,
 ) -> SamplingParams:
     """Each field: the request → the server flag, if given → generation_config.json →
-    mlx_lm.server's default (temperature 0, top_p 1, top_k 0, min_p 0)."""
+    mlx_lm.server's default (temperature 0, top_p 1, top_k 0, min_p 0, penalties off,
+    context sizes 20, XTC off with threshold 0.1)."""
     values: dict[str, Any] = {}
-    for field, fallback in _MLX_LM_DEFAULTS.items():
-        for candidate in (requested.get(field), options.get(_OPTION_NAMES[field]), generation_config.get(field)):
-            if isinstance(candidate, (int, float)) and not isinstance(candidate, bool):
-                values[field] = type(fallback)(candidate)
-                break
-        else:
-            values[field] = fallback
-    return SamplingParams(seed=seed, **values)
+    for field, (fallback, option, gen_key) in _CHAIN.items():
+        candidates: Sequence[Any] = (
+            requested.get(field),
+            options.get(option) if option else None,
+            generation_config.get(gen_key) if gen_key else None,
+        )
+        chosen = next((c for c in candidates if _number(c)), fallback)
+        values[field] = type(fallback)(chosen)
+    return SamplingParams(seed=seed, logit_bias=dict(logit_bias or {}), **values)

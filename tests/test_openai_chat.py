@@ -98,6 +98,18 @@ BAD_BODIES = [
     (b'{"messages": ["hi"]}', "messages[0] must be an object"),
     (b'{"messages": [{"role": "user", "content": "x"}], "top_logprobs": 12}', "top_logprobs must be at most 11"),
     (b'{"messages": [{"role": "user", "content": "x"}], "n": 2}', "n is not supported by this server yet"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "logprobs": "yes"}', "logprobs must be of type bool"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "top_logprobs": -5}', "top_logprobs must be at least 0"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "logit_bias": [1]}', "logit_bias must be a dict of int to float"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "logit_bias": {"1": "a"}}',
+     "logit_bias must be a dict of int to float"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "stream_options": {"include_usage": 1}}',
+     "stream_options.include_usage must be of type bool"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "xtc_threshold": 1.5}', "xtc_threshold must be at most 1"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}',
+     "response_format is not supported by this server yet"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}',
+     "tool_choice is not supported by this server yet"),
     (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 100000000}', "request needs"),
 ]
 

@@ -1,56 +1,131 @@
-"""Decoding OpenAI chat bodies: raw JSON → validated wire request, chat input and stops."""
+"""Decoding OpenAI bodies (chat and text completions): raw JSON → validated wire request,
+prompt input, stops and the engine's :class:`GenerationRequest`.
+
+Chat and completions share one validation path (:func:`decode_options`) and one request
+builder (:func:`build_generation`), so a sampling field behaves the same on both.
+"""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import Any
+import math
+import re
+from collections.abc import Mapping, Sequence
+from typing import Any, TypeVar
 
 import attrs
 
-from mlxrt.api.wire import check_fields, strict_converter, structure
+from mlxrt.admission import plan_max_tokens
+from mlxrt.api.wire import FieldRule, check_fields, strict_converter, structure
 from mlxrt.errors import InvalidRequest
-from mlxrt.plugins.openai.wire import CHAT_RULES, ROLES, ChatCompletionRequest
-from mlxrt.templating import ChatInput
+from mlxrt.plugins.openai.wire import (
+    CHAT_RULES,
+    COMPLETION_RULES,
+    ROLES,
+    SAMPLING_FIELDS,
+    ChatCompletionRequest,
+    CompletionRequest,
+    GenerationFields,
+)
+from mlxrt.records import GenerationRequest
+from mlxrt.sampling import resolve_sampling
+from mlxrt.templating import ChatInput, canonicalize
 
-__all__ = ["DecodedChat", "decode_chat", "decode_stop"]
+__all__ = [
+    "DecodedOptions", "DecodedChat", "DecodedCompletion",
+    "decode_chat", "decode_completion", "decode_stop", "decode_logit_bias", "build_generation",
+]
 
 _CONVERTER = strict_converter()
+W = TypeVar("W", bound=GenerationFields)
 
-#: Fields mlx_lm.server accepts whose features arrive with the OpenAI-dialect issue. A
-#: request that asks for them (a non-neutral value) is refused by name instead of ignored.
+#: Fields mlx_lm.server accepts whose features mlxrt does not implement yet. A request that
+#: asks for them (a non-neutral value) is refused by name instead of ignored.
 _NOT_YET = {
-    "repetition_penalty": (0, 0.0, 1, 1.0),
-    "presence_penalty": (0, 0.0),
-    "frequency_penalty": (0, 0.0),
-    "xtc_probability": (0, 0.0),
-    "logit_bias": ({},),
-    "logprobs": (False,),
-    "top_logprobs": (-1, 0),
     "n": (1,),
     "response_format": ({"type": "text"},),
     "tool_choice": ("auto", "none"),
     "adapter": ("none",),
     "adapters": (),
 }
+#: Legacy-completions fields OpenAI has and mlx_lm.server silently ignores.
+_NOT_YET_COMPLETIONS = {**_NOT_YET, "echo": (False,), "suffix": ("",), "best_of": (1,)}
+_PROMPT_TEXT = ("prompt (a non-empty string) is required (token-array prompts are not accepted, "
+                "matching mlx_lm.server)")
+_INT_KEY = re.compile(r"-?[0-9]+")
+
+
+@attrs.frozen
+class DecodedOptions:
+    """What chat and text completions share after validation."""
+
+    request: GenerationFields
+    stop: tuple[str, ...]
+    logit_bias: Mapping[int, float]
+    include_usage: bool
+    extra: Mapping[str, Any] = attrs.field(factory=dict)
 
 
 @attrs.frozen
 class DecodedChat:
     request: ChatCompletionRequest
     chat: ChatInput
-    stop: tuple[str, ...]
-    extra: Mapping[str, Any] = attrs.field(factory=dict)
+    options: DecodedOptions
+
+    @property
+    def stop(self) -> tuple[str, ...]:
+        return self.options.stop
+
+    @property
+    def extra(self) -> Mapping[str, Any]:
+        return self.options.extra
+
+
+@attrs.frozen
+class DecodedCompletion:
+    request: CompletionRequest
+    prompt: str
+    options: DecodedOptions
 
 
 def decode_stop(value: Any) -> tuple[str, ...]:
-    """``stop``: a string or a list of strings (mlx_lm.server dies on anything else)."""
+    """``stop``: a string or a list of strings (mlx_lm.server dies on anything else).
+
+    Any number of strings is accepted (OpenAI caps it at 4; mlx_lm.server does not); empty
+    strings are dropped.
+    """
     if value is None:
         return ()
     if isinstance(value, str):
-        return (value,)
+        return (value,) if value else ()
     if isinstance(value, list) and all(isinstance(s, str) for s in value):
         return tuple(s for s in value if s)
     raise InvalidRequest("stop must be a string or a list of strings", param="stop")
+
+
+def decode_logit_bias(value: Any) -> dict[int, float]:
+    """``logit_bias``: JSON object of token id (a decimal string key) → finite number."""
+    if value is None:
+        return {}
+    bad = InvalidRequest("logit_bias must be a dict of int to float", param="logit_bias")
+    if not isinstance(value, dict):
+        raise bad
+    out = {}
+    for key, bias in value.items():
+        if not isinstance(key, str) or not _INT_KEY.fullmatch(key):
+            raise bad
+        if isinstance(bias, bool) or not isinstance(bias, (int, float)) or not math.isfinite(bias):
+            raise bad
+        out[int(key)] = float(bias)
+    return out
+
+
+def _stream_options(value: Any) -> bool:
+    if value is None:
+        return False
+    usage = value.get("include_usage")
+    if usage is not None and not isinstance(usage, bool):
+        raise InvalidRequest("stream_options.include_usage must be of type bool", param="stream_options")
+    return bool(usage)
 
 
 def _text_of(content: Any, where: str) -> str | list[dict[str, Any]] | None:
@@ -149,8 +224,9 @@ def _claimed(body: Mapping[str, Any], claimed: Mapping[str, type]) -> dict[str, 
     return extra
 
 
-def _refuse_unimplemented(body: Mapping[str, Any], claimed: Mapping[str, type]) -> None:
-    for name, neutral in _NOT_YET.items():
+def _refuse_unimplemented(body: Mapping[str, Any], claimed: Mapping[str, type],
+                          table: Mapping[str, tuple[Any, ...]]) -> None:
+    for name, neutral in table.items():
         if name in claimed:
             continue
         if name in body and body[name] is not None and body[name] not in neutral:
@@ -158,13 +234,30 @@ def _refuse_unimplemented(body: Mapping[str, Any], claimed: Mapping[str, type]) 
                                  code="unsupported_parameter")
 
 
-def decode_chat(body: Mapping[str, Any], claimed: Mapping[str, type] | None = None) -> DecodedChat:
-    """Validate a chat-completions body (mlx_lm.server's rules and texts, stricter types).
+def decode_options(body: Mapping[str, Any], claimed: Mapping[str, type] | None, *,
+                   rules: Sequence[FieldRule], cls: type[W],
+                   not_yet: Mapping[str, tuple[Any, ...]] = _NOT_YET) -> tuple[W, DecodedOptions]:
+    """Validate the fields every generation endpoint shares and structure the wire request.
 
     ``claimed`` are the plugin-claimed fields (``mlxrt_request_fields``): type-checked and
     returned in ``extra``.
     """
     claimed = claimed or {}
+    check_fields(body, rules)
+    _refuse_unimplemented(body, claimed, not_yet)
+    extra = _claimed(body, claimed)
+    stop = decode_stop(body.get("stop"))
+    logit_bias = decode_logit_bias(body.get("logit_bias"))
+    include_usage = _stream_options(body.get("stream_options"))
+    fields = {f.name for f in attrs.fields(cls)}
+    request = structure(_CONVERTER, {k: v for k, v in body.items() if k in fields}, cls)
+    options = DecodedOptions(request=request, stop=stop, logit_bias=logit_bias,
+                             include_usage=include_usage, extra=extra)
+    return request, options
+
+
+def decode_chat(body: Mapping[str, Any], claimed: Mapping[str, type] | None = None) -> DecodedChat:
+    """Validate a chat-completions body (mlx_lm.server's rules and texts, stricter types)."""
     messages = body.get("messages")
     if messages is None:
         raise InvalidRequest("Request did not contain messages", param="messages")
@@ -172,12 +265,7 @@ def decode_chat(body: Mapping[str, Any], claimed: Mapping[str, type] | None = No
         raise InvalidRequest("messages must be of type list", param="messages")
     if not messages:
         raise InvalidRequest("messages must contain at least one message", param="messages")
-    check_fields(body, CHAT_RULES)
-    _refuse_unimplemented(body, claimed)
-    extra = _claimed(body, claimed)
-    stop = decode_stop(body.get("stop"))
-    fields = {f.name for f in attrs.fields(ChatCompletionRequest)}
-    request = structure(_CONVERTER, {k: v for k, v in body.items() if k in fields}, ChatCompletionRequest)
+    request, options = decode_options(body, claimed, rules=CHAT_RULES, cls=ChatCompletionRequest)
     decoded = tuple(_decode_message(i, m) for i, m in enumerate(messages))
     tools = _decode_tools(body.get("tools")) if body.get("tool_choice") != "none" else None
     chat = ChatInput(
@@ -186,4 +274,52 @@ def decode_chat(body: Mapping[str, Any], claimed: Mapping[str, type] | None = No
         template_kwargs=request.chat_template_kwargs or {},
         reasoning_effort=request.reasoning_effort,
     )
-    return DecodedChat(request=request, chat=chat, stop=stop, extra=extra)
+    return DecodedChat(request=request, chat=chat, options=options)
+
+
+def decode_completion(body: Mapping[str, Any], claimed: Mapping[str, type] | None = None) -> DecodedCompletion:
+    """Validate a text-completions body: a non-empty string ``prompt`` plus the shared fields."""
+    prompt = body.get("prompt")
+    if prompt is None:
+        raise InvalidRequest("Request did not contain a prompt", param="prompt")
+    if not isinstance(prompt, str) or not prompt:
+        raise InvalidRequest(_PROMPT_TEXT, param="prompt")
+    request, options = decode_options(body, claimed, rules=COMPLETION_RULES, cls=CompletionRequest,
+                                      not_yet=_NOT_YET_COMPLETIONS)
+    return DecodedCompletion(request=request, prompt=prompt, options=options)
+
+
+def build_generation(host: Any, options: DecodedOptions, prompt_ids: Sequence[int], *,
+                     request_id: str, default_max_tokens: int) -> GenerationRequest:
+    """The engine request for a decoded body and its tokenized prompt.
+
+    ``--max-tokens`` (``host.options["max_tokens"]``) overrides ``default_max_tokens``;
+    admission caps both to the context. Sampling follows :func:`resolve_sampling`'s chain.
+    """
+    engine = host.engine
+    wire = options.request
+    vocab = engine.info.config_int("vocab_size")
+    for token in options.logit_bias:
+        if token < 0 or (vocab is not None and token >= vocab):
+            raise InvalidRequest(f"logit_bias token id {token} is not in the vocabulary"
+                                 + (f" (0 to {vocab - 1})" if vocab is not None else ""), param="logit_bias")
+    option = host.options.get("max_tokens")
+    max_tokens = plan_max_tokens(
+        len(prompt_ids), wire.requested_max_tokens, option if option is not None else default_max_tokens,
+        engine.info.context_window,
+    )
+    sampling = resolve_sampling(
+        {name: getattr(wire, name) for name in SAMPLING_FIELDS}, host.options, engine.info.generation_config,
+        seed=wire.seed, logit_bias=options.logit_bias,
+    )
+    gen = GenerationRequest(
+        request_id=request_id,
+        prompt_ids=tuple(prompt_ids),
+        max_tokens=max_tokens,
+        sampling=sampling,
+        stop=options.stop,
+        dialect="openai",
+        extra=options.extra,
+        logprobs=wire.logprob_count,
+    )
+    return canonicalize(host, gen, "openai")

@@ -1,12 +1,20 @@
-"""Encoding engine results as OpenAI chat-completion bodies and stream chunks."""
+"""Encoding engine results as OpenAI bodies and stream chunks (chat and text completions)."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Sequence
+from contextlib import aclosing
 from typing import Any
 
-from mlxrt.records import FinishEvent, ToolCall
+from mlxrt.api.errors import openai_error_body
+from mlxrt.api.sse import sse_data
+from mlxrt.errors import MlxrtError
+from mlxrt.records import FinishEvent, TokenEvent, ToolCall
 
-__all__ = ["usage", "completion_body", "chunk", "tool_calls_json"]
+__all__ = [
+    "usage", "completion_body", "chunk", "finish_usage", "closing_frames", "tool_calls_json",
+    "logprob_entries", "logprobs_block", "text_completion_body", "text_completion_chunk", "guarded",
+]
 
 
 def usage(finish: FinishEvent) -> dict[str, Any]:
@@ -29,8 +37,54 @@ def tool_calls_json(calls: tuple[ToolCall, ...], *, indexed: bool = False) -> li
     return out
 
 
+def _utf8(text: str) -> list[int]:
+    # A lone surrogate cannot come out of a tokenizer's decode, but never fail on one.
+    return list(text.encode("utf-8", errors="surrogatepass"))
+
+
+def logprob_entries(events: Sequence[TokenEvent]) -> list[dict[str, Any]]:
+    """OpenAI's ``logprobs.content`` entries for the emitted tokens, plus each token's ``id``.
+
+    ``token`` is the text the token added to the output (see :class:`mlxrt.records.TokenEvent`
+    ``piece``), ``bytes`` its UTF-8; ``top_logprobs`` are best first.
+    """
+    return [{
+        "token": ev.piece,
+        "logprob": ev.logprob,
+        "bytes": _utf8(ev.piece),
+        "top_logprobs": [{"token": alt.text, "logprob": alt.logprob, "bytes": _utf8(alt.text), "id": alt.id}
+                         for alt in ev.top_logprobs],
+        "id": ev.token,
+    } for ev in events]
+
+
+def logprobs_block(events: Sequence[TokenEvent] | None, *, legacy: bool = False) -> dict[str, Any] | None:
+    """``choices[i].logprobs``: ``None`` when not requested, else ``{"content": [...]}``.
+
+    ``legacy`` adds the text-completions fields OpenAI's completions API used (``tokens``,
+    ``token_logprobs``, ``top_logprobs`` as token → logprob maps, ``text_offset``), so both
+    kinds of client find what they read.
+    """
+    if events is None:
+        return None
+    block: dict[str, Any] = {"content": logprob_entries(events)}
+    if legacy:
+        offsets, at = [], 0
+        for ev in events:
+            offsets.append(at)
+            at += len(ev.piece)
+        block.update(
+            tokens=[ev.piece for ev in events],
+            token_logprobs=[ev.logprob for ev in events],
+            top_logprobs=[{alt.text: alt.logprob for alt in ev.top_logprobs} for ev in events],
+            text_offset=offsets,
+        )
+    return block
+
+
 def completion_body(*, id: str, created: int, model: str, content: str, reasoning: str,
-                    calls: tuple[ToolCall, ...], finish_reason: str, finish: FinishEvent) -> dict[str, Any]:
+                    calls: tuple[ToolCall, ...], finish_reason: str, finish: FinishEvent,
+                    logprobs: Sequence[TokenEvent] | None = None) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": content if (content or not calls) else None}
     if reasoning:
         message["reasoning"] = reasoning
@@ -41,20 +95,87 @@ def completion_body(*, id: str, created: int, model: str, content: str, reasonin
         "object": "chat.completion",
         "created": created,
         "model": model,
-        "choices": [{"index": 0, "message": message, "logprobs": None, "finish_reason": finish_reason}],
+        "choices": [{"index": 0, "message": message, "logprobs": logprobs_block(logprobs),
+                     "finish_reason": finish_reason}],
         "usage": usage(finish),
     }
 
 
 def chunk(*, id: str, created: int, model: str, delta: dict[str, Any],
-          finish_reason: str | None = None, usage_body: dict[str, Any] | None = None) -> dict[str, Any]:
+          finish_reason: str | None = None, usage_body: dict[str, Any] | None = None,
+          logprobs: Sequence[TokenEvent] | None = None) -> dict[str, Any]:
+    """One ``chat.completion.chunk``; ``logprobs`` are the entries of the tokens it carries."""
     body: dict[str, Any] = {
         "id": id,
         "object": "chat.completion.chunk",
         "created": created,
         "model": model,
-        "choices": [{"index": 0, "delta": delta, "logprobs": None, "finish_reason": finish_reason}],
+        "choices": [{"index": 0, "delta": delta, "logprobs": logprobs_block(logprobs or None),
+                     "finish_reason": finish_reason}],
     }
     if usage_body is not None:
         body["usage"] = usage_body
     return body
+
+
+def finish_usage(finish: FinishEvent, include_usage: bool) -> dict[str, Any] | None:
+    """Usage for the finish chunk: there unless ``include_usage`` moves it to its own chunk.
+
+    Without ``stream_options.include_usage`` usage rides on the finish chunk (mlx-bun's habit;
+    OpenAI clients ignore it there)."""
+    return None if include_usage else usage(finish)
+
+
+def closing_frames(*, id: str, created: int, model: str, object: str, finish: FinishEvent,
+                   include_usage: bool) -> list[bytes]:
+    """What follows the finish chunk: with ``include_usage``, OpenAI's last chunk (no choices,
+    the usage); then ``data: [DONE]``."""
+    frames = []
+    if include_usage:
+        frames.append(sse_data({"id": id, "object": object, "created": created, "model": model,
+                                "choices": [], "usage": usage(finish)}))
+    frames.append(sse_data("[DONE]"))
+    return frames
+
+
+def text_completion_body(*, id: str, created: int, model: str, text: str, finish_reason: str,
+                         finish: FinishEvent, logprobs: Sequence[TokenEvent] | None = None) -> dict[str, Any]:
+    return {
+        "id": id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "text": text, "logprobs": logprobs_block(logprobs, legacy=True),
+                     "finish_reason": finish_reason}],
+        "usage": usage(finish),
+    }
+
+
+def text_completion_chunk(*, id: str, created: int, model: str, text: str, finish_reason: str | None = None,
+                          usage_body: dict[str, Any] | None = None,
+                          logprobs: Sequence[TokenEvent] | None = None) -> dict[str, Any]:
+    body: dict[str, Any] = {
+        "id": id,
+        "object": "text_completion",
+        "created": created,
+        "model": model,
+        "choices": [{"index": 0, "text": text, "logprobs": logprobs_block(logprobs or None, legacy=True),
+                     "finish_reason": finish_reason}],
+    }
+    if usage_body is not None:
+        body["usage"] = usage_body
+    return body
+
+
+async def guarded(frames: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """Pass SSE frames through; an error mid-stream becomes an error frame.
+
+    The headers are gone by then, so the error travels in the stream, which then closes
+    without ``[DONE]``.
+    """
+    async with aclosing(frames):  # a client that leaves closes the inner stream (and cancels) now
+        try:
+            async for frame in frames:
+                yield frame
+        except MlxrtError as exc:
+            yield sse_data(openai_error_body(exc.status, exc.type, exc.message, exc.param, exc.code))

@@ -1,4 +1,4 @@
-"""OpenAI chat-completions wire types (requests) and the rules their raw fields obey."""
+"""OpenAI wire types (chat and text completions) and the rules their raw fields obey."""
 
 from __future__ import annotations
 
@@ -8,12 +8,25 @@ import attrs
 
 from mlxrt.api.wire import FieldRule
 
-__all__ = ["ChatCompletionRequest", "StreamOptions", "CHAT_RULES", "ROLES"]
+__all__ = [
+    "GenerationFields", "ChatCompletionRequest", "CompletionRequest", "StreamOptions",
+    "GENERATION_RULES", "CHAT_RULES", "COMPLETION_RULES", "ROLES", "SAMPLING_FIELDS",
+]
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 
-#: mlx_lm.server's validation table, with its texts (``<name> must be of type <type>``…).
-CHAT_RULES = (
+#: Request fields that go through :func:`mlxrt.sampling.resolve_sampling` unchanged.
+SAMPLING_FIELDS = (
+    "temperature", "top_p", "top_k", "min_p",
+    "repetition_penalty", "repetition_context_size",
+    "presence_penalty", "presence_context_size",
+    "frequency_penalty", "frequency_context_size",
+    "xtc_probability", "xtc_threshold",
+)
+
+#: mlx_lm.server's validation table, with its texts (``<name> must be of type <type>``…);
+#: shared by chat and text completions.
+GENERATION_RULES = (
     FieldRule("stream", (bool,)),
     FieldRule("model", (str,)),
     FieldRule("max_tokens", (int,), min=1),
@@ -34,13 +47,18 @@ CHAT_RULES = (
     FieldRule("xtc_threshold", (float, int), min=0, max=1),
     FieldRule("logprobs", (bool,)),
     FieldRule("top_logprobs", (int,), min=0, max=11, allowed=(-1,)),
-    FieldRule("logit_bias", (dict,)),
-    FieldRule("chat_template_kwargs", (dict,)),
     FieldRule("stream_options", (dict,)),
-    FieldRule("tools", (list,)),
-    FieldRule("reasoning_effort", (str,)),
     FieldRule("user", (str,)),
 )
+
+CHAT_RULES = (
+    *GENERATION_RULES,
+    FieldRule("chat_template_kwargs", (dict,)),
+    FieldRule("tools", (list,)),
+    FieldRule("reasoning_effort", (str,)),
+)
+
+COMPLETION_RULES = GENERATION_RULES
 
 
 @attrs.frozen
@@ -49,8 +67,9 @@ class StreamOptions:
 
 
 @attrs.frozen
-class ChatCompletionRequest:
-    """The fields mlxrt reads from a chat-completions body (messages are decoded apart)."""
+class GenerationFields:
+    """The fields chat and text completions share (prompts, logit_bias and stop are decoded
+    apart)."""
 
     model: str | None = None
     stream: bool = False
@@ -63,6 +82,41 @@ class ChatCompletionRequest:
     min_p: float | None = None
     seed: int | None = None
     n: int | None = None
+    repetition_penalty: float | None = None
+    repetition_context_size: int | None = None
+    presence_penalty: float | None = None
+    presence_context_size: int | None = None
+    frequency_penalty: float | None = None
+    frequency_context_size: int | None = None
+    xtc_probability: float | None = None
+    xtc_threshold: float | None = None
+    logprobs: bool | None = None
+    top_logprobs: int | None = None
+    user: str | None = None
+
+    @property
+    def requested_max_tokens(self) -> int | None:
+        """``max_completion_tokens`` wins over ``max_tokens`` (mlx_lm.server's rule)."""
+        return self.max_completion_tokens if self.max_completion_tokens is not None else self.max_tokens
+
+    @property
+    def logprob_count(self) -> int | None:
+        """Alternatives per token, or ``None`` when no log-probabilities were asked for.
+
+        ``top_logprobs > 0`` alone turns them on, as in mlx_lm.server (OpenAI would also
+        want ``logprobs: true``)."""
+        top = self.top_logprobs if self.top_logprobs is not None and self.top_logprobs > 0 else 0
+        return top if (self.logprobs or top) else None
+
+
+@attrs.frozen
+class ChatCompletionRequest(GenerationFields):
+    """The fields mlxrt reads from a chat-completions body (messages are decoded apart)."""
+
     chat_template_kwargs: dict[str, Any] | None = None
     reasoning_effort: str | None = None
-    user: str | None = None
+
+
+@attrs.frozen
+class CompletionRequest(GenerationFields):
+    """The fields mlxrt reads from a text-completions body (the prompt is decoded apart)."""

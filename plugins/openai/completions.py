@@ -1,0 +1,93 @@
+"""``POST /v1/completions``: raw text completion (no chat template, no reasoning or tools).
+
+The prompt is tokenized with the tokenizer's own special-token handling (a BOS where the
+model wants one); validation, sampling, stops and logprobs are the chat route's, through
+:func:`mlxrt.plugins.openai.decode.decode_options` and
+:func:`~mlxrt.plugins.openai.decode.build_generation`.
+"""
+
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+from litestar import Request, Response, post
+
+from mlxrt.api.app import claimed_fields
+from mlxrt.api.errors import openai_error_body
+from mlxrt.api.sse import sse_data, sse_response
+from mlxrt.api.wire import parse_json_object
+from mlxrt.plugins.openai.decode import build_generation, decode_completion
+from mlxrt.plugins.openai.encode import (
+    closing_frames,
+    finish_usage,
+    guarded,
+    text_completion_body,
+    text_completion_chunk,
+)
+from mlxrt.records import FinishEvent, GenerationRequest, TokenEvent
+from mlxrt.responses import LogprobTrail, drain
+from mlxrt.templating import encode_text
+
+__all__ = ["completions", "COMPLETIONS_DEFAULT_MAX_TOKENS"]
+
+#: mlx_lm.server's and mlx-bun's default for text completions; ``--max-tokens`` overrides it.
+COMPLETIONS_DEFAULT_MAX_TOKENS = 512
+_OPT = {"dialect": "openai", "render_error": openai_error_body}
+
+
+@post(["/v1/completions", "/completions"], status_code=200, opt=_OPT,
+      summary="Create a text completion", tags=["openai"])
+async def completions(request: Request) -> Response:
+    host = request.app.state.host
+    engine = host.engine
+    decoded = decode_completion(parse_json_object(await request.body()), claimed_fields(host, "openai"))
+    ids = await anyio.to_thread.run_sync(encode_text, engine.tokenizer, decoded.prompt)
+    gen = build_generation(host, decoded.options, ids, request_id=f"cmpl-{uuid.uuid4()}",
+                           default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS)
+    model = engine.info.model_id
+    created = int(time.time())
+    if decoded.request.stream:
+        return sse_response(guarded(_stream(engine, gen, model, created,
+                                            include_usage=decoded.options.include_usage)))
+    parts: list[str] = []
+    finish, logprobs = await drain(engine.generate(gen), parts.append)
+    parts.append(finish.text)
+    body = text_completion_body(
+        id=gen.request_id, created=created, model=model, text="".join(parts),
+        finish_reason=str(finish.finish_reason), finish=finish,
+        logprobs=logprobs if gen.logprobs is not None else None,
+    )
+    return Response(content=body, status_code=200)
+
+
+async def _stream(engine: Any, gen: GenerationRequest, model: str, created: int, *,
+                  include_usage: bool) -> AsyncIterator[bytes]:
+    """``text_completion`` chunks: one per non-empty text delta, then the finish chunk
+    (empty text, finish_reason, usage unless ``include_usage`` moves it to a last chunk
+    without choices), then ``[DONE]``."""
+    trail = LogprobTrail()
+    carried: list[TokenEvent] = []  # entries of tokens whose text has not been sent yet
+
+    def frame(text: str, **kw: Any) -> bytes:
+        entries = carried[:]
+        carried.clear()
+        return sse_data(text_completion_chunk(id=gen.request_id, created=created, model=model, text=text,
+                                              logprobs=entries, **kw))
+
+    async for event in engine.generate(gen):
+        if isinstance(event, FinishEvent):
+            carried.extend(trail.finish(event))
+            if event.text:
+                yield frame(event.text)
+            yield frame("", finish_reason=str(event.finish_reason), usage_body=finish_usage(event, include_usage))
+            for closing in closing_frames(id=gen.request_id, created=created, model=model,
+                                          object="text_completion", finish=event, include_usage=include_usage):
+                yield closing
+            return
+        carried.extend(trail.feed(event))
+        if event.text:
+            yield frame(event.text)
