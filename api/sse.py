@@ -28,5 +28,6 @@ def sse_event(event: str, obj: Any) -> bytes:
     return f"event: {event}\ndata: {_dumps(obj)}\n\n".encode()
 
 
-def sse_response(frames: AsyncIterator[bytes]) -> Stream:
-    return Stream(frames, media_type="text/event-stream", headers=SSE_HEADERS, status_code=200)
+def sse_response(frames: AsyncIterator[bytes], headers: dict[str, str] | None = None) -> Stream:
+    return Stream(frames, media_type="text/event-stream", headers={**SSE_HEADERS, **(headers or {})},
+                  status_code=200)

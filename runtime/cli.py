@@ -171,6 +171,8 @@ def build_cli(host: PluginHost) -> click.Group:
     @click.option("--min-p", type=float, default=None, help="Default min_p (same chain; last fallback 0.0).")
     @click.option("--max-tokens", type=int, default=None,
                   help="Default max_tokens (chat: 65536 capped by the context; completions: 512).")
+    @click.option("--strict", is_flag=True,
+                  help="Refuse request fields mlxrt does not read (400) instead of listing them in x-mlxrt-ignored.")
     @click.option("--chat-template", default="", help="Override the model's chat template (Jinja text).")
     @click.option("--chat-template-args", default="{}", help="JSON object of default chat-template kwargs.")
     @click.option("--adapter-path", default=None, help="(mlx_lm.server flag; not implemented yet)")

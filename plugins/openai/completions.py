@@ -44,7 +44,8 @@ _OPT = {"dialect": "openai", "render_error": openai_error_body}
 async def completions(request: Request) -> Response:
     host = request.app.state.host
     engine = host.engine
-    decoded = decode_completion(parse_json_object(await request.body()), claimed_fields(host, "openai"))
+    decoded = decode_completion(parse_json_object(await request.body()), claimed_fields(host, "openai"),
+                                strict=bool(host.options.get("strict")))
     ids = await anyio.to_thread.run_sync(encode_text, engine.tokenizer, decoded.prompt)
     gen = build_generation(host, decoded.options, ids, request_id=f"cmpl-{uuid.uuid4()}",
                            default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS)
@@ -52,7 +53,8 @@ async def completions(request: Request) -> Response:
     created = int(time.time())
     if decoded.request.stream:
         return sse_response(guarded(_stream(engine, gen, model, created,
-                                            include_usage=decoded.options.include_usage)))
+                                            include_usage=decoded.options.include_usage)),
+                            headers=decoded.options.headers)
     parts: list[str] = []
     finish, logprobs = await drain(engine.generate(gen), parts.append)
     parts.append(finish.text)
@@ -61,7 +63,7 @@ async def completions(request: Request) -> Response:
         finish_reason=str(finish.finish_reason), finish=finish,
         logprobs=logprobs if gen.logprobs is not None else None,
     )
-    return Response(content=body, status_code=200)
+    return Response(content=body, status_code=200, headers=decoded.options.headers)
 
 
 async def _stream(engine: Any, gen: GenerationRequest, model: str, created: int, *,

@@ -47,6 +47,10 @@ _NOT_YET = {
     "adapter": ("none",),
     "adapters": (),
 }
+#: Fields every generation endpoint reads besides its rules, wire type and ``_NOT_YET`` table.
+#: ``model`` and ``user`` are read and deliberately not acted on (one served model; no accounts).
+_READ = frozenset({"messages", "prompt", "stop", "logit_bias", "stream_options", "tools", "tool_choice",
+                   "model", "user"})
 #: Legacy-completions fields OpenAI has and mlx_lm.server silently ignores.
 _NOT_YET_COMPLETIONS = {**_NOT_YET, "echo": (False,), "suffix": ("",), "best_of": (1,)}
 _PROMPT_TEXT = ("prompt (a non-empty string) is required (token-array prompts are not accepted, "
@@ -63,6 +67,12 @@ class DecodedOptions:
     logit_bias: Mapping[int, float]
     include_usage: bool
     extra: Mapping[str, Any] = attrs.field(factory=dict)
+    #: Body fields mlxrt does not read (reported in ``x-mlxrt-ignored``; 400 under ``--strict``).
+    ignored: tuple[str, ...] = ()
+
+    @property
+    def headers(self) -> dict[str, str]:
+        return {"x-mlxrt-ignored": ", ".join(self.ignored)} if self.ignored else {}
 
 
 @attrs.frozen
@@ -234,15 +244,27 @@ def _refuse_unimplemented(body: Mapping[str, Any], claimed: Mapping[str, type],
                                  code="unsupported_parameter")
 
 
+def _ignored(body: Mapping[str, Any], known: set[str], strict: bool) -> tuple[str, ...]:
+    ignored = tuple(sorted(k for k in body if k not in known))
+    if ignored and strict:
+        raise InvalidRequest(f"unknown field{'s' if len(ignored) > 1 else ''}: {', '.join(ignored)} "
+                             "(the server runs with --strict)", param=ignored[0], code="unknown_parameter")
+    return ignored
+
+
 def decode_options(body: Mapping[str, Any], claimed: Mapping[str, type] | None, *,
                    rules: Sequence[FieldRule], cls: type[W],
-                   not_yet: Mapping[str, tuple[Any, ...]] = _NOT_YET) -> tuple[W, DecodedOptions]:
+                   not_yet: Mapping[str, tuple[Any, ...]] = _NOT_YET,
+                   strict: bool = False) -> tuple[W, DecodedOptions]:
     """Validate the fields every generation endpoint shares and structure the wire request.
 
     ``claimed`` are the plugin-claimed fields (``mlxrt_request_fields``): type-checked and
-    returned in ``extra``.
+    returned in ``extra``. Fields nobody reads are listed in ``ignored``; with ``strict`` they
+    are a 400 instead.
     """
     claimed = claimed or {}
+    known = {r.name for r in rules} | {f.name for f in attrs.fields(cls)} | set(not_yet) | _READ | set(claimed)
+    ignored = _ignored(body, known, strict)
     check_fields(body, rules)
     _refuse_unimplemented(body, claimed, not_yet)
     extra = _claimed(body, claimed)
@@ -252,11 +274,12 @@ def decode_options(body: Mapping[str, Any], claimed: Mapping[str, type] | None, 
     fields = {f.name for f in attrs.fields(cls)}
     request = structure(_CONVERTER, {k: v for k, v in body.items() if k in fields}, cls)
     options = DecodedOptions(request=request, stop=stop, logit_bias=logit_bias,
-                             include_usage=include_usage, extra=extra)
+                             include_usage=include_usage, extra=extra, ignored=ignored)
     return request, options
 
 
-def decode_chat(body: Mapping[str, Any], claimed: Mapping[str, type] | None = None) -> DecodedChat:
+def decode_chat(body: Mapping[str, Any], claimed: Mapping[str, type] | None = None, *,
+                strict: bool = False) -> DecodedChat:
     """Validate a chat-completions body (mlx_lm.server's rules and texts, stricter types)."""
     messages = body.get("messages")
     if messages is None:
@@ -265,7 +288,8 @@ def decode_chat(body: Mapping[str, Any], claimed: Mapping[str, type] | None = No
         raise InvalidRequest("messages must be of type list", param="messages")
     if not messages:
         raise InvalidRequest("messages must contain at least one message", param="messages")
-    request, options = decode_options(body, claimed, rules=CHAT_RULES, cls=ChatCompletionRequest)
+    request, options = decode_options(body, claimed, rules=CHAT_RULES, cls=ChatCompletionRequest,
+                                      strict=strict)
     decoded = tuple(_decode_message(i, m) for i, m in enumerate(messages))
     tools = _decode_tools(body.get("tools")) if body.get("tool_choice") != "none" else None
     chat = ChatInput(
@@ -277,7 +301,8 @@ def decode_chat(body: Mapping[str, Any], claimed: Mapping[str, type] | None = No
     return DecodedChat(request=request, chat=chat, options=options)
 
 
-def decode_completion(body: Mapping[str, Any], claimed: Mapping[str, type] | None = None) -> DecodedCompletion:
+def decode_completion(body: Mapping[str, Any], claimed: Mapping[str, type] | None = None, *,
+                      strict: bool = False) -> DecodedCompletion:
     """Validate a text-completions body: a non-empty string ``prompt`` plus the shared fields."""
     prompt = body.get("prompt")
     if prompt is None:
@@ -285,7 +310,7 @@ def decode_completion(body: Mapping[str, Any], claimed: Mapping[str, type] | Non
     if not isinstance(prompt, str) or not prompt:
         raise InvalidRequest(_PROMPT_TEXT, param="prompt")
     request, options = decode_options(body, claimed, rules=COMPLETION_RULES, cls=CompletionRequest,
-                                      not_yet=_NOT_YET_COMPLETIONS)
+                                      not_yet=_NOT_YET_COMPLETIONS, strict=strict)
     return DecodedCompletion(request=request, prompt=prompt, options=options)
 
 

@@ -46,7 +46,8 @@ def _host(request: Request) -> Any:
 async def _prepare(request: Request) -> tuple[DecodedChat, RenderedPrompt, GenerationRequest]:
     host = _host(request)
     engine = host.engine
-    decoded = decode_chat(parse_json_object(await request.body()), claimed_fields(host, "openai"))
+    decoded = decode_chat(parse_json_object(await request.body()), claimed_fields(host, "openai"),
+                          strict=bool(host.options.get("strict")))
     rendered = await anyio.to_thread.run_sync(
         render_chat, host, engine.tokenizer, engine.profile, decoded.chat
     )
@@ -66,7 +67,8 @@ async def chat_completions(request: Request) -> Response:
                                   starts_in_thinking=rendered.starts_in_thinking)
     if decoded.request.stream:
         return sse_response(guarded(_stream(engine, gen, assembler, model, created,
-                                            include_usage=decoded.options.include_usage)))
+                                            include_usage=decoded.options.include_usage)),
+                            headers=decoded.options.headers)
     finish, logprobs = await drain(engine.generate(gen), assembler.feed)
     _delta, reason = assembler.finish(finish)
     body = completion_body(
@@ -74,7 +76,7 @@ async def chat_completions(request: Request) -> Response:
         reasoning="".join(assembler.reasoning), calls=assembler.tool_calls,
         finish_reason=str(reason), finish=finish, logprobs=logprobs if gen.logprobs is not None else None,
     )
-    return Response(content=body, status_code=200)
+    return Response(content=body, status_code=200, headers=decoded.options.headers)
 
 
 async def _stream(engine: Any, gen: GenerationRequest, assembler: ResponseAssembler,
