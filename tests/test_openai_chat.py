@@ -181,3 +181,27 @@ def test_openapi_schema_is_served_and_valid(qwen3_client):
     schema = resp.json()
     validate(schema)
     assert "/v1/chat/completions" in schema["paths"]
+
+
+def test_tool_call_history_renders_through_the_template(tiny_models, serve_app):
+    """tools + an assistant tool call + a role "tool" answer render with Qwen3's real template."""
+    client = serve_app(tiny_models("qwen3", tokenizer="qwen3"))
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
+                                               "parameters": {"type": "object",
+                                                              "properties": {"city": {"type": "string"}}}}}]
+    messages = [
+        {"role": "system", "content": "You are helpful."},
+        {"role": "user", "content": "Weather in Paris?"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "call_1", "type": "function",
+             "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}]},
+        {"role": "tool", "tool_call_id": "call_1", "content": '{"temp_c": 21}'},
+    ]
+    oai = openai_client(client)
+    with_history = oai.chat.completions.create(model="m", messages=messages, tools=tools, max_tokens=1)
+    bare = oai.chat.completions.create(model="m", messages=messages[:2], tools=tools, max_tokens=1)
+    without_tools = oai.chat.completions.create(model="m", messages=messages[:2], max_tokens=1)
+    assert with_history.usage.prompt_tokens > bare.usage.prompt_tokens > without_tools.usage.prompt_tokens
+    bad = client.post("/v1/chat/completions", json={"messages": [
+        {"role": "assistant", "tool_calls": [{"function": {"name": "f", "arguments": "{oops"}}]}]})
+    assert bad.status_code == 400 and "arguments is not valid JSON" in bad.json()["error"]["message"]

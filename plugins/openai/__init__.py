@@ -1,4 +1,4 @@
-"""The OpenAI dialect: ``/v1/chat/completions`` and ``/v1/models``, as a plugin.
+"""The OpenAI dialect: chat and text completions, embeddings and models, as a plugin.
 
 Registered through the ``mlxrt`` entry point ``openai`` like any third-party dialect; its
 routes arrive through :func:`mlxrt_routes`. Route modules import Litestar, so they load only
