@@ -13,7 +13,7 @@ import importlib.metadata as md
 import logging
 import os
 import re
-from collections.abc import Callable, Collection, Iterable, Mapping, Sequence
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import attrs
@@ -138,16 +138,9 @@ class PluginHost:
         for the first non-``None`` answer, ``(None, None)`` when none answered. An exception is
         re-raised as :class:`PluginError` naming the plugin.
         """
-        caller = getattr(self.pm.hook, hook_name)
-        for impl in reversed(caller.get_hookimpls()):
-            try:
-                value = impl.function(**{arg: kwargs[arg] for arg in impl.argnames})
-            except MlxrtError:
-                raise  # a typed error (e.g. InvalidRequest on a claimed field) is the client's
-            except Exception as exc:  # plugin boundary
-                raise PluginError(impl.plugin_name, hook_name, exc) from exc
+        for plugin, value in self._answers(hook_name, kwargs):
             if value is not None:
-                return impl.plugin_name, value
+                return plugin, value
         return None, None
 
     def collect(self, hook_name: str, **kwargs: Any) -> list[tuple[str, Any]]:
@@ -156,22 +149,30 @@ class PluginHost:
         A list (or tuple) answer contributes its items; a mapping or other object contributes
         itself. ``None`` contributes nothing.
         """
-        caller = getattr(self.pm.hook, hook_name)
         out: list[tuple[str, Any]] = []
+        for plugin, value in self._answers(hook_name, kwargs):
+            if isinstance(value, (list, tuple)):
+                out.extend((plugin, item) for item in value)
+            elif value is not None:
+                out.append((plugin, value))
+        return out
+
+    def _answers(self, hook_name: str, kwargs: dict[str, Any]) -> Iterator[tuple[str, Any]]:
+        """Each implementation's answer, lazily, in pluggy's call order (last registered first).
+
+        Implementations get only the arguments they name. A typed :class:`MlxrtError` (an
+        ``InvalidRequest`` about a claimed field, say) is the client's and passes through; any
+        other exception is the plugin's fault and becomes a :class:`PluginError` naming it.
+        """
+        caller = getattr(self.pm.hook, hook_name)
         for impl in reversed(caller.get_hookimpls()):
             try:
                 value = impl.function(**{arg: kwargs[arg] for arg in impl.argnames})
             except MlxrtError:
-                raise  # a typed error (e.g. InvalidRequest on a claimed field) is the client's
+                raise
             except Exception as exc:  # plugin boundary
                 raise PluginError(impl.plugin_name, hook_name, exc) from exc
-            if value is None:
-                continue
-            if isinstance(value, (list, tuple)):
-                out.extend((impl.plugin_name, item) for item in value)
-            else:
-                out.append((impl.plugin_name, value))
-        return out
+            yield impl.plugin_name, value
 
 
 def _kind_of(plugin: object, hooks: Iterable[str]) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import socket
 import subprocess
@@ -10,6 +11,9 @@ import time
 from pathlib import Path
 
 import httpx
+from tokenizers import Tokenizer
+
+from mlxrt import hookimpl
 
 #: The installed console script, beside the running interpreter.
 MLXRT_BIN = str(Path(sys.executable).with_name("mlxrt"))
@@ -61,3 +65,27 @@ class ServerProcess:
         return self.proc.stdout.read() if self.proc.stdout else ""
 
 
+
+
+class Scripted:
+    """Claims the ``script`` field; samples its tokens, then EOS."""
+
+    @hookimpl
+    def mlxrt_request_fields(self, dialect):
+        return {"script": str} if dialect == "openai" else None
+
+    @hookimpl
+    def mlxrt_sampler(self, request, info):
+        script = request.extra.get("script")
+        if script is None:
+            return None
+        import mlx.core as mx
+
+        tok = Tokenizer.from_file(str(info.path / "tokenizer.json"))
+        eos = json.loads((info.path / "generation_config.json").read_text())["eos_token_id"]
+        ids = iter(tok.encode(script, add_special_tokens=False).ids + [eos if isinstance(eos, int) else eos[0]])
+
+        def sample(logprobs):
+            return mx.array([next(ids, 0)])
+
+        return sample

@@ -13,7 +13,7 @@ import attrs
 import click
 import pytest
 from click.testing import CliRunner
-from support import openai_client
+from support import Scripted, openai_client
 from tokenizers import Tokenizer
 
 from mlxrt import ThinkingFormat, ToolCall, ToolStreamMode, hookimpl
@@ -21,30 +21,6 @@ from mlxrt.cli import build_cli
 from mlxrt.errors import PluginError
 from mlxrt.hookspecs import PROJECT
 from mlxrt.host import make_host
-
-
-class Scripted:
-    """Claims the ``script`` field; samples its tokens, then EOS."""
-
-    @hookimpl
-    def mlxrt_request_fields(self, dialect):
-        return {"script": str} if dialect == "openai" else None
-
-    @hookimpl
-    def mlxrt_sampler(self, request, info):
-        script = request.extra.get("script")
-        if script is None:
-            return None
-        import mlx.core as mx
-
-        tok = Tokenizer.from_file(str(info.path / "tokenizer.json"))
-        eos = json.loads((info.path / "generation_config.json").read_text())["eos_token_id"]
-        ids = iter(tok.encode(script, add_special_tokens=False).ids + [eos if isinstance(eos, int) else eos[0]])
-
-        def sample(logprobs):
-            return mx.array([next(ids, 0)])
-
-        return sample
 
 
 def chat(client, text=None, **kw):

@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from support import openai_client
+from support import Scripted, openai_client
 from tokenizers import Tokenizer
 
 from mlxrt import hookimpl
@@ -18,26 +18,6 @@ from mlxrt.records import FinishEvent, FinishReason, TokenEvent
 from mlxrt.responses import LogprobTrail
 
 MSG = [{"role": "user", "content": "Tell me about the sea."}]
-
-
-class Scripted:
-    """Claims ``script``; samples its tokens, then EOS."""
-
-    @hookimpl
-    def mlxrt_request_fields(self, dialect):
-        return {"script": str}
-
-    @hookimpl
-    def mlxrt_sampler(self, request, info):
-        script = request.extra.get("script")
-        if script is None:
-            return None
-        import mlx.core as mx
-
-        tok = Tokenizer.from_file(str(info.path / "tokenizer.json"))
-        eos = json.loads((info.path / "generation_config.json").read_text())["eos_token_id"]
-        ids = iter(tok.encode(script, add_special_tokens=False).ids + [eos[0] if isinstance(eos, list) else eos])
-        return lambda logprobs: mx.array([next(ids, 0)])
 
 
 @pytest.fixture
