@@ -19,8 +19,11 @@ def test_disconnect_cancels_the_generation(tiny_models, server_process):
             "temperature": 0}
     with httpx.Client(base_url=server.url, timeout=60) as http:
         with http.stream("POST", "/v1/chat/completions", json=body) as resp:
-            lines = resp.iter_lines()
-            assert next(lines).startswith("data: ")
+            # Wait for generated text, so the request is surely running on the engine (the role
+            # chunk is sent before generation starts).
+            for line in resp.iter_lines():
+                if '"content":"' in line and '"content":""' not in line:
+                    break
         deadline = time.monotonic() + 30
         stats = http.get("/stats").json()
         while stats["engine"]["requests_cancelled"] == 0 and time.monotonic() < deadline:
