@@ -61,12 +61,14 @@ def test_hook_mlxrt_thinking_format(tiny_models, serve_app):
 
     client = serve_app(tiny_models("llama"), extra=[("scripted", Scripted()), ("reasoner", Reasoner())])
     message = chat(client, "<r>because</r>the answer")["choices"][0]["message"]
-    assert message == {"role": "assistant", "content": "the answer", "reasoning": "because"}
+    assert message == {"role": "assistant", "content": "the answer", "reasoning": "because",
+                       "reasoning_content": "because"}
     streamed = client.post("/v1/chat/completions", json={
         "messages": [{"role": "user", "content": "hi"}], "stream": True, "script": "<r>because</r>the answer"})
     deltas = [json.loads(f[6:])["choices"][0]["delta"] for f in streamed.text.split("\n\n")
               if f.startswith("data: {")]
     assert "".join(d.get("reasoning", "") for d in deltas) == "because"
+    assert "".join(d.get("reasoning_content", "") for d in deltas) == "because"
     assert "".join(d.get("content", "") for d in deltas) == "the answer"
 
 

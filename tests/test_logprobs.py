@@ -119,7 +119,8 @@ def test_reasoning_tokens_are_in_logprobs_too(tiny_models, serve_app):
     client = serve_app(tiny_models("qwen3"), extra=[("scripted", Scripted()), ("reasoner", Reasoner())])
     body = {"messages": MSG, "script": "<r>because</r>the answer", "logprobs": True}
     out = client.post("/v1/chat/completions", json=body).json()["choices"][0]
-    assert out["message"] == {"role": "assistant", "content": "the answer", "reasoning": "because"}
+    assert out["message"] == {"role": "assistant", "content": "the answer", "reasoning": "because",
+                       "reasoning_content": "because"}
     assert "".join(e["token"] for e in out["logprobs"]["content"]) == "<r>because</r>the answer"
 
 

@@ -87,7 +87,8 @@ def completion_body(*, id: str, created: int, model: str, content: str, reasonin
                     logprobs: Sequence[TokenEvent] | None = None) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": content if (content or not calls) else None}
     if reasoning:
-        message["reasoning"] = reasoning
+        # mlx_lm.server and mlx-bun say "reasoning"; vLLM/DeepSeek clients read "reasoning_content".
+        message["reasoning"] = message["reasoning_content"] = reasoning
     if calls:
         message["tool_calls"] = tool_calls_json(calls)
     return {

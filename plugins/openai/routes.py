@@ -95,7 +95,7 @@ async def _stream(engine: Any, gen: GenerationRequest, assembler: ResponseAssemb
     def delta_body(content: str, reasoning: str) -> dict[str, Any]:
         out: dict[str, Any] = {}
         if reasoning:
-            out["reasoning"] = reasoning
+            out["reasoning"] = out["reasoning_content"] = reasoning
         if content:
             out["content"] = content
         return out
