@@ -42,14 +42,22 @@ from __future__ import annotations
 
 import json
 import math
-import mmap
 import os
 import shutil
-import struct
 import tempfile
 from collections import Counter
 from pathlib import Path
 from typing import Any
+
+from mlxrt.gguf_format import (
+    GGML_TYPE_NAMES,
+    SUPPORTED_TENSOR_TYPES,
+    GGUFHeader,
+    UnsupportedGGUF,
+    read_gguf_header,
+)
+from mlxrt.gguf_format import metadata_value as _md
+from mlxrt.gguf_tokenizer import build_tokenizer, tokenizer_config
 
 __all__ = [
     "UnsupportedGGUF",
@@ -70,304 +78,7 @@ CONVERTER_VERSION = 1
 #: Provenance file written into every converted folder.
 MARKER_FILE = "mlxrt_gguf.json"
 
-#: ggml tensor type ids (ggml.h ``enum ggml_type``).
-GGML_TYPE_NAMES: dict[int, str] = {
-    0: "F32", 1: "F16", 2: "Q4_0", 3: "Q4_1", 6: "Q5_0", 7: "Q5_1", 8: "Q8_0",
-    9: "Q8_1", 10: "Q2_K", 11: "Q3_K", 12: "Q4_K", 13: "Q5_K", 14: "Q6_K",
-    15: "Q8_K", 16: "IQ2_XXS", 17: "IQ2_XS", 18: "IQ3_XXS", 19: "IQ1_S",
-    20: "IQ4_NL", 21: "IQ3_S", 22: "IQ2_S", 23: "IQ4_XS", 24: "I8", 25: "I16",
-    26: "I32", 27: "I64", 28: "F64", 29: "IQ1_M", 30: "BF16", 34: "TQ1_0",
-    35: "TQ2_0", 39: "MXFP4",
-}
-
-#: GGUF tensor types this converter accepts, with the mlx bits for quantized ones
-#: (``None`` = stored as a plain float array).
-SUPPORTED_TENSOR_TYPES: dict[str, int | None] = {
-    "F32": None, "F16": None, "Q4_0": 4, "Q4_1": 4, "Q8_0": 8,
-}
-
 _GROUP_SIZE = 32  # every supported ggml block format has 32 weights per block
-
-
-class UnsupportedGGUF(ValueError):
-    """The GGUF file uses an architecture, tensor type or tokenizer we cannot convert."""
-
-
-# --------------------------------------------------------------------------------------
-# GGUF header reader (metadata + tensor directory; tensor data is left to mx.load)
-# --------------------------------------------------------------------------------------
-
-class GGUFHeader:
-    """Parsed GGUF header: ``version``, ``metadata`` (key -> python value) and
-    ``tensors`` (name -> ``(ggml_type_id, shape)``, shape in row-major/mlx order)."""
-
-    def __init__(self, version: int, metadata: dict[str, Any],
-                 tensors: dict[str, tuple[int, tuple[int, ...]]]):
-        self.version = version
-        self.metadata = metadata
-        self.tensors = tensors
-
-    def type_name(self, tensor: str) -> str:
-        t = self.tensors[tensor][0]
-        return GGML_TYPE_NAMES.get(t, f"type#{t}")
-
-    def __repr__(self) -> str:  # pragma: no cover - debugging aid
-        return (f"GGUFHeader(version={self.version}, {len(self.metadata)} keys, "
-                f"{len(self.tensors)} tensors)")
-
-
-_SCALAR_FORMATS = {0: "<B", 1: "<b", 2: "<H", 3: "<h", 4: "<I", 5: "<i", 6: "<f",
-                   7: "<?", 10: "<Q", 11: "<q", 12: "<d"}
-_NUMPY_DTYPES = {0: "<u1", 1: "<i1", 2: "<u2", 3: "<i2", 4: "<u4", 5: "<i4", 6: "<f4",
-                 7: "<u1", 10: "<u8", 11: "<i8", 12: "<f8"}
-
-
-def read_gguf_header(path: str | os.PathLike) -> GGUFHeader:
-    """Read the metadata and tensor directory of a GGUF (v2/v3) file.
-
-    Raises :class:`UnsupportedGGUF` for files that are not GGUF or use GGUF v1.
-    """
-    import numpy as np
-
-    path = Path(path)
-    with open(path, "rb") as f:
-        try:
-            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        except ValueError as e:  # empty file
-            raise UnsupportedGGUF(f"{path}: not a GGUF file ({e})") from None
-    try:
-        if mm[:4] != b"GGUF":
-            raise UnsupportedGGUF(f"{path}: not a GGUF file (bad magic {mm[:4]!r})")
-        (version,) = struct.unpack_from("<I", mm, 4)
-        if version not in (2, 3):
-            raise UnsupportedGGUF(f"{path}: GGUF version {version} is not supported "
-                                  "(only v2 and v3)")
-        n_tensors, n_kv = struct.unpack_from("<QQ", mm, 8)
-        off = 24
-
-        def read_str(o: int) -> tuple[str, int]:
-            (n,) = struct.unpack_from("<Q", mm, o)
-            o += 8
-            return mm[o:o + n].decode("utf-8", errors="replace"), o + n
-
-        def read_value(t: int, o: int) -> tuple[Any, int]:
-            if t in _SCALAR_FORMATS:
-                fmt = _SCALAR_FORMATS[t]
-                (v,) = struct.unpack_from(fmt, mm, o)
-                return v, o + struct.calcsize(fmt)
-            if t == 8:
-                return read_str(o)
-            if t == 9:
-                et, n = struct.unpack_from("<IQ", mm, o)
-                o += 12
-                if et in _NUMPY_DTYPES:
-                    dt = np.dtype(_NUMPY_DTYPES[et])
-                    arr = np.frombuffer(mm, dtype=dt, count=n, offset=o)
-                    vals = arr.astype(bool).tolist() if et == 7 else arr.tolist()
-                    return vals, o + n * dt.itemsize
-                out = []
-                for _ in range(n):
-                    v, o = read_value(et, o)
-                    out.append(v)
-                return out, o
-            raise UnsupportedGGUF(f"{path}: unknown GGUF metadata value type {t}")
-
-        metadata: dict[str, Any] = {}
-        for _ in range(n_kv):
-            key, off = read_str(off)
-            (t,) = struct.unpack_from("<I", mm, off)
-            metadata[key], off = read_value(t, off + 4)
-
-        tensors: dict[str, tuple[int, tuple[int, ...]]] = {}
-        for _ in range(n_tensors):
-            name, off = read_str(off)
-            (nd,) = struct.unpack_from("<I", mm, off)
-            dims = struct.unpack_from(f"<{nd}Q", mm, off + 4)
-            off += 4 + 8 * nd
-            t, _data_off = struct.unpack_from("<IQ", mm, off)
-            off += 12
-            tensors[name] = (t, tuple(reversed(dims)))  # ggml ne[0] is the innermost dim
-    except struct.error as e:
-        raise UnsupportedGGUF(f"{path}: truncated or corrupt GGUF header ({e})") from None
-    finally:
-        mm.close()
-    return GGUFHeader(version, metadata, tensors)
-
-
-# --------------------------------------------------------------------------------------
-# Tokenizer
-# --------------------------------------------------------------------------------------
-
-# llama.cpp's split regexes (llama-vocab.cpp), as the HF tokenizer.json files express them.
-_GPT2_REGEX = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
-_LLAMA3_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}"
-                 r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-_QWEN2_REGEX = (r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}"
-                r"| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
-
-# tokenizer.ggml.pre -> (kind, ignore_merges)
-_PRE_TOKENIZERS = {
-    None: ("gpt2", False),
-    "default": ("gpt2", False),
-    "gpt-2": ("gpt2", False),
-    "gpt2": ("gpt2", False),
-    "smollm": ("smollm", False),  # every \p{N} alone, then the GPT-2 regex
-    "llama3": ("llama3", True),
-    "llama-v3": ("llama3", True),
-    "llama-bpe": ("llama3", True),
-    "smaug-bpe": ("llama3", False),
-    "dbrx": ("llama3", False),
-    "qwen2": ("qwen2", False),
-    "deepseek-r1-qwen": ("qwen2", False),
-}
-
-
-def _bytes_to_unicode() -> dict[int, str]:
-    """GPT-2's byte -> printable character table."""
-    bs = (list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1))
-          + list(range(ord("®"), ord("ÿ") + 1)))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return dict(zip(bs, map(chr, cs), strict=True))
-
-
-def _md(md: dict[str, Any], key: str, default: Any = None) -> Any:
-    v = md.get(key, default)
-    return default if v is None else v
-
-
-def build_tokenizer(metadata: dict[str, Any]):
-    """Build a ``tokenizers.Tokenizer`` from GGUF ``tokenizer.ggml.*`` metadata.
-
-    Only byte-level BPE (``tokenizer.ggml.model == "gpt2"``) is supported.  Control
-    tokens (token_type 3) become special added tokens, user-defined ones (4) plain
-    added tokens, so both are matched whole in text, as llama.cpp does.
-    """
-    from tokenizers import (
-        AddedToken,
-        Regex,
-        Tokenizer,
-        decoders,
-        models,
-        pre_tokenizers,
-        processors,
-    )
-
-    model = metadata.get("tokenizer.ggml.model")
-    if model != "gpt2":
-        raise UnsupportedGGUF(
-            f"tokenizer model {model!r} is not supported (only 'gpt2' byte-level BPE)")
-    pre = metadata.get("tokenizer.ggml.pre")
-    if pre not in _PRE_TOKENIZERS:
-        raise UnsupportedGGUF(
-            f"pre-tokenizer {pre!r} is not supported; known: "
-            f"{sorted(k for k in _PRE_TOKENIZERS if k)}")
-    kind, ignore_merges = _PRE_TOKENIZERS[pre]
-
-    tokens: list[str] = list(metadata["tokenizer.ggml.tokens"])
-    types: list[int] = list(_md(metadata, "tokenizer.ggml.token_type", []))[:len(tokens)]
-    types += [1] * (len(tokens) - len(types))
-    merges_raw: list[str] = list(_md(metadata, "tokenizer.ggml.merges", []))
-    if not merges_raw:
-        raise UnsupportedGGUF("GGUF has a gpt2 tokenizer but no tokenizer.ggml.merges")
-
-    b2u = _bytes_to_unicode()
-    alphabet = set(b2u.values())
-    vocab: dict[str, int] = {}
-    for i, tok in enumerate(tokens):
-        key = tok
-        if types[i] not in (3, 4) and not set(tok) <= alphabet:
-            # a normal token written as raw text: spell it in the byte alphabet
-            key = "".join(b2u[b] for b in tok.encode("utf-8"))
-        vocab.setdefault(key, i)
-    merges = []
-    for m in merges_raw:
-        a, sep, b = m.partition(" ")
-        if sep and a and b:
-            merges.append((a, b))
-
-    bpe_kwargs = dict(vocab=vocab, merges=merges, dropout=None,
-                      continuing_subword_prefix="", end_of_word_suffix="", fuse_unk=False)
-    try:
-        bpe = models.BPE(ignore_merges=ignore_merges, **bpe_kwargs)
-    except TypeError:  # very old tokenizers
-        bpe = models.BPE(**bpe_kwargs)
-    tok = Tokenizer(bpe)
-
-    if kind == "gpt2":
-        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True)
-    elif kind == "smollm":
-        tok.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Digits(individual_digits=True),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
-        ])
-    else:
-        regex = _LLAMA3_REGEX if kind == "llama3" else _QWEN2_REGEX
-        tok.pre_tokenizer = pre_tokenizers.Sequence([
-            pre_tokenizers.Split(Regex(regex), behavior="isolated", invert=False),
-            pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
-        ])
-    tok.decoder = decoders.ByteLevel()
-
-    special = [AddedToken(t, special=True, normalized=False)
-               for t, ty in zip(tokens, types, strict=True) if ty == 3 and vocab.get(t) is not None]
-    user = [AddedToken(t, special=False, normalized=False)
-            for t, ty in zip(tokens, types, strict=True) if ty == 4 and vocab.get(t) is not None]
-    if special:
-        tok.add_special_tokens(special)
-    if user:
-        tok.add_tokens(user)
-
-    add_bos = bool(_md(metadata, "tokenizer.ggml.add_bos_token", False))
-    add_eos = bool(_md(metadata, "tokenizer.ggml.add_eos_token", False))
-    bos_id = metadata.get("tokenizer.ggml.bos_token_id")
-    eos_id = metadata.get("tokenizer.ggml.eos_token_id")
-    if (add_bos and bos_id is not None) or (add_eos and eos_id is not None):
-        single, pair, specials = "$A:0", "$A:0 $B:1", []
-        if add_bos and bos_id is not None:
-            b = tokens[bos_id]
-            single, pair = f"{b}:0 {single}", f"{b}:0 $A:0 {b}:1 $B:1"
-            specials.append((b, bos_id))
-        if add_eos and eos_id is not None:
-            e = tokens[eos_id]
-            single = f"{single} {e}:0"
-            pair = pair.replace("$A:0", f"$A:0 {e}:0").replace("$B:1", f"$B:1 {e}:1")
-            if (e, eos_id) not in specials:
-                specials.append((e, eos_id))
-        tok.post_processor = processors.TemplateProcessing(
-            single=single, pair=pair, special_tokens=specials)
-    else:
-        tok.post_processor = processors.ByteLevel(trim_offsets=False)
-    return tok
-
-
-def _tokenizer_config(md: dict[str, Any], context: int | None) -> dict[str, Any]:
-    tokens = md["tokenizer.ggml.tokens"]
-
-    def name(key: str) -> str | None:
-        i = md.get(f"tokenizer.ggml.{key}")
-        return tokens[i] if isinstance(i, int) and 0 <= i < len(tokens) else None
-
-    cfg: dict[str, Any] = {
-        "tokenizer_class": "PreTrainedTokenizerFast",
-        "add_bos_token": bool(_md(md, "tokenizer.ggml.add_bos_token", False)),
-        "add_eos_token": bool(_md(md, "tokenizer.ggml.add_eos_token", False)),
-        "bos_token": name("bos_token_id"),
-        "eos_token": name("eos_token_id"),
-        "unk_token": name("unknown_token_id"),
-        "pad_token": name("padding_token_id"),
-        "clean_up_tokenization_spaces": False,
-    }
-    if context:
-        cfg["model_max_length"] = int(context)
-    if md.get("tokenizer.chat_template"):
-        cfg["chat_template"] = md["tokenizer.chat_template"]
-    return cfg
 
 
 # --------------------------------------------------------------------------------------
@@ -711,7 +422,7 @@ def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike,
                             metadata={"format": "mlx"})
         tokenizer.save(str(tmp / "tokenizer.json"))
         _write_json(tmp / "tokenizer_config.json",
-                    _tokenizer_config(md, config.get("max_position_embeddings")))
+                    tokenizer_config(md, config.get("max_position_embeddings")))
         _write_json(tmp / "generation_config.json", gen)
         _write_json(tmp / MARKER_FILE, marker)
         if out_dir.exists() or out_dir.is_symlink():

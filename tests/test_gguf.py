@@ -134,7 +134,7 @@ HF_TO_GGUF = {
 
 
 def tiny_vocab() -> list[str]:
-    from mlxrt.gguf import _bytes_to_unicode
+    from mlxrt.gguf_tokenizer import _bytes_to_unicode
 
     byte_chars = [_bytes_to_unicode()[b] for b in range(256)]
     merged = ["".join(m.split(" ")) for m in MERGES]
