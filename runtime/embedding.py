@@ -35,13 +35,17 @@ __all__ = [
     "encode_inputs",
     "embed_ids",
     "hidden_size",
+    "plan_batches",
     "MAX_BATCH_TOKENS",
+    "MAX_PADDING",
 ]
 
 #: ``architectures`` values that mark a checkpoint as an encoder-only (embedding) model.
 EMBEDDING_ARCHITECTURES = frozenset({"Qwen3Model"})
 #: Padded tokens per forward: bounds the activations one batch holds (rows x longest input).
 MAX_BATCH_TOKENS = 8192
+#: Padding one batch may carry, as a fraction of its real tokens.
+MAX_PADDING = 0.25
 #: The token Qwen3-Embedding ends every input with; its hidden state is the embedding.
 END_TOKEN = "<|endoftext|>"
 
@@ -104,12 +108,38 @@ def encode_inputs(tokenizer: Any, texts: Sequence[str], end_id: int, context: in
     return out
 
 
+def plan_batches(lengths: Sequence[int], *, max_batch_tokens: int = MAX_BATCH_TOKENS,
+                 max_padding: float = MAX_PADDING) -> list[list[int]]:
+    """Group input indices into forward batches: shortest first, each batch's padded size
+    (rows x longest) within ``max_batch_tokens`` and its padding within ``max_padding`` of its
+    real tokens. An input longer than the budget runs alone.
+
+    The padding bound matters on CPU, where a forward costs per padded token and batching
+    gains nothing; on a GPU similar lengths still share one forward.
+    """
+    order = sorted(range(len(lengths)), key=lambda i: lengths[i])
+    batches: list[list[int]] = []
+    batch: list[int] = []
+    real = 0
+    for i in order:
+        n = lengths[i]  # the longest so far: lengths arrive in ascending order
+        rows = len(batch) + 1
+        if batch and (n * rows > max_batch_tokens or n * rows - (real + n) > max_padding * (real + n)):
+            batches.append(batch)
+            batch, real = [], 0
+        batch.append(i)
+        real += n
+    if batch:
+        batches.append(batch)
+    return batches
+
+
 def embed_ids(loaded: LoadedModel, inputs: Sequence[Sequence[int]], *, dimensions: int | None = None,
               max_batch_tokens: int = MAX_BATCH_TOKENS) -> np.ndarray:
     """Pooled, L2-normalized embeddings, one float32 row per input, in input order.
 
     Runs MLX: call it on the engine's worker (``await engine.call(lambda m: embed_ids(m, ids))``).
-    Inputs are sorted by length and run in right-padded batches: under the causal mask no
+    Inputs run in right-padded batches of similar length (:func:`plan_batches`): under the causal mask no
     real token attends to the padding after it, so the last real token's hidden state (and its
     RoPE position) is the one an unpadded forward gives. ``dimensions`` keeps the first that
     many components (Matryoshka) and renormalizes.
@@ -119,15 +149,9 @@ def embed_ids(loaded: LoadedModel, inputs: Sequence[Sequence[int]], *, dimension
     encoder = getattr(loaded.model, "model", None)
     if encoder is None:
         raise EngineError("this model has no inner encoder (model.model) to take hidden states from")
-    order = sorted(range(len(inputs)), key=lambda i: len(inputs[i]))
     rows: list[np.ndarray | None] = [None] * len(inputs)
-    start = 0
-    while start < len(order):
-        longest, stop = len(inputs[order[start]]), start
-        while stop < len(order) and len(inputs[order[stop]]) * (stop - start + 1) <= max(max_batch_tokens, longest):
-            longest = len(inputs[order[stop]])
-            stop += 1
-        batch = order[start:stop]
+    for batch in plan_batches([len(i) for i in inputs], max_batch_tokens=max_batch_tokens):
+        longest = max(len(inputs[i]) for i in batch)
         padded = np.zeros((len(batch), longest), dtype=np.int32)
         for r, i in enumerate(batch):
             padded[r, : len(inputs[i])] = inputs[i]
@@ -140,7 +164,6 @@ def embed_ids(loaded: LoadedModel, inputs: Sequence[Sequence[int]], *, dimension
         vectors = np.array(pooled)
         for r, i in enumerate(batch):
             rows[i] = vectors[r]
-        start = stop
     if not rows:
         return np.zeros((0, 0), dtype=np.float32)
     return np.stack(rows).astype(np.float32, copy=False)

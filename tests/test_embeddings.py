@@ -8,9 +8,11 @@ import json
 import numpy as np
 import openai
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from support import openai_client
 
-from mlxrt.embedding import embed_ids, encode_inputs, is_embedding_model, query_text
+from mlxrt.embedding import embed_ids, encode_inputs, is_embedding_model, plan_batches, query_text
 from mlxrt.loading import ModelSource, read_model_info
 
 TEXTS = ["The sea is blue.", "A cat sat on the mat and looked at the birds outside the window.", "hi",
@@ -221,3 +223,12 @@ def test_the_end_token_is_appended_once_when_the_tokenizer_does_not(tiny_models)
     assert ids == tok.encode("hello") + [eot]
     (ids,) = encode_inputs(tok, ["hello<|endoftext|>"], eot, None)
     assert ids.count(eot) == 1 and ids[-1] == eot
+
+
+@given(st.lists(st.integers(1, 3000), max_size=60), st.integers(64, 8192))
+def test_plan_batches_covers_every_input_once_within_the_budgets(lengths, budget):
+    batches = plan_batches(lengths, max_batch_tokens=budget, max_padding=0.25)
+    assert sorted(i for b in batches for i in b) == list(range(len(lengths)))
+    for b in batches:
+        longest, real = max(lengths[i] for i in b), sum(lengths[i] for i in b)
+        assert len(b) == 1 or (longest * len(b) <= budget and longest * len(b) - real <= 0.25 * real)
