@@ -17,11 +17,11 @@ import anyio
 from litestar import Request, Response, post
 
 from mlxrt.api.app import claimed_fields
-from mlxrt.api.errors import openai_error_body
 from mlxrt.api.sse import sse_data, sse_response
 from mlxrt.api.wire import parse_json_object
 from mlxrt.plugins.openai.decode import build_generation, decode_completion
 from mlxrt.plugins.openai.encode import (
+    ROUTE_OPT,
     closing_frames,
     finish_usage,
     guarded,
@@ -36,10 +36,9 @@ __all__ = ["completions", "COMPLETIONS_DEFAULT_MAX_TOKENS"]
 
 #: mlx_lm.server's and mlx-bun's default for text completions; ``--max-tokens`` overrides it.
 COMPLETIONS_DEFAULT_MAX_TOKENS = 512
-_OPT = {"dialect": "openai", "render_error": openai_error_body}
 
 
-@post(["/v1/completions", "/completions"], status_code=200, opt=_OPT,
+@post(["/v1/completions", "/completions"], status_code=200, opt=ROUTE_OPT,
       summary="Create a text completion", tags=["openai"])
 async def completions(request: Request) -> Response:
     host = request.app.state.host

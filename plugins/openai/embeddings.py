@@ -24,7 +24,7 @@ from mlxrt.embedding import (
     query_text,
 )
 from mlxrt.errors import InvalidRequest
-from mlxrt.plugins.openai.models import OPT
+from mlxrt.plugins.openai.encode import ROUTE_OPT
 
 __all__ = ["embeddings", "MAX_INPUTS"]
 
@@ -56,7 +56,7 @@ def _encode(vector: np.ndarray, fmt: str) -> list[float] | str:
     return vector.tolist()
 
 
-@post(["/v1/embeddings", "/embeddings"], status_code=200, opt=OPT, summary="Create embeddings",
+@post(["/v1/embeddings", "/embeddings"], status_code=200, opt=ROUTE_OPT, summary="Create embeddings",
       tags=["openai"])
 async def embeddings(request: Request) -> Response:
     engine = request.app.state.host.engine

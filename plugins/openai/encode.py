@@ -12,9 +12,13 @@ from mlxrt.errors import MlxrtError
 from mlxrt.records import FinishEvent, TokenEvent, ToolCall
 
 __all__ = [
+    "ROUTE_OPT",
     "usage", "completion_body", "chunk", "finish_usage", "closing_frames", "tool_calls_json",
     "logprob_entries", "logprobs_block", "text_completion_body", "text_completion_chunk", "guarded",
 ]
+
+#: Route options every OpenAI handler carries: errors render as OpenAI error objects.
+ROUTE_OPT = {"dialect": "openai", "render_error": openai_error_body}
 
 
 def usage(finish: FinishEvent) -> dict[str, Any]:

@@ -19,15 +19,14 @@ from typing import Any
 import anyio
 from litestar import Request, get
 
-from mlxrt.api.errors import openai_error_body
 from mlxrt.errors import NotFound
+from mlxrt.plugins.openai.encode import ROUTE_OPT
 
-__all__ = ["OPT", "list_models", "get_model", "hf_cache_dir", "cached_model_rows"]
+__all__ = ["list_models", "get_model", "hf_cache_dir", "cached_model_rows"]
 
 log = logging.getLogger("mlxrt.openai")
 
 #: Route options every OpenAI handler carries: errors render as OpenAI error objects.
-OPT = {"dialect": "openai", "render_error": openai_error_body}
 
 
 def hf_cache_dir() -> Path:
@@ -101,12 +100,12 @@ async def _model_rows(request: Request) -> list[dict[str, Any]]:
     return [served, *(row for row in cached if row["id"] != served["id"])]
 
 
-@get(["/v1/models", "/models"], opt=OPT, summary="List models", tags=["openai"])
+@get(["/v1/models", "/models"], opt=ROUTE_OPT, summary="List models", tags=["openai"])
 async def list_models(request: Request) -> dict[str, Any]:
     return {"object": "list", "data": await _model_rows(request)}
 
 
-@get(["/v1/models/{model_id:path}"], opt=OPT, summary="Retrieve a model", tags=["openai"])
+@get(["/v1/models/{model_id:path}"], opt=ROUTE_OPT, summary="Retrieve a model", tags=["openai"])
 async def get_model(request: Request) -> dict[str, Any]:
     wanted = str(request.path_params["model_id"]).lstrip("/")
     served = _served_row(request)

@@ -12,13 +12,13 @@ import anyio
 from litestar import Request, Response, post
 
 from mlxrt.api.app import claimed_fields
-from mlxrt.api.errors import openai_error_body
 from mlxrt.api.sse import sse_data, sse_response
 from mlxrt.api.wire import parse_json_object
 from mlxrt.plugins.openai.completions import completions
 from mlxrt.plugins.openai.decode import DecodedChat, build_generation, decode_chat
 from mlxrt.plugins.openai.embeddings import embeddings
 from mlxrt.plugins.openai.encode import (
+    ROUTE_OPT,
     chunk,
     closing_frames,
     completion_body,
@@ -36,7 +36,6 @@ __all__ = ["ROUTES"]
 #: mlx-bun keeps a large chat default so reasoning traces are not cut; admission caps it to
 #: what fits the context. ``--max-tokens`` overrides it.
 CHAT_DEFAULT_MAX_TOKENS = 65536
-_OPT = {"dialect": "openai", "render_error": openai_error_body}
 
 
 def _host(request: Request) -> Any:
@@ -56,7 +55,7 @@ async def _prepare(request: Request) -> tuple[DecodedChat, RenderedPrompt, Gener
     return decoded, rendered, gen
 
 
-@post(["/v1/chat/completions", "/chat/completions"], status_code=200, opt=_OPT,
+@post(["/v1/chat/completions", "/chat/completions"], status_code=200, opt=ROUTE_OPT,
       summary="Create a chat completion", tags=["openai"])
 async def chat_completions(request: Request) -> Response:
     decoded, rendered, gen = await _prepare(request)
