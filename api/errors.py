@@ -2,7 +2,8 @@
 
 A route handler tags itself with ``opt={"dialect": name, "render_error": fn}``; ``fn(status,
 type, message, param, code) -> dict`` builds the body. Routes without one (and unknown
-paths) answer in OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``.
+paths) answer in OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``. An
+error with a ``retry_after`` (seconds; :class:`mlxrt.errors.QueueFull`) adds ``Retry-After``.
 """
 
 from __future__ import annotations
@@ -55,7 +56,10 @@ def _respond(request: Request, status: int, type_: str, message: str,
 def _mlxrt_error(request: Request, exc: MlxrtError) -> Response:
     if exc.status >= 500:
         log.error("%s %s failed: %s", request.method, request.url.path, exc.message)
-    return _respond(request, exc.status, exc.type, exc.message, exc.param, exc.code)
+    # Back-pressure (QueueFull) says when to come back; clients (the openai SDK) honour it.
+    retry_after = getattr(exc, "retry_after", None)
+    headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
+    return _respond(request, exc.status, exc.type, exc.message, exc.param, exc.code, headers=headers)
 
 
 def _http_error(request: Request, exc: HTTPException) -> Response:

@@ -12,6 +12,7 @@ __all__ = [
     "InvalidRequest",
     "NotFound",
     "OverBudget",
+    "QueueFull",
     "ModelLoadError",
     "PluginError",
     "EngineError",
@@ -50,6 +51,18 @@ class OverBudget(MlxrtError):
 
     status = 400
     type = "memory_admission"
+
+
+class QueueFull(MlxrtError):
+    """The engine is at capacity and its wait queue is full, or the request waited longer than
+    the request timeout (429). ``retry_after`` (seconds) becomes the ``Retry-After`` header."""
+
+    status = 429
+    type = "rate_limit_error"
+
+    def __init__(self, message: str, *, retry_after: int = 1, code: str = "queue_full") -> None:
+        super().__init__(message, code=code)
+        self.retry_after = retry_after
 
 
 class ModelLoadError(MlxrtError):

@@ -30,6 +30,7 @@ __all__ = [
     "TokenLogprob",
     "FinishEvent",
     "FinishReason",
+    "CacheReport",
     "PluginRecord",
     "Sampler",
     "LogitsProcessor",
@@ -245,6 +246,38 @@ class GenerationRequest:
     #: ``None``: no log-probabilities (nothing is computed); ``k >= 0``: each token event
     #: carries the emitted token's log-probability and the ``k`` most likely alternatives.
     logprobs: int | None = None
+    #: The adapter set the request runs with (names, in order); ``()`` is the base model.
+    #: Prompt-cache entries are keyed by it, so KV from one adapter set is never reused by another.
+    adapters: tuple[str, ...] = ()
+
+
+@attrs.frozen
+class CacheReport:
+    """What the prompt cache did for one request, known once the request starts running.
+
+    :ivar status: ``hit`` (every reusable prompt token came from the cache), ``partial`` (a
+        prefix came from the cache, then the prompt diverged from the closest entry), ``miss``
+        (nothing reused) or ``off`` (the cache is disabled or bypassed for this request).
+    :ivar cached_tokens: Prompt tokens whose KV was reused (``usage.prompt_tokens_details``).
+    :ivar prompt_tokens: The prompt's length.
+    :ivar diverged_at: On a miss or partial hit, the token index where the prompt first differs
+        from the closest cached entry; ``None`` when no entry was close or on a full hit.
+    :ivar snippet: The prompt's text from ``diverged_at`` (a few tokens, decoded), for debugging.
+    """
+
+    status: str
+    cached_tokens: int
+    prompt_tokens: int
+    diverged_at: int | None = None
+    snippet: str | None = None
+
+    def header(self) -> str:
+        """The ``x-mlxrt-cache`` response header value, e.g. ``partial; cached=812; prompt=900;
+        diverged_at=812``."""
+        parts = [self.status, f"cached={self.cached_tokens}", f"prompt={self.prompt_tokens}"]
+        if self.diverged_at is not None:
+            parts.append(f"diverged_at={self.diverged_at}")
+        return "; ".join(parts)
 
 
 @attrs.frozen

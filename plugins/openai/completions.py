@@ -11,12 +11,14 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from typing import Any
 
 import anyio
 from litestar import Request, Response, post
 
 from mlxrt.api.app import claimed_fields
+from mlxrt.api.disconnect import closing_on_error, drain_until_disconnect, start_generation
 from mlxrt.api.sse import sse_data, sse_response
 from mlxrt.api.wire import parse_json_object
 from mlxrt.plugins.openai.decode import build_generation, decode_completion
@@ -25,11 +27,12 @@ from mlxrt.plugins.openai.encode import (
     closing_frames,
     finish_usage,
     guarded,
+    response_headers,
     text_completion_body,
     text_completion_chunk,
 )
 from mlxrt.records import FinishEvent, GenerationRequest, TokenEvent
-from mlxrt.responses import LogprobTrail, drain
+from mlxrt.responses import LogprobTrail
 from mlxrt.templating import encode_text
 
 __all__ = ["completions", "COMPLETIONS_DEFAULT_MAX_TOKENS"]
@@ -46,49 +49,54 @@ async def completions(request: Request) -> Response:
     decoded = decode_completion(parse_json_object(await request.body()), claimed_fields(host, "openai"),
                                 strict=bool(host.options.get("strict")))
     ids = await anyio.to_thread.run_sync(encode_text, engine.tokenizer, decoded.prompt)
-    gen = build_generation(host, decoded.options, ids, request_id=f"cmpl-{uuid.uuid4()}",
-                           default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS)
+    generation = build_generation(host, decoded.options, ids, request_id=f"cmpl-{uuid.uuid4()}",
+                                  default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS)
     model = engine.info.model_id
     created = int(time.time())
-    if decoded.request.stream:
-        return sse_response(guarded(_stream(engine, gen, model, created,
-                                            include_usage=decoded.options.include_usage)),
-                            headers=decoded.options.headers)
+    gen, report = await start_generation(request, engine, generation)
+    async with closing_on_error(gen):  # until a stream owns it
+        headers = response_headers(decoded.options.headers, report)
+        if decoded.request.stream:
+            return sse_response(guarded(_stream(gen, generation, model, created,
+                                                include_usage=decoded.options.include_usage)),
+                                headers=headers)
     parts: list[str] = []
-    finish, logprobs = await drain(engine.generate(gen), parts.append)
+    finish, logprobs = await drain_until_disconnect(request, gen, parts.append)
     parts.append(finish.text)
     body = text_completion_body(
-        id=gen.request_id, created=created, model=model, text="".join(parts),
+        id=generation.request_id, created=created, model=model, text="".join(parts),
         finish_reason=str(finish.finish_reason), finish=finish,
-        logprobs=logprobs if gen.logprobs is not None else None,
+        logprobs=logprobs if generation.logprobs is not None else None,
     )
-    return Response(content=body, status_code=200, headers=decoded.options.headers)
+    return Response(content=body, status_code=200, headers=headers)
 
 
-async def _stream(engine: Any, gen: GenerationRequest, model: str, created: int, *,
+async def _stream(gen: Any, generation: GenerationRequest, model: str, created: int, *,
                   include_usage: bool) -> AsyncIterator[bytes]:
     """``text_completion`` chunks: one per non-empty text delta, then the finish chunk
     (empty text, finish_reason, usage unless ``include_usage`` moves it to a last chunk
-    without choices), then ``[DONE]``."""
+    without choices), then ``[DONE]``. Owns ``gen``: closing this stream closes the request."""
     trail = LogprobTrail()
     carried: list[TokenEvent] = []  # entries of tokens whose text has not been sent yet
 
     def frame(text: str, **kw: Any) -> bytes:
         entries = carried[:]
         carried.clear()
-        return sse_data(text_completion_chunk(id=gen.request_id, created=created, model=model, text=text,
-                                              logprobs=entries, **kw))
+        return sse_data(text_completion_chunk(id=generation.request_id, created=created, model=model,
+                                              text=text, logprobs=entries, **kw))
 
-    async for event in engine.generate(gen):
-        if isinstance(event, FinishEvent):
-            carried.extend(trail.finish(event))
+    async with aclosing(gen):
+        async for event in gen:
+            if isinstance(event, FinishEvent):
+                carried.extend(trail.finish(event))
+                if event.text:
+                    yield frame(event.text)
+                yield frame("", finish_reason=str(event.finish_reason),
+                            usage_body=finish_usage(event, include_usage))
+                for closing in closing_frames(id=generation.request_id, created=created, model=model,
+                                              object="text_completion", finish=event, include_usage=include_usage):
+                    yield closing
+                return
+            carried.extend(trail.feed(event))
             if event.text:
                 yield frame(event.text)
-            yield frame("", finish_reason=str(event.finish_reason), usage_body=finish_usage(event, include_usage))
-            for closing in closing_frames(id=gen.request_id, created=created, model=model,
-                                          object="text_completion", finish=event, include_usage=include_usage):
-                yield closing
-            return
-        carried.extend(trail.feed(event))
-        if event.text:
-            yield frame(event.text)

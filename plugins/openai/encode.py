@@ -9,16 +9,24 @@ from typing import Any
 from mlxrt.api.errors import openai_error_body
 from mlxrt.api.sse import sse_data
 from mlxrt.errors import MlxrtError
-from mlxrt.records import FinishEvent, TokenEvent, ToolCall
+from mlxrt.records import CacheReport, FinishEvent, TokenEvent, ToolCall
 
 __all__ = [
-    "ROUTE_OPT",
+    "ROUTE_OPT", "CACHE_HEADER", "response_headers",
     "usage", "completion_body", "chunk", "finish_usage", "closing_frames", "tool_calls_json",
     "logprob_entries", "logprobs_block", "text_completion_body", "text_completion_chunk", "guarded",
 ]
 
 #: Route options every OpenAI handler carries: errors render as OpenAI error objects.
 ROUTE_OPT = {"dialect": "openai", "render_error": openai_error_body}
+
+#: What the prompt cache did for the request (:meth:`mlxrt.records.CacheReport.header`).
+CACHE_HEADER = "x-mlxrt-cache"
+
+
+def response_headers(headers: dict[str, str], report: CacheReport) -> dict[str, str]:
+    """A completion's headers: the decoder's (``x-mlxrt-ignored`` ...) plus the cache report."""
+    return {**headers, CACHE_HEADER: report.header()}
 
 
 def usage(finish: FinishEvent) -> dict[str, Any]:

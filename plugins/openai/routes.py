@@ -6,12 +6,14 @@ from __future__ import annotations
 import time
 import uuid
 from collections.abc import AsyncIterator
+from contextlib import aclosing
 from typing import Any
 
 import anyio
 from litestar import Request, Response, post
 
 from mlxrt.api.app import claimed_fields
+from mlxrt.api.disconnect import closing_on_error, drain_until_disconnect, start_generation
 from mlxrt.api.sse import sse_data, sse_response
 from mlxrt.api.wire import parse_json_object
 from mlxrt.plugins.openai.completions import completions
@@ -24,11 +26,12 @@ from mlxrt.plugins.openai.encode import (
     completion_body,
     finish_usage,
     guarded,
+    response_headers,
     tool_calls_json,
 )
 from mlxrt.plugins.openai.models import get_model, list_models
 from mlxrt.records import FinishEvent, GenerationRequest, TokenEvent
-from mlxrt.responses import LogprobTrail, ResponseAssembler, drain
+from mlxrt.responses import LogprobTrail, ResponseAssembler
 from mlxrt.templating import RenderedPrompt, render_chat
 
 __all__ = ["ROUTES"]
@@ -58,37 +61,43 @@ async def _prepare(request: Request) -> tuple[DecodedChat, RenderedPrompt, Gener
 @post(["/v1/chat/completions", "/chat/completions"], status_code=200, opt=ROUTE_OPT,
       summary="Create a chat completion", tags=["openai"])
 async def chat_completions(request: Request) -> Response:
-    decoded, rendered, gen = await _prepare(request)
+    decoded, rendered, generation = await _prepare(request)
     engine = _host(request).engine
     model = engine.info.model_id
     created = int(time.time())
     assembler = ResponseAssembler(engine.profile, tools=decoded.chat.tools,
                                   starts_in_thinking=rendered.starts_in_thinking)
-    if decoded.request.stream:
-        return sse_response(guarded(_stream(engine, gen, assembler, model, created,
-                                            include_usage=decoded.options.include_usage)),
-                            headers=decoded.options.headers)
-    finish, logprobs = await drain(engine.generate(gen), assembler.feed)
+    # Admission errors (queue full, a failing sampler hook) surface here, as the status.
+    gen, report = await start_generation(request, engine, generation)
+    async with closing_on_error(gen):  # until a stream owns it
+        headers = response_headers(decoded.options.headers, report)
+        if decoded.request.stream:
+            return sse_response(guarded(_stream(gen, generation, assembler, model, created,
+                                                include_usage=decoded.options.include_usage)),
+                                headers=headers)
+    finish, logprobs = await drain_until_disconnect(request, gen, assembler.feed)
     _delta, reason = assembler.finish(finish)
     body = completion_body(
-        id=gen.request_id, created=created, model=model, content="".join(assembler.content),
-        reasoning="".join(assembler.reasoning), calls=assembler.tool_calls,
-        finish_reason=str(reason), finish=finish, logprobs=logprobs if gen.logprobs is not None else None,
+        id=generation.request_id, created=created, model=model, content="".join(assembler.content),
+        reasoning="".join(assembler.reasoning), calls=assembler.tool_calls, finish_reason=str(reason),
+        finish=finish, logprobs=logprobs if generation.logprobs is not None else None,
     )
-    return Response(content=body, status_code=200, headers=decoded.options.headers)
+    return Response(content=body, status_code=200, headers=headers)
 
 
-async def _stream(engine: Any, gen: GenerationRequest, assembler: ResponseAssembler,
+async def _stream(gen: Any, generation: GenerationRequest, assembler: ResponseAssembler,
                   model: str, created: int, *, include_usage: bool) -> AsyncIterator[bytes]:
     """Chat chunks. Each carries the logprobs of the tokens released since the previous one:
-    text the reasoning splitter or tool router holds back keeps its entries until it is sent."""
+    text the reasoning splitter or tool router holds back keeps its entries until it is sent.
+
+    Owns ``gen``: closing this stream (the client left) closes the engine request."""
     trail = LogprobTrail()
     carried: list[TokenEvent] = []
 
     def frame(delta: dict[str, Any], **kw: Any) -> bytes:
         entries = carried[:]
         carried.clear()
-        return sse_data(chunk(id=gen.request_id, created=created, model=model, delta=delta,
+        return sse_data(chunk(id=generation.request_id, created=created, model=model, delta=delta,
                               logprobs=entries, **kw))
 
     def delta_body(content: str, reasoning: str) -> dict[str, Any]:
@@ -99,24 +108,26 @@ async def _stream(engine: Any, gen: GenerationRequest, assembler: ResponseAssemb
             out["content"] = content
         return out
 
-    yield frame({"role": "assistant", "content": ""})
-    async for event in engine.generate(gen):
-        if isinstance(event, FinishEvent):
-            carried.extend(trail.finish(event))
-            last, reason = assembler.finish(event)
-            if last:
-                yield frame(delta_body(last.content, last.reasoning))
-            if assembler.tool_calls:
-                yield frame({"tool_calls": tool_calls_json(assembler.tool_calls, indexed=True)})
-            yield frame({}, finish_reason=str(reason), usage_body=finish_usage(event, include_usage))
-            for closing in closing_frames(id=gen.request_id, created=created, model=model,
-                                          object="chat.completion.chunk", finish=event, include_usage=include_usage):
-                yield closing
-            return
-        carried.extend(trail.feed(event))
-        delta = assembler.feed(event.text)
-        if delta:
-            yield frame(delta_body(delta.content, delta.reasoning))
+    async with aclosing(gen):
+        yield frame({"role": "assistant", "content": ""})
+        async for event in gen:
+            if isinstance(event, FinishEvent):
+                carried.extend(trail.finish(event))
+                last, reason = assembler.finish(event)
+                if last:
+                    yield frame(delta_body(last.content, last.reasoning))
+                if assembler.tool_calls:
+                    yield frame({"tool_calls": tool_calls_json(assembler.tool_calls, indexed=True)})
+                yield frame({}, finish_reason=str(reason), usage_body=finish_usage(event, include_usage))
+                for closing in closing_frames(id=generation.request_id, created=created, model=model,
+                                              object="chat.completion.chunk", finish=event,
+                                              include_usage=include_usage):
+                    yield closing
+                return
+            carried.extend(trail.feed(event))
+            delta = assembler.feed(event.text)
+            if delta:
+                yield frame(delta_body(delta.content, delta.reasoning))
 
 
 ROUTES = [chat_completions, completions, embeddings, list_models, get_model]

@@ -1,0 +1,116 @@
+"""Tying engine work to the client's connection: a client that leaves cancels its request.
+
+A streaming response notices a departed client when Litestar's stream stops (it listens for
+``http.disconnect`` while sending). A non-streaming handler sends nothing until the end, so it
+listens itself: :func:`until_disconnect` runs an awaitable beside a task that awaits the ASGI
+``receive`` until ``http.disconnect`` arrives, and cancels the awaitable then. Uvicorn (h11
+and httptools alike) answers ``receive`` after the body was read only when the connection is
+lost (or the response is complete), so the watcher costs nothing while the client waits.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator, Awaitable, Callable
+from contextlib import aclosing, asynccontextmanager
+from typing import Any, TypeVar
+
+import anyio
+from litestar import Request
+from litestar.types import Receive
+
+from mlxrt.errors import MlxrtError
+from mlxrt.records import CacheReport, FinishEvent, GenerationRequest, TokenEvent
+from mlxrt.responses import drain
+
+__all__ = ["ClientDisconnected", "until_disconnect", "start_generation", "closing_on_error",
+           "drain_until_disconnect"]
+
+T = TypeVar("T")
+
+
+class ClientDisconnected(MlxrtError):
+    """The client closed the connection before the response was ready (nginx's 499).
+
+    Raised by :func:`until_disconnect`; the response rendered from it goes nowhere (the
+    server drops writes to a closed connection), and under 500 it is not logged as a failure.
+    """
+
+    status = 499
+    type = "client_closed_request"
+
+    def __init__(self, message: str = "the client disconnected") -> None:
+        super().__init__(message, code="client_disconnected")
+
+
+async def _watch(receive: Receive, scope: anyio.CancelScope) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass  # a body message (the handler read the body already, so none is expected)
+    scope.cancel()
+
+
+async def until_disconnect(request: Request, awaitable: Awaitable[T]) -> T:
+    """Await ``awaitable``; cancel it and raise :class:`ClientDisconnected` if the client leaves.
+
+    Call it after the request body has been read: the watcher consumes ``receive`` messages.
+    The cancellation is confined to a cancel scope, so a disconnect that lands just as the
+    awaitable finishes never leaks into the rest of the handler.
+    """
+    with anyio.CancelScope() as scope:
+        # A bare task rather than a task group: a task group would wrap the awaitable's own
+        # errors (QueueFull, PluginError ...) in an ExceptionGroup the error handlers do not know.
+        watcher = asyncio.create_task(_watch(request.receive, scope))
+        try:
+            return await awaitable
+        finally:
+            watcher.cancel()
+    raise ClientDisconnected()  # reached only when the watcher cancelled the scope
+
+
+@asynccontextmanager
+async def closing_on_error(gen: Any) -> AsyncIterator[None]:
+    """Close the engine request ``gen`` if the block fails (a request nobody will read)."""
+    try:
+        yield
+    except BaseException:
+        await gen.aclose()
+        raise
+
+
+async def start_generation(request: Request, engine: Any, generation: GenerationRequest) -> tuple[Any, CacheReport]:
+    """Submit ``generation`` and wait until it is admitted (its prompt-cache lookup done).
+
+    Returns the engine's ``Generation`` handle and its :class:`~mlxrt.records.CacheReport`.
+    Errors before the first token (``QueueFull``, ``PluginError``, ``OverBudget`` ...) are
+    raised here, while the response status can still say so; the handle is closed on any
+    failure and when the client leaves while the request waits, so nothing is left queued.
+    From here the caller owns the handle: a stream closes it when it ends or is closed,
+    :func:`drain_until_disconnect` when it returns.
+    """
+    gen = engine.generate(generation)
+    if not hasattr(gen, "started"):  # TEMP-COMPAT: the old engine (async generator)
+        gen = _Compat(gen, generation)
+    async with closing_on_error(gen):
+        return gen, await until_disconnect(request, gen.started())
+
+
+async def drain_until_disconnect(request: Request, gen: Any,
+                                 on_text: Callable[[str], Any]) -> tuple[FinishEvent, list[TokenEvent]]:
+    """The non-streaming path: :func:`mlxrt.responses.drain` the whole generation, cancelled
+    (and ``gen`` closed, freeing its batch row) when the client leaves; ``gen`` is closed on return."""
+    async with aclosing(gen):
+        return await until_disconnect(request, drain(gen, on_text))
+
+
+class _Compat:  # TEMP-COMPAT
+    def __init__(self, inner: Any, generation: GenerationRequest) -> None:
+        self.inner, self.generation = inner, generation
+
+    async def started(self) -> CacheReport:
+        return CacheReport("off", 0, len(self.generation.prompt_ids))
+
+    def __aiter__(self) -> Any:
+        return self.inner
+
+    async def aclose(self) -> None:
+        await self.inner.aclose()
