@@ -88,8 +88,6 @@ async def start_generation(request: Request, engine: Any, generation: Generation
     :func:`drain_until_disconnect` when it returns.
     """
     gen = engine.generate(generation)
-    if not hasattr(gen, "started"):  # TEMP-COMPAT: the old engine (async generator)
-        gen = _Compat(gen, generation)
     async with closing_on_error(gen):
         return gen, await until_disconnect(request, gen.started())
 
@@ -100,17 +98,3 @@ async def drain_until_disconnect(request: Request, gen: Any,
     (and ``gen`` closed, freeing its batch row) when the client leaves; ``gen`` is closed on return."""
     async with aclosing(gen):
         return await until_disconnect(request, drain(gen, on_text))
-
-
-class _Compat:  # TEMP-COMPAT
-    def __init__(self, inner: Any, generation: GenerationRequest) -> None:
-        self.inner, self.generation = inner, generation
-
-    async def started(self) -> CacheReport:
-        return CacheReport("off", 0, len(self.generation.prompt_ids))
-
-    def __aiter__(self) -> Any:
-        return self.inner
-
-    async def aclose(self) -> None:
-        await self.inner.aclose()

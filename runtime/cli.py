@@ -30,11 +30,6 @@ _NOT_YET = {
     "adapter_path": None,
     "draft_model": None,
     "num_draft_tokens": 3,
-    "decode_concurrency": 32,
-    "prompt_concurrency": 8,
-    "prefill_step_size": 2048,
-    "prompt_cache_size": 10,
-    "prompt_cache_bytes": None,
     "kv_bits": None,
     "kv_group_size": 64,
     "quantized_kv_start": 5000,
@@ -106,7 +101,7 @@ def _serve(host: PluginHost, model: str | None, opts: dict[str, Any]) -> None:
 def build_server(host: PluginHost, model: str | None, opts: dict[str, Any]) -> Any:
     """Load the model, start the engine and build the app (also used by tests)."""
     from mlxrt.api.app import create_app
-    from mlxrt.engine import Engine
+    from mlxrt.engine import Engine, EngineConfig
     from mlxrt.loading import read_model_info, resolve_model
     from mlxrt.templating import DEFAULT_CHAT_TEMPLATE
 
@@ -114,7 +109,14 @@ def build_server(host: PluginHost, model: str | None, opts: dict[str, Any]) -> A
     host.options.setdefault("started_at", time.time())
     source = resolve_model(model, allow_download=True)
     info = read_model_info(source)
-    engine = Engine(host)
+    if opts.get("prompt_cache_bytes") is not None:
+        from mlxrt.memory import parse_size
+
+        try:
+            parse_size(opts["prompt_cache_bytes"])
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--prompt-cache-bytes") from None
+    engine = Engine(host, EngineConfig.from_options(opts))
     engine.load(info)
     if opts.get("chat_template"):
         engine.tokenizer.chat_template = opts["chat_template"]
@@ -182,11 +184,25 @@ def build_cli(host: PluginHost) -> click.Group:
                   help="Allow the tokenizer's custom code from the model folder to run.")
     @click.option("--use-default-chat-template", is_flag=True,
                   help="Use a ChatML template when the model has none.")
-    @click.option("--decode-concurrency", type=int, default=32, help="(mlx_lm.server flag; not implemented yet)")
-    @click.option("--prompt-concurrency", type=int, default=8, help="(mlx_lm.server flag; not implemented yet)")
-    @click.option("--prefill-step-size", type=int, default=2048, help="(mlx_lm.server flag; not implemented yet)")
-    @click.option("--prompt-cache-size", type=int, default=10, help="(mlx_lm.server flag; not implemented yet)")
-    @click.option("--prompt-cache-bytes", default=None, help="(mlx_lm.server flag; not implemented yet)")
+    @click.option("--batch", "--decode-concurrency", "batch", type=click.IntRange(min=1), default=1,
+                  help="Requests decoded together (continuous batching); 1 runs them one at a time. "
+                  "mlx_lm.server's --decode-concurrency.")
+    @click.option("--prompt-concurrency", type=click.IntRange(min=1), default=8,
+                  help="Newcomers prefilled together in the batch lane.")
+    @click.option("--prefill-step-size", type=click.IntRange(min=1), default=2048,
+                  help="Prompt tokens per prefill chunk (running streams decode between chunks).")
+    @click.option("--prompt-cache-size", type=click.IntRange(min=0), default=10,
+                  help="Prompt (prefix KV) cache entries at most; 0 turns the cache off.")
+    @click.option("--prompt-cache-bytes", default=None,
+                  help="Prompt cache size cap, e.g. 2GB or 512MiB. Default: a quarter of what the "
+                  "memory budget leaves after the weights, or 2 GiB without a budget.")
+    @click.option("--memory-budget", type=click.FloatRange(min=0, min_open=True), default=None,
+                  help="GB (10^9 bytes) the model may use in all: refuse to load a model that cannot "
+                  "serve in it, refuse requests that cannot fit (400), queue work that cannot fit yet.")
+    @click.option("--max-queue", type=click.IntRange(min=0), default=256,
+                  help="Requests that may wait for admission; past it, 429 with Retry-After.")
+    @click.option("--request-timeout", type=click.FloatRange(min=0, min_open=True), default=None,
+                  help="Seconds a request may take in all: waiting past it gets 429, running past it 504.")
     @click.option("--kv-bits", type=int, default=None, help="(mlx_lm.server flag; not implemented yet)")
     @click.option("--kv-group-size", type=int, default=64, help="(mlx_lm.server flag; not implemented yet)")
     @click.option("--quantized-kv-start", type=int, default=5000, help="(mlx_lm.server flag; not implemented yet)")

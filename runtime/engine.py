@@ -1,29 +1,49 @@
 """The engine: one worker thread owns MLX; the async HTTP side submits requests and awaits
 events.
 
-This is the seam the scheduler grows behind: ``Engine.generate(request)`` takes a
-:class:`GenerationRequest` and returns an async iterator of :class:`TokenEvent` ending in one
-:class:`FinishEvent`. Every MLX call happens on the worker (MLX streams are not for
-sharing); requests run one at a time, in arrival order. A consumer that stops iterating
-(a client that disconnected) cancels its request at the next token.
+``Engine.generate(request)`` takes a :class:`GenerationRequest` and returns a
+:class:`Generation` handle at once: ``await handle.started()`` gives the request's
+:class:`CacheReport` once it is admitted (or raises the error that kept it out), and
+iterating the handle yields :class:`TokenEvent`\\ s ending in one :class:`FinishEvent`.
+Closing the handle (a client that left) cancels the request within one decode step.
+
+The worker loop, between decode steps:
+
+1. takes new submissions and raw calls (:meth:`Engine.call`) from its inbox;
+2. drops waiting requests whose client left, fails those that waited past
+   ``--request-timeout`` (429);
+3. admits waiting requests in arrival order while the lane has room and, under
+   ``--memory-budget``, while the running rows' prompt + max_tokens together stay within the
+   safe context (a request that does not fit waits; it never overcommits memory);
+4. on admission builds the request's sampler chain, looks its prompt up in the prompt cache
+   and reports the lookup; then runs a step of the lane (see :mod:`mlxrt.lanes`).
+
+Every MLX call happens on the worker (MLX streams are not for sharing across threads).
 """
 
 from __future__ import annotations
 
 import asyncio
+import collections
 import logging
+import math
 import queue
 import threading
-from collections.abc import AsyncIterator, Callable
+import time
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from mlxrt.detokenize import Detokenizer
-from mlxrt.errors import EngineError, MlxrtError
+from mlxrt.errors import EngineError, MlxrtError, QueueFull
+from mlxrt.lanes import BatchLane, Job, Row, SerialLane, batchable
 from mlxrt.loading import load_model
+from mlxrt.memory import MemoryPlan, measure_kv, plan_memory, weight_bytes
+from mlxrt.prompt_cache import PromptCache
 from mlxrt.records import (
+    CacheReport,
     FamilyProfile,
     FinishEvent,
     FinishReason,
@@ -31,29 +51,127 @@ from mlxrt.records import (
     LoadedModel,
     ModelInfo,
     TokenEvent,
-    TokenLogprob,
 )
-from mlxrt.sampling import SeedSource, build_logits_processors, build_sampler
+from mlxrt.sampling import SeedSource, build_logits_processors, build_sampler, seeded
 from mlxrt.stops import StopMatcher
 
 if TYPE_CHECKING:
     from mlxrt.host import PluginHost
 
-__all__ = ["Engine"]
+__all__ = ["Engine", "EngineConfig", "Generation"]
 
 log = logging.getLogger("mlxrt.engine")
 
 Event = TokenEvent | FinishEvent
+#: Prompt tokens decoded into a cache miss's snippet.
+SNIPPET_TOKENS = 8
+#: Seconds over which ``/stats`` reports tokens per second.
+RATE_WINDOW = 10.0
 
 
-@attrs.define
-class _Job:
-    request: GenerationRequest
-    emit: Callable[[Event | BaseException], None]
-    cancelled: threading.Event = attrs.field(factory=threading.Event)
+@attrs.frozen
+class EngineConfig:
+    """The engine's knobs (``mlxrt serve`` flags of the same names).
+
+    :ivar batch: Rows decoded together; 1 runs every request in the serial lane.
+    :ivar prompt_concurrency: Newcomers prefilled together in the batch lane.
+    :ivar prefill_step_size: Prompt tokens per prefill chunk.
+    :ivar max_queue: Requests that may wait for admission; past it, 429.
+    :ivar request_timeout: Seconds a request may take from submission to its last token
+        (waiting past it: 429; running past it: 504); ``None`` for no limit.
+    :ivar memory_budget: Bytes the model may use in all, or ``None`` for no budget.
+    :ivar prompt_cache_size: Prompt-cache entries at most (0 disables the cache).
+    :ivar prompt_cache_bytes: Prompt-cache bytes at most; ``None`` sizes it from the budget.
+    """
+
+    batch: int = 1
+    prompt_concurrency: int = 8
+    prefill_step_size: int = 2048
+    max_queue: int = 256
+    request_timeout: float | None = None
+    memory_budget: int | None = None
+    prompt_cache_size: int = 10
+    prompt_cache_bytes: int | None = None
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any]) -> EngineConfig:
+        """From ``mlxrt serve``'s parsed options (missing ones take the defaults)."""
+        from mlxrt.memory import parse_size
+
+        def given(name: str, default: Any) -> Any:
+            value = options.get(name)
+            return default if value is None else value
+
+        budget = options.get("memory_budget")
+        cache_bytes = options.get("prompt_cache_bytes")
+        return cls(
+            batch=max(int(given("batch", 1)), 1),
+            prompt_concurrency=max(int(given("prompt_concurrency", 8)), 1),
+            prefill_step_size=max(int(given("prefill_step_size", 2048)), 1),
+            max_queue=max(int(given("max_queue", 256)), 0),
+            request_timeout=float(options["request_timeout"]) if options.get("request_timeout") else None,
+            memory_budget=parse_size(budget, default_unit="GB") if budget is not None else None,
+            prompt_cache_size=max(int(given("prompt_cache_size", 10)), 0),
+            prompt_cache_bytes=parse_size(cache_bytes) if cache_bytes is not None else None,
+        )
 
 
-@attrs.define
+class Generation:
+    """The HTTP side's handle on one submitted request (an async iterator of events).
+
+    Items arrive from the worker through the event loop (``call_soon_threadsafe``), in order:
+    the :class:`CacheReport` (resolving :meth:`started`), then token events, then one
+    finish event, or an exception at any point.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop, cancel: Callable[[], None]) -> None:
+        self._events: asyncio.Queue[Event | BaseException] = asyncio.Queue()
+        self._started: asyncio.Future[CacheReport] = loop.create_future()
+        # An error before admission is raised from started() and from iteration; whichever
+        # the caller uses, the other must not warn that the exception went unretrieved.
+        self._started.add_done_callback(lambda f: f.cancelled() or f.exception())
+        self._cancel = cancel
+        self._finished = False
+
+    def _deliver(self, item: Any) -> None:  # on the event loop
+        if isinstance(item, CacheReport):
+            if not self._started.done():
+                self._started.set_result(item)
+            return
+        if isinstance(item, BaseException) and not self._started.done():
+            self._started.set_exception(item)
+        self._events.put_nowait(item)
+
+    async def started(self) -> CacheReport:
+        """Wait until the request is admitted; its prompt-cache report.
+
+        Raises what kept it out: ``QueueFull`` (waited past the timeout), a plugin's error
+        from building its sampler chain, ``EngineError``.
+        """
+        return await asyncio.shield(self._started)
+
+    def __aiter__(self) -> Generation:
+        return self
+
+    async def __anext__(self) -> Event:
+        if self._finished:
+            raise StopAsyncIteration
+        item = await self._events.get()
+        if isinstance(item, BaseException):
+            self._finished = True
+            raise item
+        if isinstance(item, FinishEvent):
+            self._finished = True
+        return item
+
+    async def aclose(self) -> None:
+        """Cancel the request if it has not finished (idempotent)."""
+        if not self._finished:
+            self._finished = True
+            self._cancel()
+
+
+@attrs.define(eq=False)
 class _Call:
     """A raw forward (embeddings, the curve designer) run exclusively on the worker."""
 
@@ -62,37 +180,78 @@ class _Call:
     loop: asyncio.AbstractEventLoop
 
 
+_WAKE = object()
+
+
 class Engine:
     """Owns the model on a worker thread and runs generations for the HTTP side.
 
     :param host: The plugin host (family hooks at load, sampler and processor hooks per request).
+    :param config: Batching, queueing, memory and prompt-cache settings.
 
     The model is loaded on the worker thread by :meth:`load`: MLX arrays a model creates at
     load belong to that thread's stream, so loading anywhere else breaks some models.
     """
 
-    def __init__(self, host: PluginHost) -> None:
+    def __init__(self, host: PluginHost, config: EngineConfig | None = None) -> None:
         self.host = host
+        self.config = config or EngineConfig()
         self.loaded: LoadedModel | None = None
         self.profile: FamilyProfile | None = None
+        self.memory: MemoryPlan | None = None
+        self.prompt_cache = PromptCache(max_entries=0)
         self.seeds = SeedSource()
-        self._jobs: queue.Queue[_Job | _Call | None] = queue.Queue()
+        self._inbox: queue.Queue[Any] = queue.Queue()
         self._thread: threading.Thread | None = None
+        self._lock = threading.Lock()
+        self._queued = 0  # submitted, not yet admitted or dropped (guarded by _lock)
+        # Worker-only state.
+        self._waiting: collections.deque[Job] = collections.deque()
+        self._serial: SerialLane | None = None
+        self._batch: BatchLane | None = None
+        self._running: list[Row] = []  # rows admitted and not finished (either lane)
+        self._reserved = 0
+        self._eos: frozenset[int] = frozenset()
+        self._rate: collections.deque[list[int]] = collections.deque()  # [second, tokens]
+        self._latency = 0.0  # EWMA of request durations, seconds
+        self.last_miss: dict[str, Any] | None = None
         self.requests_served = 0
         self.requests_cancelled = 0
+        self.requests_rejected = 0
+        self.tokens_generated = 0
+
+    # -- public surface (event loop) -------------------------------------------------------------
 
     @property
     def tokenizer(self) -> Any:
         return self.loaded.tokenizer
 
     @property
-    def info(self):  # noqa: ANN201 - ModelInfo
+    def info(self) -> ModelInfo:
         return self.profile.info
+
+    @property
+    def safe_context(self) -> int | None:
+        """Tokens of context the memory budget holds (``None`` without a budget)."""
+        return self.memory.safe_context if self.memory is not None else None
+
+    @property
+    def context_ceiling(self) -> int | None:
+        """The most prompt + max_tokens one request may ask for: the model's context window,
+        capped by the memory budget's safe context."""
+        limits = [c for c in (self.info.context_window, self.safe_context) if c is not None]
+        return min(limits) if limits else None
+
+    @property
+    def lane(self) -> str:
+        """``batch`` when requests are decoded together, else ``serial``."""
+        return "batch" if self._batch is not None else "serial"
 
     def load(self, info: ModelInfo) -> None:
         """Start the worker, load ``info`` on it (MLX state stays on that thread), and warm up.
 
-        Blocks until the model is ready; a load error is raised here.
+        Blocks until the model is ready; a load error (or a budget that cannot serve the
+        model) is raised here.
         """
         if self._thread is not None:
             raise EngineError("the engine already has a model")
@@ -108,80 +267,139 @@ class Engine:
 
     def stop(self) -> None:
         if self._thread is not None:
-            self._jobs.put(None)
+            self._inbox.put(None)
             self._thread.join(timeout=30)
             self._thread = None
 
-    async def generate(self, request: GenerationRequest) -> AsyncIterator[Event]:
-        """Run ``request``; yield its events. Stopping early cancels the request."""
+    def generate(self, request: GenerationRequest) -> Generation:
+        """Submit ``request``; its :class:`Generation` handle.
+
+        :raises QueueFull: ``--max-queue`` requests are already waiting for admission.
+        """
         if self._thread is None:
             raise EngineError("the engine has no model loaded")
+        with self._lock:
+            if self._queue_is_full():
+                self.requests_rejected += 1
+                raise QueueFull(
+                    f"the server is at capacity: {self._queued} requests are waiting (--max-queue "
+                    f"{self.config.max_queue}); retry later", retry_after=self.retry_after())
+            self._queued += 1
         loop = asyncio.get_running_loop()
-        events: asyncio.Queue[Event | BaseException] = asyncio.Queue()
-        job = _Job(request, lambda ev: loop.call_soon_threadsafe(events.put_nowait, ev))
-        self._jobs.put(job)
-        try:
-            while True:
-                event = await events.get()
-                if isinstance(event, BaseException):
-                    raise event
-                yield event
-                if isinstance(event, FinishEvent):
-                    return
-        finally:
+        job = Job(request, deliver=lambda _item: None, cancelled=threading.Event())
+        if self.config.request_timeout is not None:
+            job.deadline = job.submitted + self.config.request_timeout
+
+        def cancel() -> None:
             job.cancelled.set()
+            self._inbox.put(_WAKE)
+
+        handle = Generation(loop, cancel)
+        job.deliver = lambda item: loop.call_soon_threadsafe(handle._deliver, item)
+        self._inbox.put(job)
+        return handle
+
+    def _queue_is_full(self) -> bool:
+        # Only requests beyond the lane's free rows wait, so only those count against
+        # --max-queue (a request that will be admitted at once is never refused).
+        rows = self._batch.size if self._batch is not None else 1
+        free = max(rows - len(self._running), 0)
+        return self._queued - free >= self.config.max_queue
+
+    def retry_after(self) -> int:
+        """Seconds a refused client should wait: about one request's duration per batch of
+        waiting requests ahead of it."""
+        rows = self.config.batch if self._batch is not None else 1
+        return max(1, math.ceil(self._latency * max(self._queued, 1) / rows)) if self._latency else 1
 
     async def call(self, fn: Callable[[LoadedModel], Any]) -> Any:
-        """Run ``fn(loaded_model)`` on the worker, between generations, and return its result.
+        """Run ``fn(loaded_model)`` on the worker, between decode steps, and return its result.
 
         For raw forwards (embeddings, next-token distributions): they are serialized with
-        generation, never run beside it. Exceptions raised by ``fn`` are re-raised here.
+        generation, never run beside a step. Exceptions raised by ``fn`` are re-raised here.
         """
         if self._thread is None:
             raise EngineError("the engine has no model loaded")
         loop = asyncio.get_running_loop()
         done: asyncio.Future[Any] = loop.create_future()
-        self._jobs.put(_Call(fn, done, loop))
+        self._inbox.put(_Call(fn, done, loop))
         return await done
 
-    # -- worker thread -------------------------------------------------------------------------
+    def stats(self) -> dict[str, Any]:
+        """Counters for ``/stats`` (read from the event loop; values are a moment's snapshot)."""
+        now = time.monotonic()
+        window = [(t, n) for t, n in list(self._rate) if now - t <= RATE_WINDOW]
+        rate = sum(n for _, n in window) / max(now - window[0][0], 1.0) if window else 0.0
+        lanes = {"serial": self._serial.served if self._serial else 0,
+                 "batch": self._batch.served if self._batch else 0}
+        return {
+            "lane": self.lane,
+            "batch_size": self.config.batch if self._batch is not None else 1,
+            "queue_depth": len(self._waiting) + max(self._queued - len(self._waiting), 0),
+            "max_queue": self.config.max_queue,
+            "running_rows": len(self._running),
+            "reserved_tokens": self._reserved,
+            "tokens_per_second": round(rate, 2),
+            "tokens_generated": self.tokens_generated,
+            "requests_served": self.requests_served,
+            "requests_cancelled": self.requests_cancelled,
+            "requests_rejected": self.requests_rejected,
+            "served_by_lane": lanes,
+            "admission": {"safe_context": self.safe_context, "context_ceiling": self.context_ceiling,
+                          **(self.memory.describe() if self.memory else {})},
+            "prompt_cache": {**self.prompt_cache.stats(), "last_miss": self.last_miss},
+        }
+
+    # -- worker thread ---------------------------------------------------------------------------
 
     def _run(self, info: ModelInfo, ready: Future[None]) -> None:
         try:
             self.loaded, self.profile = load_model(info, self.host)
+            self._setup()
         except BaseException as exc:  # handed to the caller of load()
             ready.set_exception(exc)
             return
         self._warm_up()
         ready.set_result(None)
-        while (job := self._jobs.get()) is not None:
-            if isinstance(job, _Call):
-                self._run_call(job)
-                continue
-            if job.cancelled.is_set():
-                continue
-            try:
-                self._generate(job)
-            except MlxrtError as exc:
-                job.emit(exc)
-            except Exception as exc:  # keep serving: one failed generation must not kill the worker
-                log.exception("generation %s failed", job.request.request_id)
-                job.emit(EngineError(f"generation failed: {type(exc).__name__}: {exc}"))
-
-    def _run_call(self, call: _Call) -> None:
-        def settle(setter: Callable[[Any], None], value: Any) -> None:
-            if not call.done.done():
-                setter(value)
-
         try:
-            result = call.fn(self.loaded)
-        except BaseException as exc:  # handed back to the awaiting request
-            call.loop.call_soon_threadsafe(settle, call.done.set_exception, exc)
-        else:
-            call.loop.call_soon_threadsafe(settle, call.done.set_result, result)
+            self._loop()
+        finally:
+            if self._batch is not None:
+                self._batch.close()
+
+    def _setup(self) -> None:
+        """Plan memory, size the prompt cache and choose the lane (after the load)."""
+        model, cfg = self.loaded.model, self.config
+        self._eos = frozenset(self.loaded.tokenizer.eos_token_ids or ())
+        if self.loaded.engine != "autoregressive":
+            return
+        can_batch = batchable(model)
+        rows = cfg.batch if (cfg.batch > 1 and can_batch) else 1
+        try:
+            kv = measure_kv(model)
+        except Exception:  # a model outside mlx-lm's cache protocol: no KV figures
+            log.debug("could not measure KV cost", exc_info=True)
+            from mlxrt.memory import KVCost
+
+            kv = KVCost(0, 0)
+        self.memory = plan_memory(weight_bytes(model), kv, budget=cfg.memory_budget,
+                                  prompt_cache_bytes=cfg.prompt_cache_bytes, rows=rows)
+        self.prompt_cache = PromptCache(max_entries=cfg.prompt_cache_size,
+                                        max_bytes=self.memory.prompt_cache_bytes)
+        self._serial = SerialLane(model, prefill_step_size=cfg.prefill_step_size, done=self._done,
+                                  tick=self._tick)
+        if rows > 1:
+            self._batch = BatchLane(model, size=rows, prefill_batch_size=cfg.prompt_concurrency,
+                                    prefill_step_size=cfg.prefill_step_size, eos=sorted(self._eos),
+                                    done=self._done, tick=self._tick)
+        elif cfg.batch > 1:
+            log.warning("--batch %d: this model's cache layers cannot be batched (no merge); "
+                        "requests run one at a time", cfg.batch)
 
     def _warm_up(self) -> None:
         """Import the decode path and run one token, so the first request does not pay for it."""
+        if self.loaded.engine != "autoregressive":
+            return
         try:
             import mlx.core as mx
             from mlx_lm.generate import generate_step
@@ -194,81 +412,200 @@ class Engine:
         except Exception:  # a model that cannot warm up will fail its first request visibly
             log.warning("engine warm-up failed", exc_info=True)
 
-    def _generate(self, job: _Job) -> None:
-        import mlx.core as mx
-        from mlx_lm.generate import generate_step
-        from mlx_lm.models.cache import make_prompt_cache
+    def _loop(self) -> None:
+        while True:
+            busy = bool(self._batch) and len(self._batch) > 0
+            if not self._take_inbox(block=not busy):
+                return
+            self._expire_waiting()
+            self._admit()
+            if self._batch is not None and len(self._batch):
+                try:
+                    self._batch.step()
+                    self._batch.reap()
+                except Exception as exc:  # a failed step fails its rows, not the server
+                    self._fail_batch(exc)
 
-        request = job.request
-        model, tokenizer = self.loaded.model, self.loaded.tokenizer
-        sampler = build_sampler(self.host, request, self.info, tokenizer)
-        processors = build_logits_processors(self.host, request, self.info)
-        seed = request.sampling.seed if request.sampling.seed is not None else self.seeds.next()
-        mx.random.seed(seed)
+    def _take_inbox(self, *, block: bool) -> bool:
+        """Move inbox items to the waiting queue (or run them); False on the stop signal."""
+        while True:
+            try:
+                item = self._inbox.get(block=block and not self._waiting, timeout=0.5 if block else None)
+            except queue.Empty:
+                return True
+            block = False
+            if item is None:
+                return False
+            if isinstance(item, _Call):
+                self._run_call(item)
+            elif isinstance(item, Job):
+                self._waiting.append(item)
 
-        eos = set(tokenizer.eos_token_ids or ())
-        detok = Detokenizer(lambda ids: tokenizer.decode(ids, skip_special_tokens=False))
-        stops = StopMatcher(request.stop)
-        finish = FinishReason.LENGTH
-        produced = 0
-        steps = generate_step(
-            mx.array(request.prompt_ids),
-            model,
-            max_tokens=request.max_tokens,
-            sampler=sampler,
-            logits_processors=processors or None,
-            prompt_cache=make_prompt_cache(model),
-        )
-        for token, logprobs in steps:
-            token = int(token)
-            produced += 1
-            if token in eos:
-                finish = FinishReason.STOP
-                break
-            if request.logprobs is None:
-                text, stopped = stops.feed(detok.add(token))
-                job.emit(TokenEvent(token=token, text=text))
-            else:
-                logprob, top = _describe(logprobs, token, request.logprobs, detok)
-                piece = detok.add(token)
-                text, stopped = stops.feed(piece)
-                job.emit(TokenEvent(token=token, text=text, logprob=logprob, top_logprobs=top, piece=piece))
-            if stopped:
-                finish = FinishReason.STOP
-                break
+    def _expire_waiting(self) -> None:
+        if not self._waiting:
+            return
+        now = time.monotonic()
+        keep: collections.deque[Job] = collections.deque()
+        for job in self._waiting:
             if job.cancelled.is_set():
-                finish = FinishReason.CANCELLED
-                break
-        tail = ""
-        if finish is not FinishReason.CANCELLED and not stops.stopped:
-            tail, _ = stops.feed(detok.flush())
-            tail += stops.flush()
-        self.requests_served += 1
-        self.requests_cancelled += finish is FinishReason.CANCELLED
-        job.emit(
-            FinishEvent(
-                finish_reason=finish,
-                prompt_tokens=len(request.prompt_ids),
-                completion_tokens=produced,
-                text=tail,
-            )
+                self._dequeue(job)
+                self.requests_cancelled += 1
+            elif job.deadline is not None and now > job.deadline:
+                self._dequeue(job)
+                self.requests_rejected += 1
+                job.deliver(QueueFull(
+                    f"the request waited {now - job.submitted:.1f} s for admission, past the request "
+                    f"timeout of {self.config.request_timeout:g} s; retry later",
+                    retry_after=self.retry_after(), code="queue_timeout"))
+            else:
+                keep.append(job)
+        self._waiting = keep
+
+    def _dequeue(self, job: Job) -> None:
+        with self._lock:
+            self._queued -= 1
+
+    def _admit(self) -> None:
+        """Admit waiting requests in arrival order while the lane and the budget allow."""
+        while self._waiting:
+            job = self._waiting[0]
+            if job.cancelled.is_set():
+                self._waiting.popleft()
+                self._dequeue(job)
+                self.requests_cancelled += 1
+                continue
+            budget = self.safe_context
+            if self._running and budget is not None and self._reserved + job.need > budget:
+                return  # waits for running rows to free their context
+            if self._batch is not None:
+                if not self._batch.has_room():
+                    return
+            elif self._running:
+                return
+            self._waiting.popleft()
+            self._dequeue(job)
+            row = self._prepare(job)
+            if row is None:
+                continue
+            self._running.append(row)
+            self._reserved += job.need
+            if self._batch is not None:
+                self._batch.add(row)
+            else:
+                self._run_serial(row)
+
+    def _run_serial(self, row: Row) -> None:
+        try:
+            self._serial.run(row)
+        except MlxrtError as exc:
+            self._abandon(row, exc)
+        except Exception as exc:  # keep serving: one failed generation must not kill the worker
+            log.exception("generation %s failed", row.request.request_id)
+            self._abandon(row, EngineError(f"generation failed: {type(exc).__name__}: {exc}"))
+
+    def _fail_batch(self, exc: Exception) -> None:
+        log.exception("batch step failed; failing its %d rows", len(self._batch.rows))
+        error = EngineError(f"generation failed: {type(exc).__name__}: {exc}")
+        rows = list(self._batch.rows.values())
+        try:
+            self._batch.close()
+        except Exception:
+            log.debug("closing the failed batch", exc_info=True)
+        self._batch = BatchLane(self.loaded.model, size=self._batch.size,
+                                prefill_batch_size=self.config.prompt_concurrency,
+                                prefill_step_size=self.config.prefill_step_size, eos=sorted(self._eos),
+                                done=self._done, tick=self._tick)
+        for row in rows:
+            self._abandon(row, error)
+
+    def _abandon(self, row: Row, error: MlxrtError) -> None:
+        if row in self._running:
+            self._running.remove(row)
+            self._reserved -= row.job.need
+        row.job.deliver(error)
+
+    def _prepare(self, job: Job) -> Row | None:
+        """Build the sampler chain, look the prompt up in the prompt cache, report it."""
+        request = job.request
+        tokenizer = self.loaded.tokenizer
+        try:
+            sampler = build_sampler(self.host, request, self.info, tokenizer)
+            processors = build_logits_processors(self.host, request, self.info)
+        except MlxrtError as exc:
+            job.deliver(exc)
+            return None
+        except Exception as exc:
+            log.exception("building the sampler chain of %s failed", request.request_id)
+            job.deliver(EngineError(f"building the sampler chain failed: {type(exc).__name__}: {exc}"))
+            return None
+        from mlx_lm.sample_utils import greedy_sampler
+
+        if sampler is not greedy_sampler:
+            seed = request.sampling.seed if request.sampling.seed is not None else self.seeds.next()
+            sampler = seeded(sampler, seed)
+        report, cache, reused = self._lookup(request)
+        job.deliver(report)
+        return Row(
+            job=job, sampler=sampler, processors=processors, report=report, cache=cache, reused=reused,
+            eos=self._eos, detok=Detokenizer(lambda ids: tokenizer.decode(ids, skip_special_tokens=False)),
+            stops=StopMatcher(request.stop), timeout=self.config.request_timeout,
         )
 
+    def _lookup(self, request: GenerationRequest) -> tuple[CacheReport, list[Any] | None, int]:
+        prompt = request.prompt_ids
+        if not self.prompt_cache.enabled or len(prompt) < 2:
+            return CacheReport("off", 0, len(prompt)), None, 0
+        found = self.prompt_cache.fetch(prompt, key=request.adapters)
+        snippet = None
+        if found.diverged_at is not None and found.status != "hit":
+            snippet = self.loaded.tokenizer.decode(list(prompt[found.diverged_at:found.diverged_at + SNIPPET_TOKENS]))
+            self.last_miss = {"request_id": request.request_id, "status": found.status,
+                              "diverged_at": found.diverged_at, "prompt_tokens": len(prompt),
+                              "cached_tokens": found.reused, "snippet": snippet,
+                              "expected": self.loaded.tokenizer.decode(list(found.expected))}
+            log.debug("prompt cache %s for %s: diverged at token %d of %d: %r (cache held %r)",
+                      found.status, request.request_id, found.diverged_at, len(prompt), snippet,
+                      self.last_miss["expected"])
+        report = CacheReport(found.status, found.reused, len(prompt), found.diverged_at, snippet)
+        return report, found.cache, found.reused
 
-def _describe(logprobs: Any, token: int, k: int, detok: Detokenizer) -> tuple[float, tuple[TokenLogprob, ...]]:
-    """The emitted token's log-probability and the ``k`` best alternatives, best first.
+    def _done(self, row: Row, reason: FinishReason, cache: list[Any] | None, tokens: Sequence[int]) -> None:
+        """A row ended (either lane): report it, free its reservation, keep its cache."""
+        if row in self._running:
+            self._running.remove(row)
+            self._reserved -= row.job.need
+        row.finish(reason)
+        now = time.monotonic()
+        self.requests_served += 1
+        self.requests_cancelled += reason is FinishReason.CANCELLED and row.error is None
+        took = now - row.job.submitted
+        self._latency = took if not self._latency else 0.8 * self._latency + 0.2 * took
+        if cache is not None and tokens and self.prompt_cache.enabled:
+            try:
+                self.prompt_cache.insert(tokens, cache, key=row.request.adapters)
+            except ValueError:
+                log.warning("prompt cache: %s's cache does not match its tokens; not stored",
+                            row.request.request_id, exc_info=True)
 
-    ``logprobs`` is what mlx-lm's ``generate_step`` yields with the token: the log-softmax
-    after logits processors, before temperature and filters. Top-k uses argpartition (no full
-    sort of the vocabulary); only the ``k`` winners are sorted. Called only when asked for.
-    """
-    import mlx.core as mx
+    def _tick(self, n: int) -> None:
+        """``n`` tokens were generated (per-second buckets for the rate in /stats)."""
+        self.tokens_generated += n
+        second = int(time.monotonic())
+        if self._rate and self._rate[-1][0] == second:
+            self._rate[-1][1] += n
+        else:
+            self._rate.append([second, n])
+            while self._rate and second - self._rate[0][0] > RATE_WINDOW:
+                self._rate.popleft()
 
-    chosen = float(logprobs[token].item())
-    if k <= 0:
-        return chosen, ()
-    ids = mx.argpartition(-logprobs, kth=k - 1)[:k]
-    values = logprobs[ids].tolist()
-    ranked = sorted(zip(ids.tolist(), values, strict=True), key=lambda pair: -pair[1])
-    texts = detok.preview([i for i, _ in ranked])
-    return chosen, tuple(TokenLogprob(id=i, logprob=float(v), text=t) for (i, v), t in zip(ranked, texts, strict=True))
+    def _run_call(self, call: _Call) -> None:
+        def settle(setter: Callable[[Any], None], value: Any) -> None:
+            if not call.done.done():
+                setter(value)
+
+        try:
+            result = call.fn(self.loaded)
+        except BaseException as exc:  # handed back to the awaiting request
+            call.loop.call_soon_threadsafe(settle, call.done.set_exception, exc)
+        else:
+            call.loop.call_soon_threadsafe(settle, call.done.set_result, result)

@@ -17,7 +17,8 @@ from mlxrt.records import GenerationRequest, LogitsProcessor, ModelInfo, Sampler
 if TYPE_CHECKING:
     from mlxrt.host import PluginHost
 
-__all__ = ["build_sampler", "build_logits_processors", "resolve_sampling", "xtc_special_tokens", "SeedSource"]
+__all__ = ["build_sampler", "build_logits_processors", "resolve_sampling", "xtc_special_tokens", "SeedSource",
+           "seeded"]
 
 _GOLDEN = 0x9E3779B9
 _MASK = (1 << 63) - 1
@@ -41,6 +42,36 @@ class SeedSource:
 
         self._count += 1
         return (time.time_ns() // 1_000_000 ^ (self._count * _GOLDEN)) & _MASK
+
+
+def _mix(value: int) -> int:
+    """splitmix64's finalizer: nearby inputs give unrelated outputs."""
+    value = (value + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return (value ^ (value >> 31)) & _MASK
+
+
+def seeded(sampler: Sampler, seed: int) -> Sampler:
+    """``sampler`` with its own random stream: draw ``t`` uses a key derived from
+    ``(seed, t)`` only.
+
+    MLX has one global random state; rows of a batch sample one after another, so each row
+    re-seeds it right before its own draw. The text of a seeded request therefore depends on
+    its seed and its logits, not on which other requests share the batch, nor on the lane.
+    """
+    import mlx.core as mx
+
+    base = _mix(seed & _MASK)
+    step = 0
+
+    def sample(logprobs: Any) -> Any:
+        nonlocal step
+        mx.random.seed(_mix(base ^ step))
+        step += 1
+        return sampler(logprobs)
+
+    return sample
 
 
 def xtc_special_tokens(tokenizer: Any) -> list[int]:

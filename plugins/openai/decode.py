@@ -331,7 +331,7 @@ def build_generation(host: Any, options: DecodedOptions, prompt_ids: Sequence[in
     option = host.options.get("max_tokens")
     max_tokens = plan_max_tokens(
         len(prompt_ids), wire.requested_max_tokens, option if option is not None else default_max_tokens,
-        engine.info.context_window,
+        engine.context_ceiling,
     )
     sampling = resolve_sampling(
         {name: getattr(wire, name) for name in SAMPLING_FIELDS}, host.options, engine.info.generation_config,

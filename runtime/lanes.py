@@ -1,0 +1,325 @@
+"""The engine's two ways of running requests, and the per-request state both share.
+
+* :class:`SerialLane` runs one request at a time with mlx-lm's ``generate_step`` (one
+  sequence, no padding, no batch masks: the fastest single stream). It takes every request
+  when ``--batch 1`` (the default) and every request of a model whose cache classes cannot
+  be merged into a batch (mlx-lm's ``merge``; see :func:`batchable`).
+* :class:`BatchLane` runs up to ``--batch N`` requests together with mlx-lm's
+  ``BatchGenerator``: newcomers join between decode steps, their prefill runs in chunks of
+  ``--prefill-step-size`` interleaved with the running rows' decode steps, and every row
+  keeps its own sampler, seed stream, logits processors, max_tokens and stop matcher.
+
+Both lanes run on the engine's worker thread only, and both hand back, when a row ends,
+its per-layer cache and the token ids that cache holds, for the prompt cache.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
+
+import attrs
+
+from mlxrt.detokenize import Detokenizer
+from mlxrt.errors import MlxrtError
+from mlxrt.records import (
+    CacheReport,
+    FinishEvent,
+    FinishReason,
+    GenerationRequest,
+    TokenEvent,
+    TokenLogprob,
+)
+from mlxrt.stops import StopMatcher
+
+__all__ = ["Job", "Row", "SerialLane", "BatchLane", "batchable", "RequestTimeout"]
+
+
+class RequestTimeout(MlxrtError):
+    """The request ran past ``--request-timeout`` (504); its partial output is discarded."""
+
+    status = 504
+    type = "timeout_error"
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"the request did not finish within the request timeout of {seconds:g} s",
+                         code="request_timeout")
+
+
+@attrs.define(eq=False)
+class Job:
+    """A submitted request, from the HTTP side's ``generate`` until its last event.
+
+    ``deliver`` hands an item (a :class:`CacheReport`, a token or finish event, or an
+    exception) to the request's handle; it is safe to call from the worker thread.
+    ``cancelled`` is set by the handle when its consumer goes away.
+    """
+
+    request: GenerationRequest
+    deliver: Callable[[Any], None]
+    submitted: float = attrs.field(factory=time.monotonic)
+    cancelled: Any = None  # threading.Event, set by the engine
+    deadline: float | None = None
+
+    @property
+    def need(self) -> int:
+        """Tokens of context the request may occupy: prompt plus max_tokens."""
+        return len(self.request.prompt_ids) + max(self.request.max_tokens, 0)
+
+
+@attrs.define(eq=False)
+class Row:
+    """One admitted request while it runs: its sampler chain, cache start and text state."""
+
+    job: Job
+    sampler: Any
+    processors: list[Any]
+    report: CacheReport
+    cache: list[Any] | None  # the prompt cache's copy (``reused`` tokens), or None
+    reused: int
+    eos: frozenset[int]
+    detok: Detokenizer
+    stops: StopMatcher
+    timeout: float | None = None
+    produced: int = 0
+    generated: list[int] = attrs.field(factory=list)
+    uid: int | None = None
+    error: MlxrtError | None = None
+    #: Why the row is being removed, when the lane (not the generator) decided it ends.
+    ending: FinishReason | None = None
+    started: float = attrs.field(factory=time.monotonic)
+    first_token_at: float | None = None
+
+    @property
+    def request(self) -> GenerationRequest:
+        return self.job.request
+
+    def on_token(self, token: int, logprobs: Any) -> FinishReason | None:
+        """Account for one generated token and emit its text; the reason to stop, if any."""
+        self.produced += 1
+        self.generated.append(token)
+        if self.first_token_at is None:
+            self.first_token_at = time.monotonic()
+        if token in self.eos:
+            return FinishReason.STOP
+        k = self.request.logprobs
+        piece = self.detok.add(token)
+        text, stopped = self.stops.feed(piece)
+        if k is None:
+            self.job.deliver(TokenEvent(token=token, text=text))
+        else:
+            logprob, top = describe_logprobs(logprobs, token, k, self.detok)
+            self.job.deliver(TokenEvent(token=token, text=text, logprob=logprob, top_logprobs=top, piece=piece))
+        if stopped:
+            return FinishReason.STOP
+        if self.job.cancelled.is_set():
+            return FinishReason.CANCELLED
+        if self.job.deadline is not None and time.monotonic() > self.job.deadline:
+            self.error = RequestTimeout(self.timeout or 0.0)
+            return FinishReason.CANCELLED
+        return None
+
+    def finish(self, reason: FinishReason) -> None:
+        """Emit the held-back text and the finish event (or the timeout error)."""
+        if self.error is not None:
+            self.job.deliver(self.error)
+            return
+        tail = ""
+        if reason is not FinishReason.CANCELLED and not self.stops.stopped:
+            tail, _ = self.stops.feed(self.detok.flush())
+            tail += self.stops.flush()
+        self.job.deliver(FinishEvent(
+            finish_reason=reason,
+            prompt_tokens=len(self.request.prompt_ids),
+            completion_tokens=self.produced,
+            cached_tokens=self.reused,
+            text=tail,
+        ))
+
+
+#: Called when a row ends: (row, reason, per-layer cache or None, token ids the cache holds).
+Done = Callable[[Row, FinishReason, "list[Any] | None", "Sequence[int]"], None]
+
+
+def batchable(model: Any) -> bool:
+    """Whether every cache layer of ``model`` can join a batch (mlx-lm's ``merge``)."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    try:
+        return all(hasattr(layer, "merge") for layer in make_prompt_cache(model))
+    except Exception:  # a model without mlx-lm's cache protocol runs serially
+        return False
+
+
+def _with_prefix(processors: list[Any], prefix: Sequence[int]) -> list[Any]:
+    """Processors that see the whole history although ``generate_step`` was given only the
+    uncached rest of the prompt (penalties count the cached prefix too)."""
+    if not processors or not prefix:
+        return processors
+    import mlx.core as mx
+
+    head = mx.array(list(prefix))
+
+    def wrap(processor: Any) -> Any:
+        return lambda tokens, logits: processor(mx.concatenate([head, tokens]), logits)
+
+    return [wrap(p) for p in processors]
+
+
+def _cache_tokens(cache: list[Any], tokens: list[int]) -> list[int]:
+    """The ids ``cache`` holds, out of ``tokens`` (everything that may have been fed)."""
+    for layer in cache:
+        offset = getattr(layer, "offset", None)
+        if isinstance(offset, int):
+            return tokens[:offset]
+    return tokens
+
+
+class SerialLane:
+    """One request at a time, through ``generate_step``."""
+
+    name = "serial"
+
+    def __init__(self, model: Any, *, prefill_step_size: int, done: Done, tick: Callable[[int], None]) -> None:
+        self.model = model
+        self.prefill_step_size = prefill_step_size
+        self.done = done
+        self.tick = tick
+        self.served = 0
+
+    def run(self, row: Row) -> None:
+        import mlx.core as mx
+        from mlx_lm.generate import generate_step
+        from mlx_lm.models.cache import make_prompt_cache
+
+        prompt = list(row.request.prompt_ids)
+        cache = row.cache if row.cache is not None else make_prompt_cache(self.model)
+        row.cache = None
+        reason = FinishReason.LENGTH
+        if row.request.max_tokens > 0:
+            steps = generate_step(
+                mx.array(prompt[row.reused:]), self.model,
+                max_tokens=row.request.max_tokens, sampler=row.sampler,
+                logits_processors=_with_prefix(row.processors, prompt[:row.reused]) or None,
+                prompt_cache=cache, prefill_step_size=self.prefill_step_size,
+            )
+            for token, logprobs in steps:
+                stop = row.on_token(int(token), logprobs)
+                self.tick(1)
+                if stop is not None:
+                    reason = stop
+                    break
+        self.served += 1
+        self.done(row, reason, cache, _cache_tokens(cache, prompt + row.generated))
+
+
+class BatchLane:
+    """Up to ``size`` requests decoding together, through mlx-lm's ``BatchGenerator``."""
+
+    name = "batch"
+
+    def __init__(self, model: Any, *, size: int, prefill_batch_size: int, prefill_step_size: int,
+                 eos: Sequence[int], done: Done, tick: Callable[[int], None]) -> None:
+        from mlx_lm.generate import BatchGenerator
+
+        self.size = size
+        self.done = done
+        self.tick = tick
+        self.rows: dict[int, Row] = {}
+        self.served = 0
+        self._gen = BatchGenerator(
+            model, completion_batch_size=size, prefill_batch_size=min(prefill_batch_size, size),
+            prefill_step_size=prefill_step_size, stop_tokens=[[t] for t in eos],
+        )
+
+    def __len__(self) -> int:
+        return len(self.rows)
+
+    def has_room(self) -> bool:
+        return len(self.rows) < self.size
+
+    def add(self, row: Row) -> None:
+        if row.request.max_tokens <= 0:
+            self.served += 1
+            self.done(row, FinishReason.LENGTH, row.cache, list(row.request.prompt_ids[:row.reused]))
+            return
+        prompt = list(row.request.prompt_ids)
+        (uid,) = self._gen.insert(
+            prompts=[prompt[row.reused:]],
+            max_tokens=[row.request.max_tokens],
+            caches=[row.cache] if row.cache is not None else None,
+            all_tokens=[prompt[:row.reused]],
+            samplers=[row.sampler],
+            logits_processors=[row.processors],
+        )
+        row.cache = None  # the generator owns it now
+        row.uid = uid
+        self.rows[uid] = row
+
+    def step(self) -> None:
+        """One decode step for the running rows (and one prefill chunk for newcomers)."""
+        _prompts, responses = self._gen.next()
+        if responses:
+            self.tick(len(responses))
+        ended: list[int] = []
+        for resp in responses:
+            row = self.rows.get(resp.uid)
+            if row is None:
+                continue
+            stop = row.on_token(int(resp.token), resp.logprobs)
+            if resp.finish_reason is not None:
+                reason = stop or (FinishReason.LENGTH if resp.finish_reason == "length" else FinishReason.STOP)
+                self._end(row, reason, resp.prompt_cache, resp.all_tokens)
+            elif stop is not None:
+                row.ending = stop
+                ended.append(resp.uid)
+        if ended:
+            self._remove(ended)
+
+    def reap(self) -> None:
+        """Remove rows whose client left (or that timed out) before their next step."""
+        now = time.monotonic()
+        gone = [uid for uid, row in self.rows.items()
+                if row.job.cancelled.is_set() or (row.job.deadline is not None and now > row.job.deadline)]
+        for uid in gone:
+            row = self.rows[uid]
+            if not row.job.cancelled.is_set():
+                row.error = RequestTimeout(row.timeout or 0.0)
+            row.ending = FinishReason.CANCELLED
+        if gone:
+            self._remove(gone)
+
+    def _remove(self, uids: list[int]) -> None:
+        caches = self._gen.remove(uids, return_prompt_caches=True)
+        for uid in uids:
+            row = self.rows[uid]
+            cache, tokens = caches.get(uid, (None, []))
+            self._end(row, row.ending or FinishReason.CANCELLED, cache, tokens)
+
+    def _end(self, row: Row, reason: FinishReason, cache: Any, tokens: Sequence[int] | None) -> None:
+        self.rows.pop(row.uid, None)
+        self.served += 1
+        self.done(row, reason, cache, list(tokens or ()))
+
+    def close(self) -> None:
+        self._gen.close()
+
+
+def describe_logprobs(logprobs: Any, token: int, k: int, detok: Detokenizer) -> tuple[float, tuple[TokenLogprob, ...]]:
+    """The emitted token's log-probability and the ``k`` best alternatives, best first.
+
+    ``logprobs`` is the log-softmax after logits processors, before temperature and filters
+    (what mlx-lm's generators yield with each token). Top-k uses argpartition (no full sort
+    of the vocabulary); only the ``k`` winners are sorted. Called only when asked for.
+    """
+    import mlx.core as mx
+
+    chosen = float(logprobs[token].item())
+    if k <= 0:
+        return chosen, ()
+    ids = mx.argpartition(-logprobs, kth=k - 1)[:k]
+    values = logprobs[ids].tolist()
+    ranked = sorted(zip(ids.tolist(), values, strict=True), key=lambda pair: -pair[1])
+    texts = detok.preview([i for i, _ in ranked])
+    return chosen, tuple(TokenLogprob(id=i, logprob=float(v), text=t) for (i, v), t in zip(ranked, texts, strict=True))
