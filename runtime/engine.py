@@ -116,6 +116,15 @@ class EngineConfig:
         )
 
 
+def _active_memory() -> int | None:
+    try:
+        import mlx.core as mx
+
+        return int(mx.get_active_memory())
+    except Exception:  # an MLX build without memory counters
+        return None
+
+
 class Generation:
     """The HTTP side's handle on one submitted request (an async iterator of events).
 
@@ -330,8 +339,8 @@ class Engine:
         now = time.monotonic()
         window = [(t, n) for t, n in list(self._rate) if now - t <= RATE_WINDOW]
         rate = sum(n for _, n in window) / max(now - window[0][0], 1.0) if window else 0.0
-        lanes = {"serial": self._serial.served if self._serial else 0,
-                 "batch": self._batch.served if self._batch else 0}
+        lanes = {"serial": self._serial.served if self._serial is not None else 0,
+                 "batch": self._batch.served if self._batch is not None else 0}
         return {
             "lane": self.lane,
             "batch_size": self.config.batch if self._batch is not None else 1,
@@ -348,6 +357,7 @@ class Engine:
             "admission": {"safe_context": self.safe_context, "context_ceiling": self.context_ceiling,
                           **(self.memory.describe() if self.memory else {})},
             "prompt_cache": {**self.prompt_cache.stats(), "last_miss": self.last_miss},
+            "mlx_active_bytes": _active_memory(),
         }
 
     # -- worker thread ---------------------------------------------------------------------------
@@ -414,7 +424,7 @@ class Engine:
 
     def _loop(self) -> None:
         while True:
-            busy = bool(self._batch) and len(self._batch) > 0
+            busy = self._batch is not None and len(self._batch) > 0
             if not self._take_inbox(block=not busy):
                 return
             self._expire_waiting()
