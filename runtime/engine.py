@@ -30,7 +30,7 @@ import math
 import queue
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Future
 from typing import TYPE_CHECKING, Any
 
@@ -141,6 +141,7 @@ class Generation:
         self._started.add_done_callback(lambda f: f.cancelled() or f.exception())
         self._cancel = cancel
         self._finished = False
+        self._held: BaseException | None = None
 
     def _deliver(self, item: Any) -> None:  # on the event loop
         if isinstance(item, CacheReport):
@@ -165,13 +166,30 @@ class Generation:
     async def __anext__(self) -> Event:
         if self._finished:
             raise StopAsyncIteration
-        item = await self._events.get()
+        item = self._held if self._held is not None else await self._events.get()
+        self._held = None
         if isinstance(item, BaseException):
             self._finished = True
             raise item
         if isinstance(item, FinishEvent):
             self._finished = True
         return item
+
+    async def batches(self) -> AsyncIterator[list[Event]]:
+        """The events in runs: each run is one event plus every event that is already
+        waiting behind it. A stream that writes one frame per run sends fewer, fuller frames
+        when it falls behind the engine (and one frame per token when it keeps up)."""
+        while not self._finished:
+            run = [await self.__anext__()]
+            while not self._finished and not self._events.empty():
+                item = self._events.get_nowait()
+                if isinstance(item, BaseException):
+                    self._held = item  # raised by the next call, after this run is handled
+                    break
+                run.append(item)
+                if isinstance(item, FinishEvent):
+                    self._finished = True
+            yield run
 
     async def aclose(self) -> None:
         """Cancel the request if it has not finished (idempotent)."""
@@ -190,6 +208,39 @@ class _Call:
 
 
 _WAKE = object()
+
+
+class _Outbox:
+    """Hands items from the worker to handles on one event loop, one wake-up per burst.
+
+    ``call_soon_threadsafe`` writes to the loop's self-pipe on every call; a decode step of
+    a batch produces an event per row, so items are queued here and a single drain is
+    scheduled until the loop has run it.
+    """
+
+    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
+        self.loop = loop
+        self._items: list[tuple[Generation, Any]] = []
+        self._lock = threading.Lock()
+        self._scheduled = False
+
+    def put(self, handle: Generation, item: Any) -> None:  # worker thread
+        with self._lock:
+            self._items.append((handle, item))
+            if self._scheduled:
+                return
+            self._scheduled = True
+        try:
+            self.loop.call_soon_threadsafe(self._drain)
+        except RuntimeError:  # the loop is closed: nobody is listening any more
+            pass
+
+    def _drain(self) -> None:  # event loop
+        with self._lock:
+            items, self._items = self._items, []
+            self._scheduled = False
+        for handle, item in items:
+            handle._deliver(item)
 
 
 class Engine:
@@ -214,6 +265,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._queued = 0  # submitted, not yet admitted or dropped (guarded by _lock)
+        self._outboxes: dict[asyncio.AbstractEventLoop, _Outbox] = {}  # one per event loop
         # Worker-only state.
         self._waiting: collections.deque[Job] = collections.deque()
         self._serial: SerialLane | None = None
@@ -304,7 +356,10 @@ class Engine:
             self._inbox.put(_WAKE)
 
         handle = Generation(loop, cancel)
-        job.deliver = lambda item: loop.call_soon_threadsafe(handle._deliver, item)
+        outbox = self._outboxes.get(loop)
+        if outbox is None:
+            outbox = self._outboxes[loop] = _Outbox(loop)
+        job.deliver = lambda item: outbox.put(handle, item)
         self._inbox.put(job)
         return handle
 

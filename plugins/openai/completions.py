@@ -86,17 +86,22 @@ async def _stream(gen: Any, generation: GenerationRequest, model: str, created: 
                                               text=text, logprobs=entries, **kw))
 
     async with aclosing(gen):
-        async for event in gen:
-            if isinstance(event, FinishEvent):
-                carried.extend(trail.finish(event))
-                if event.text:
-                    yield frame(event.text)
-                yield frame("", finish_reason=str(event.finish_reason),
-                            usage_body=finish_usage(event, include_usage))
-                for closing in closing_frames(id=generation.request_id, created=created, model=model,
-                                              object="text_completion", finish=event, include_usage=include_usage):
-                    yield closing
-                return
-            carried.extend(trail.feed(event))
-            if event.text:
-                yield frame(event.text)
+        # One frame per run of ready events: a stream that falls behind catches up in fewer frames.
+        async for run in gen.batches():
+            text: list[str] = []
+            for event in run:
+                if isinstance(event, FinishEvent):
+                    carried.extend(trail.finish(event))
+                    if text or event.text:
+                        yield frame("".join(text) + event.text)
+                    yield frame("", finish_reason=str(event.finish_reason),
+                                usage_body=finish_usage(event, include_usage))
+                    for closing in closing_frames(id=generation.request_id, created=created, model=model,
+                                                  object="text_completion", finish=event,
+                                                  include_usage=include_usage):
+                        yield closing
+                    return
+                carried.extend(trail.feed(event))
+                text.append(event.text)
+            if any(text):
+                yield frame("".join(text))

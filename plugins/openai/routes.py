@@ -110,24 +110,33 @@ async def _stream(gen: Any, generation: GenerationRequest, assembler: ResponseAs
 
     async with aclosing(gen):
         yield frame({"role": "assistant", "content": ""})
-        async for event in gen:
-            if isinstance(event, FinishEvent):
-                carried.extend(trail.finish(event))
-                last, reason = assembler.finish(event)
-                if last:
-                    yield frame(delta_body(last.content, last.reasoning))
-                if assembler.tool_calls:
-                    yield frame({"tool_calls": tool_calls_json(assembler.tool_calls, indexed=True)})
-                yield frame({}, finish_reason=str(reason), usage_body=finish_usage(event, include_usage))
-                for closing in closing_frames(id=generation.request_id, created=created, model=model,
-                                              object="chat.completion.chunk", finish=event,
-                                              include_usage=include_usage):
-                    yield closing
-                return
-            carried.extend(trail.feed(event))
-            delta = assembler.feed(event.text)
-            if delta:
-                yield frame(delta_body(delta.content, delta.reasoning))
+        # One frame per run of ready events: a stream that falls behind catches up in fewer frames.
+        async for run in gen.batches():
+            content: list[str] = []
+            reasoning: list[str] = []
+            for event in run:
+                if isinstance(event, FinishEvent):
+                    if content or reasoning:
+                        yield frame(delta_body("".join(content), "".join(reasoning)))
+                    carried.extend(trail.finish(event))
+                    last, reason = assembler.finish(event)
+                    if last:
+                        yield frame(delta_body(last.content, last.reasoning))
+                    if assembler.tool_calls:
+                        yield frame({"tool_calls": tool_calls_json(assembler.tool_calls, indexed=True)})
+                    yield frame({}, finish_reason=str(reason), usage_body=finish_usage(event, include_usage))
+                    for closing in closing_frames(id=generation.request_id, created=created, model=model,
+                                                  object="chat.completion.chunk", finish=event,
+                                                  include_usage=include_usage):
+                        yield closing
+                    return
+                carried.extend(trail.feed(event))
+                delta = assembler.feed(event.text)
+                if delta:
+                    content.append(delta.content)
+                    reasoning.append(delta.reasoning)
+            if any(content) or any(reasoning):
+                yield frame(delta_body("".join(content), "".join(reasoning)))
 
 
 ROUTES = [chat_completions, completions, embeddings, list_models, get_model]
