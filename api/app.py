@@ -30,7 +30,7 @@ log = logging.getLogger("mlxrt.api")
 HEALTH_BODY = b'{"status": "ok"}'
 
 
-@get("/health", summary="Liveness", tags=["server"], include_in_schema=True)
+@get("/health", summary="Liveness", tags=["server"], include_in_schema=True, opt={"public": True})
 async def health() -> Response:
     # Exact bytes (with the space) as mlx-bun and mlx_lm.server clients expect.
     return Response(content=HEALTH_BODY, media_type="application/json")
@@ -67,6 +67,36 @@ async def stats(request: Request) -> dict[str, Any]:
     }
 
 
+@get("/metrics", summary="Prometheus metrics", tags=["server"], media_type="text/plain; version=0.0.4")
+async def metrics(request: Request) -> Response:
+    from mlxrt.metrics import gauge, render
+
+    engine = request.app.state.host.engine
+    stats = engine.stats()
+    cache = stats["prompt_cache"]
+    families = [
+        *request.app.state.http_metrics.families(),
+        engine.ttft.lines(), engine.latency.lines(),
+        gauge("mlxrt_tokens_generated_total", "Tokens generated since start.", stats["tokens_generated"]),
+        gauge("mlxrt_requests_served_total", "Generations finished since start.", stats["requests_served"]),
+        gauge("mlxrt_requests_cancelled_total", "Generations cancelled (client left).", stats["requests_cancelled"]),
+        gauge("mlxrt_requests_rejected_total", "Requests refused by the queue (429).", stats["requests_rejected"]),
+        gauge("mlxrt_queue_depth", "Requests waiting for admission.", stats["queue_depth"]),
+        gauge("mlxrt_running_rows", "Requests being generated.", stats["running_rows"]),
+        gauge("mlxrt_reserved_tokens", "Prompt + max_tokens of the running requests.", stats["reserved_tokens"]),
+        gauge("mlxrt_prompt_cache_lookups_total", "Prompt-cache lookups by outcome.", None,
+              {("hit",): cache["hits"], ("partial",): cache["partial_hits"], ("miss",): cache["misses"]},
+              ("outcome",)),
+        gauge("mlxrt_prompt_cache_bytes", "Bytes held by the prompt cache.", cache["bytes"]),
+        gauge("mlxrt_prompt_cache_entries", "Entries in the prompt cache.", cache["entries"]),
+        gauge("mlxrt_prompt_cache_tokens_reused_total", "Prompt tokens served from the cache.",
+              cache["tokens_reused"]),
+    ]
+    if stats.get("mlx_active_bytes") is not None:
+        families.append(gauge("mlxrt_mlx_active_bytes", "MLX memory in use.", stats["mlx_active_bytes"]))
+    return Response(content=render(families), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
 def _route_table(method_map: dict[str, dict[str, Any]]) -> Iterable[tuple[str, list[str]]]:
     for path, handlers in method_map.items():
         if path.startswith("/schema"):
@@ -76,7 +106,7 @@ def _route_table(method_map: dict[str, dict[str, Any]]) -> Iterable[tuple[str, l
             yield path, methods
 
 
-CORE_ROUTES = (health, index, stats)
+CORE_ROUTES = (health, index, stats, metrics)
 
 
 def _claims(item: Any) -> list[tuple[str, str]]:
@@ -150,9 +180,15 @@ def create_app(host: Any, *, cors_origins: list[str] | None = None, debug: bool 
             if inspect.isawaitable(result):
                 await result
 
-    return Litestar(
+    from mlxrt.api.auth import api_key_guard
+    from mlxrt.api.observe import HttpMetrics, observe
+
+    keys = list(host.options.get("api_keys") or ())
+    http_metrics = HttpMetrics()
+    app = Litestar(
         route_handlers=routes,
-        state=State({"host": host}),
+        guards=[api_key_guard(keys)] if keys else None,
+        state=State({"host": host, "http_metrics": http_metrics}),
         exception_handlers=exception_handlers(),
         cors_config=CORSConfig(allow_origins=cors_origins) if cors_origins else None,
         openapi_config=OpenAPIConfig(title="mlxrt", version=mlxrt.__version__, path="/schema"),
@@ -160,4 +196,8 @@ def create_app(host: Any, *, cors_origins: list[str] | None = None, debug: bool 
         on_shutdown=[shutdown],
         request_max_body_size=host.options.get("max_body_bytes") or 64 * 1024 * 1024,
         debug=debug,
+        logging_config=None,  # mlxrt configures logging (request ids, text or JSON), not Litestar
     )
+    # Outside routing, so unmatched paths and CORS preflights get an id and are counted too.
+    app.asgi_handler = observe(app.asgi_handler, http_metrics)
+    return app

@@ -91,11 +91,61 @@ def _serve(host: PluginHost, model: str | None, opts: dict[str, Any]) -> None:
     engine = host.engine
     click.echo(
         f"mlxrt {mlxrt.__version__} serving {engine.info.model_id} ({engine.info.model_type}, family "
-        f"{engine.profile.family}) on http://{opts['host']}:{opts['port']}",
+        f"{engine.profile.family}, {engine.lane} lane) on http://{opts['host']}:{opts['port']}",
         err=True,
     )
-    uvicorn.run(server, host=opts["host"], port=opts["port"], log_level=opts["log_level"].lower(),
-                timeout_graceful_shutdown=5)
+    if not _is_loopback(opts["host"]) and not opts.get("api_keys"):
+        click.echo(
+            f"WARNING: binding {opts['host']} (reachable from other machines) WITHOUT an API key: anyone "
+            "who can reach this port can use the model. Pass --api-key KEY (or --api-key-file) to require one.",
+            err=True,
+        )
+    try:
+        # log_config=None: uvicorn's records go through mlxrt's handlers (request ids, JSON);
+        # the access log is mlxrt's own (mlxrt.access), so uvicorn's is off.
+        config = uvicorn.Config(server, host=opts["host"], port=opts["port"], log_level=opts["log_level"].lower(),
+                                log_config=None, access_log=False,
+                                timeout_graceful_shutdown=opts.get("shutdown_grace") or 10)
+        _GracefulServer(config).run()
+    finally:
+        engine.stop()
+    log.info("shut down cleanly")
+
+
+class _GracefulServer:
+    """uvicorn's server, except that a SIGTERM/SIGINT it shut down for gracefully ends the
+    process with status 0 (uvicorn re-raises the signal after shutting down, which makes the
+    exit status say "killed" to supervisors that treat that as a crash)."""
+
+    def __new__(cls, config: Any) -> Any:
+        import uvicorn
+
+        class Server(uvicorn.Server):
+            def handle_exit(self, sig: int, frame: Any) -> None:
+                super().handle_exit(sig, frame)
+                captured = getattr(self, "_captured_signals", None)
+                if isinstance(captured, list):
+                    captured.clear()
+
+        return Server(config)
+
+
+def _is_loopback(bind: str | None) -> bool:
+    return bind in (None, "localhost", "::1") or str(bind).startswith("127.")
+
+
+def _setup_logging(level: str, fmt: str) -> None:
+    from mlxrt.api.observe import JsonFormatter, RequestIdFilter
+
+    handler = logging.StreamHandler()
+    handler.addFilter(RequestIdFilter())
+    if fmt == "json":
+        handler.setFormatter(JsonFormatter())
+    else:
+        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s [%(request_id)s]: %(message)s"))
+    root = logging.getLogger()
+    root.handlers[:] = [handler]
+    root.setLevel(level.upper())
 
 
 def build_server(host: PluginHost, model: str | None, opts: dict[str, Any]) -> Any:
@@ -131,8 +181,7 @@ def _cors_origins(given: str | None, bind: str | None) -> list[str] | None:
     if given is not None:
         origins = [o.strip() for o in given.split(",") if o.strip()]
         return origins or None
-    loopback = bind in (None, "localhost", "::1") or str(bind).startswith("127.")
-    return ["*"] if loopback else None
+    return ["*"] if _is_loopback(bind) else None
 
 
 def build_cli(host: PluginHost) -> click.Group:
@@ -166,6 +215,15 @@ def build_cli(host: PluginHost) -> click.Group:
     @click.option("--allowed-origins", default=None,
                   help="CORS origins, comma-separated. Default: * when bound to loopback, none otherwise.")
     @click.option("--disable-plugin", multiple=True, help="Do not load this plugin (repeatable).")
+    @click.option("--api-key", multiple=True, help="Require this API key on every API route "
+                  "(Authorization: Bearer KEY or x-api-key: KEY); repeatable. /health stays open.")
+    @click.option("--api-key-file", multiple=True, type=click.Path(dir_okay=False),
+                  help="Read API keys from a file, one per line (# comments); repeatable.")
+    @click.option("--log-format", type=click.Choice(["text", "json"]), default="text",
+                  help="Log lines as text or as one JSON object per line (with request_id).")
+    @click.option("--max-body-size", default="64MiB", help="Largest request body accepted; larger gets 413.")
+    @click.option("--shutdown-grace", type=click.FloatRange(min=0), default=10.0,
+                  help="Seconds running requests get to finish on SIGTERM/SIGINT before they are cancelled.")
     @click.option("--temp", type=float, default=None,
                   help="Default temperature. Fallback chain: request → this flag → generation_config.json → 0.0")
     @click.option("--top-p", type=float, default=None, help="Default top_p (same chain; last fallback 1.0).")
@@ -211,7 +269,18 @@ def build_cli(host: PluginHost) -> click.Group:
         """Serve MODEL over HTTP (OpenAI-compatible; a superset of mlx_lm.server)."""
         if model_arg and model and model_arg != model:
             raise click.UsageError("give the model once: as MODEL or as --model")
-        logging.basicConfig(level=opts["log_level"].upper(), format="%(levelname)s %(name)s: %(message)s")
+        _setup_logging(opts["log_level"], opts.pop("log_format"))
+        from mlxrt.api.auth import read_keys
+        from mlxrt.memory import parse_size
+
+        try:
+            opts["api_keys"] = read_keys(opts.pop("api_key"), opts.pop("api_key_file"))
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--api-key-file") from None
+        try:
+            opts["max_body_bytes"] = parse_size(opts.pop("max_body_size"))
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--max-body-size") from None
         try:
             args = json.loads(opts["chat_template_args"])
         except json.JSONDecodeError as exc:
@@ -222,6 +291,7 @@ def build_cli(host: PluginHost) -> click.Group:
         _serve(host, model_arg or model, opts)
 
     serve.params.extend(serve_options)
+
     for _plugin, _none in host.collect("mlxrt_register_commands", cli=cli):
         pass
     return cli

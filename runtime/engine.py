@@ -262,6 +262,7 @@ class Engine:
         self.prompt_cache = PromptCache(max_entries=0)
         self.seeds = SeedSource()
         self._inbox: queue.Queue[Any] = queue.Queue()
+        self._stream: Any = None  # the engine's MLX stream, made on the worker
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._queued = 0  # submitted, not yet admitted or dropped (guarded by _lock)
@@ -280,6 +281,11 @@ class Engine:
         self.requests_cancelled = 0
         self.requests_rejected = 0
         self.tokens_generated = 0
+        from mlxrt.metrics import Histogram
+
+        self.ttft = Histogram("mlxrt_time_to_first_token_seconds",
+                              "From submission (queue wait included) to the first generated token.")
+        self.latency = Histogram("mlxrt_generation_seconds", "From submission to the last event of a generation.")
 
     # -- public surface (event loop) -------------------------------------------------------------
 
@@ -418,19 +424,28 @@ class Engine:
     # -- worker thread ---------------------------------------------------------------------------
 
     def _run(self, info: ModelInfo, ready: Future[None]) -> None:
-        try:
-            self.loaded, self.profile = load_model(info, self.host)
-            self._setup()
-        except BaseException as exc:  # handed to the caller of load()
-            ready.set_exception(exc)
-            return
-        self._warm_up()
-        ready.set_result(None)
-        try:
-            self._loop()
-        finally:
-            if self._batch is not None:
-                self._batch.close()
+        import mlx.core as mx
+
+        # The engine's own stream, made on this thread: every MLX op of the engine runs on it.
+        # (mlx-lm's default generation stream is thread-local; generating on it from a worker
+        # thread makes MLX 0.32's CPU backend abort the process at exit.)
+        self._stream = mx.new_stream(mx.default_device())
+        with mx.stream(self._stream):
+            try:
+                self.loaded, self.profile = load_model(info, self.host)
+                self._setup()
+            except BaseException as exc:  # handed to the caller of load()
+                ready.set_exception(exc)
+                return
+            self._warm_up()
+            ready.set_result(None)
+            try:
+                self._loop()
+            finally:
+                if self._batch is not None:
+                    self._batch.close()
+                mx.synchronize(self._stream)
+
 
     def _setup(self) -> None:
         """Plan memory, size the prompt cache and choose the lane (after the load)."""
@@ -451,10 +466,10 @@ class Engine:
                                   prompt_cache_bytes=cfg.prompt_cache_bytes, rows=rows)
         self.prompt_cache = PromptCache(max_entries=cfg.prompt_cache_size,
                                         max_bytes=self.memory.prompt_cache_bytes)
-        self._serial = SerialLane(model, prefill_step_size=cfg.prefill_step_size, done=self._done,
+        self._serial = SerialLane(model, stream=self._stream, prefill_step_size=cfg.prefill_step_size, done=self._done,
                                   tick=self._tick)
         if rows > 1:
-            self._batch = BatchLane(model, size=rows, prefill_batch_size=cfg.prompt_concurrency,
+            self._batch = BatchLane(model, stream=self._stream, size=rows, prefill_batch_size=cfg.prompt_concurrency,
                                     prefill_step_size=cfg.prefill_step_size, eos=sorted(self._eos),
                                     done=self._done, tick=self._tick)
         elif cfg.batch > 1:
@@ -471,7 +486,7 @@ class Engine:
             from mlx_lm.models.cache import make_prompt_cache
 
             first = self.loaded.tokenizer.eos_token_id or 0
-            for _ in generate_step(mx.array([first]), self.loaded.model, max_tokens=1,
+            for _ in generate_step(mx.array([first]), self.loaded.model, max_tokens=1, stream=self._stream,
                                    prompt_cache=make_prompt_cache(self.loaded.model)):
                 pass
         except Exception:  # a model that cannot warm up will fail its first request visibly
@@ -576,7 +591,7 @@ class Engine:
             self._batch.close()
         except Exception:
             log.debug("closing the failed batch", exc_info=True)
-        self._batch = BatchLane(self.loaded.model, size=self._batch.size,
+        self._batch = BatchLane(self.loaded.model, stream=self._stream, size=self._batch.size,
                                 prefill_batch_size=self.config.prompt_concurrency,
                                 prefill_step_size=self.config.prefill_step_size, eos=sorted(self._eos),
                                 done=self._done, tick=self._tick)
@@ -644,6 +659,9 @@ class Engine:
         self.requests_served += 1
         self.requests_cancelled += reason is FinishReason.CANCELLED and row.error is None
         took = now - row.job.submitted
+        if row.first_token_at is not None:
+            self.ttft.observe(row.first_token_at - row.job.submitted)
+        self.latency.observe(took)
         self._latency = took if not self._latency else 0.8 * self._latency + 0.2 * took
         if cache is not None and tokens and self.prompt_cache.enabled:
             try:

@@ -181,8 +181,10 @@ class SerialLane:
 
     name = "serial"
 
-    def __init__(self, model: Any, *, prefill_step_size: int, done: Done, tick: Callable[[int], None]) -> None:
+    def __init__(self, model: Any, *, stream: Any, prefill_step_size: int, done: Done,
+                 tick: Callable[[int], None]) -> None:
         self.model = model
+        self.stream = stream
         self.prefill_step_size = prefill_step_size
         self.done = done
         self.tick = tick
@@ -202,7 +204,7 @@ class SerialLane:
                 mx.array(prompt[row.reused:]), self.model,
                 max_tokens=row.request.max_tokens, sampler=row.sampler,
                 logits_processors=_with_prefix(row.processors, prompt[:row.reused]) or None,
-                prompt_cache=cache, prefill_step_size=self.prefill_step_size,
+                prompt_cache=cache, prefill_step_size=self.prefill_step_size, stream=self.stream,
             )
             for token, logprobs in steps:
                 stop = row.on_token(int(token), logprobs)
@@ -219,7 +221,7 @@ class BatchLane:
 
     name = "batch"
 
-    def __init__(self, model: Any, *, size: int, prefill_batch_size: int, prefill_step_size: int,
+    def __init__(self, model: Any, *, stream: Any, size: int, prefill_batch_size: int, prefill_step_size: int,
                  eos: Sequence[int], done: Done, tick: Callable[[int], None]) -> None:
         from mlx_lm.generate import BatchGenerator
 
@@ -230,7 +232,7 @@ class BatchLane:
         self.served = 0
         self._gen = BatchGenerator(
             model, completion_batch_size=size, prefill_batch_size=min(prefill_batch_size, size),
-            prefill_step_size=prefill_step_size, stop_tokens=[[t] for t in eos],
+            prefill_step_size=prefill_step_size, stop_tokens=[[t] for t in eos], stream=stream,
         )
 
     def __len__(self) -> int:

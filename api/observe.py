@@ -1,0 +1,119 @@
+"""Request ids, access logs and request metrics, around every HTTP request.
+
+:func:`observe` wraps the app's ASGI handler (outside routing, so 404s and CORS preflights
+are seen too). Each request gets an id: the client's ``x-request-id`` when it sends a sane
+one (up to 128 visible ASCII characters), else a fresh one; it is echoed in the response's
+``x-request-id`` header, bound to :data:`REQUEST_ID` while the request runs (so every log
+record emitted on its behalf carries it, see :class:`RequestIdFilter`), and logged with the
+method, route, status and duration when the response ends.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import json
+import logging
+import re
+import time
+import uuid
+from typing import Any
+
+from litestar.types import ASGIApp, Message, Receive, Scope, Send
+
+from mlxrt.metrics import LATENCY_BUCKETS, Counter, Histogram
+
+__all__ = ["REQUEST_ID", "HttpMetrics", "observe", "RequestIdFilter", "JsonFormatter"]
+
+access = logging.getLogger("mlxrt.access")
+
+#: The id of the request being served in this context ("-" outside a request).
+REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("mlxrt_request_id", default="-")
+
+_SANE_ID = re.compile(r"[\x21-\x7e]{1,128}")
+
+
+class HttpMetrics:
+    """What ``/metrics`` reports about HTTP traffic."""
+
+    def __init__(self) -> None:
+        self.requests = Counter("mlxrt_http_requests_total", "HTTP requests by method, route and status.",
+                                ("method", "route", "status"))
+        self.duration = Histogram("mlxrt_http_request_duration_seconds",
+                                  "Time from request start to the end of its response.", LATENCY_BUCKETS)
+
+    def families(self) -> list[Any]:
+        return [self.requests.lines(), self.duration.lines()]
+
+
+def _incoming_id(scope: Scope) -> str | None:
+    for name, value in scope.get("headers", ()):
+        if name == b"x-request-id":
+            text = value.decode("latin-1")
+            return text if _SANE_ID.fullmatch(text) else None
+    return None
+
+
+def observe(app: ASGIApp, metrics: HttpMetrics) -> ASGIApp:
+    """``app`` with request ids, an access log line and request metrics per HTTP request."""
+
+    async def handler(scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await app(scope, receive, send)
+            return
+        request_id = _incoming_id(scope) or f"req-{uuid.uuid4().hex[:20]}"
+        token = REQUEST_ID.set(request_id)
+        scope.setdefault("state", {})["request_id"] = request_id
+        status = 500
+        started = time.perf_counter()
+
+        async def send_with_id(message: Message) -> None:
+            nonlocal status
+            if message["type"] == "http.response.start":
+                status = message["status"]
+                headers = [*message.get("headers", ()), (b"x-request-id", request_id.encode())]
+                message = {**message, "headers": headers}  # type: ignore[typeddict-item]
+            await send(message)
+
+        try:
+            await app(scope, receive, send_with_id)
+        finally:
+            took = time.perf_counter() - started
+            # The route's template, not the raw path: unknown paths must not mint label values.
+            route = scope.get("path_template") if scope.get("route_handler") is not None else "unmatched"
+            metrics.requests.inc(scope["method"], str(route), str(status))
+            metrics.duration.observe(took)
+            access.info("%s %s %d %.1f ms", scope["method"], scope["path"], status, took * 1000,
+                        extra={"method": scope["method"], "path": scope["path"], "status": status,
+                               "duration_ms": round(took * 1000, 1)})
+            REQUEST_ID.reset(token)
+
+    return handler
+
+
+class RequestIdFilter(logging.Filter):
+    """Adds ``request_id`` (the current request's, or "-") to every record it sees."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        if not hasattr(record, "request_id"):
+            record.request_id = REQUEST_ID.get()
+        return True
+
+
+_STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime", "request_id"}
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per line: time, level, logger, message, request_id and any extras."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        out: dict[str, Any] = {
+            "time": self.formatTime(record, "%Y-%m-%dT%H:%M:%S"),
+            "level": record.levelname,
+            "logger": record.name,
+            "message": record.getMessage(),
+            "request_id": getattr(record, "request_id", "-"),
+        }
+        out.update({k: v for k, v in vars(record).items() if k not in _STANDARD and not k.startswith("_")})
+        if record.exc_info:
+            out["exc"] = self.formatException(record.exc_info)
+        return json.dumps(out, default=str)
