@@ -173,7 +173,11 @@ def build_server(host: PluginHost, model: str | None, opts: dict[str, Any]) -> A
     elif opts.get("use_default_chat_template") and getattr(engine.tokenizer, "chat_template", None) is None:
         engine.tokenizer.chat_template = DEFAULT_CHAT_TEMPLATE
     host.engine = engine
-    return create_app(host, cors_origins=_cors_origins(opts.get("allowed_origins"), opts.get("host")))
+    try:
+        return create_app(host, cors_origins=_cors_origins(opts.get("allowed_origins"), opts.get("host")))
+    except BaseException:
+        engine.stop()
+        raise
 
 
 def _cors_origins(given: str | None, bind: str | None) -> list[str] | None:

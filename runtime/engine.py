@@ -24,6 +24,7 @@ Every MLX call happens on the worker (MLX streams are not for sharing across thr
 from __future__ import annotations
 
 import asyncio
+import atexit
 import collections
 import logging
 import math
@@ -331,12 +332,19 @@ class Engine:
             self._thread.join(timeout=5)
             self._thread = None
             raise
+        # A worker still running when the interpreter exits makes MLX abort the process
+        # (status 134): stop it first if nobody did, then let the main thread clean up too.
+        atexit.unregister(_clear_main_streams)  # registered once, however many engines ran
+        atexit.register(_clear_main_streams)
+        atexit.register(self.stop)  # atexit runs last-registered first: stop, then clear
 
     def stop(self) -> None:
+        """Stop the worker (between decode steps) and wait for it. Idempotent."""
         if self._thread is not None:
             self._inbox.put(None)
             self._thread.join(timeout=30)
             self._thread = None
+            atexit.unregister(self.stop)
 
     def generate(self, request: GenerationRequest) -> Generation:
         """Submit ``request``; its :class:`Generation` handle.
@@ -445,6 +453,9 @@ class Engine:
                 if self._batch is not None:
                     self._batch.close()
                 mx.synchronize(self._stream)
+        # MLX wants each thread that made streams to destroy them before it ends (and the main
+        # thread before the interpreter shuts down): left to teardown they abort the process.
+        mx.clear_streams()
 
 
     def _setup(self) -> None:
@@ -692,3 +703,13 @@ class Engine:
             call.loop.call_soon_threadsafe(settle, call.done.set_exception, exc)
         else:
             call.loop.call_soon_threadsafe(settle, call.done.set_result, result)
+
+
+def _clear_main_streams() -> None:
+    """At exit, on the main thread: destroy its MLX streams while the interpreter still runs."""
+    try:
+        import mlx.core as mx
+
+        mx.clear_streams()
+    except Exception:  # an MLX without clear_streams cleans up by itself
+        log.debug("clearing MLX streams at exit", exc_info=True)

@@ -94,3 +94,26 @@ def test_an_invalid_request_from_a_hook_is_a_400(tiny_models, serve_app):
     bad = client.post("/v1/chat/completions", json={"messages": msg, "temperature": 0.5, "max_tokens": 3})
     assert bad.status_code == 400 and bad.json()["error"]["message"] == "temperature 0.5 is not allowed by picky"
     assert client.post("/v1/chat/completions", json={"messages": msg, "max_tokens": 3}).status_code == 200
+
+
+def test_a_process_that_forgets_to_stop_its_engine_still_exits_cleanly(tiny_models):
+    # A worker thread alive at interpreter exit makes MLX abort the process (status 134);
+    # the engine stops itself at exit when its owner did not.
+    import subprocess
+    import sys
+
+    script = (
+        "import asyncio\n"
+        "from mlxrt.cli import build_server\nfrom mlxrt.host import make_host\n"
+        "from mlxrt import GenerationRequest\n"
+        f"h = make_host(); build_server(h, {str(tiny_models('qwen3'))!r}, {{}})\n"
+        "async def go():\n"
+        "    g = h.engine.generate(GenerationRequest(request_id='x', prompt_ids=(1, 2, 3), max_tokens=50))\n"
+        "    async for _ in g:\n"
+        "        break\n"
+        "    await g.aclose()\n"
+        "asyncio.run(go())\nprint('done')\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "done" in out.stdout
