@@ -21,6 +21,7 @@ from litestar.router import Router
 
 import mlxrt
 from mlxrt.api.errors import exception_handlers
+from mlxrt.blas import current as current_blas
 from mlxrt.errors import PluginError
 
 __all__ = ["create_app", "claimed_fields"]
@@ -58,9 +59,13 @@ async def stats(request: Request) -> dict[str, Any]:
     engine = host.engine
     return {
         "server": {"version": mlxrt.__version__, "started_at": host.options.get("started_at")},
+        "blas": current_blas().as_dict(),
         "model": {"id": engine.info.model_id, "model_type": engine.info.model_type,
-                  "family": engine.profile.family, "provenance": dict(engine.profile.provenance)},
+                  "family": engine.profile.family, "tier": engine.profile.tier,
+                  "self_test": dict(engine.profile.self_test), "provenance": dict(engine.profile.provenance)},
         "engine": engine.stats(),
+        **({"responses": request.app.state["response_store"].stats()}
+           if "response_store" in request.app.state else {}),
         "plugins": {"loaded": [r.name for r in host.loaded()],
                     "failed": {r.name: r.error for r in host.failed()},
                     "route_conflicts": list(host.route_conflicts)},

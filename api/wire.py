@@ -22,7 +22,8 @@ from cattrs.strategies import configure_union_passthrough
 
 from mlxrt.errors import InvalidRequest
 
-__all__ = ["FieldRule", "check_fields", "parse_json_object", "strict_converter", "structure"]
+__all__ = ["FieldRule", "check_fields", "parse_json_object", "strict_converter", "structure",
+           "claimed_values", "ignored_fields", "ignored_headers"]
 
 T = TypeVar("T")
 
@@ -136,3 +137,30 @@ def structure(conv: cattrs.Converter, value: Any, cls: type[T], *, where: str = 
         else:
             detail = f"{where or 'body'}: {exc}"
         raise InvalidRequest(f"invalid request: {detail}") from None
+
+
+def claimed_values(body: Mapping[str, Any], claimed: Mapping[str, type]) -> dict[str, Any]:
+    """The plugin-claimed fields (``mlxrt_request_fields``) present in ``body``, type-checked."""
+    extra = {}
+    for name, kind in claimed.items():
+        if name not in body or body[name] is None:
+            continue
+        value = body[name]
+        if (isinstance(value, bool) and kind is not bool) or not isinstance(value, kind):
+            raise InvalidRequest(f"{name} must be of type {kind.__name__}", param=name)
+        extra[name] = value
+    return extra
+
+
+def ignored_fields(body: Mapping[str, Any], known: set[str] | frozenset[str], strict: bool) -> tuple[str, ...]:
+    """Body fields nobody reads (for ``x-mlxrt-ignored``); under ``--strict`` a 400 instead."""
+    ignored = tuple(sorted(k for k in body if k not in known))
+    if ignored and strict:
+        raise InvalidRequest(f"unknown field{'s' if len(ignored) > 1 else ''}: {', '.join(ignored)} "
+                             "(the server runs with --strict)", param=ignored[0], code="unknown_parameter")
+    return ignored
+
+
+def ignored_headers(ignored: Sequence[str]) -> dict[str, str]:
+    """``x-mlxrt-ignored``, naming the body fields nobody read (none: no header)."""
+    return {"x-mlxrt-ignored": ", ".join(ignored)} if ignored else {}

@@ -27,14 +27,17 @@ log = logging.getLogger("mlxrt")
 #: mlx_lm.server flags mlxrt accepts but does not implement yet, with the value that means
 #: "off". Any other value is refused at start-up instead of being ignored.
 _NOT_YET = {
-    "adapter_path": None,
     "draft_model": None,
     "num_draft_tokens": 3,
-    "kv_bits": None,
-    "kv_group_size": 64,
-    "quantized_kv_start": 5000,
     "pipeline": False,
 }
+
+
+#: Read from argv by mlxrt.blas.activate before click parses (the BLAS must load before
+#: mlx.core is imported); declared so click accepts it before or after the command name.
+_NO_SYSTEM_BLAS = click.option(
+    "--no-system-blas", is_flag=True, expose_value=False,
+    help="Keep the BLAS bundled with MLX instead of loading the system OpenBLAS (env MLXRT_NO_SYSTEM_BLAS=1).")
 
 
 def _disabled_from_argv(argv: Sequence[str]) -> list[str]:
@@ -56,6 +59,9 @@ def _version_text() -> str:
             parts.append(f"{dist} {version(dist)}")
         except PackageNotFoundError:
             parts.append(f"{dist} (not installed)")
+    from mlxrt.blas import current
+
+    parts.append(f"BLAS: {current()}")
     return ", ".join(parts)
 
 
@@ -68,6 +74,19 @@ def _plugins_table(host: PluginHost) -> str:
     return "\n".join(
         "  ".join(cell.ljust(widths[i]) for i, cell in enumerate(row[:4])) + "  " + row[4] for row in rows
     )
+
+
+def _model_report(host: PluginHost, model: str) -> dict[str, Any]:
+    """Load ``model`` and say which family serves it and how its self-test went."""
+    from mlxrt.errors import ModelLoadError, PluginError
+    from mlxrt.loading import load_model, read_model_info, resolve_model
+
+    try:
+        _loaded, profile = load_model(read_model_info(resolve_model(model, allow_download=False)), host)
+    except (ModelLoadError, PluginError) as exc:
+        raise click.ClickException(exc.message) from exc
+    return {"id": profile.info.model_id, "family": profile.family, "tier": profile.tier,
+            "self_test": dict(profile.self_test)}
 
 
 def _serve(host: PluginHost, model: str | None, opts: dict[str, Any]) -> None:
@@ -88,10 +107,13 @@ def _serve(host: PluginHost, model: str | None, opts: dict[str, Any]) -> None:
         raise click.ClickException(exc.message) from exc
     import uvicorn
 
+    from mlxrt.blas import current as current_blas
+
     engine = host.engine
     click.echo(
         f"mlxrt {mlxrt.__version__} serving {engine.info.model_id} ({engine.info.model_type}, family "
-        f"{engine.profile.family}, {engine.lane} lane) on http://{opts['host']}:{opts['port']}",
+        f"{engine.profile.family}, {engine.lane} lane, BLAS: {current_blas()}) on "
+        f"http://{opts['host']}:{opts['port']}",
         err=True,
     )
     if not _is_loopback(opts["host"]) and not opts.get("api_keys"):
@@ -191,20 +213,29 @@ def _cors_origins(given: str | None, bind: str | None) -> list[str] | None:
 def build_cli(host: PluginHost) -> click.Group:
     @click.group(context_settings={"help_option_names": ["-h", "--help"]})
     @click.version_option(mlxrt.__version__, "--version", message=_version_text())
+    @_NO_SYSTEM_BLAS
     def cli() -> None:
         """mlxrt: a plugin-architecture model runtime and inference server built on MLX."""
 
     @cli.command("plugins")
     @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
     @click.option("--disable-plugin", multiple=True, help="Do not load this plugin (repeatable).")
-    def plugins_cmd(as_json: bool, disable_plugin: tuple[str, ...]) -> None:
+    @click.option("--model", "model", default=None,
+                  help="Also load MODEL and show which family serves it and its capability self-test.")
+    def plugins_cmd(as_json: bool, disable_plugin: tuple[str, ...], model: str | None) -> None:
         """List installed plugins: name, version, kind, hooks implemented, status."""
-        if as_json:
-            import attrs
+        import attrs
 
-            click.echo(json.dumps([attrs.asdict(r) for r in host.records.values()], indent=2))
-        else:
-            click.echo(_plugins_table(host))
+        records = [attrs.asdict(r) for r in host.records.values()]
+        served = _model_report(host, model) if model else None
+        if as_json:
+            click.echo(json.dumps(records if served is None else {"plugins": records, "model": served}, indent=2))
+            return
+        click.echo(_plugins_table(host))
+        if served is not None:
+            click.echo(f"\nmodel {served['id']}: family {served['family']}, tier {served['tier']}")
+            for capability, result in served["self_test"].items():
+                click.echo(f"  self-test {capability}: {result}")
 
     serve_options = [opt for _plugin, opt in host.collect("mlxrt_serve_options")]
 
@@ -237,9 +268,16 @@ def build_cli(host: PluginHost) -> click.Group:
                   help="Default max_tokens (chat: 65536 capped by the context; completions: 512).")
     @click.option("--strict", is_flag=True,
                   help="Refuse request fields mlxrt does not read (400) instead of listing them in x-mlxrt-ignored.")
+    @click.option("--thinking/--no-thinking", default=None,
+                  help="Default for models that can reason, when a request says nothing "
+                  "(chat_template_kwargs.enable_thinking, then reasoning_effort, win). Default: the template's.")
     @click.option("--chat-template", default="", help="Override the model's chat template (Jinja text).")
     @click.option("--chat-template-args", default="{}", help="JSON object of default chat-template kwargs.")
-    @click.option("--adapter-path", default=None, help="(mlx_lm.server flag; not implemented yet)")
+    @click.option("--adapter", "--adapter-path", "adapter_path", default=None, type=click.Path(file_okay=False),
+                  help="LoRA adapter folder (mlx-lm format) mounted at start, id = its folder name; the "
+                       "default of requests that name no adapter.")
+    @click.option("--adapter-dir", multiple=True, type=click.Path(file_okay=False),
+                  help="Folder of adapter folders GET /v1/adapters/available lists (repeatable).")
     @click.option("--draft-model", default=None, help="(mlx_lm.server flag; not implemented yet)")
     @click.option("--num-draft-tokens", type=int, default=3, help="(mlx_lm.server flag; not implemented yet)")
     @click.option("--trust-remote-code", is_flag=True,
@@ -265,10 +303,22 @@ def build_cli(host: PluginHost) -> click.Group:
                   help="Requests that may wait for admission; past it, 429 with Retry-After.")
     @click.option("--request-timeout", type=click.FloatRange(min=0, min_open=True), default=None,
                   help="Seconds a request may take in all: waiting past it gets 429, running past it 504.")
-    @click.option("--kv-bits", type=int, default=None, help="(mlx_lm.server flag; not implemented yet)")
-    @click.option("--kv-group-size", type=int, default=64, help="(mlx_lm.server flag; not implemented yet)")
-    @click.option("--quantized-kv-start", type=int, default=5000, help="(mlx_lm.server flag; not implemented yet)")
+    @click.option("--kv-quant", type=click.Choice(["off", "config", "4", "8"]), default=None,
+                  help="Quantize the KV cache at 4 or 8 bits from the first token; off ignores the model's "
+                       "kv_config.json (default: kv_config.json when the model has one). Quantized-KV "
+                       "requests run in the serial lane.")
+    @click.option("--kv-bits", type=click.Choice(["2", "3", "4", "5", "6", "8"]), default=None,
+                  callback=lambda _c, _p, v: int(v) if v is not None else None,
+                  help="mlx_lm.server's KV quantization: bits, from --quantized-kv-start tokens.")
+    @click.option("--kv-group-size", type=click.Choice(["32", "64", "128"]), default="64",
+                  callback=lambda _c, _p, v: int(v), help="Group size of quantized KV caches.")
+    @click.option("--quantized-kv-start", type=click.IntRange(min=0), default=None,
+                  help="Tokens after which --kv-bits quantizes the cache (default 5000, mlx_lm.server's).")
     @click.option("--pipeline", is_flag=True, help="(mlx_lm.server flag; not implemented yet)")
+    @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default=None,
+                  help="Cast the weights to this dtype at load, dequantizing a quantized checkpoint. "
+                  "float32 is the fast path on a Linux CPU with the system OpenBLAS (docs/performance.md).")
+    @_NO_SYSTEM_BLAS
     def serve(model_arg: str | None, model: str | None, **opts: Any) -> None:
         """Serve MODEL over HTTP (OpenAI-compatible; a superset of mlx_lm.server)."""
         if model_arg and model and model_arg != model:
@@ -295,7 +345,9 @@ def build_cli(host: PluginHost) -> click.Group:
         _serve(host, model_arg or model, opts)
 
     serve.params.extend(serve_options)
+    from mlxrt.models_cli import register as register_model_commands  # get, ls, scan, rm, fit
 
+    register_model_commands(cli, host)
     for _plugin, _none in host.collect("mlxrt_register_commands", cli=cli):
         pass
     return cli
@@ -303,6 +355,9 @@ def build_cli(host: PluginHost) -> click.Group:
 
 def main(argv: Sequence[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
+    from mlxrt.blas import activate
+
+    activate(argv)  # before any plugin or command can import mlx.core
     if os.environ.get("MLXRT_LOG_PLUGINS") != "1":
         logging.getLogger("mlxrt.host").addHandler(logging.NullHandler())
         logging.getLogger("mlxrt.host").propagate = False

@@ -33,12 +33,15 @@ import threading
 import time
 from collections.abc import AsyncIterator, Callable, Sequence
 from concurrent.futures import Future
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from mlxrt.adapters import AdapterRegistry, adapter_id_for
 from mlxrt.detokenize import Detokenizer
 from mlxrt.errors import EngineError, MlxrtError, QueueFull
+from mlxrt.kv_quant import KVScheme, QuantizingModel, resolve_kv_scheme
 from mlxrt.lanes import BatchLane, Job, Row, SerialLane, batchable
 from mlxrt.loading import load_model
 from mlxrt.memory import MemoryPlan, measure_kv, plan_memory, weight_bytes
@@ -83,6 +86,11 @@ class EngineConfig:
     :ivar memory_budget: Bytes the model may use in all, or ``None`` for no budget.
     :ivar prompt_cache_size: Prompt-cache entries at most (0 disables the cache).
     :ivar prompt_cache_bytes: Prompt-cache bytes at most; ``None`` sizes it from the budget.
+    :ivar adapter: An adapter folder mounted at start (id: its base name), the default of
+        requests that name none (``--adapter`` / ``--adapter-path``).
+    :ivar adapter_dirs: Folders ``GET /v1/adapters/available`` scans (``--adapter-dir``).
+    :ivar kv_quant: ``off``, ``4``, ``8`` or ``None`` (the model's kv_config.json if any).
+    :ivar kv_bits: mlx_lm.server's ``--kv-bits`` (from ``quantized_kv_start`` tokens).
     """
 
     batch: int = 1
@@ -93,6 +101,12 @@ class EngineConfig:
     memory_budget: int | None = None
     prompt_cache_size: int = 10
     prompt_cache_bytes: int | None = None
+    adapter: str | None = None
+    adapter_dirs: tuple[str, ...] = ()
+    kv_quant: str | None = None
+    kv_bits: int | None = None
+    kv_group_size: int = 64
+    quantized_kv_start: int | None = None
 
     @classmethod
     def from_options(cls, options: dict[str, Any]) -> EngineConfig:
@@ -114,6 +128,12 @@ class EngineConfig:
             memory_budget=parse_size(budget, default_unit="GB") if budget is not None else None,
             prompt_cache_size=max(int(given("prompt_cache_size", 10)), 0),
             prompt_cache_bytes=parse_size(cache_bytes) if cache_bytes is not None else None,
+            adapter=options.get("adapter_path") or None,
+            adapter_dirs=tuple(options.get("adapter_dir") or ()),
+            kv_quant=options.get("kv_quant"),
+            kv_bits=options.get("kv_bits"),
+            kv_group_size=int(given("kv_group_size", 64)),
+            quantized_kv_start=options.get("quantized_kv_start"),
         )
 
 
@@ -262,6 +282,11 @@ class Engine:
         self.memory: MemoryPlan | None = None
         self.prompt_cache = PromptCache(max_entries=0)
         self.seeds = SeedSource()
+        dirs = list(self.config.adapter_dirs)
+        if self.config.adapter:
+            dirs.append(str(Path(self.config.adapter).expanduser().parent))
+        self.adapters = AdapterRegistry(dirs)
+        self.kv: KVScheme | None = None
         self._inbox: queue.Queue[Any] = queue.Queue()
         self._stream: Any = None  # the engine's MLX stream, made on the worker
         self._thread: threading.Thread | None = None
@@ -403,6 +428,17 @@ class Engine:
         self._inbox.put(_Call(fn, done, loop))
         return await done
 
+    async def mount_adapter(self, adapter_id: str, path: str) -> dict[str, Any]:
+        """Mount an adapter folder as ``adapter_id`` (on the worker, between decode steps)."""
+        adapter = await self.call(lambda loaded: self.adapters.mount(loaded.model, adapter_id, path))
+        return adapter.describe()
+
+    async def unmount_adapter(self, adapter_id: str) -> dict[str, Any]:
+        """Unmount ``adapter_id``: new requests cannot select it; rows already running with it
+        finish with it (its arrays are freed after them). 404 if it is not mounted."""
+        adapter = await self.call(lambda _loaded: self.adapters.unmount(adapter_id, self._adapters_in_use()))
+        return {"id": adapter.id, "removed_layers": len(adapter.layers)}
+
     def stats(self) -> dict[str, Any]:
         """Counters for ``/stats`` (read from the event loop; values are a moment's snapshot)."""
         now = time.monotonic()
@@ -426,6 +462,8 @@ class Engine:
             "admission": {"safe_context": self.safe_context, "context_ceiling": self.context_ceiling,
                           **(self.memory.describe() if self.memory else {})},
             "prompt_cache": {**self.prompt_cache.stats(), "last_miss": self.last_miss},
+            "adapters": {"mounted": [a.id for a in self.adapters.list()], "default": list(self.adapters.default)},
+            "kv_quant": self.kv.describe() if self.kv is not None else None,
             "mlx_active_bytes": _active_memory(),
         }
 
@@ -442,6 +480,10 @@ class Engine:
             try:
                 self.loaded, self.profile = load_model(info, self.host)
                 self._setup()
+                if self.config.adapter:
+                    path = self.config.adapter
+                    self.adapters.mount(self.loaded.model, adapter_id_for(path), path)
+                    self.adapters.default = (adapter_id_for(path),)
             except BaseException as exc:  # handed to the caller of load()
                 ready.set_exception(exc)
                 return
@@ -464,7 +506,10 @@ class Engine:
         self._eos = frozenset(self.loaded.tokenizer.eos_token_ids or ())
         if self.loaded.engine != "autoregressive":
             return
-        can_batch = batchable(model)
+        self.kv = resolve_kv_scheme(kv_quant=cfg.kv_quant, kv_bits=cfg.kv_bits, kv_group_size=cfg.kv_group_size,
+                                    quantized_kv_start=cfg.quantized_kv_start,
+                                    model_path=Path(self.info.path) if self.info.path else None)
+        can_batch = batchable(model) and self.kv is None
         rows = cfg.batch if (cfg.batch > 1 and can_batch) else 1
         try:
             kv = measure_kv(model)
@@ -477,15 +522,26 @@ class Engine:
                                   prompt_cache_bytes=cfg.prompt_cache_bytes, rows=rows)
         self.prompt_cache = PromptCache(max_entries=cfg.prompt_cache_size,
                                         max_bytes=self.memory.prompt_cache_bytes)
-        self._serial = SerialLane(model, stream=self._stream, prefill_step_size=cfg.prefill_step_size, done=self._done,
-                                  tick=self._tick)
+        serial_model = QuantizingModel(model, self.kv) if self.kv is not None else model
+        self._serial = SerialLane(serial_model, stream=self._stream, prefill_step_size=cfg.prefill_step_size,
+                                  done=self._done, tick=self._tick)
         if rows > 1:
-            self._batch = BatchLane(model, stream=self._stream, size=rows, prefill_batch_size=cfg.prompt_concurrency,
-                                    prefill_step_size=cfg.prefill_step_size, eos=sorted(self._eos),
-                                    done=self._done, tick=self._tick)
+            self._batch = self._new_batch_lane(rows)
+        elif cfg.batch > 1 and self.kv is not None:
+            log.warning("--batch %d: quantized KV caches (%s) cannot join a batch (mlx-lm's QuantizedKVCache "
+                        "has no merge); requests run one at a time", cfg.batch, self.kv.source)
         elif cfg.batch > 1:
             log.warning("--batch %d: this model's cache layers cannot be batched (no merge); "
                         "requests run one at a time", cfg.batch)
+
+    def _new_batch_lane(self, rows: int) -> BatchLane:
+        cfg = self.config
+        return BatchLane(self.loaded.model, stream=self._stream, size=rows, prefill_batch_size=cfg.prompt_concurrency,
+                         prefill_step_size=cfg.prefill_step_size, eos=sorted(self._eos),
+                         done=self._done, tick=self._tick, adapters=self.adapters)
+
+    def _adapters_in_use(self) -> set[str]:
+        return {key for row in self._running for key in row.adapters}
 
     def _warm_up(self) -> None:
         """Import the decode path and run one token, so the first request does not pay for it."""
@@ -587,7 +643,8 @@ class Engine:
 
     def _run_serial(self, row: Row) -> None:
         try:
-            self._serial.run(row)
+            with self.adapters.select(row.adapters):
+                self._serial.run(row)
         except MlxrtError as exc:
             self._abandon(row, exc)
         except Exception as exc:  # keep serving: one failed generation must not kill the worker
@@ -602,10 +659,7 @@ class Engine:
             self._batch.close()
         except Exception:
             log.debug("closing the failed batch", exc_info=True)
-        self._batch = BatchLane(self.loaded.model, stream=self._stream, size=self._batch.size,
-                                prefill_batch_size=self.config.prompt_concurrency,
-                                prefill_step_size=self.config.prefill_step_size, eos=sorted(self._eos),
-                                done=self._done, tick=self._tick)
+        self._batch = self._new_batch_lane(self._batch.size)
         for row in rows:
             self._abandon(row, error)
 
@@ -613,6 +667,7 @@ class Engine:
         if row in self._running:
             self._running.remove(row)
             self._reserved -= row.job.need
+            self.adapters.release(self._adapters_in_use())
         row.job.deliver(error)
 
     def _prepare(self, job: Job) -> Row | None:
@@ -620,6 +675,8 @@ class Engine:
         request = job.request
         tokenizer = self.loaded.tokenizer
         try:
+            # Resolved again here: the adapter may have been unmounted since the request was decoded.
+            adapters = self.adapters.keys(request.adapters)
             sampler = build_sampler(self.host, request, self.info, tokenizer)
             processors = build_logits_processors(self.host, request, self.info)
         except MlxrtError as exc:
@@ -639,7 +696,7 @@ class Engine:
         return Row(
             job=job, sampler=sampler, processors=processors, report=report, cache=cache, reused=reused,
             eos=self._eos, detok=Detokenizer(lambda ids: tokenizer.decode(ids, skip_special_tokens=False)),
-            stops=StopMatcher(request.stop), timeout=self.config.request_timeout,
+            stops=StopMatcher(request.stop), timeout=self.config.request_timeout, adapters=adapters,
         )
 
     def _lookup(self, request: GenerationRequest) -> tuple[CacheReport, list[Any] | None, int]:
@@ -665,6 +722,7 @@ class Engine:
         if row in self._running:
             self._running.remove(row)
             self._reserved -= row.job.need
+            self.adapters.release(self._adapters_in_use())
         row.finish(reason)
         now = time.monotonic()
         self.requests_served += 1

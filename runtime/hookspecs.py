@@ -89,8 +89,11 @@ def mlxrt_tool_parser(info: ModelInfo) -> ToolParser | None:
     :param info: The loaded model's description.
     :returns: An object with ``start``, ``end`` and ``parse(text, tools)`` (see
         :class:`mlxrt.ToolParser`), or ``None`` if this plugin doesn't handle the model.
-        When no plugin answers, the host uses the tool parser mlx-lm infers from the chat
-        template, if any.
+        A parser that also has ``opening(name)`` (:class:`mlxrt.records.ToolCallOpening`)
+        lets ``tool_choice`` ``"required"`` / a named function be enforced (the engine
+        applies the constraint itself, a family need not add a processor). Without it those
+        choices are a 400. When no plugin answers, the model is served without tool parsing
+        (the generic tier: plain chat).
 
     Called once per model load, on the engine thread. Stops at first non-None result.
 
@@ -149,12 +152,17 @@ def mlxrt_vision(info: ModelInfo, host: PluginHost) -> VisionAdapter | None:
 
 
 @hookspec(firstresult=True)
-def mlxrt_chat_template_kwargs(info: ModelInfo, request: ChatInput) -> Mapping[str, Any] | None:
+def mlxrt_chat_template_kwargs(
+    info: ModelInfo, request: ChatInput, host: PluginHost
+) -> Mapping[str, Any] | None:
     """Give extra keyword arguments for the chat template of one request.
 
     :param info: The served model's description.
     :param request: The chat input (messages, tools, the client's ``chat_template_kwargs``,
         ``reasoning_effort``).
+    :param host: The plugin host; ``host.options`` holds the server defaults
+        (``--chat-template-args``, ``--thinking``). :func:`mlxrt.templating.thinking_switch`
+        resolves a thinking switch through the whole chain. (Added in 0.2.)
     :returns: A mapping merged over the client's own ``chat_template_kwargs`` (the client's
         explicit keys win), or ``None``. Families use it to map ``reasoning_effort`` to their
         template's switch (``enable_thinking`` for Qwen3).
@@ -166,16 +174,38 @@ def mlxrt_chat_template_kwargs(info: ModelInfo, request: ChatInput) -> Mapping[s
 
 
 @hookspec(firstresult=True)
-def mlxrt_prompt_canonicalize(request: GenerationRequest, dialect: str) -> GenerationRequest | None:
+def mlxrt_prompt_canonicalize(
+    request: GenerationRequest, dialect: str, host: PluginHost
+) -> GenerationRequest | None:
     """Rewrite a request before the prompt-cache lookup (strip volatile noise).
 
     :param request: The request as the dialect built it.
     :param dialect: The dialect's name (``openai``, ``anthropic``, ``responses``).
+    :param host: The plugin host; ``host.engine.tokenizer`` decodes and re-encodes the prompt
+        for a rewrite made on text. (Added in 0.2.)
     :returns: A replacement request, or ``None`` to leave it unchanged.
 
     Called per request, off the event loop. Stops at first non-None result.
 
     .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def mlxrt_prepare_request(request: GenerationRequest, info: ModelInfo, host: PluginHost) -> None:
+    """Do slow per-request preparation before the request queues (compile a grammar, say).
+
+    :param request: The request as the dialect built it (after canonicalization).
+    :param info: The served model's description.
+    :param host: The plugin host (``host.engine.tokenizer``, ``host.options``).
+    :returns: ``None``. Keep what you prepare in your own cache, keyed by the request's
+        content, and pick it up in ``mlxrt_logits_processors``.
+
+    Called per request by the dialects (:func:`mlxrt.api.generation.prepare`), on a worker
+    thread: neither the event loop nor the engine thread waits for it. Raise
+    :class:`mlxrt.errors.InvalidRequest` for a client error (a 400 before anything streams).
+
+    .. versionadded:: 0.2
     """
 
 

@@ -15,6 +15,7 @@ its per-layer cache and the token ids that cache holds, for the prompt cache.
 
 from __future__ import annotations
 
+import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
@@ -85,6 +86,8 @@ class Row:
     produced: int = 0
     generated: list[int] = attrs.field(factory=list)
     uid: int | None = None
+    #: Mount keys of the request's adapters, pinned at admission (see :mod:`mlxrt.adapters`).
+    adapters: tuple[str, ...] = ()
     error: MlxrtError | None = None
     #: Why the row is being removed, when the lane (not the generator) decided it ends.
     ending: FinishReason | None = None
@@ -135,6 +138,7 @@ class Row:
             completion_tokens=self.produced,
             cached_tokens=self.reused,
             text=tail,
+            stop_sequence=self.stops.stopped,
         ))
 
 
@@ -222,7 +226,7 @@ class BatchLane:
     name = "batch"
 
     def __init__(self, model: Any, *, stream: Any, size: int, prefill_batch_size: int, prefill_step_size: int,
-                 eos: Sequence[int], done: Done, tick: Callable[[int], None]) -> None:
+                 eos: Sequence[int], done: Done, tick: Callable[[int], None], adapters: Any = None) -> None:
         from mlx_lm.generate import BatchGenerator
 
         self.size = size
@@ -230,6 +234,8 @@ class BatchLane:
         self.tick = tick
         self.rows: dict[int, Row] = {}
         self.served = 0
+        if adapters is not None:
+            model = RowAdapterModel(model, self, adapters)
         self._gen = BatchGenerator(
             model, completion_batch_size=size, prefill_batch_size=min(prefill_batch_size, size),
             prefill_step_size=prefill_step_size, stop_tokens=[[t] for t in eos], stream=stream,
@@ -306,6 +312,51 @@ class BatchLane:
 
     def close(self) -> None:
         self._gen.close()
+
+
+class RowAdapterModel:
+    """The model as the batch lane's generator sees it: before each call it selects, per
+    row, the adapters that row's request chose (per-row LoRA, see :mod:`mlxrt.adapters`).
+
+    ``BatchGenerator`` calls the model for its prompt batch (prefill chunks) and for its
+    generation batch (one decode step) separately, each with that batch's cache list. The
+    batch, and so its ``uids`` in row order, is found by that cache list: the generator's
+    current prompt or generation batch, or (for the batch being split off into generation,
+    which the generator does not hold yet) the batch object making the call.
+    """
+
+    def __init__(self, model: Any, lane: BatchLane, adapters: Any) -> None:
+        self._model = model
+        self._lane = lane
+        self._adapters = adapters
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._model, name)
+
+    def _uids(self, cache: Any) -> list[int] | None:
+        gen = self._lane._gen
+        for batch in (getattr(gen, "_generation_batch", None), getattr(gen, "_prompt_batch", None)):
+            if batch is not None and batch.prompt_cache is cache:
+                return list(batch.uids)
+        caller = sys._getframe(2).f_locals.get("self")
+        if caller is not None and getattr(caller, "prompt_cache", None) is cache and hasattr(caller, "uids"):
+            return list(caller.uids)
+        return None
+
+    def __call__(self, inputs: Any, *args: Any, cache: Any = None, **kwargs: Any) -> Any:
+        registry = self._adapters
+        if not registry.selection_needed():
+            return self._model(inputs, *args, cache=cache, **kwargs)
+        uids = self._uids(cache)
+        if uids is None or len(uids) != inputs.shape[0]:
+            raise RuntimeError("batch lane: cannot tell which requests the model call's rows belong to, so "
+                               "their adapters cannot be applied")
+        rows = [self._lane.rows[u].adapters if u in self._lane.rows else () for u in uids]
+        registry.select_rows(rows)
+        try:
+            return self._model(inputs, *args, cache=cache, **kwargs)
+        finally:
+            registry.selection.active = ()
 
 
 def describe_logprobs(logprobs: Any, token: int, k: int, detok: Detokenizer) -> tuple[float, tuple[TokenLogprob, ...]]:

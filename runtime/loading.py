@@ -30,10 +30,18 @@ __all__ = [
     "load_model",
     "mlx_lm_load",
     "resolve_profile",
+    "cast_weights",
     "mlxrt_home",
+    "hf_cache_dir",
+    "local_repo_ids",
+    "match_local_repo",
+    "MODEL_FILE_PATTERNS",
 ]
 
 log = logging.getLogger("mlxrt.loading")
+
+#: The files of a repo a model needs: what a serve-time download and `mlxrt get` fetch.
+MODEL_FILE_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "*.txt", "tokenizer.model", "*.tiktoken"]
 
 
 def mlxrt_home() -> Path:
@@ -54,7 +62,12 @@ class ModelSource:
 def resolve_model(spec: str | None, *, allow_download: bool = True) -> ModelSource:
     """Turn a MODEL argument into a local folder.
 
-    :param spec: A folder, a ``.gguf`` file, a repo id, or ``None`` for the embedded model.
+    A ``spec`` that is no file names a repo of the local HF cache: its exact id, else the one
+    id containing it (case-insensitive); several such ids are an error listing them. A repo
+    id matching nothing local is looked up (and downloaded, when allowed) by huggingface-hub.
+
+    :param spec: A folder, a ``.gguf`` file, a repo id or part of a local one, or ``None`` for
+        the embedded model.
     :param allow_download: Whether a repo id missing from the HF cache may be downloaded.
     :raises ModelLoadError: With a message saying what was tried and what to do.
     """
@@ -76,18 +89,71 @@ def resolve_model(spec: str | None, *, allow_download: bool = True) -> ModelSour
         return ModelSource(path.resolve(), path.resolve().name, "folder")
     if path.exists():
         raise ModelLoadError(f"{path} is neither a model folder nor a .gguf file")
+    repo = match_local_repo(spec, local_repo_ids())
+    if repo is not None:
+        if repo != spec:
+            log.info("model %r is the local repo %s", spec, repo)
+        return ModelSource(_from_hf_cache(repo, allow_download), repo, "hf-cache")
     if spec.count("/") != 1 or spec.startswith(("/", ".", "~")):
-        raise ModelLoadError(f"model {spec!r} not found: not a local folder, a .gguf file or a Hugging Face repo id")
+        raise ModelLoadError(f"model {spec!r} not found: not a local folder, a .gguf file, a Hugging Face repo id "
+                             "or part of the id of a model in the local Hugging Face cache (see `mlxrt ls`)")
     return ModelSource(_from_hf_cache(spec, allow_download), spec, "hf-cache")
+
+
+def hf_cache_dir() -> Path:
+    """The Hugging Face hub cache, from the environment as it is now (huggingface_hub reads it
+    once, at import): ``HF_HUB_CACHE``, ``HUGGINGFACE_HUB_CACHE``, ``HF_HOME/hub``, else
+    ``$XDG_CACHE_HOME/huggingface/hub`` (default ``~/.cache/huggingface/hub``)."""
+    env = os.environ
+    cache = env.get("HF_HUB_CACHE") or env.get("HUGGINGFACE_HUB_CACHE")
+    if not cache:
+        home = env.get("HF_HOME") or os.path.join(env.get("XDG_CACHE_HOME") or "~/.cache", "huggingface")
+        cache = os.path.join(home, "hub")
+    return Path(os.path.expandvars(cache)).expanduser()
+
+
+def local_repo_ids(cache_dir: Path | None = None) -> list[str]:
+    """Ids of the model repos in the HF cache that have at least one snapshot (no network)."""
+    root = cache_dir or hf_cache_dir()
+    try:
+        folders = list(root.glob("models--*"))
+    except OSError:
+        return []
+    ids = []
+    for folder in folders:
+        snapshots = folder / "snapshots"
+        if snapshots.is_dir() and any(snapshots.iterdir()):
+            ids.append(folder.name.removeprefix("models--").replace("--", "/"))
+    return sorted(ids)
+
+
+def match_local_repo(query: str, repo_ids: list[str]) -> str | None:
+    """The repo id ``query`` names: itself, or the one id containing it (case-insensitive).
+
+    :returns: ``None`` when no id matches.
+    :raises ModelLoadError: Several ids contain ``query`` (code ``ambiguous_model``); the
+        message lists them.
+    """
+    wanted = query.lower()
+    exact = [r for r in repo_ids if r.lower() == wanted]
+    if exact:
+        return exact[0]
+    found = [r for r in repo_ids if wanted in r.lower()]
+    if len(found) > 1:
+        listing = "\n".join(f"  {r}" for r in found)
+        raise ModelLoadError(f"{query!r} is ambiguous: it matches {len(found)} local models:\n{listing}\n"
+                             "give more of the repo id", param="model", code="ambiguous_model")
+    return found[0] if found else None
 
 
 def _from_hf_cache(repo_id: str, allow_download: bool) -> Path:
     from huggingface_hub import snapshot_download
     from huggingface_hub.errors import HFValidationError, LocalEntryNotFoundError
 
-    patterns = ["*.json", "*.safetensors", "*.jinja", "*.txt", "tokenizer.model", "*.tiktoken"]
+    patterns = MODEL_FILE_PATTERNS
     try:
-        return Path(snapshot_download(repo_id, allow_patterns=patterns, local_files_only=True))
+        return Path(snapshot_download(repo_id, allow_patterns=patterns, local_files_only=True,
+                                      cache_dir=hf_cache_dir()))
     except HFValidationError as exc:
         raise ModelLoadError(f"{repo_id!r} is not a valid Hugging Face repo id: {exc}") from exc
     except LocalEntryNotFoundError:
@@ -95,13 +161,15 @@ def _from_hf_cache(repo_id: str, allow_download: bool) -> Path:
             raise ModelLoadError(
                 f"model {repo_id!r} is not in the Hugging Face cache and downloads are off"
             ) from None
+    from mlxrt.downloads import download  # recorded, so GET /downloads shows it
+
     try:
-        return Path(snapshot_download(repo_id, allow_patterns=patterns))
-    except Exception as exc:  # network, auth, missing repo: all reported the same way
+        return download(repo_id)
+    except ModelLoadError as exc:  # network, auth, missing repo: all reported the same way
         raise ModelLoadError(
             f"model {repo_id!r} is not in the local Hugging Face cache and could not be downloaded "
-            f"({type(exc).__name__}: {exc}). Download it on a connected machine with "
-            f"`huggingface-cli download {repo_id}`, or pass a local folder or .gguf file."
+            f"({exc.message}). Download it on a connected machine with `mlxrt get {repo_id}`, or pass "
+            "a local folder or .gguf file."
         ) from exc
 
 
@@ -176,6 +244,31 @@ def mlx_lm_load(info: ModelInfo, classes: tuple[type, type] | None = None, *,
     return LoadedModel(model=model, tokenizer=tokenizer)
 
 
+def cast_weights(model: Any, dtype: str, *, model_id: str = "model") -> None:
+    """``--dtype``: dequantize ``model``'s quantized layers, then cast every floating weight
+    to ``dtype`` (``float32``, ``bfloat16`` or ``float16``), in place.
+
+    On a Linux CPU with the system OpenBLAS, float32 is the fast path: only fp32 matmuls go
+    through BLAS (docs/performance.md).
+
+    :raises ModelLoadError: A quantized layer mlx-lm cannot dequantize is left.
+    """
+    import mlx.core as mx
+    from mlx.utils import tree_flatten
+    from mlx_lm.utils import dequantize_model
+
+    dequantize_model(model)
+    left = sorted({name.rsplit(".", 1)[0] for name, _ in tree_flatten(model.parameters())
+                   if name.endswith(".scales")})
+    if left:
+        raise ModelLoadError(f"--dtype {dtype}: cannot dequantize {model_id}: quantized layers "
+                             f"{', '.join(left[:3])}{' …' if len(left) > 3 else ''} are of a kind mlx-lm "
+                             "cannot dequantize; serve it without --dtype")
+    model.set_dtype(getattr(mx, dtype))
+    mx.eval(model.parameters())
+    log.info("weights of %s cast to %s", model_id, dtype)
+
+
 def resolve_profile(info: ModelInfo, host: PluginHost) -> FamilyProfile:
     """Ask every family hook once and freeze the answers, with who gave each."""
     provenance: dict[str, str] = {}
@@ -207,8 +300,12 @@ def load_model(info: ModelInfo, host: PluginHost) -> tuple[LoadedModel, FamilyPr
     plugin, loaded = host.first_answer("mlxrt_load_model", info=info, host=host)
     if loaded is None:
         loaded = mlx_lm_load(info, trust_remote_code=bool(host.options.get("trust_remote_code")))
+    if host.options.get("dtype"):
+        cast_weights(loaded.model, host.options["dtype"], model_id=info.model_id)
     profile = resolve_profile(info, host)
     profile = attrs.evolve(profile, provenance={"load_model": plugin or "mlx-lm", **profile.provenance})
-    return loaded, profile
+    from mlxrt.self_test import run_self_test
+
+    return loaded, attrs.evolve(profile, self_test=run_self_test(profile, loaded.tokenizer))
 
 

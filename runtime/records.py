@@ -22,6 +22,8 @@ __all__ = [
     "ToolStreamMode",
     "ToolCall",
     "ToolParser",
+    "ToolCallOpening",
+    "StructuredOutput",
     "VisionAdapter",
     "FamilyProfile",
     "SamplingParams",
@@ -161,6 +163,19 @@ class ToolParser(Protocol):
 
 
 @runtime_checkable
+class ToolCallOpening(Protocol):
+    """Optional: a tool parser that can say how a call to ``name`` begins.
+
+    ``opening(name)`` is the exact text a call to ``name`` starts with (Qwen3:
+    ``<tool_call>\n{"name": "NAME", "arguments": ``). ``tool_choice`` ``"required"`` and a
+    named choice are enforced by forcing the answer's first tokens to one of these openings;
+    a parser without ``opening`` makes those choices a 400.
+    """
+
+    def opening(self, name: str) -> str: ...
+
+
+@runtime_checkable
 class VisionAdapter(Protocol):
     """Turns images into embeddings spliced into the prompt (loaded once per model)."""
 
@@ -182,6 +197,15 @@ class FamilyProfile:
     tool_stream_mode_with_tools: ToolStreamMode = ToolStreamMode.BUFFERED_TEXT
     vision: VisionAdapter | None = None
     provenance: Mapping[str, str] = attrs.field(factory=dict)
+    #: The load-time self-test: capability (``template``, ``tools``, ``tool_result``,
+    #: ``thinking``) → ``"pass"``, ``"fail: why"`` or ``"n/a"`` (see :mod:`mlxrt.self_test`).
+    self_test: Mapping[str, str] = attrs.field(factory=dict)
+
+    @property
+    def tier(self) -> str:
+        """``family`` when a family plugin answered any aspect of this model, else ``generic``
+        (mlx-lm loads it and it serves plain chat: no reasoning split, no tool parsing)."""
+        return "family" if any(v not in ("mlx-lm", "default") for v in self.provenance.values()) else "generic"
 
     @property
     def family(self) -> str:
@@ -249,6 +273,31 @@ class GenerationRequest:
     #: The adapter set the request runs with (names, in order); ``()`` is the base model.
     #: Prompt-cache entries are keyed by it, so KV from one adapter set is never reused by another.
     adapters: tuple[str, ...] = ()
+    #: ``tool_choice`` enforcement: the answer must begin with one of these token sequences
+    #: (the tool-call opening and name of each allowed tool); ``()`` is unconstrained. Family
+    #: plugins apply it with :func:`mlxrt.tool_calls.tool_choice_processors`.
+    forced_prefixes: tuple[tuple[int, ...], ...] = ()
+    #: Structured output the answer must follow (a JSON schema, any JSON object, a regex or
+    #: a choice list), enforced by a grammar; ``None`` leaves the text free.
+    structured: StructuredOutput | None = None
+
+
+@attrs.frozen
+class StructuredOutput:
+    """An output constraint, independent of the dialect that asked for it and of the grammar
+    library that enforces it (the ``structured`` plugin).
+
+    :ivar kind: ``json_schema``, ``json_object``, ``regex`` or ``choice``.
+    :ivar spec: The canonical text of the constraint: the schema as compact JSON (the client's key order,
+        which is the generated object's), the
+        regex, or the choices as a JSON list. With ``kind`` it keys the compiled-grammar cache.
+    :ivar param: The request field that carried it, for error messages
+        (``response_format``, ``text.format``, ``tools``).
+    """
+
+    kind: str
+    spec: str = ""
+    param: str = "response_format"
 
 
 @attrs.frozen
@@ -319,6 +368,9 @@ class FinishEvent:
     completion_tokens: int
     cached_tokens: int = 0
     text: str = ""
+    #: The stop string that ended the generation (``finish_reason`` ``stop``), if one did;
+    #: ``None`` for an end-of-sequence token (Anthropic's ``stop_sequence`` vs ``end_turn``).
+    stop_sequence: str | None = None
 
 
 @attrs.frozen

@@ -125,9 +125,13 @@ def builtin_logits_processors(s: SamplingParams) -> list[LogitsProcessor]:
 def build_logits_processors(
     host: PluginHost, request: GenerationRequest, info: ModelInfo
 ) -> list[LogitsProcessor]:
-    """The built-in processors for the request's settings, then every plugin's, in call order."""
+    """The built-in processors for the request's settings, the ``tool_choice`` constraint,
+    then every plugin's, in call order."""
+    from mlxrt.tool_calls import tool_choice_processors
+
     plugins = [proc for _plugin, proc in host.collect("mlxrt_logits_processors", request=request, info=info, host=host)]
-    return builtin_logits_processors(request.sampling) + plugins
+    # tool_choice "required" / a named function (forced_prefixes), for every family alike.
+    return builtin_logits_processors(request.sampling) + tool_choice_processors(request) + plugins
 
 
 #: Each field resolved through the fallback chain: (mlx_lm.server's default, server option

@@ -15,7 +15,8 @@ from mlxrt.records import FamilyProfile
 if TYPE_CHECKING:
     from mlxrt.host import PluginHost
 
-__all__ = ["ChatInput", "RenderedPrompt", "render_chat", "canonicalize", "DEFAULT_CHAT_TEMPLATE"]
+__all__ = ["ChatInput", "RenderedPrompt", "render_chat", "canonicalize", "DEFAULT_CHAT_TEMPLATE",
+           "thinking_switch", "thinking_kwargs"]
 
 #: ChatML, for ``--use-default-chat-template`` on a model that ships no template.
 DEFAULT_CHAT_TEMPLATE = (
@@ -50,16 +51,21 @@ class RenderedPrompt:
 def render_chat(host: PluginHost, tokenizer: Any, profile: FamilyProfile, chat: ChatInput) -> RenderedPrompt:
     """Render ``chat`` with the model's chat template and tokenize it.
 
-    The family's kwargs come first, then ``--chat-template-args``; the client's explicit
+    ``--chat-template-args`` come first, then the family's kwargs (by default, for a model with a
+    thinking format, :func:`thinking_kwargs`: the client's ``reasoning_effort``, then
+    ``--thinking``); the client's explicit
     ``chat_template_kwargs`` win.
     Template errors are the client's (a message shape the template rejects): 400
     ``prompt build failed: …``.
     """
-    _plugin, family_kwargs = host.first_answer(
-        "mlxrt_chat_template_kwargs", info=profile.info, request=chat
+    plugin, family_kwargs = host.first_answer(
+        "mlxrt_chat_template_kwargs", info=profile.info, request=chat, host=host
     )
+    if plugin is None and profile.thinking_format is not None:
+        # A model that reasons gets the thinking on/off chain unless its family says otherwise.
+        family_kwargs = thinking_kwargs(chat, host.options)
     server_kwargs = host.options.get("chat_template_args") or {}
-    kwargs = {**(family_kwargs or {}), **server_kwargs, **chat.template_kwargs}
+    kwargs = {**server_kwargs, **(family_kwargs or {}), **chat.template_kwargs}
     if getattr(tokenizer, "chat_template", None) is None:
         raise InvalidRequest(
             "prompt build failed: this model has no chat template; use /v1/completions"
@@ -84,12 +90,53 @@ def render_chat(host: PluginHost, tokenizer: Any, profile: FamilyProfile, chat: 
     )
 
 
+def thinking_switch(chat: ChatInput, options: Mapping[str, Any] | None = None,
+                    key: str = "enable_thinking") -> bool | None:
+    """Whether thinking is on for one request, for templates with a boolean switch.
+
+    The chain: the client's ``chat_template_kwargs[key]``, then its ``reasoning_effort``
+    (``"none"`` is off, any other effort on), then ``--chat-template-args``' ``key``, then the
+    server's ``--thinking`` default (``options["thinking"]``); ``None`` when nothing says, so
+    the template's own default applies.
+    """
+    options = options or {}
+    if isinstance(chat.template_kwargs.get(key), bool):
+        return chat.template_kwargs[key]
+    if chat.reasoning_effort is not None:
+        return chat.reasoning_effort != "none"
+    server = options.get("chat_template_args") or {}
+    if isinstance(server.get(key), bool):
+        return server[key]
+    default = options.get("thinking")
+    return default if isinstance(default, bool) else None
+
+
+def thinking_kwargs(chat: ChatInput, options: Mapping[str, Any] | None = None,
+                    key: str = "enable_thinking") -> dict[str, bool] | None:
+    """``{key: on}`` from :func:`thinking_switch`, or ``None`` when nothing says (what a
+    family's ``mlxrt_chat_template_kwargs`` returns for a template with that switch)."""
+    on = thinking_switch(chat, options, key)
+    return None if on is None else {key: on}
+
+
 def encode_text(tokenizer: Any, text: str) -> Sequence[int]:
     """Tokenize raw text with the tokenizer's own special-token handling (completions)."""
     return tokenizer.encode(text)
 
 
 def canonicalize(host: PluginHost, request: Any, dialect: str) -> Any:
-    """The request after ``mlxrt_prompt_canonicalize`` (unchanged when no plugin answers)."""
-    _plugin, replaced = host.first_answer("mlxrt_prompt_canonicalize", request=request, dialect=dialect)
+    """The request after ``mlxrt_prompt_canonicalize`` (unchanged when no plugin answers).
+
+    A structured-output constraint (``response_format``, ``text.format``) that no installed
+    plugin can enforce is refused here, for every dialect: never silently ignored.
+    """
+    structured = getattr(request, "structured", None)
+    if structured is not None and not host.pm.hook.mlxrt_prepare_request.get_hookimpls():
+        from mlxrt.errors import InvalidRequest
+
+        field = structured.param.split(".")[0] if getattr(structured, "param", None) else "response_format"
+        raise InvalidRequest(f"{field} is not supported by this server yet", param=field,
+                             code="unsupported_parameter")
+    _plugin, replaced = host.first_answer("mlxrt_prompt_canonicalize", request=request, dialect=dialect,
+                                         host=host)
     return replaced if replaced is not None else request

@@ -65,7 +65,7 @@ import numpy as np
 
 from mlxrt._tokenizer_factory import CHAT_TEMPLATES, generated_tokenizer
 
-__all__ = ["TINY_MODEL_TYPES", "TINY_VARIANTS", "write_tiny_checkpoint"]
+__all__ = ["TINY_MODEL_TYPES", "TINY_VARIANTS", "write_tiny_checkpoint", "write_random_adapter"]
 
 TINY_MODEL_TYPES: tuple[str, ...] = ("llama", "qwen3", "qwen3_5", "gemma4_text", "minicpm")
 #: Layout variants: variant -> the model_type its config.json says.
@@ -517,3 +517,44 @@ def _save_safetensors(path: Path, tensors: Mapping[str, np.ndarray], dtype: str)
 
 def _write_json(path: Path, obj: object) -> None:
     path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
+
+
+def write_random_adapter(path: Path, model_path: Path, *, seed: int = 0, rank: int = 4, scale: float = 2.0,
+                         keys: tuple[str, ...] = ("self_attn.q_proj", "self_attn.v_proj", "mlp.down_proj"),
+                         std: float = 0.3, num_layers: int | None = None) -> Path:
+    """Write a random LoRA adapter in mlx-lm's format (``adapter_config.json`` +
+    ``adapters.safetensors``) for the checkpoint at ``model_path``; return ``path``.
+
+    Nothing is trained: ``lora_a`` and ``lora_b`` are drawn N(0, ``std``) (mlx-lm starts
+    ``lora_b`` at zero, which would change nothing), so the adapter visibly changes the output.
+    ``keys`` are module paths inside each decoder layer, as in mlx-lm's ``lora_parameters.keys``;
+    the last ``num_layers`` layers (all by default) get one.
+    """
+    import json as _json
+
+    from safetensors.numpy import save_file
+
+    config = _json.loads((Path(model_path) / "config.json").read_text())
+    config = config.get("text_config", config)
+    hidden, inter = config["hidden_size"], config["intermediate_size"]
+    head_dim = config.get("head_dim") or hidden // config["num_attention_heads"]
+    q_out, kv_out = config["num_attention_heads"] * head_dim, config["num_key_value_heads"] * head_dim
+    dims = {"self_attn.q_proj": (hidden, q_out), "self_attn.k_proj": (hidden, kv_out),
+            "self_attn.v_proj": (hidden, kv_out), "self_attn.o_proj": (q_out, hidden),
+            "mlp.gate_proj": (hidden, inter), "mlp.up_proj": (hidden, inter), "mlp.down_proj": (inter, hidden)}
+    layers = config["num_hidden_layers"]
+    first = layers - (num_layers if num_layers is not None else layers)
+    rng = np.random.default_rng(seed)
+    tensors: dict[str, np.ndarray] = {}
+    for i in range(max(first, 0), layers):
+        for key in keys:
+            inp, out = dims[key]
+            tensors[f"model.layers.{i}.{key}.lora_a"] = rng.normal(0, std, (inp, rank)).astype(np.float32)
+            tensors[f"model.layers.{i}.{key}.lora_b"] = rng.normal(0, std, (rank, out)).astype(np.float32)
+    path = Path(path)
+    path.mkdir(parents=True, exist_ok=True)
+    save_file(tensors, str(path / "adapters.safetensors"), metadata={"format": "mlx"})
+    _write_json(path / "adapter_config.json", {
+        "fine_tune_type": "lora", "num_layers": layers - max(first, 0), "model": str(model_path),
+        "lora_parameters": {"rank": rank, "scale": scale, "dropout": 0.0, "keys": list(keys)}})
+    return path

@@ -26,6 +26,29 @@ def openai_client(http_client):
                          max_retries=0)
 
 
+def anthropic_client(http_client):
+    """The official anthropic client over the in-process app.
+
+    Recent anthropic SDKs speak ``httpx2`` and refuse httpx objects such as Litestar's
+    TestClient; for those a mock transport forwards each request through the TestClient (a
+    stream arrives whole, which its SSE parser reads like any other)."""
+    import anthropic
+
+    try:
+        return anthropic.Anthropic(base_url=str(http_client.base_url), api_key="unused", max_retries=0,
+                                   http_client=http_client)
+    except TypeError:
+        import httpx2
+
+    def forward(request):
+        resp = http_client.request(request.method, str(request.url), headers=list(request.headers.multi_items()),
+                                   content=request.read())
+        return httpx2.Response(resp.status_code, headers=list(resp.headers.multi_items()), content=resp.content)
+
+    return anthropic.Anthropic(base_url=str(http_client.base_url), api_key="unused", max_retries=0,
+                               http_client=httpx2.Client(transport=httpx2.MockTransport(forward)))
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -68,11 +91,11 @@ class ServerProcess:
 
 
 class Scripted:
-    """Claims the ``script`` field; samples its tokens, then EOS."""
+    """Claims the ``script`` field (on every dialect); samples its tokens, then EOS."""
 
     @hookimpl
     def mlxrt_request_fields(self, dialect):
-        return {"script": str} if dialect == "openai" else None
+        return {"script": str}
 
     @hookimpl
     def mlxrt_sampler(self, request, info):

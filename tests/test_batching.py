@@ -5,6 +5,7 @@ and the prompt cache's exact accounting in both lanes."""
 from __future__ import annotations
 
 import concurrent.futures as cf
+import json
 import time
 
 import httpx
@@ -75,11 +76,13 @@ def test_a_seeded_request_returns_the_same_text_alone_and_under_load(batch_serve
     assert len(unseeded) > 1
 
 
-def _stream(server, i: int, disconnect: bool) -> str | None:
+def _stream(server, i: int, disconnect: bool) -> tuple[str, str] | None:
+    """One streaming chat (seeded, so its text is known in advance); ``(text, finish_reason)``,
+    or ``None`` for a client that leaves mid-stream."""
     body = {"model": "default", "messages": [{"role": "user", "content": PROMPTS[i % 8]}],
-            "max_tokens": 60 if not disconnect else 1500, "stream": True, "temperature": 0.7,
+            "max_tokens": 60 if not disconnect else 1500, "stream": True, "temperature": 0.7, "seed": i,
             "stream_options": {"include_usage": True}}
-    finish = None
+    finish, parts = None, []
     with httpx.Client(base_url=server.url, timeout=120) as http, \
             http.stream("POST", "/v1/chat/completions", json=body) as resp:
         assert resp.status_code == 200
@@ -90,26 +93,33 @@ def _stream(server, i: int, disconnect: bool) -> str | None:
             chunks += 1
             if disconnect and chunks >= 5:
                 return None  # leaving the block closes the connection mid-stream
-            if '"finish_reason":"' in line:
-                finish = line.split('"finish_reason":"', 1)[1].split('"', 1)[0]
-    return finish
+            for choice in json.loads(line[6:]).get("choices", []):
+                parts.append(choice["delta"].get("content") or "")
+                finish = choice.get("finish_reason") or finish
+    return "".join(parts), finish
 
 
 def test_thirty_two_streams_with_eight_disconnects(batch_server):
+    client = _client(batch_server)
+    # What each finishing stream must say: its seeded text, computed alone beforehand.
+    expected = {i: _chat(client, PROMPTS[i % 8], temperature=0.7, seed=i, max_tokens=60)
+                for i in range(32) if i % 4 != 0}
     before = _wait_idle(batch_server)
     baseline_memory = before["mlx_active_bytes"]
     with cf.ThreadPoolExecutor(32) as pool:
         futures = [pool.submit(_stream, batch_server, i, i % 4 == 0) for i in range(32)]
         results = [f.result(timeout=300) for f in futures]
-    finished = [r for i, r in enumerate(results) if i % 4 != 0]
-    assert len(finished) == 24 and all(r in ("stop", "length") for r in finished)
+    finished = {i: r for i, r in enumerate(results) if i % 4 != 0}
+    assert all(r is not None and r[1] in ("stop", "length") for r in finished.values())
+    # No cross-talk: every stream got exactly its own text.
+    assert {i: r[0] for i, r in finished.items()} == expected
     after = _wait_idle(batch_server)
     assert after["running_rows"] == 0 and after["reserved_tokens"] == 0 and after["queue_depth"] == 0
     assert after["requests_cancelled"] - before["requests_cancelled"] == 8
     assert httpx.get(f"{batch_server.url}/health").status_code == 200
     # Every row's KV was freed (the prompt cache is off on this server, so nothing is kept).
     assert after["mlx_active_bytes"] <= baseline_memory * 1.05 + (1 << 20)
-    assert _chat(_client(batch_server), "still there?", temperature=0)
+    assert _chat(client, "still there?", temperature=0)
 
 
 def test_memory_budget_refuses_an_over_budget_request_before_any_token(tiny_models, server_process):

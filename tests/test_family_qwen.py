@@ -55,10 +55,55 @@ def test_qwen3_5_starts_in_thinking(tiny_models, serve_app):
     assert message.model_extra.get("reasoning") and "</think>" not in message.model_extra["reasoning"]
 
 
-def test_gemma4_and_minicpm_generic_tier(tiny_models, serve_app):
-    for model_type in ("gemma4_text", "minicpm"):
-        client = serve_app(tiny_models(model_type))
-        out = openai_client(client).chat.completions.create(
-            model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=4, temperature=0)
-        assert out.choices[0].message.role == "assistant"
-        assert client.app.state.host.engine.profile.provenance == {"load_model": "mlx-lm"}
+def test_generic_tier_serves_plain_chat(tiny_models, serve_app):
+    """An architecture no family claims (a plain Llama) is loaded by mlx-lm and marked generic."""
+    client = serve_app(tiny_models("llama"))
+    out = openai_client(client).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=4, temperature=0)
+    assert out.choices[0].message.role == "assistant"
+    profile = client.app.state.host.engine.profile
+    assert profile.provenance == {"load_model": "mlx-lm"} and profile.tier == "generic"
+    row = client.get("/v1/models/" + client.app.state.host.engine.info.model_id).json()
+    assert row["tier"] == "generic" and row["family"] == "mlx-lm" and row["reasoning"] is False
+
+
+def test_qwen3_5_text_is_remapped_to_mlx_lm_qwen3_5(tiny_models, tmp_path):
+    """A text-only Qwen3.5 checkpoint (model_type qwen3_5_text, flat config, model.layers.*),
+    which mlx-lm has no module for, loads through mlx-lm's qwen3_5 and generates the same."""
+    import json
+    import shutil
+
+    import mlx.core as mx
+
+    src = tiny_models("qwen3_5")
+    dst = tmp_path / "qwen3_5_text"
+    shutil.copytree(src, dst)
+    config = json.loads((src / "config.json").read_text())
+    flat = {**config["text_config"], "model_type": "qwen3_5_text", "architectures": ["Qwen3_5ForCausalLM"]}
+    (dst / "config.json").write_text(json.dumps(flat))
+    weights = mx.load(str(src / "model.safetensors"))
+    text = {k.replace("model.language_model.", "model."): v for k, v in weights.items()
+            if not k.startswith("model.visual")}
+    mx.save_safetensors(str(dst / "model.safetensors"), text)
+    profile = profile_of(dst)
+    assert profile.provenance["load_model"] == "qwen"
+    assert type(profile.tool_parser).__name__ == "Qwen3XmlParser"
+    ids = [[1, 2, 3, 4]]
+    a, _ = load_model(read_model_info(ModelSource(src, "a", "folder")), make_host())
+    b, _ = load_model(read_model_info(ModelSource(dst, "b", "folder")), make_host())
+    assert mx.allclose(a.model(mx.array(ids)), b.model(mx.array(ids)), atol=1e-4).item()
+
+
+def test_server_thinking_default_and_the_client_chain(tiny_models, serve_app):
+    """--thinking off pre-closes Qwen3's think; reasoning_effort and chat_template_kwargs win."""
+    path = tiny_models("qwen3")
+    msg = [{"role": "user", "content": "hi"}]
+    on = openai_client(serve_app(path)).chat.completions.create(model="m", messages=msg, max_tokens=1)
+    oai = openai_client(serve_app(path, options={"thinking": False}))
+    off = oai.chat.completions.create(model="m", messages=msg, max_tokens=1)
+    assert off.usage.prompt_tokens > on.usage.prompt_tokens
+    effort = oai.chat.completions.create(model="m", messages=msg, max_tokens=1, reasoning_effort="low")
+    assert effort.usage.prompt_tokens == on.usage.prompt_tokens
+    explicit = oai.chat.completions.create(model="m", messages=msg, max_tokens=1, reasoning_effort="low",
+                                           extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    assert explicit.usage.prompt_tokens == off.usage.prompt_tokens

@@ -294,3 +294,23 @@ def test_every_hook_has_a_test_and_is_documented():
         assert name.removeprefix("mlxrt_") and name in tests, f"no test for {name}"
         assert f"`{name}(" in docs, f"{name} missing from docs/plugins/hooks.md"
         assert getattr(specs, name).__doc__, f"{name} has no docstring"
+
+
+def test_hook_mlxrt_prepare_request(tiny_models, serve_app):
+    from mlxrt.errors import InvalidRequest
+
+    seen = []
+
+    class Gate:
+        @hookimpl
+        def mlxrt_prepare_request(self, request, info, host):
+            seen.append(request.request_id)
+            if "forbidden" in request.stop:
+                raise InvalidRequest("forbidden stop string", param="stop")
+
+    client = serve_app(tiny_models("llama"), extra=[("gate", Gate())])
+    msg = [{"role": "user", "content": "x"}]
+    ok = client.post("/v1/chat/completions", json={"messages": msg, "max_tokens": 2})
+    assert ok.status_code == 200 and seen and seen[-1] == ok.json()["id"]
+    bad = client.post("/v1/chat/completions", json={"messages": msg, "max_tokens": 2, "stop": ["forbidden"]})
+    assert bad.status_code == 400 and bad.json()["error"]["message"] == "forbidden stop string"

@@ -106,10 +106,10 @@ BAD_BODIES = [
     (b'{"messages": [{"role": "user", "content": "x"}], "stream_options": {"include_usage": 1}}',
      "stream_options.include_usage must be of type bool"),
     (b'{"messages": [{"role": "user", "content": "x"}], "xtc_threshold": 1.5}', "xtc_threshold must be at most 1"),
-    (b'{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "json_object"}}',
-     "response_format is not supported by this server yet"),
+    (b'{"messages": [{"role": "user", "content": "x"}], "response_format": {"type": "yaml"}}',
+     "response_format.type must be one of"),
     (b'{"messages": [{"role": "user", "content": "x"}], "tool_choice": "required"}',
-     "tool_choice is not supported by this server yet"),
+     "tool_choice 'required' needs at least one tool in tools"),
     (b'{"messages": [{"role": "user", "content": "x"}], "max_tokens": 100000000}', "request needs"),
 ]
 

@@ -135,11 +135,24 @@ _bodies = st.one_of(
 )
 
 
+def _assert_error_schema(route: str, body: dict) -> None:
+    """The error body has its dialect's documented shape, with the right types."""
+    if route.startswith("/v1/messages"):  # Anthropic
+        assert set(body) == {"type", "error"} and body["type"] == "error"
+        assert isinstance(body["error"]["type"], str) and isinstance(body["error"]["message"], str)
+        return
+    error = body["error"]
+    assert set(error) == {"message", "type", "param", "code"}
+    assert isinstance(error["message"], str) and error["message"] and isinstance(error["type"], str)
+    assert error["param"] is None or isinstance(error["param"], str)
+    assert error["code"] is None or isinstance(error["code"], str)
+
+
 def test_fuzzed_bodies_on_every_post_route_get_only_4xx(qwen3_client):
     posts = [p for m, p in _api_routes(qwen3_client) if m == "POST"]
     assert "/v1/chat/completions" in posts
 
-    @settings(max_examples=60, deadline=None, suppress_health_check=list(HealthCheck))
+    @settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
     @given(body=_bodies, route=st.sampled_from(posts), raw=st.booleans())
     def check(body, route, raw):
         if raw:  # not JSON at all
@@ -150,7 +163,7 @@ def test_fuzzed_bodies_on_every_post_route_get_only_4xx(qwen3_client):
                                      headers={"content-type": "application/json"})
         assert resp.status_code < 500, (route, body, resp.text[:300])
         if resp.status_code >= 400:
-            assert "error" in resp.json()
+            _assert_error_schema(route, resp.json())
 
     check()
     assert qwen3_client.get("/health").status_code == 200

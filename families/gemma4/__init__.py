@@ -1,11 +1,54 @@
-"""The Gemma 4 family plugin (registered; behaviour arrives with the families issue).
+"""The Gemma 4 family plugin (text): sentinel tool calls and the thinking channel.
 
-mlx-lm loads Gemma 4 text checkpoints itself. This plugin does not yet answer any family
-hook: the sentinel tool router, the thinking channel and the vision tower are not built, so
-it claims none of them rather than pretend. Gemma 4 models are served by the generic tier.
+mlx-lm loads Gemma 4 text checkpoints itself (``gemma4``, ``gemma4_text``), so this plugin
+answers only the behaviour hooks. Gemma 4 marks tool calls with the sentinel tokens
+``<|tool_call>`` / ``<tool_call|>`` and reasoning with ``<|channel>thought`` … ``<channel|>``.
+Their ids are looked up in the model's own tokenizer (``ModelInfo.special_tokens``), never
+hard-coded: on other tokenizers the same low ids (48/49, 100/101) are ordinary text, and a
+Gemma-typed checkpoint whose vocabulary lacks the sentinels is left to the generic tier.
+The vision tower is not built yet.
 """
 
 from __future__ import annotations
 
+from mlxrt import ThinkingFormat, ThinkingKind, ToolStreamMode, hookimpl
+
 MLXRT_PLUGIN_KIND = "family"
-MODEL_TYPES = frozenset({"gemma4", "gemma4_text"})
+MODEL_TYPES = frozenset({"gemma4", "gemma4_text", "gemma4_unified"})
+TOOL_CALL = ("<|tool_call>", "<tool_call|>")
+CHANNEL = ("<|channel>", "<channel|>")
+
+
+def _ours(info) -> bool:  # noqa: ANN001
+    if info.model_type in MODEL_TYPES or info.text_model_type in MODEL_TYPES:
+        return True
+    archs = info.config.get("architectures") or ()
+    return any(isinstance(a, str) and a.startswith("Gemma4") for a in archs)
+
+
+def _sentinels(info, pair: tuple[str, str]) -> bool:  # noqa: ANN001
+    """Both markers are single added tokens of this tokenizer."""
+    return all(isinstance(info.special_tokens.get(tok), int) for tok in pair)
+
+
+@hookimpl
+def mlxrt_thinking_format(info):  # noqa: ANN001, ANN201
+    if _ours(info) and _sentinels(info, CHANNEL):
+        return ThinkingFormat(kind=ThinkingKind.GEMMA_CHANNEL, open=CHANNEL[0] + "thought\n", close=CHANNEL[1])
+    return None
+
+
+@hookimpl
+def mlxrt_tool_parser(info):  # noqa: ANN001, ANN201
+    if _ours(info) and _sentinels(info, TOOL_CALL):
+        from mlxrt.families.gemma4.tools import Gemma4Parser
+
+        return Gemma4Parser()
+    return None
+
+
+@hookimpl
+def mlxrt_tool_stream_mode(info, has_tools):  # noqa: ANN001, ANN201
+    if not (_ours(info) and _sentinels(info, TOOL_CALL)):
+        return None
+    return ToolStreamMode.GEMMA_SENTINEL if has_tools else ToolStreamMode.PLAIN

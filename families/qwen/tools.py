@@ -3,6 +3,9 @@
 Both put each call between ``<tool_call>`` and ``</tool_call>``. Qwen3 writes
 ``{"name": ..., "arguments": {...}}``; Qwen3.5 writes ``<function=NAME><parameter=KEY>VALUE
 </parameter></function>`` with raw-text values that are typed by the tool's JSON schema.
+mlx-lm's ``json_tools`` is a bare ``json.loads`` and its ``qwen3_coder`` needs exactly one
+closed ``<function=…>`` per call, so these are mlxrt's own (tolerant of an unclosed last
+call and of several calls in one turn).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mlxrt import ToolCall
+from mlxrt.tool_calls import typed_arguments
 
 __all__ = ["Qwen3JsonParser", "Qwen3XmlParser"]
 
@@ -32,6 +36,9 @@ class Qwen3JsonParser:
     start = "<tool_call>"
     end = "</tool_call>"
 
+    def opening(self, name: str) -> str:
+        return f'<tool_call>\n{{"name": {json.dumps(name)}, "arguments": '
+
     def parse(self, text: str, tools: Sequence[Mapping[str, Any]] | None) -> list[ToolCall]:
         calls = []
         for block in _blocks(text):
@@ -41,7 +48,9 @@ class Qwen3JsonParser:
             args = obj.get("arguments", {})
             if isinstance(args, str):
                 args = json.loads(args or "{}")
-            calls.append(ToolCall(name=obj["name"], arguments=json.dumps(args, ensure_ascii=False)))
+            if not isinstance(args, dict):
+                raise ValueError("tool call arguments must be a JSON object")
+            calls.append(ToolCall(name=obj["name"], arguments=typed_arguments(obj["name"], args, tools)))
         return calls
 
 
@@ -69,6 +78,9 @@ def _typed(raw: str, schema: Mapping[str, Any]) -> Any:
 class Qwen3XmlParser:
     start = "<tool_call>"
     end = "</tool_call>"
+
+    def opening(self, name: str) -> str:
+        return f"<tool_call>\n<function={name}>\n"
 
     def parse(self, text: str, tools: Sequence[Mapping[str, Any]] | None) -> list[ToolCall]:
         calls = []

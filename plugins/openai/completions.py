@@ -19,6 +19,7 @@ from litestar import Request, Response, post
 
 from mlxrt.api.app import claimed_fields
 from mlxrt.api.disconnect import closing_on_error, drain_until_disconnect, start_generation
+from mlxrt.api.generation import prepare
 from mlxrt.api.sse import sse_data, sse_response
 from mlxrt.api.wire import parse_json_object
 from mlxrt.plugins.openai.decode import build_generation, decode_completion
@@ -51,6 +52,7 @@ async def completions(request: Request) -> Response:
     ids = await anyio.to_thread.run_sync(encode_text, engine.tokenizer, decoded.prompt)
     generation = build_generation(host, decoded.options, ids, request_id=f"cmpl-{uuid.uuid4()}",
                                   default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS)
+    await prepare(host, generation)
     model = engine.info.model_id
     created = int(time.time())
     gen, report = await start_generation(request, engine, generation)

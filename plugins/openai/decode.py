@@ -15,6 +15,7 @@ from typing import Any, TypeVar
 import attrs
 
 from mlxrt.admission import plan_max_tokens
+from mlxrt.api.generation import structured_output
 from mlxrt.api.wire import FieldRule, check_fields, strict_converter, structure
 from mlxrt.errors import InvalidRequest
 from mlxrt.plugins.openai.wire import (
@@ -26,9 +27,10 @@ from mlxrt.plugins.openai.wire import (
     CompletionRequest,
     GenerationFields,
 )
-from mlxrt.records import GenerationRequest
+from mlxrt.records import GenerationRequest, StructuredOutput
 from mlxrt.sampling import resolve_sampling
 from mlxrt.templating import ChatInput, canonicalize
+from mlxrt.tool_calls import tool_choice_prefixes
 
 __all__ = [
     "DecodedOptions", "DecodedChat", "DecodedCompletion",
@@ -42,17 +44,16 @@ W = TypeVar("W", bound=GenerationFields)
 #: asks for them (a non-neutral value) is refused by name instead of ignored.
 _NOT_YET = {
     "n": (1,),
-    "response_format": ({"type": "text"},),
-    "tool_choice": ("auto", "none"),
-    "adapter": ("none",),
     "adapters": (),
 }
 #: Fields every generation endpoint reads besides its rules, wire type and ``_NOT_YET`` table.
 #: ``model`` and ``user`` are read and deliberately not acted on (one served model; no accounts).
 _READ = frozenset({"messages", "prompt", "stop", "logit_bias", "stream_options", "tools", "tool_choice",
-                   "model", "user"})
+                   "response_format",
+                   "model", "user", "adapter"})
 #: Legacy-completions fields OpenAI has and mlx_lm.server silently ignores.
-_NOT_YET_COMPLETIONS = {**_NOT_YET, "echo": (False,), "suffix": ("",), "best_of": (1,)}
+_NOT_YET_COMPLETIONS = {**_NOT_YET, "echo": (False,), "suffix": ("",), "best_of": (1,),
+                        "tool_choice": ("auto", "none")}
 _PROMPT_TEXT = ("prompt (a non-empty string) is required (token-array prompts are not accepted, "
                 "matching mlx_lm.server)")
 _INT_KEY = re.compile(r"-?[0-9]+")
@@ -69,6 +70,13 @@ class DecodedOptions:
     extra: Mapping[str, Any] = attrs.field(factory=dict)
     #: Body fields mlxrt does not read (reported in ``x-mlxrt-ignored``; 400 under ``--strict``).
     ignored: tuple[str, ...] = ()
+    #: Tools a call must be made to (``tool_choice`` ``"required"``: every tool; a named
+    #: function: that one); ``()`` leaves the model free.
+    forced_tools: tuple[str, ...] = ()
+    #: The ``adapter`` field ("id", "a+b", "none"); ``None`` runs the server's default adapter.
+    adapter: str | None = None
+    #: ``response_format`` as the engine's constraint; ``None`` is free text.
+    structured: StructuredOutput | None = None
 
     @property
     def headers(self) -> dict[str, str]:
@@ -222,6 +230,26 @@ def _decode_tools(tools: Any) -> tuple[Mapping[str, Any], ...] | None:
     return tuple(tools)
 
 
+def _decode_tool_choice(value: Any, tools: tuple[Mapping[str, Any], ...] | None) -> tuple[str, ...]:
+    """``tool_choice``: ``"none"``/``"auto"`` (free), ``"required"`` (every tool allowed) or
+    ``{"type": "function", "function": {"name": ...}}``; returns the tools a call must use."""
+    if value is None or value in ("auto", "none"):
+        return ()
+    names = tuple(t["function"]["name"] for t in tools or ())
+    if value == "required":
+        if not names:
+            raise InvalidRequest("tool_choice 'required' needs at least one tool in tools", param="tool_choice")
+        return names
+    fn = value.get("function") if isinstance(value, dict) and value.get("type") == "function" else None
+    if not isinstance(fn, dict) or not isinstance(fn.get("name"), str):
+        raise InvalidRequest('tool_choice must be "none", "auto", "required" or '
+                             '{"type": "function", "function": {"name": ...}}', param="tool_choice")
+    if fn["name"] not in names:
+        raise InvalidRequest(f"tool_choice names function {fn['name']!r}, which is not in tools",
+                             param="tool_choice")
+    return (fn["name"],)
+
+
 def _claimed(body: Mapping[str, Any], claimed: Mapping[str, type]) -> dict[str, Any]:
     extra = {}
     for name, kind in claimed.items():
@@ -273,8 +301,12 @@ def decode_options(body: Mapping[str, Any], claimed: Mapping[str, type] | None, 
     include_usage = _stream_options(body.get("stream_options"))
     fields = {f.name for f in attrs.fields(cls)}
     request = structure(_CONVERTER, {k: v for k, v in body.items() if k in fields}, cls)
+    adapter = body.get("adapter")
+    if adapter is not None and not isinstance(adapter, str):
+        raise InvalidRequest("adapter must be of type str (\"id\", \"a+b\" or \"none\")", param="adapter")
     options = DecodedOptions(request=request, stop=stop, logit_bias=logit_bias,
-                             include_usage=include_usage, extra=extra, ignored=ignored)
+                             include_usage=include_usage, extra=extra, ignored=ignored, adapter=adapter,
+                             structured=structured_output(body.get("response_format")))
     return request, options
 
 
@@ -292,6 +324,7 @@ def decode_chat(body: Mapping[str, Any], claimed: Mapping[str, type] | None = No
                                       strict=strict)
     decoded = tuple(_decode_message(i, m) for i, m in enumerate(messages))
     tools = _decode_tools(body.get("tools")) if body.get("tool_choice") != "none" else None
+    options = attrs.evolve(options, forced_tools=_decode_tool_choice(body.get("tool_choice"), tools))
     chat = ChatInput(
         messages=decoded,
         tools=tools,
@@ -339,6 +372,7 @@ def build_generation(host: Any, options: DecodedOptions, prompt_ids: Sequence[in
     )
     gen = GenerationRequest(
         request_id=request_id,
+        forced_prefixes=tool_choice_prefixes(engine.profile, engine.tokenizer, options.forced_tools, prompt_ids),
         prompt_ids=tuple(prompt_ids),
         max_tokens=max_tokens,
         sampling=sampling,
@@ -346,5 +380,8 @@ def build_generation(host: Any, options: DecodedOptions, prompt_ids: Sequence[in
         dialect="openai",
         extra=options.extra,
         logprobs=wire.logprob_count,
+        adapters=registry.resolve(options.adapter) if (registry := getattr(engine, "adapters", None)) else (),
+        structured=options.structured,
     )
     return canonicalize(host, gen, "openai")
+

@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
-from contextlib import aclosing
 from typing import Any
 
+from mlxrt.api import generation
 from mlxrt.api.errors import openai_error_body
+from mlxrt.api.generation import CACHE_HEADER, response_headers
 from mlxrt.api.sse import sse_data
 from mlxrt.errors import MlxrtError
-from mlxrt.records import CacheReport, FinishEvent, TokenEvent, ToolCall
+from mlxrt.records import FinishEvent, TokenEvent, ToolCall
 
 __all__ = [
     "ROUTE_OPT", "CACHE_HEADER", "response_headers",
@@ -19,15 +20,6 @@ __all__ = [
 
 #: Route options every OpenAI handler carries: errors render as OpenAI error objects.
 ROUTE_OPT = {"dialect": "openai", "render_error": openai_error_body}
-
-#: What the prompt cache did for the request (:meth:`mlxrt.records.CacheReport.header`).
-CACHE_HEADER = "x-mlxrt-cache"
-
-
-def response_headers(headers: dict[str, str], report: CacheReport) -> dict[str, str]:
-    """A completion's headers: the decoder's (``x-mlxrt-ignored`` ...) plus the cache report."""
-    return {**headers, CACHE_HEADER: report.header()}
-
 
 def usage(finish: FinishEvent) -> dict[str, Any]:
     return {
@@ -180,15 +172,11 @@ def text_completion_chunk(*, id: str, created: int, model: str, text: str, finis
     return body
 
 
-async def guarded(frames: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """Pass SSE frames through; an error mid-stream becomes an error frame.
+def _error_frame(exc: MlxrtError) -> bytes:
+    return sse_data(openai_error_body(exc.status, exc.type, exc.message, exc.param, exc.code))
 
-    The headers are gone by then, so the error travels in the stream, which then closes
-    without ``[DONE]``.
-    """
-    async with aclosing(frames):  # a client that leaves closes the inner stream (and cancels) now
-        try:
-            async for frame in frames:
-                yield frame
-        except MlxrtError as exc:
-            yield sse_data(openai_error_body(exc.status, exc.type, exc.message, exc.param, exc.code))
+
+def guarded(frames: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
+    """Pass SSE frames through; an error mid-stream becomes an OpenAI error frame, and the
+    stream closes without ``[DONE]`` (:func:`mlxrt.api.generation.guarded`)."""
+    return generation.guarded(frames, _error_frame)

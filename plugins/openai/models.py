@@ -1,7 +1,8 @@
 """OpenAI model routes: ``GET /v1/models`` and ``GET /v1/models/{id}``.
 
 The list is the served model first (with mlxrt's ``context_window``, ``reasoning`` and
-``vision`` flags), then one row per servable model repo in the local Hugging Face cache: a
+``vision`` flags, the ``family`` plugin and ``tier`` — ``family`` or ``generic`` — and the
+load-time ``self_test`` result per capability), then one row per servable model repo in the local Hugging Face cache: a
 model repo whose ``refs/main`` snapshot has a ``config.json`` with a ``model_type`` and
 safetensors weights, i.e. what ``mlxrt serve ORG/NAME`` would load without a download.
 Listing never downloads; a missing or unreadable cache lists the served model alone.
@@ -11,7 +12,6 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import time
 from pathlib import Path
 from typing import Any
@@ -20,25 +20,14 @@ import anyio
 from litestar import Request, get
 
 from mlxrt.errors import NotFound
+from mlxrt.loading import hf_cache_dir
 from mlxrt.plugins.openai.encode import ROUTE_OPT
 
-__all__ = ["list_models", "get_model", "hf_cache_dir", "cached_model_rows"]
+__all__ = ["list_models", "get_model", "cached_model_rows"]
 
 log = logging.getLogger("mlxrt.openai")
 
 #: Route options every OpenAI handler carries: errors render as OpenAI error objects.
-
-
-def hf_cache_dir() -> Path:
-    """The Hugging Face hub cache, from the environment as it is now (huggingface_hub reads it
-    once, at import): ``HF_HUB_CACHE``, ``HUGGINGFACE_HUB_CACHE``, ``HF_HOME/hub``, else
-    ``$XDG_CACHE_HOME/huggingface/hub`` (default ``~/.cache/huggingface/hub``)."""
-    env = os.environ
-    cache = env.get("HF_HUB_CACHE") or env.get("HUGGINGFACE_HUB_CACHE")
-    if not cache:
-        home = env.get("HF_HOME") or os.path.join(env.get("XDG_CACHE_HOME") or "~/.cache", "huggingface")
-        cache = os.path.join(home, "hub")
-    return Path(os.path.expandvars(cache)).expanduser()
 
 
 def _servable(snapshot: Path) -> dict[str, Any] | None:
@@ -91,7 +80,18 @@ def _served_row(request: Request) -> dict[str, Any]:
         "context_window": info.context_window,
         "reasoning": engine.profile.thinking_format is not None,
         "vision": engine.profile.vision is not None,
+        "tools": engine.profile.tool_parser is not None,
+        "family": _family_name(engine.profile),
+        "tier": engine.profile.tier,
+        "self_test": dict(engine.profile.self_test),
     }
+
+
+def _family_name(profile: Any) -> str:
+    """The plugin that answered the family hooks (the tool parser's or thinking format's
+    first, since mlx-lm loads most family models itself), else the loader's name."""
+    prov = profile.provenance
+    return prov.get("tool_parser") or prov.get("thinking_format") or prov.get("load_model", "mlx-lm")
 
 
 async def _model_rows(request: Request) -> list[dict[str, Any]]:

@@ -14,6 +14,7 @@ from litestar import Request, Response, post
 
 from mlxrt.api.app import claimed_fields
 from mlxrt.api.disconnect import closing_on_error, drain_until_disconnect, start_generation
+from mlxrt.api.generation import prepare
 from mlxrt.api.sse import sse_data, sse_response
 from mlxrt.api.wire import parse_json_object
 from mlxrt.plugins.openai.completions import completions
@@ -55,6 +56,7 @@ async def _prepare(request: Request) -> tuple[DecodedChat, RenderedPrompt, Gener
     )
     gen = build_generation(host, decoded.options, rendered.ids, request_id=f"chatcmpl-{uuid.uuid4()}",
                            default_max_tokens=CHAT_DEFAULT_MAX_TOKENS)
+    await prepare(host, gen)
     return decoded, rendered, gen
 
 

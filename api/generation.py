@@ -1,0 +1,221 @@
+"""What every dialect's generation route shares: the engine request built from decoded
+fields, the response headers, ``tool_choice`` openings, and error frames once a stream runs.
+
+Dialects differ in their wire shapes, not in how a request reaches the engine: each decodes
+its body into plain values and hands them to :func:`plan_generation`, so ``--max-tokens``,
+the sampling chain, logit-bias checks and ``mlxrt_prompt_canonicalize`` behave the same on
+every API.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from contextlib import aclosing
+from typing import Any, Protocol
+
+from mlxrt.admission import plan_max_tokens
+from mlxrt.errors import InvalidRequest, MlxrtError
+from mlxrt.records import (
+    CacheReport,
+    FinishEvent,
+    FinishReason,
+    GenerationRequest,
+    StructuredOutput,
+    ToolCall,
+)
+from mlxrt.responses import ResponseAssembler
+from mlxrt.sampling import resolve_sampling
+from mlxrt.templating import canonicalize
+
+__all__ = ["CACHE_HEADER", "response_headers", "plan_generation", "forced_openings", "guarded",
+           "tool_input", "FrameWriter", "assembled_stream", "structured_output", "json_schema_output",
+           "prepare", "prepare_request"]
+
+#: What the prompt cache did for the request (:meth:`mlxrt.records.CacheReport.header`).
+CACHE_HEADER = "x-mlxrt-cache"
+
+
+def response_headers(headers: Mapping[str, str], report: CacheReport) -> dict[str, str]:
+    """A completion's headers: the decoder's (``x-mlxrt-ignored`` ...) plus the cache report."""
+    return {**headers, CACHE_HEADER: report.header()}
+
+
+def plan_generation(host: Any, *, dialect: str, request_id: str, prompt_ids: Sequence[int],
+                    requested_max_tokens: int | None, default_max_tokens: int,
+                    sampling: Mapping[str, Any], seed: int | None = None,
+                    logit_bias: Mapping[int, float] | None = None, stop: Sequence[str] = (),
+                    extra: Mapping[str, Any] | None = None, logprobs: int | None = None,
+                    forced_prefixes: Sequence[Sequence[int]] = (),
+                    max_tokens_is_ceiling: bool = False,
+                    structured: StructuredOutput | None = None) -> GenerationRequest:
+    """The engine request for one decoded body and its tokenized prompt, canonicalized.
+
+    ``--max-tokens`` (``host.options["max_tokens"]``) overrides ``default_max_tokens``;
+    admission caps both to the context. An explicit ``requested_max_tokens`` that cannot fit
+    is refused, unless ``max_tokens_is_ceiling`` (Anthropic, whose clients must send one and
+    send large ones): then it is capped to what fits like a default. ``sampling`` holds the client's sampling fields by
+    :class:`~mlxrt.records.SamplingParams` name (``None`` = not given), resolved through
+    :func:`mlxrt.sampling.resolve_sampling`'s chain.
+    """
+    engine = host.engine
+    vocab = engine.info.config_int("vocab_size")
+    for token in logit_bias or {}:
+        if token < 0 or (vocab is not None and token >= vocab):
+            raise InvalidRequest(f"logit_bias token id {token} is not in the vocabulary"
+                                 + (f" (0 to {vocab - 1})" if vocab is not None else ""), param="logit_bias")
+    option = host.options.get("max_tokens")
+    default = option if option is not None else default_max_tokens
+    if max_tokens_is_ceiling and requested_max_tokens is not None:
+        default, requested_max_tokens = requested_max_tokens, None
+    max_tokens = plan_max_tokens(len(prompt_ids), requested_max_tokens, default, engine.context_ceiling)
+    params = resolve_sampling(sampling, host.options, engine.info.generation_config, seed=seed,
+                              logit_bias=logit_bias)
+    gen = GenerationRequest(
+        request_id=request_id, prompt_ids=tuple(prompt_ids), max_tokens=max_tokens, sampling=params,
+        stop=tuple(stop), dialect=dialect, extra=dict(extra or {}), logprobs=logprobs,
+        forced_prefixes=tuple(tuple(p) for p in forced_prefixes), structured=structured,
+    )
+    return canonicalize(host, gen, dialect)
+
+
+def json_schema_output(schema: Any, *, param: str) -> StructuredOutput:
+    """A JSON-schema constraint; the schema's compact JSON keys the grammar cache.
+
+    Keys keep the client's order: property order is the order of the generated object."""
+    import json
+
+    if not isinstance(schema, dict):
+        raise InvalidRequest(f"{param}: the schema must be a JSON object", param=param)
+    return StructuredOutput(kind="json_schema", spec=json.dumps(schema, separators=(",", ":")),
+                            param=param)
+
+
+def structured_output(value: Any, *, param: str = "response_format",
+                      flat: bool = False) -> StructuredOutput | None:
+    """An OpenAI-shaped output format → the engine's constraint (``None``: free text).
+
+    ``{"type": "json_object"}``; ``{"type": "json_schema", "json_schema": {"name", "schema",
+    "strict"}}`` (``flat``: the Responses shape, ``name``/``schema`` beside ``type``); and the
+    mlxrt extensions ``{"type": "regex", "regex": "..."}`` and ``{"type": "choice",
+    "choices": ["a", "b"]}``. Whether the schema compiles is checked later, off the event loop
+    (:func:`prepare`).
+    """
+    import json
+
+    if value is None:
+        return None
+    kind = value.get("type") if isinstance(value, dict) else None
+    if kind == "text":
+        return None
+    if kind == "json_object":
+        return StructuredOutput(kind="json_object", param=param)
+    if kind == "json_schema":
+        body = value if flat else value.get("json_schema")
+        where = param if flat else f"{param}.json_schema"
+        if not isinstance(body, dict):
+            raise InvalidRequest(f"{where} must be an object with a schema", param=param)
+        if body.get("name") is not None and not isinstance(body["name"], str):
+            raise InvalidRequest(f"{where}.name must be a string", param=param)
+        if body.get("strict") is not None and not isinstance(body["strict"], bool):
+            raise InvalidRequest(f"{where}.strict must be a boolean", param=param)
+        # No schema is any JSON value's schema; OpenAI requires one, we accept the default.
+        return json_schema_output(body.get("schema", {}), param=f"{where}.schema")
+    if kind == "regex":
+        if not isinstance(value.get("regex"), str) or not value["regex"]:
+            raise InvalidRequest(f"{param}.regex must be a non-empty string", param=param)
+        return StructuredOutput(kind="regex", spec=value["regex"], param=f"{param}.regex")
+    if kind == "choice":
+        choices = value.get("choices")
+        if not isinstance(choices, list) or not choices or not all(isinstance(c, str) and c for c in choices):
+            raise InvalidRequest(f"{param}.choices must be a non-empty list of non-empty strings", param=param)
+        return StructuredOutput(kind="choice", spec=json.dumps(choices), param=f"{param}.choices")
+    raise InvalidRequest(f"{param}.type must be one of text, json_object, json_schema, regex, choice",
+                         param=param)
+
+
+def prepare_request(host: Any, request: GenerationRequest) -> None:
+    """Run ``mlxrt_prepare_request`` here (a caller already on a worker thread)."""
+    host.collect("mlxrt_prepare_request", request=request, info=host.engine.info, host=host)
+
+
+async def prepare(host: Any, request: GenerationRequest) -> None:
+    """Run ``mlxrt_prepare_request`` for ``request`` on a worker thread (neither the event loop
+    nor the engine thread): slow per-request work, such as compiling a grammar, and its 400s,
+    happen before the request queues."""
+    import anyio
+
+    if not host.pm.hook.mlxrt_prepare_request.get_hookimpls():
+        return
+    await anyio.to_thread.run_sync(prepare_request, host, request)
+
+
+def forced_openings(engine: Any, names: Sequence[str], prompt_ids: Sequence[int], *,
+                    param: str) -> tuple[tuple[int, ...], ...]:
+    """Token openings that force the answer to start with a call to one of ``names``: the
+    family parser's ``opening(name)``, after the reasoning close marker when the prompt left
+    a think block open (:func:`mlxrt.tool_calls.tool_choice_prefixes`, shared by every
+    dialect). A parser without ``opening`` cannot enforce the choice: the client's 400.
+    """
+    from mlxrt.tool_calls import tool_choice_prefixes
+
+    return tool_choice_prefixes(engine.profile, engine.tokenizer, names, prompt_ids, param=param)
+
+
+def tool_input(call: ToolCall) -> dict[str, Any]:
+    """A parsed call's arguments as an object (``{"_raw": text}`` when they are not one)."""
+    import json
+
+    try:
+        value = json.loads(call.arguments or "{}")
+    except json.JSONDecodeError:
+        return {"_raw": call.arguments}
+    return value if isinstance(value, dict) else {"_raw": call.arguments}
+
+
+async def guarded(frames: AsyncIterator[bytes], error_frame: Callable[[MlxrtError], bytes]) -> AsyncIterator[bytes]:
+    """Pass SSE frames through; an error mid-stream becomes the dialect's error frame.
+
+    The headers are gone by then, so the error travels in the stream, which then closes
+    without its normal end.
+    """
+    async with aclosing(frames):  # a client that leaves closes the inner stream (and cancels) now
+        try:
+            async for frame in frames:
+                yield frame
+        except MlxrtError as exc:
+            yield error_frame(exc)
+
+
+class FrameWriter(Protocol):
+    """A dialect's stream grammar over assembled deltas (:func:`assembled_stream` drives it)."""
+
+    def start(self) -> list[bytes]: ...
+
+    def feed(self, *, reasoning: str = "", text: str = "") -> list[bytes]: ...
+
+    def finish(self, calls: tuple[ToolCall, ...], reason: FinishReason, finish: FinishEvent) -> list[bytes]: ...
+
+
+async def assembled_stream(gen: Any, assembler: ResponseAssembler, writer: FrameWriter, *,
+                           single_call: bool = False) -> AsyncIterator[bytes]:
+    """Engine events → reasoning/text deltas (``assembler``) → the dialect's frames (``writer``).
+
+    Tool calls are known at the end; ``single_call`` keeps only the first (a client that
+    turned parallel calls off). Owns ``gen``: closing this stream (the client left) closes the
+    engine request.
+    """
+    async with aclosing(gen):
+        for frame in writer.start():
+            yield frame
+        async for event in gen:
+            if isinstance(event, FinishEvent):
+                last, reason = assembler.finish(event)
+                for frame in writer.feed(reasoning=last.reasoning, text=last.content):
+                    yield frame
+                calls = assembler.tool_calls[:1] if single_call else assembler.tool_calls
+                for frame in writer.finish(calls, reason, event):
+                    yield frame
+                return
+            delta = assembler.feed(event.text)
+            for frame in writer.feed(reasoning=delta.reasoning, text=delta.content):
+                yield frame

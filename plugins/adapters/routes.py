@@ -1,0 +1,75 @@
+"""Route handlers of the adapters plugin.
+
+Mount and unmount run on the engine's worker between decode steps (``Engine.call``), so no
+array is changed or freed under a running step. Folder scans run off the event loop.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Annotated, Any
+
+import anyio
+from litestar import Request, delete, get, post
+from litestar.params import PathParameter
+
+from mlxrt.errors import EngineError, InvalidRequest
+
+__all__ = ["ROUTES", "list_adapters", "available_adapters", "mount_adapter", "unmount_adapter"]
+
+
+def _engine(request: Request) -> Any:
+    engine = request.app.state.host.engine
+    if engine is None or not hasattr(engine, "adapters"):
+        raise EngineError("no model is being served")
+    return engine
+
+
+@get("/v1/adapters", summary="Mounted LoRA adapters", tags=["adapters"])
+async def list_adapters(request: Request) -> dict[str, Any]:
+    """Every mounted adapter (id, path, rank, scale, layers) and the server's default."""
+    engine = _engine(request)
+    return {"adapters": [a.describe() for a in engine.adapters.list()],
+            "default": "+".join(engine.adapters.default) or None}
+
+
+@get("/v1/adapters/available", summary="Adapter folders found on disk", tags=["adapters"])
+async def available_adapters(request: Request) -> dict[str, Any]:
+    """Adapter folders (adapter_config.json + adapters.safetensors) directly under the
+    ``--adapter-dir`` folders and beside the ``--adapter`` folder; ``mounted`` is the id a
+    folder is mounted under, ``error`` why it cannot be mounted."""
+    engine = _engine(request)
+    found = await anyio.to_thread.run_sync(engine.adapters.available)
+    return {"adapters": found}
+
+
+@post("/v1/adapters", summary="Mount a LoRA adapter", tags=["adapters"], status_code=200)
+async def mount_adapter(request: Request) -> dict[str, Any]:
+    """Mount ``{"id", "path"}`` (an mlx-lm adapter folder); the base model never reloads."""
+    engine = _engine(request)
+    try:
+        body = json.loads(await request.body())
+    except ValueError:
+        raise InvalidRequest("invalid JSON body") from None
+    if not isinstance(body, dict):
+        raise InvalidRequest("the body must be a JSON object {\"id\", \"path\"}")
+    path = body.get("path")
+    if not isinstance(path, str) or not path:
+        raise InvalidRequest("path (an adapter folder, a string) is required", param="path")
+    adapter_id = body.get("id")
+    if adapter_id is None:
+        from mlxrt.adapters import adapter_id_for
+
+        adapter_id = adapter_id_for(path)
+    if not isinstance(adapter_id, str):
+        raise InvalidRequest("id must be a string", param="id")
+    return await engine.mount_adapter(adapter_id, path)
+
+
+@delete("/v1/adapters/{adapter_id:str}", summary="Unmount a LoRA adapter", tags=["adapters"], status_code=200)
+async def unmount_adapter(request: Request, adapter_id: Annotated[str, PathParameter()]) -> dict[str, Any]:
+    """Unmount; requests already running with it finish with it. 404 if it is not mounted."""
+    return await _engine(request).unmount_adapter(adapter_id)
+
+
+ROUTES = (list_adapters, available_adapters, mount_adapter, unmount_adapter)

@@ -1,0 +1,30 @@
+"""The Anthropic Messages dialect (``POST /v1/messages``, ``/v1/messages/count_tokens``).
+
+Registered through the ``mlxrt`` entry point ``anthropic`` like any third-party dialect.
+Claude Code runs against it with ``ANTHROPIC_BASE_URL`` (docs/dialects.md). Its
+``mlxrt_prompt_canonicalize`` strips Claude Code's per-request billing header line so an
+agent loop keeps hitting the prompt cache. Route modules import Litestar, so they load only
+when the app is built.
+"""
+
+from __future__ import annotations
+
+from mlxrt import hookimpl
+
+MLXRT_PLUGIN_KIND = "dialect"
+
+
+@hookimpl
+def mlxrt_routes(host):  # noqa: ANN001, ANN201 - hook signature documented in mlxrt.hookspecs
+    from mlxrt.plugins.anthropic.routes import ROUTES
+
+    return list(ROUTES)
+
+
+@hookimpl
+def mlxrt_prompt_canonicalize(request, dialect, host):  # noqa: ANN001, ANN201
+    if dialect != "anthropic" or host.engine is None:
+        return None
+    from mlxrt.plugins.anthropic.canonical import canonical_request
+
+    return canonical_request(request, host.engine.tokenizer)

@@ -1,0 +1,147 @@
+"""Route handlers of the library plugin.
+
+``/fit`` and ``/library`` assess with the served engine's own settings (``--memory-budget``,
+``--prompt-cache-bytes``, ``--batch``) unless the query gives a budget; without any budget
+they assume :func:`mlxrt.fit.machine_budget`. File reads run off the event loop.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Any
+
+import anyio
+from litestar import Request, get
+from litestar.params import Parameter
+
+from mlxrt.errors import InvalidRequest, ModelLoadError, NotFound
+from mlxrt.fit import DEFAULT_CONTEXT, FitReport, assess
+
+__all__ = ["ROUTES", "fit", "library", "downloads"]
+
+
+def _settings(host: Any, budget_gb: float | None) -> dict[str, Any]:
+    cfg = getattr(host.engine, "config", None)
+    if budget_gb is not None:
+        if not 0 < budget_gb <= 1e6:  # also NaN
+            raise InvalidRequest("memory_budget must be a number of GB above 0", param="memory_budget")
+        budget, source = int(budget_gb * 1e9), "query"
+    else:
+        budget = getattr(cfg, "memory_budget", None)
+        source = "server" if budget is not None else "machine"
+    return {"budget": budget, "budget_source": source,
+            "prompt_cache_bytes": getattr(cfg, "prompt_cache_bytes", None),
+            "rows": getattr(cfg, "batch", 1) or 1}
+
+
+def _served(host: Any) -> tuple[str, Path] | None:
+    engine = host.engine
+    return (engine.info.model_id, Path(engine.info.path)) if engine is not None else None
+
+
+def _resolve(host: Any, query: str | None) -> tuple[str, Path]:
+    from mlxrt.loading import local_repo_ids, match_local_repo, resolve_model
+
+    served = _served(host)
+    if not query or (served is not None and query == served[0]):
+        if served is None:
+            raise InvalidRequest("no model is being served; name one with ?model=", param="model")
+        return served
+    try:
+        repo = match_local_repo(query, local_repo_ids())
+    except ModelLoadError as exc:
+        raise InvalidRequest(exc.message, param="model", code=exc.code) from None
+    if repo is None:
+        raise NotFound(f"model {query!r} is neither the served model nor (part of) the id of a model in "
+                       "the local Hugging Face cache", param="model", code="model_not_found")
+    try:
+        source = resolve_model(repo, allow_download=False)
+    except ModelLoadError as exc:
+        raise InvalidRequest(exc.message, param="model", code="model_unreadable") from None
+    return source.model_id, source.path
+
+
+def _assess(model: str, path: Path, ctx: int, settings: dict[str, Any]) -> FitReport:
+    try:
+        return assess(path, ctx=ctx, model=model, **settings)
+    except ModelLoadError as exc:
+        raise InvalidRequest(exc.message, param="model", code="model_unreadable") from None
+
+
+@get("/fit", summary="Memory fit of a model at a context", tags=["library"])
+async def fit(
+    request: Request,
+    model: Annotated[str | None, Parameter(description="Served model id (default) or part of a local repo id")]
+    = None,
+    ctx: Annotated[int, Parameter(ge=1, le=1 << 31, description="Tokens of context")] = DEFAULT_CONTEXT,
+    memory_budget: Annotated[float | None, Parameter(gt=0, le=1e6, description="Budget in GB (10^9 bytes)")]
+    = None,
+) -> dict[str, Any]:
+    """The static memory contract (``mlxrt fit``); for the served model also the engine's
+    measured plan (``measured``)."""
+    host = request.app.state.host
+    name, path = await anyio.to_thread.run_sync(_resolve, host, model)
+    report = await anyio.to_thread.run_sync(_assess, name, path, ctx, _settings(host, memory_budget))
+    body = report.describe()
+    served = _served(host)
+    plan = getattr(host.engine, "memory", None)
+    if served is not None and served[1] == path and plan is not None:
+        body["measured"] = plan.describe()
+    return body
+
+
+def _library_rows(host: Any, ctx: int, settings: dict[str, Any]) -> list[dict[str, Any]]:
+    from mlxrt.library import describe_snapshot, scan_library
+
+    served = _served(host)
+    models = scan_library(host).models
+    if served is not None and not any(m.path == served[1] for m in models):
+        # served from a folder, a .gguf or the embedded wheel: listed too, first
+        models.insert(0, describe_snapshot(served[0], served[1], host, revision=None, size_bytes=_du(served[1]),
+                                           revisions=1))
+    rows = []
+    for m in models:
+        row = m.describe()
+        row["serving"] = served is not None and m.path == served[1]
+        row["assessment"] = None
+        if m.servable and m.path is not None:
+            try:
+                report = assess(m.path, ctx=ctx, model=m.repo_id, **settings)
+                row["assessment"] = {k: report.describe()[k] for k in (
+                    "ctx", "fits", "max_safe_context", "weight_bytes", "kv_bytes_per_token",
+                    "fixed_bytes_per_request", "budget_bytes", "budget_source")}
+            except ModelLoadError:
+                pass
+        rows.append(row)
+    return rows
+
+
+def _du(folder: Path) -> int:
+    return sum(p.stat().st_size for p in folder.rglob("*") if p.is_file())
+
+
+@get("/library", summary="Local models with support tier and fit", tags=["library"])
+async def library(
+    request: Request,
+    ctx: Annotated[int, Parameter(ge=1, le=1 << 31, description="Context the assessment uses")] = DEFAULT_CONTEXT,
+) -> dict[str, Any]:
+    """Every model of the local Hugging Face cache (and the served one), with its support
+    tier, a fit assessment at ``ctx`` and whether it is the one being served."""
+    host = request.app.state.host
+    rows = await anyio.to_thread.run_sync(_library_rows, host, ctx, _settings(host, None))
+    served = _served(host)
+    return {"serving": served[0] if served else None, "models": rows}
+
+
+@get("/downloads", summary="Active and recent model downloads", tags=["library"])
+async def downloads() -> dict[str, Any]:
+    """The newest downloads of any mlxrt process on this machine (``mlxrt get``, serve-time)."""
+    import attrs
+
+    from mlxrt.downloads import recent_downloads
+
+    found = await anyio.to_thread.run_sync(recent_downloads)
+    return {"downloads": [attrs.asdict(d) for d in found]}
+
+
+ROUTES = (fit, library, downloads)

@@ -1,0 +1,162 @@
+"""Responses routes: ``POST /v1/responses`` (stream and not), ``GET`` and ``DELETE
+/v1/responses/{id}``."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+import anyio
+from litestar import Request, Response, delete, get, post
+
+from mlxrt.api.app import claimed_fields
+from mlxrt.api.disconnect import closing_on_error, drain_until_disconnect, start_generation
+from mlxrt.api.generation import (
+    assembled_stream,
+    forced_openings,
+    guarded,
+    plan_generation,
+    prepare_request,
+    response_headers,
+)
+from mlxrt.api.sse import sse_response
+from mlxrt.api.wire import parse_json_object
+from mlxrt.errors import NotFound
+from mlxrt.plugins.responses.decode import (
+    DecodedResponse,
+    chat_input,
+    decode_response,
+    output_as_input,
+)
+from mlxrt.plugins.responses.encode import (
+    ROUTE_OPT,
+    EventStream,
+    ResponseFrame,
+    finished,
+    new_id,
+    output_items,
+)
+from mlxrt.plugins.responses.store import DEFAULT_MAX_BYTES, DEFAULT_TTL_S, ResponseStore
+from mlxrt.records import GenerationRequest
+from mlxrt.responses import ResponseAssembler
+from mlxrt.templating import RenderedPrompt, render_chat
+
+__all__ = ["ROUTES", "store_of"]
+
+#: Like chat completions: room for reasoning traces; admission caps it to the context.
+RESPONSES_DEFAULT_MAX_TOKENS = 65536
+
+
+def store_of(request: Request) -> ResponseStore:
+    """The app's response store, made on first use with the server's options."""
+    state = request.app.state
+    store = state.get("response_store")
+    if store is None:
+        options = state.host.options
+        store = ResponseStore(ttl_s=float(options.get("response_store_ttl") or DEFAULT_TTL_S),
+                              max_bytes=int(options.get("response_store_bytes") or DEFAULT_MAX_BYTES))
+        state["response_store"] = store
+    return store
+
+
+def _not_found(id: str, param: str | None = None) -> NotFound:
+    code = "previous_response_not_found" if param else "response_not_found"
+    return NotFound(f"response '{id}' not found or expired", param=param, code=code)
+
+
+def _conversation(request: Request, decoded: DecodedResponse) -> tuple[Mapping[str, Any], ...]:
+    """The whole input: the previous response's input and output, then this request's."""
+    prev_id = decoded.request.previous_response_id
+    if prev_id is None:
+        return decoded.input
+    prior = store_of(request).get(prev_id)
+    if prior is None:
+        raise _not_found(prev_id, "previous_response_id")
+    return (*prior.input, *output_as_input(prior.body.get("output") or ()), *decoded.input)
+
+
+def _prepare_sync(host: Any, decoded: DecodedResponse, items: tuple[Mapping[str, Any], ...],
+                  id: str) -> tuple[RenderedPrompt, GenerationRequest]:
+    engine = host.engine
+    wire = decoded.request
+    effort = wire.reasoning.effort if wire.reasoning else None
+    chat = chat_input(wire.instructions, items, decoded.tools, effort)
+    rendered = render_chat(host, engine.tokenizer, engine.profile, chat)
+    forced = forced_openings(engine, decoded.forced, rendered.ids, param="tool_choice") if decoded.forced else ()
+    gen = plan_generation(
+        host, dialect="responses", request_id=id, prompt_ids=rendered.ids,
+        requested_max_tokens=wire.max_output_tokens, default_max_tokens=RESPONSES_DEFAULT_MAX_TOKENS,
+        sampling={"temperature": wire.temperature, "top_p": wire.top_p, "top_k": wire.top_k}, seed=wire.seed,
+        extra=decoded.extra, forced_prefixes=forced, structured=decoded.structured,
+    )
+    prepare_request(host, gen)  # already on a worker thread
+    return rendered, gen
+
+
+def _frame(decoded: DecodedResponse, id: str, model: str) -> ResponseFrame:
+    wire = decoded.request
+    return ResponseFrame(
+        id=id, model=model, instructions=wire.instructions, previous_response_id=wire.previous_response_id,
+        store=wire.store, max_output_tokens=wire.max_output_tokens, temperature=wire.temperature,
+        top_p=wire.top_p, tools=tuple(t["function"] | {"type": "function"} for t in decoded.tools or ()),
+        tool_choice=decoded.tool_choice, parallel_tool_calls=wire.parallel_tool_calls,
+        reasoning_effort=wire.reasoning.effort if wire.reasoning else None, metadata=dict(wire.metadata or {}),
+    )
+
+
+def _reasoning_tokens(engine: Any, reasoning: str) -> int:
+    return len(engine.tokenizer.encode(reasoning, add_special_tokens=False)) if reasoning else 0
+
+
+@post("/v1/responses", status_code=200, opt=ROUTE_OPT, summary="Create a response (OpenAI Responses)",
+      tags=["responses"])
+async def create_response(request: Request) -> Response:
+    host = request.app.state.host
+    decoded = decode_response(parse_json_object(await request.body()), claimed_fields(host, "responses"),
+                              strict=bool(host.options.get("strict")))
+    items = _conversation(request, decoded)
+    id = new_id("resp")
+    rendered, generation = await anyio.to_thread.run_sync(_prepare_sync, host, decoded, items, id)
+    engine = host.engine
+    frame = _frame(decoded, id, engine.info.model_id)
+    assembler = ResponseAssembler(engine.profile, tools=decoded.tools, starts_in_thinking=rendered.starts_in_thinking)
+    single = not decoded.request.parallel_tool_calls
+    store = store_of(request) if decoded.request.store else None
+    gen, report = await start_generation(request, engine, generation)
+    async with closing_on_error(gen):  # until a stream owns it
+        headers = response_headers(decoded.headers, report)
+        if decoded.request.stream:
+            events = EventStream(frame, count_tokens=lambda text: _reasoning_tokens(engine, text),
+                                 on_done=(lambda body: store.put(id, items, body)) if store is not None else None)
+            return sse_response(guarded(assembled_stream(gen, assembler, events, single_call=single),
+                                        events.error_frame), headers=headers)
+    finish, _logprobs = await drain_until_disconnect(request, gen, assembler.feed)
+    _delta, reason = assembler.finish(finish)
+    calls = assembler.tool_calls[:1] if single else assembler.tool_calls
+    reasoning = "".join(assembler.reasoning)
+    output = output_items(reasoning=reasoning, content="".join(assembler.content), calls=calls)
+    body = finished(frame, output, reason, finish, _reasoning_tokens(engine, reasoning))
+    if store is not None:
+        store.put(id, items, body)
+    return Response(content=body, status_code=200, headers=headers)
+
+
+@get("/v1/responses/{response_id:str}", opt=ROUTE_OPT, summary="Retrieve a stored response", tags=["responses"])
+async def get_response(request: Request) -> dict[str, Any]:
+    response_id = request.path_params["response_id"]
+    stored = store_of(request).get(response_id)
+    if stored is None:
+        raise _not_found(response_id)
+    return dict(stored.body)
+
+
+@delete("/v1/responses/{response_id:str}", status_code=200, opt=ROUTE_OPT, summary="Delete a stored response",
+        tags=["responses"])
+async def delete_response(request: Request) -> dict[str, Any]:
+    response_id = request.path_params["response_id"]
+    if not store_of(request).delete(response_id):
+        raise _not_found(response_id)
+    return {"id": response_id, "object": "response.deleted", "deleted": True}
+
+
+ROUTES = [create_response, get_response, delete_response]

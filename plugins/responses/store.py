@@ -1,0 +1,83 @@
+"""The response store behind ``previous_response_id``, ``GET`` and ``DELETE /v1/responses/{id}``.
+
+Process-local, in memory: entries expire after a TTL (default 1 h) and the least recently
+used go first once the stored JSON exceeds a byte cap (default 32 MiB), as in mlx-bun.
+One store per app (``app.state``), never a module global.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections import OrderedDict
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import attrs
+
+__all__ = ["StoredResponse", "ResponseStore", "DEFAULT_TTL_S", "DEFAULT_MAX_BYTES"]
+
+DEFAULT_TTL_S = 3600.0
+DEFAULT_MAX_BYTES = 32 * 1024 * 1024
+
+
+@attrs.frozen
+class StoredResponse:
+    """One finished response: the full input it ran with (prior turns included) and its body."""
+
+    id: str
+    input: tuple[Mapping[str, Any], ...]
+    body: Mapping[str, Any]
+    stored_at: float
+    size: int
+
+
+class ResponseStore:
+    def __init__(self, *, ttl_s: float = DEFAULT_TTL_S, max_bytes: int = DEFAULT_MAX_BYTES,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.ttl_s, self.max_bytes, self._clock = ttl_s, max_bytes, clock
+        self._items: OrderedDict[str, StoredResponse] = OrderedDict()
+        self.bytes = 0
+        self.evicted = 0
+        self.expired = 0
+
+    def put(self, id: str, input: tuple[Mapping[str, Any], ...], body: Mapping[str, Any]) -> None:
+        self._expire()
+        size = len(json.dumps(input, ensure_ascii=False)) + len(json.dumps(body, ensure_ascii=False))
+        self._drop(id)
+        self._items[id] = StoredResponse(id=id, input=input, body=body, stored_at=self._clock(), size=size)
+        self.bytes += size
+        while self.bytes > self.max_bytes and len(self._items) > 1:
+            oldest = next(iter(self._items))
+            self._drop(oldest)
+            self.evicted += 1
+
+    def get(self, id: str) -> StoredResponse | None:
+        self._expire()
+        item = self._items.get(id)
+        if item is not None:
+            self._items.move_to_end(id)  # least recently used goes first
+        return item
+
+    def delete(self, id: str) -> bool:
+        self._expire()
+        return self._drop(id)
+
+    def stats(self) -> dict[str, Any]:
+        self._expire()
+        return {"entries": len(self._items), "bytes": self.bytes, "max_bytes": self.max_bytes,
+                "ttl_s": self.ttl_s, "evicted": self.evicted, "expired": self.expired}
+
+    def _drop(self, id: str) -> bool:
+        item = self._items.pop(id, None)
+        if item is None:
+            return False
+        self.bytes -= item.size
+        return True
+
+    def _expire(self) -> None:
+        deadline = self._clock() - self.ttl_s
+        # Insertion order is not expiry order once get() touches entries: check them all.
+        for id in [k for k, v in self._items.items() if v.stored_at < deadline]:
+            self._drop(id)
+            self.expired += 1

