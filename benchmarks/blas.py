@@ -8,7 +8,7 @@ after another, and prints prefill and decode tokens/s (best of ``--repeats``):
 - decode: a streamed greedy completion of ``--max-tokens``; (text chunks - 1) / (last chunk
   time - first chunk time).
 
-    python benchmarks/blas.py                         # all five configurations (~3 min here)
+    python benchmarks/blas.py                         # all five configurations (~5 min on 2 cores)
     python benchmarks/blas.py --only mlxrt-fp32-openblas --repeats 3
 """
 
@@ -66,12 +66,14 @@ def prefill(url: str, words: int) -> float:
     text = f"[{uuid.uuid4().hex}] " + " ".join(f"the quick brown fox number {i} jumps" for i in range(words // 6))
     t0 = time.perf_counter()
     reply = httpx.post(f"{url}/v1/completions", timeout=600,
-                       json={"model": "default", "prompt": text, "max_tokens": 1, "temperature": 0}).json()
+                       json={"prompt": text, "max_tokens": 1, "temperature": 0}).json()
+    if "usage" not in reply:
+        raise RuntimeError(f"no usage in {reply}")
     return reply["usage"]["prompt_tokens"] / (time.perf_counter() - t0)
 
 
 def decode(url: str, max_tokens: int) -> float:
-    body = {"model": "default", "prompt": f"[{uuid.uuid4().hex}] Once upon a time, in a small village,",
+    body = {"prompt": f"[{uuid.uuid4().hex}] Once upon a time, in a small village,",
             "max_tokens": max_tokens, "temperature": 0, "stream": True}
     times: list[float] = []
     with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=600) as reply:
@@ -86,9 +88,9 @@ def decode(url: str, max_tokens: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--prompt-words", type=int, default=300)
+    parser.add_argument("--prompt-words", type=int, default=150)
     parser.add_argument("--max-tokens", type=int, default=64)
-    parser.add_argument("--repeats", type=int, default=2)
+    parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--only", action="append", help="run only this configuration (repeatable)")
     args = parser.parse_args()
     from mlxrt.embedded import embedded_model_dir
