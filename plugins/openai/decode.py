@@ -16,7 +16,14 @@ import attrs
 
 from mlxrt.admission import plan_max_tokens
 from mlxrt.api.generation import structured_output
-from mlxrt.api.wire import FieldRule, check_fields, strict_converter, structure
+from mlxrt.api.wire import (
+    FieldRule,
+    check_fields,
+    claimed_values,
+    ignored_fields,
+    strict_converter,
+    structure,
+)
 from mlxrt.errors import InvalidRequest
 from mlxrt.plugins.openai.wire import (
     CHAT_RULES,
@@ -250,18 +257,6 @@ def _decode_tool_choice(value: Any, tools: tuple[Mapping[str, Any], ...] | None)
     return (fn["name"],)
 
 
-def _claimed(body: Mapping[str, Any], claimed: Mapping[str, type]) -> dict[str, Any]:
-    extra = {}
-    for name, kind in claimed.items():
-        if name not in body or body[name] is None:
-            continue
-        value = body[name]
-        if (isinstance(value, bool) and kind is not bool) or not isinstance(value, kind):
-            raise InvalidRequest(f"{name} must be of type {kind.__name__}", param=name)
-        extra[name] = value
-    return extra
-
-
 def _refuse_unimplemented(body: Mapping[str, Any], claimed: Mapping[str, type],
                           table: Mapping[str, tuple[Any, ...]]) -> None:
     for name, neutral in table.items():
@@ -270,14 +265,6 @@ def _refuse_unimplemented(body: Mapping[str, Any], claimed: Mapping[str, type],
         if name in body and body[name] is not None and body[name] not in neutral:
             raise InvalidRequest(f"{name} is not supported by this server yet", param=name,
                                  code="unsupported_parameter")
-
-
-def _ignored(body: Mapping[str, Any], known: set[str], strict: bool) -> tuple[str, ...]:
-    ignored = tuple(sorted(k for k in body if k not in known))
-    if ignored and strict:
-        raise InvalidRequest(f"unknown field{'s' if len(ignored) > 1 else ''}: {', '.join(ignored)} "
-                             "(the server runs with --strict)", param=ignored[0], code="unknown_parameter")
-    return ignored
 
 
 def decode_options(body: Mapping[str, Any], claimed: Mapping[str, type] | None, *,
@@ -292,10 +279,10 @@ def decode_options(body: Mapping[str, Any], claimed: Mapping[str, type] | None, 
     """
     claimed = claimed or {}
     known = {r.name for r in rules} | {f.name for f in attrs.fields(cls)} | set(not_yet) | _READ | set(claimed)
-    ignored = _ignored(body, known, strict)
+    ignored = ignored_fields(body, known, strict)
     check_fields(body, rules)
     _refuse_unimplemented(body, claimed, not_yet)
-    extra = _claimed(body, claimed)
+    extra = claimed_values(body, claimed)
     stop = decode_stop(body.get("stop"))
     logit_bias = decode_logit_bias(body.get("logit_bias"))
     include_usage = _stream_options(body.get("stream_options"))
