@@ -509,6 +509,8 @@ class Engine:
         self.kv = resolve_kv_scheme(kv_quant=cfg.kv_quant, kv_bits=cfg.kv_bits, kv_group_size=cfg.kv_group_size,
                                     quantized_kv_start=cfg.quantized_kv_start,
                                     model_path=Path(self.info.path) if self.info.path else None)
+        if self.kv is not None:
+            self.kv.check(model)
         can_batch = batchable(model) and self.kv is None
         rows = cfg.batch if (cfg.batch > 1 and can_batch) else 1
         try:

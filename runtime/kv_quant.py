@@ -82,6 +82,32 @@ class KVScheme:
             if spec is not None and layer.offset >= self.start:
                 cache[i] = layer.to_quantized(group_size=spec[1], bits=spec[0])
 
+    def check(self, model: Any) -> None:
+        """Refuse, at load, a scheme this model's cache cannot take: MLX quantizes the last axis
+        (the head dim) in groups, so every quantized layer's head dim must be a multiple of its
+        group size. Runs one token through a fresh cache to read the real shapes."""
+        import mlx.core as mx
+        from mlx_lm.models.cache import make_prompt_cache
+
+        cache = make_prompt_cache(model)
+        model(mx.array([[0]]), cache=cache)
+        for i, layer in enumerate(cache):
+            spec = self.spec(i, layer)
+            keys = getattr(layer, "keys", None)
+            if spec is None or not isinstance(keys, mx.array):
+                continue
+            head_dim = int(keys.shape[-1])
+            values = getattr(layer, "values", None)
+            dims = {head_dim, int(values.shape[-1]) if isinstance(values, mx.array) else head_dim}
+            bad = sorted(d for d in dims if d % spec[1])
+            if bad:
+                fits = [g for g in (32, 64, 128) if all(d % g == 0 for d in dims)]
+                hint = (f"use --kv-group-size {' or '.join(map(str, fits))}" if fits
+                        else "this model's KV cache cannot be quantized (--kv-quant off)")
+                raise ModelLoadError(
+                    f"KV quantization ({self.source}): layer {i} has head dim {bad[0]}, which group "
+                    f"size {spec[1]} does not divide; {hint}")
+
     def describe(self, cache: list[Any] | None = None) -> dict[str, Any]:
         out: dict[str, Any] = {"source": self.source, "bits": self.bits, "group_size": self.group_size,
                                "quantized_kv_start": self.start}
