@@ -47,7 +47,8 @@ def plan_generation(host: Any, *, dialect: str, request_id: str, prompt_ids: Seq
                     extra: Mapping[str, Any] | None = None, logprobs: int | None = None,
                     forced_prefixes: Sequence[Sequence[int]] = (),
                     max_tokens_is_ceiling: bool = False,
-                    structured: StructuredOutput | None = None) -> GenerationRequest:
+                    structured: StructuredOutput | None = None,
+                    adapter: str | None = None) -> GenerationRequest:
     """The engine request for one decoded body and its tokenized prompt, canonicalized.
 
     ``--max-tokens`` (``host.options["max_tokens"]``) overrides ``default_max_tokens``;
@@ -55,7 +56,8 @@ def plan_generation(host: Any, *, dialect: str, request_id: str, prompt_ids: Seq
     is refused, unless ``max_tokens_is_ceiling`` (Anthropic, whose clients must send one and
     send large ones): then it is capped to what fits like a default. ``sampling`` holds the client's sampling fields by
     :class:`~mlxrt.records.SamplingParams` name (``None`` = not given), resolved through
-    :func:`mlxrt.sampling.resolve_sampling`'s chain.
+    :func:`mlxrt.sampling.resolve_sampling`'s chain. ``adapter`` is the request's ``adapter``
+    field (unknown ids: 400), ``None`` the server's default adapter set.
     """
     engine = host.engine
     vocab = engine.info.config_int("vocab_size")
@@ -74,6 +76,7 @@ def plan_generation(host: Any, *, dialect: str, request_id: str, prompt_ids: Seq
         request_id=request_id, prompt_ids=tuple(prompt_ids), max_tokens=max_tokens, sampling=params,
         stop=tuple(stop), dialect=dialect, extra=dict(extra or {}), logprobs=logprobs,
         forced_prefixes=tuple(tuple(p) for p in forced_prefixes), structured=structured,
+        adapters=registry.resolve(adapter) if (registry := getattr(engine, "adapters", None)) else (),
     )
     return canonicalize(host, gen, dialect)
 

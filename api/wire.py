@@ -152,6 +152,15 @@ def claimed_values(body: Mapping[str, Any], claimed: Mapping[str, type]) -> dict
     return extra
 
 
+def adapter_field(body: Mapping[str, Any]) -> str | None:
+    """The ``adapter`` field every dialect accepts (``"id"``, ``"a+b"``, ``"none"``); ``None``
+    runs the server's default adapter set."""
+    adapter = body.get("adapter")
+    if adapter is not None and not isinstance(adapter, str):
+        raise InvalidRequest("adapter must be of type str (\"id\", \"a+b\" or \"none\")", param="adapter")
+    return adapter
+
+
 def ignored_fields(body: Mapping[str, Any], known: set[str] | frozenset[str], strict: bool) -> tuple[str, ...]:
     """Body fields nobody reads (for ``x-mlxrt-ignored``); under ``--strict`` a 400 instead."""
     ignored = tuple(sorted(k for k in body if k not in known))

@@ -229,3 +229,35 @@ def test_mount_use_unmount_under_load_never_serves_the_wrong_adapter(lora, batch
             assert status == 200 and text == base[prompt]
         else:
             assert (status == 200 and text == expected[prompt]) or (status == 400 and "unknown adapter" in text)
+
+
+def test_anthropic_and_responses_requests_select_adapters_too(lora, serve_app):
+    client = serve_app(lora["model"], options={"adapter_path": str(lora["a"])})
+    messages = [{"role": "user", "content": "hi"}]
+
+    def anthropic(**kw):
+        resp = client.post("/v1/messages", json={"model": "m", "max_tokens": 8, "temperature": 0,
+                                                 "messages": messages, **kw})
+        assert resp.status_code == 200, resp.text
+        return resp.json()["content"][0]["text"]
+
+    def responses(**kw):
+        resp = client.post("/v1/responses", json={"model": "m", "max_output_tokens": 8, "temperature": 0,
+                                                  "input": messages, **kw})
+        assert resp.status_code == 200, resp.text
+        return resp.json()["output"][-1]["content"][0]["text"]
+
+    def chat(**kw):
+        resp = client.post("/v1/chat/completions", json={"max_tokens": 8, "temperature": 0,
+                                                         "messages": messages, **kw})
+        return resp.json()["choices"][0]["message"]["content"]
+
+    assert anthropic() == anthropic(adapter="a") == chat()
+    assert anthropic(adapter="none") == chat(adapter="none") != chat()
+    assert responses() == chat() and responses(adapter="none") == chat(adapter="none")
+    for path, body in (("/v1/messages", {"max_tokens": 8, "messages": messages}),
+                       ("/v1/responses", {"input": "hi"})):
+        bad = client.post(path, json={"model": "m", "adapter": "zzz", **body})
+        assert bad.status_code == 400, bad.text
+        assert bad.json()["error"]["message"] == 'unknown adapter "zzz" — mounted: a'
+        assert client.post(path, json={"model": "m", "adapter": 1, **body}).status_code == 400

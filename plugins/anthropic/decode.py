@@ -15,6 +15,7 @@ from typing import Any
 import attrs
 
 from mlxrt.api.wire import (
+    adapter_field,
     check_fields,
     claimed_values,
     ignored_fields,
@@ -38,7 +39,7 @@ __all__ = ["DecodedMessages", "decode_messages", "reasoning_effort"]
 _CONVERTER = strict_converter()
 _ROLES = frozenset({"user", "assistant"})
 #: Body fields read besides the wire type's (``model`` is read and not acted on: one served model).
-_READ = frozenset({"messages", "system", "tools", "tool_choice", "thinking", "service_tier"})
+_READ = frozenset({"messages", "system", "tools", "tool_choice", "thinking", "service_tier", "adapter"})
 
 
 @attrs.frozen
@@ -50,6 +51,8 @@ class DecodedMessages:
     forced: tuple[str, ...] = ()
     extra: Mapping[str, Any] = attrs.field(factory=dict)
     ignored: tuple[str, ...] = ()
+    #: The ``adapter`` field (``None``: the server's default adapter set).
+    adapter: str | None = None
 
     @property
     def headers(self) -> dict[str, str]:
@@ -233,4 +236,4 @@ def decode_messages(body: Mapping[str, Any], claimed: Mapping[str, type] | None 
     chat = ChatInput(messages=tuple(chat_messages), tools=tools,
                      reasoning_effort=reasoning_effort(request.thinking))
     return DecodedMessages(request=request, chat=chat, stop=tuple(s for s in stops if s), forced=forced,
-                           extra=claimed_values(body, claimed), ignored=ignored)
+                           extra=claimed_values(body, claimed), ignored=ignored, adapter=adapter_field(body))

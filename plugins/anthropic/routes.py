@@ -52,7 +52,7 @@ def _prepare_sync(host: Any, decoded: DecodedMessages) -> tuple[RenderedPrompt, 
         host, dialect="anthropic", request_id=message_id(), prompt_ids=rendered.ids,
         requested_max_tokens=wire.max_tokens, default_max_tokens=wire.max_tokens or 1, max_tokens_is_ceiling=True,
         sampling={"temperature": wire.temperature, "top_p": wire.top_p, "top_k": wire.top_k},
-        stop=decoded.stop, extra=decoded.extra, forced_prefixes=forced,
+        stop=decoded.stop, extra=decoded.extra, forced_prefixes=forced, adapter=decoded.adapter,
     )
     return rendered, gen
 

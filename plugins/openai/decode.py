@@ -18,6 +18,7 @@ from mlxrt.admission import plan_max_tokens
 from mlxrt.api.generation import structured_output
 from mlxrt.api.wire import (
     FieldRule,
+    adapter_field,
     check_fields,
     claimed_values,
     ignored_fields,
@@ -288,9 +289,7 @@ def decode_options(body: Mapping[str, Any], claimed: Mapping[str, type] | None, 
     include_usage = _stream_options(body.get("stream_options"))
     fields = {f.name for f in attrs.fields(cls)}
     request = structure(_CONVERTER, {k: v for k, v in body.items() if k in fields}, cls)
-    adapter = body.get("adapter")
-    if adapter is not None and not isinstance(adapter, str):
-        raise InvalidRequest("adapter must be of type str (\"id\", \"a+b\" or \"none\")", param="adapter")
+    adapter = adapter_field(body)
     options = DecodedOptions(request=request, stop=stop, logit_bias=logit_bias,
                              include_usage=include_usage, extra=extra, ignored=ignored, adapter=adapter,
                              structured=structured_output(body.get("response_format")))

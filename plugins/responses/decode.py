@@ -18,6 +18,7 @@ import attrs
 
 from mlxrt.api.generation import structured_output
 from mlxrt.api.wire import (
+    adapter_field,
     check_fields,
     claimed_values,
     ignored_fields,
@@ -33,7 +34,7 @@ from mlxrt.templating import ChatInput
 __all__ = ["DecodedResponse", "decode_response", "input_items", "chat_input", "output_as_input"]
 
 _CONVERTER = strict_converter()
-_READ = frozenset({"input", "tools", "tool_choice", "text", "truncation"})
+_READ = frozenset({"input", "tools", "tool_choice", "text", "truncation", "adapter"})
 _TEXT_PARTS = frozenset({"input_text", "output_text", "text", "summary_text", "refusal"})
 
 
@@ -51,6 +52,8 @@ class DecodedResponse:
     ignored: tuple[str, ...] = ()
     #: ``text.format`` as the engine's constraint; ``None`` is free text.
     structured: StructuredOutput | None = None
+    #: The ``adapter`` field (``None``: the server's default adapter set).
+    adapter: str | None = None
 
     @property
     def headers(self) -> dict[str, str]:
@@ -231,4 +234,5 @@ def decode_response(body: Mapping[str, Any], claimed: Mapping[str, type] | None 
     tools_on, forced = _tool_choice(body.get("tool_choice"), tools)
     return DecodedResponse(request=request, input=items, tools=tools if tools_on else None,
                            tool_choice=body.get("tool_choice", "auto"), forced=forced,
-                           extra=claimed_values(body, claimed), ignored=ignored, structured=structured)
+                           extra=claimed_values(body, claimed), ignored=ignored, structured=structured,
+                           adapter=adapter_field(body))

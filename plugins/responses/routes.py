@@ -88,6 +88,7 @@ def _prepare_sync(host: Any, decoded: DecodedResponse, items: tuple[Mapping[str,
         requested_max_tokens=wire.max_output_tokens, default_max_tokens=RESPONSES_DEFAULT_MAX_TOKENS,
         sampling={"temperature": wire.temperature, "top_p": wire.top_p, "top_k": wire.top_k}, seed=wire.seed,
         extra=decoded.extra, forced_prefixes=forced, structured=decoded.structured,
+        adapter=decoded.adapter,
     )
     prepare_request(host, gen)  # already on a worker thread
     return rendered, gen
