@@ -164,6 +164,36 @@ def forced_openings(engine: Any, names: Sequence[str], prompt_ids: Sequence[int]
     return tool_choice_prefixes(engine.profile, engine.tokenizer, names, prompt_ids, param=param)
 
 
+def forced_tool_call(host: Any, names: Sequence[str], tools: Sequence[Mapping[str, Any]] | None,
+                     prompt_ids: Sequence[int], *, param: str = "tool_choice",
+                     structured: StructuredOutput | None = None
+                     ) -> tuple[tuple[tuple[int, ...], ...], StructuredOutput | None]:
+    """How a request whose ``tool_choice`` forces a call to one of ``names`` is enforced:
+    ``(forced_prefixes, structured)`` for its :class:`~mlxrt.records.GenerationRequest`.
+
+    By grammar when the family's parser describes its calls (``call_grammar``, see
+    :mod:`mlxrt.tool_grammar`) and the structured-outputs plugin is installed: the whole call,
+    markup and schema-valid arguments, is enforced. Otherwise the call's opening is forced
+    (:func:`forced_openings`) and the model writes the arguments. A forced call cannot also
+    follow another constraint (``response_format``): the client's 400.
+    """
+    if not names:
+        return (), structured
+    from mlxrt.tool_calls import reasoning_lead
+    from mlxrt.tool_grammar import tool_call_constraint
+
+    engine = host.engine
+    if host.pm.hook.mlxrt_prepare_request.get_hookimpls():
+        lead = reasoning_lead(engine.profile, engine.tokenizer, prompt_ids)
+        constraint = tool_call_constraint(engine.profile, engine.tokenizer, names, tools, lead, param=param)
+        if constraint is not None:
+            if structured is not None:
+                raise InvalidRequest(f"{param} forcing a tool call cannot be combined with {structured.param}",
+                                     param=param)
+            return (), constraint
+    return forced_openings(engine, names, prompt_ids, param=param), structured
+
+
 def tool_input(call: ToolCall) -> dict[str, Any]:
     """A parsed call's arguments as an object (``{"_raw": text}`` when they are not one)."""
     import json

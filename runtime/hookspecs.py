@@ -92,7 +92,9 @@ def mlxrt_tool_parser(info: ModelInfo) -> ToolParser | None:
         A parser that also has ``opening(name)`` (:class:`mlxrt.records.ToolCallOpening`)
         lets ``tool_choice`` ``"required"`` / a named function be enforced (the engine
         applies the constraint itself, a family need not add a processor). Without it those
-        choices are a 400. When no plugin answers, the model is served without tool parsing
+        choices are a 400. One that also has ``call_grammar(name, parameters, g)``
+        (:class:`mlxrt.records.ToolCallGrammar`) has the whole call enforced by grammar,
+        arguments valid under the tool's schema. When no plugin answers, the model is served without tool parsing
         (the generic tier: plain chat).
 
     Called once per model load, on the engine thread. Stops at first non-None result.

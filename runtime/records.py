@@ -23,6 +23,7 @@ __all__ = [
     "ToolCall",
     "ToolParser",
     "ToolCallOpening",
+    "ToolCallGrammar",
     "StructuredOutput",
     "VisionAdapter",
     "FamilyProfile",
@@ -176,6 +177,21 @@ class ToolCallOpening(Protocol):
 
 
 @runtime_checkable
+class ToolCallGrammar(Protocol):
+    """Optional: a tool parser that can describe a whole call to ``name`` as a grammar.
+
+    ``call_grammar(name, parameters, g)`` returns one call (markup and arguments valid under
+    the tool's JSON-schema ``parameters``) as an expression built with ``g``, a
+    :class:`mlxrt.tool_grammar.CallGrammar` (``g.literal(text)``, ``g.json(schema)``,
+    ``g.regex(pattern)``; combine with spaces, ``|``, ``( )*``), or ``None`` when it cannot
+    describe that call. ``tool_choice`` ``"required"`` and a named choice are then enforced by
+    grammar (the structured-outputs plugin masks every step), not only by the opening.
+    """
+
+    def call_grammar(self, name: str, parameters: Mapping[str, Any], g: Any) -> str | None: ...
+
+
+@runtime_checkable
 class VisionAdapter(Protocol):
     """Turns images into embeddings spliced into the prompt (loaded once per model)."""
 
@@ -287,7 +303,8 @@ class StructuredOutput:
     """An output constraint, independent of the dialect that asked for it and of the grammar
     library that enforces it (the ``structured`` plugin).
 
-    :ivar kind: ``json_schema``, ``json_object``, ``regex`` or ``choice``.
+    :ivar kind: ``json_schema``, ``json_object``, ``regex``, ``choice`` or ``lark`` (a whole grammar in
+        llguidance's Lark dialect: a forced tool call, see :mod:`mlxrt.tool_grammar`).
     :ivar spec: The canonical text of the constraint: the schema as compact JSON (the client's key order,
         which is the generated object's), the
         regex, or the choices as a JSON list. With ``kind`` it keys the compiled-grammar cache.

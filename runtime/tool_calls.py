@@ -24,7 +24,7 @@ import attrs
 from mlxrt.records import ToolCall, ToolParser, ToolStreamMode
 
 __all__ = ["ToolRouter", "RoutedTools", "typed_arguments", "ForcedPrefix", "tool_choice_processors",
-           "tool_choice_prefixes"]
+           "tool_choice_prefixes", "reasoning_lead"]
 
 log = logging.getLogger("mlxrt.tools")
 
@@ -181,7 +181,6 @@ def tool_choice_prefixes(profile: Any, tokenizer: Any, names: Sequence[str], pro
         say how a call opens: the choice would otherwise be silently ignored.
     """
     from mlxrt.errors import InvalidRequest
-    from mlxrt.reasoning import prompt_opens_thinking
 
     if not names:
         return ()
@@ -190,8 +189,16 @@ def tool_choice_prefixes(profile: Any, tokenizer: Any, names: Sequence[str], pro
         raise InvalidRequest(f"{param} 'required' or a named function cannot be enforced for this model "
                              f"({profile.family} has no tool-call opening); use \"auto\"", param=param,
                              code="unsupported_parameter")
-    fmt = profile.thinking_format
-    lead = ""
-    if fmt is not None and prompt_ids and prompt_opens_thinking(tokenizer.decode(list(prompt_ids[-16:])), fmt):
-        lead = fmt.close + "\n\n"
+    lead = reasoning_lead(profile, tokenizer, prompt_ids)
     return tuple(tuple(tokenizer.encode(lead + opening(name), add_special_tokens=False)) for name in names)
+
+
+def reasoning_lead(profile: Any, tokenizer: Any, prompt_ids: Sequence[int]) -> str:
+    """What a forced answer must start with before its tool call: the reasoning close (and
+    the blank line templates put after it) when the prompt left a think block open, else ``""``."""
+    from mlxrt.reasoning import prompt_opens_thinking
+
+    fmt = profile.thinking_format
+    if fmt is not None and prompt_ids and prompt_opens_thinking(tokenizer.decode(list(prompt_ids[-16:])), fmt):
+        return fmt.close + "\n\n"
+    return ""

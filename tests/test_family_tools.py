@@ -95,7 +95,7 @@ class Script:
 def family_client(tiny_models, serve_app, tmp_path_factory):
     made = {}
 
-    def start(family):
+    def start(family, disable=()):
         model_type, overrides, _kw, _script, _city = FAMILIES[family]
         if overrides is None:
             path = tiny_models(model_type)
@@ -104,7 +104,7 @@ def family_client(tiny_models, serve_app, tmp_path_factory):
 
             path = write_tiny_checkpoint(tmp_path_factory.mktemp(family) / family, model_type,
                                          config_overrides=overrides)
-        made[family] = serve_app(path, extra=(Script(),))
+        made[family] = serve_app(path, extra=(Script(),), disable=disable)
         return made[family]
 
     return start
@@ -193,8 +193,10 @@ FORCED = {
 
 
 @pytest.mark.parametrize("family", list(FORCED))
-def test_named_tool_choice_is_enforced(family_client, family):
-    oai = openai_client(family_client(family))
+def test_named_tool_choice_is_enforced_by_its_opening_without_the_grammar_plugin(family_client, family):
+    """Without the structured plugin (no grammar), the call's opening is forced and the model
+    (here the script) writes the rest."""
+    oai = openai_client(family_client(family, disable=("structured",)))
     kwargs = {k: v for k, v in FAMILIES[family][2].items() if k != "reasoning_effort"}
     choice = {"type": "function", "function": {"name": "get_weather"}}
     free = oai.chat.completions.create(model="m", messages=MSG, tools=TOOLS, max_tokens=80,
@@ -215,8 +217,9 @@ def test_named_tool_choice_is_enforced(family_client, family):
 
 @pytest.mark.parametrize("family", ["qwen3", "qwen3_5"])
 def test_required_tool_choice_yields_a_call(family_client, family):
-    """With "required" the model picks among the tools' names; the script then closes the call."""
-    oai = openai_client(family_client(family))
+    """With "required" the model picks among the tools' names; the script then closes the call
+    (the opening-only enforcement: no grammar plugin)."""
+    oai = openai_client(family_client(family, disable=("structured",)))
     tail = {"qwen3": "{}}\n</tool_call>", "qwen3_5": "</function>\n</tool_call>"}[family]
     out = oai.chat.completions.create(model="m", messages=MSG, tools=TOOLS, tool_choice="required", max_tokens=80,
                                       extra_body={"script": tail})
@@ -225,6 +228,53 @@ def test_required_tool_choice_yields_a_call(family_client, family):
     assert json.loads(call.function.arguments) == {}
     assert out.choices[0].finish_reason == "tool_calls"
     assert not reasoning_of(out.choices[0].message).strip()  # Qwen3.5's open think was closed first
+
+
+#: Tools whose every call is finite (enums, booleans, no extra keys): a random model under the
+#: grammar must finish its call well within max_tokens.
+GRAMMAR_TOOLS = [
+    {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "additionalProperties": False, "required": ["city", "unit"],
+        "properties": {"city": {"type": "string", "enum": ["Paris", "Oslo", "Rome"]},
+                       "metric": {"type": "boolean"},
+                       "unit": {"enum": ["c", "f"]}}}}},
+    {"type": "function", "function": {"name": "get_time", "parameters": {
+        "type": "object", "additionalProperties": False, "properties": {"zone": {"enum": ["utc", "cet"]}}}}},
+]
+
+
+@pytest.mark.parametrize("family", list(FORCED))
+@pytest.mark.parametrize("choice", ["named", "required"])
+def test_forced_tool_choice_is_a_schema_valid_call_by_grammar(family_client, family, choice):
+    """The random model writes the whole call under the family's call grammar: markup its
+    parser reads, arguments valid under the tool's schema, in every family's markup."""
+    import jsonschema
+
+    oai = openai_client(family_client(family))
+    kwargs = {k: v for k, v in FAMILIES[family][2].items() if k != "reasoning_effort"}
+    tool_choice = ({"type": "function", "function": {"name": "get_weather"}} if choice == "named"
+                   else "required")
+    schemas = {t["function"]["name"]: t["function"]["parameters"] for t in GRAMMAR_TOOLS}
+    for stream, temperature in ((False, 0.0), (True, 1.0), (False, 1.0)):
+        out = oai.chat.completions.create(model="m", messages=MSG, tools=GRAMMAR_TOOLS, tool_choice=tool_choice,
+                                          max_tokens=120, stream=stream, temperature=temperature, seed=7, **kwargs)
+        if stream:
+            chunks = list(out)
+            calls = [c for chunk in chunks for c in (chunk.choices[0].delta.tool_calls or [])]
+            finish = [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason]
+        else:
+            calls, finish = out.choices[0].message.tool_calls, [out.choices[0].finish_reason]
+        assert finish == ["tool_calls"] and len(calls) == 1, (family, calls)
+        name = calls[0].function.name
+        assert name == "get_weather" if choice == "named" else name in schemas
+        jsonschema.validate(json.loads(calls[0].function.arguments), schemas[name])
+
+
+def test_forced_tool_choice_cannot_also_take_a_response_format(family_client):
+    oai = openai_client(family_client("qwen3"))
+    with pytest.raises(openai.BadRequestError, match="cannot be combined with response_format"):
+        oai.chat.completions.create(model="m", messages=MSG, tools=GRAMMAR_TOOLS, tool_choice="required",
+                                    max_tokens=8, response_format={"type": "json_object"})
 
 
 def test_tool_choice_none_renders_no_tools(family_client):

@@ -201,3 +201,35 @@ def test_real_smollm2_fifty_sampled_answers_validate(serve_app):
     regex = client.chat.completions.create(model="m", messages=messages, max_tokens=12, temperature=1.0,
                                            response_format={"type": "regex", "regex": r"[0-9]{4}-[0-9]{2}"})
     assert re.fullmatch(r"[0-9]{4}-[0-9]{2}", regex.choices[0].message.content)
+
+
+WEATHER = {"type": "object", "additionalProperties": False, "required": ["city", "days"],
+           "properties": {"city": {"enum": ["Paris", "Oslo"]}, "days": {"type": "integer", "minimum": 1, "maximum": 7}}}
+
+
+def test_anthropic_forced_tool_input_follows_its_input_schema(tiny, serve_app):
+    """tool_choice "tool" / "any": the tool_use block's input is valid under input_schema."""
+    from support import anthropic_client
+
+    client = anthropic_client(serve_app(tiny))
+    tools = [{"name": "get_weather", "description": "Weather.", "input_schema": WEATHER},
+             {"name": "noop", "input_schema": {"type": "object", "properties": {}, "additionalProperties": False}}]
+    for seed, choice in enumerate([{"type": "tool", "name": "get_weather"}, {"type": "any"}] * 3):
+        out = client.messages.create(model="m", max_tokens=80, extra_body={"temperature": 1.0}, tools=tools, tool_choice=choice,
+                                     messages=[{"role": "user", "content": f"weather? {seed}"}])
+        (use,) = [b for b in out.content if b.type == "tool_use"]
+        assert out.stop_reason == "tool_use"
+        if choice["type"] == "tool":
+            assert use.name == "get_weather"
+        jsonschema.validate(use.input, WEATHER if use.name == "get_weather" else tools[1]["input_schema"])
+
+
+def test_responses_forced_function_call_follows_its_parameters(tiny, serve_app):
+    client = openai_client(serve_app(tiny))
+    tools = [{"type": "function", "name": "get_weather", "parameters": WEATHER}]
+    for seed in range(3):
+        out = client.responses.create(model="m", input=f"weather? {seed}", tools=tools, tool_choice="required",
+                                      max_output_tokens=80, temperature=1.0)
+        (call,) = [item for item in out.output if item.type == "function_call"]
+        assert call.name == "get_weather"
+        jsonschema.validate(json.loads(call.arguments), WEATHER)

@@ -13,8 +13,12 @@ from typing import Any
 
 from mlxrt import ToolCall
 from mlxrt.tool_calls import typed_arguments
+from mlxrt.tool_grammar import CallGrammar, schema_properties, value_regex
 
 __all__ = ["MiniCPM5Parser"]
+
+#: A text value: no ``<`` (the template CDATA-wraps one that has it), or a CDATA block.
+_TEXT = r"(?:[^<]*|<!\[CDATA\[(?:[^\]]|\][^\]])*\]\]>)"
 
 
 class MiniCPM5Parser:
@@ -23,6 +27,16 @@ class MiniCPM5Parser:
 
     def opening(self, name: str) -> str:
         return f'<function name="{name}">'
+
+    def call_grammar(self, name: str, parameters: Mapping[str, Any], g: CallGrammar) -> str:
+        """One call: the opening, the schema's parameters in its order (required ones always;
+        values typed by their schema; text without ``<``, or a CDATA block), the close."""
+        params = []
+        for key, prop, required in schema_properties(parameters):
+            opening = g.literal('<param name="' + key + '">')
+            params.append((f"{opening} {g.regex(value_regex(prop, text=_TEXT))} {g.literal('</param>')}", required))
+        body = g.ordered(params)
+        return f"{g.literal(self.opening(name))} {body} {g.literal(self.end)}"
 
     def parse(self, text: str, tools: Sequence[Mapping[str, Any]] | None) -> list[ToolCall]:
         from mlx_lm.tool_parsers import minicpm5

@@ -17,12 +17,16 @@ from typing import Any
 
 from mlxrt import ToolCall
 from mlxrt.tool_calls import typed_arguments
+from mlxrt.tool_grammar import CallGrammar, schema_properties, value_regex
 
 __all__ = ["Qwen3JsonParser", "Qwen3XmlParser"]
 
 _BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.S)
 _FUNCTION = re.compile(r"<function=([^>\s]+)>(.*?)(?:</function>|\Z)", re.S)
 _PARAMETER = re.compile(r"<parameter=([^>\s]+)>(.*?)(?:</parameter>|(?=<parameter=)|\Z)", re.S)
+
+
+_NL = r"\n?"  # a value sits on its own lines in the template's markup
 
 
 def _blocks(text: str) -> list[str]:
@@ -38,6 +42,12 @@ class Qwen3JsonParser:
 
     def opening(self, name: str) -> str:
         return f'<tool_call>\n{{"name": {json.dumps(name)}, "arguments": '
+
+    def call_grammar(self, name: str, parameters: Mapping[str, Any], g: CallGrammar) -> str:
+        """One call: the opening, arguments valid under the tool's schema (printed as the
+        template prints JSON), the close."""
+        close = g.literal("}\n" + self.end)
+        return f"{g.literal(self.opening(name))} {g.json(parameters)} {close}"
 
     def parse(self, text: str, tools: Sequence[Mapping[str, Any]] | None) -> list[ToolCall]:
         calls = []
@@ -81,6 +91,19 @@ class Qwen3XmlParser:
 
     def opening(self, name: str) -> str:
         return f"<tool_call>\n<function={name}>\n"
+
+    def call_grammar(self, name: str, parameters: Mapping[str, Any], g: CallGrammar) -> str:
+        """One call: the opening, the schema's parameters in its order (required ones always,
+        each value typed by its schema: enum members, numbers, booleans, else text without
+        ``<``), the close."""
+        params = []
+        for key, prop, required in schema_properties(parameters):
+            value = g.regex(_NL + value_regex(prop) + _NL)
+            opening, close = g.literal(f"<parameter={key}>"), g.literal("</parameter>\n")
+            params.append((f"{opening} {value} {close}", required))
+        body = g.ordered(params)
+        close = g.literal("</function>\n" + self.end)
+        return f"{g.literal(self.opening(name))} {body} {close}"
 
     def parse(self, text: str, tools: Sequence[Mapping[str, Any]] | None) -> list[ToolCall]:
         calls = []

@@ -15,7 +15,7 @@ from mlxrt.api.app import claimed_fields
 from mlxrt.api.disconnect import closing_on_error, drain_until_disconnect, start_generation
 from mlxrt.api.generation import (
     assembled_stream,
-    forced_openings,
+    forced_tool_call,
     guarded,
     plan_generation,
     response_headers,
@@ -47,12 +47,13 @@ def _prepare_sync(host: Any, decoded: DecodedMessages) -> tuple[RenderedPrompt, 
     engine = host.engine
     rendered = render_chat(host, engine.tokenizer, engine.profile, decoded.chat)
     wire = decoded.request
-    forced = forced_openings(engine, decoded.forced, rendered.ids, param="tool_choice") if decoded.forced else ()
+    forced, structured = forced_tool_call(host, decoded.forced, decoded.chat.tools, rendered.ids)
     gen = plan_generation(
         host, dialect="anthropic", request_id=message_id(), prompt_ids=rendered.ids,
         requested_max_tokens=wire.max_tokens, default_max_tokens=wire.max_tokens or 1, max_tokens_is_ceiling=True,
         sampling={"temperature": wire.temperature, "top_p": wire.top_p, "top_k": wire.top_k},
         stop=decoded.stop, extra=decoded.extra, forced_prefixes=forced, adapter=decoded.adapter,
+        structured=structured,
     )
     return rendered, gen
 

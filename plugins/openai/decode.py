@@ -15,7 +15,7 @@ from typing import Any, TypeVar
 import attrs
 
 from mlxrt.admission import plan_max_tokens
-from mlxrt.api.generation import structured_output
+from mlxrt.api.generation import forced_tool_call, structured_output
 from mlxrt.api.wire import (
     FieldRule,
     adapter_field,
@@ -38,7 +38,6 @@ from mlxrt.plugins.openai.wire import (
 from mlxrt.records import GenerationRequest, StructuredOutput
 from mlxrt.sampling import resolve_sampling
 from mlxrt.templating import ChatInput, canonicalize
-from mlxrt.tool_calls import tool_choice_prefixes
 
 __all__ = [
     "DecodedOptions", "DecodedChat", "DecodedCompletion",
@@ -334,8 +333,10 @@ def decode_completion(body: Mapping[str, Any], claimed: Mapping[str, type] | Non
 
 
 def build_generation(host: Any, options: DecodedOptions, prompt_ids: Sequence[int], *,
-                     request_id: str, default_max_tokens: int) -> GenerationRequest:
-    """The engine request for a decoded body and its tokenized prompt.
+                     request_id: str, default_max_tokens: int,
+                     tools: Sequence[Mapping[str, Any]] | None = None) -> GenerationRequest:
+    """The engine request for a decoded body and its tokenized prompt (``tools``: the
+    request's tools, whose schemas a forcing ``tool_choice`` enforces).
 
     ``--max-tokens`` (``host.options["max_tokens"]``) overrides ``default_max_tokens``;
     admission caps both to the context. Sampling follows :func:`resolve_sampling`'s chain.
@@ -356,9 +357,11 @@ def build_generation(host: Any, options: DecodedOptions, prompt_ids: Sequence[in
         {name: getattr(wire, name) for name in SAMPLING_FIELDS}, host.options, engine.info.generation_config,
         seed=wire.seed, logit_bias=options.logit_bias,
     )
+    forced, structured = forced_tool_call(host, options.forced_tools, tools, prompt_ids,
+                                          structured=options.structured)
     gen = GenerationRequest(
         request_id=request_id,
-        forced_prefixes=tool_choice_prefixes(engine.profile, engine.tokenizer, options.forced_tools, prompt_ids),
+        forced_prefixes=forced,
         prompt_ids=tuple(prompt_ids),
         max_tokens=max_tokens,
         sampling=sampling,
@@ -367,7 +370,7 @@ def build_generation(host: Any, options: DecodedOptions, prompt_ids: Sequence[in
         extra=options.extra,
         logprobs=wire.logprob_count,
         adapters=registry.resolve(options.adapter) if (registry := getattr(engine, "adapters", None)) else (),
-        structured=options.structured,
+        structured=structured,
     )
     return canonicalize(host, gen, "openai")
 

@@ -55,7 +55,7 @@ async def _prepare(request: Request) -> tuple[DecodedChat, RenderedPrompt, Gener
         render_chat, host, engine.tokenizer, engine.profile, decoded.chat
     )
     gen = build_generation(host, decoded.options, rendered.ids, request_id=f"chatcmpl-{uuid.uuid4()}",
-                           default_max_tokens=CHAT_DEFAULT_MAX_TOKENS)
+                           default_max_tokens=CHAT_DEFAULT_MAX_TOKENS, tools=decoded.chat.tools)
     await prepare(host, gen)
     return decoded, rendered, gen
 

@@ -13,7 +13,7 @@ from mlxrt.api.app import claimed_fields
 from mlxrt.api.disconnect import closing_on_error, drain_until_disconnect, start_generation
 from mlxrt.api.generation import (
     assembled_stream,
-    forced_openings,
+    forced_tool_call,
     guarded,
     plan_generation,
     prepare_request,
@@ -82,12 +82,13 @@ def _prepare_sync(host: Any, decoded: DecodedResponse, items: tuple[Mapping[str,
     effort = wire.reasoning.effort if wire.reasoning else None
     chat = chat_input(wire.instructions, items, decoded.tools, effort)
     rendered = render_chat(host, engine.tokenizer, engine.profile, chat)
-    forced = forced_openings(engine, decoded.forced, rendered.ids, param="tool_choice") if decoded.forced else ()
+    forced, structured = forced_tool_call(host, decoded.forced, decoded.tools, rendered.ids,
+                                          structured=decoded.structured)
     gen = plan_generation(
         host, dialect="responses", request_id=id, prompt_ids=rendered.ids,
         requested_max_tokens=wire.max_output_tokens, default_max_tokens=RESPONSES_DEFAULT_MAX_TOKENS,
         sampling={"temperature": wire.temperature, "top_p": wire.top_p, "top_k": wire.top_k}, seed=wire.seed,
-        extra=decoded.extra, forced_prefixes=forced, structured=decoded.structured,
+        extra=decoded.extra, forced_prefixes=forced, structured=structured,
         adapter=decoded.adapter,
     )
     prepare_request(host, gen)  # already on a worker thread
