@@ -13,6 +13,7 @@ import importlib.metadata as md
 import logging
 import os
 import re
+import threading
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
@@ -63,6 +64,7 @@ class PluginHost:
     :ivar engine: The running engine once the server started, else ``None``.
     :ivar route_conflicts: Routes skipped because another plugin claimed them first.
     :ivar field_claims: Request fields claimed by plugins, per dialect (see ``mlxrt_request_fields``).
+    :ivar plugin_states: What plugins keep for the host's lifetime (see :meth:`plugin_state`).
     """
 
     pm: pluggy.PluginManager
@@ -71,6 +73,17 @@ class PluginHost:
     engine: Any = None
     route_conflicts: list[str] = attrs.field(factory=list)
     field_claims: dict[str, dict[str, type]] = attrs.field(factory=dict)
+    plugin_states: dict[str, Any] = attrs.field(factory=dict)
+    _state_lock: threading.Lock = attrs.field(factory=threading.Lock, repr=False)
+
+    def plugin_state(self, name: str, make: Callable[[], Any]) -> Any:
+        """The object plugin ``name`` keeps for as long as this host lives (a cache, a
+        store), made by ``make()`` on first use. Plugins keep state here instead of in module
+        globals: one process may hold several hosts (tests do), each with its own model."""
+        with self._state_lock:
+            if name not in self.plugin_states:
+                self.plugin_states[name] = make()
+            return self.plugin_states[name]
 
     @property
     def hook(self) -> Any:

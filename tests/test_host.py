@@ -72,3 +72,13 @@ def test_hook_kinds():
     host = make_host()
     assert host.plugin("qwen").kind == "family" and host.plugin("openai").kind == "dialect"
     assert "mlxrt_thinking_format" in host.plugin("qwen").hooks
+
+
+def test_plugin_state_lives_with_its_host():
+    from mlxrt.host import make_host
+
+    one, two = make_host(), make_host()
+    made = []
+    first = one.plugin_state("p", lambda: made.append(1) or object())
+    assert one.plugin_state("p", object) is first and len(made) == 1  # made once per host
+    assert two.plugin_state("p", object) is not first

@@ -16,6 +16,8 @@ import openai
 import pytest
 from support import openai_client
 
+from mlxrt import hookimpl
+
 MSG = [{"role": "user", "content": "Describe a person as JSON."}]
 PERSON = {
     "type": "object",
@@ -160,6 +162,7 @@ def test_responses_text_format_json_schema(client):
                                       text={"format": {"type": "json_schema", "name": "point", "schema": POINT,
                                                        "strict": True}})
         jsonschema.validate(json.loads(out.output_text), POINT)
+        assert out.text.format.type == "json_schema" and out.text.format.name == "point"  # echoed
 
 
 def test_responses_text_format_json_schema_streams(client):
@@ -168,6 +171,7 @@ def test_responses_text_format_json_schema_streams(client):
                                                                         "schema": POINT}}))
     text = "".join(e.delta for e in events if e.type == "response.output_text.delta")
     assert events[-1].type == "response.completed"
+    assert events[-1].response.text.format.type == "json_schema"
     jsonschema.validate(json.loads(text), POINT)
 
 
@@ -233,3 +237,45 @@ def test_responses_forced_function_call_follows_its_parameters(tiny, serve_app):
         (call,) = [item for item in out.output if item.type == "function_call"]
         assert call.name == "get_weather"
         jsonschema.validate(json.loads(call.arguments), WEATHER)
+
+
+class ThinkThenFree:
+    """Claims ``script``: samples its tokens while the step's logits allow them, the best
+    allowed token otherwise (the grammar's steps), then EOS when allowed."""
+
+    @hookimpl
+    def mlxrt_request_fields(self, dialect):
+        return {"script": str} if dialect == "openai" else None
+
+    @hookimpl
+    def mlxrt_sampler(self, request, info):
+        script = request.extra.get("script")
+        if script is None:
+            return None
+        import mlx.core as mx
+        from tokenizers import Tokenizer
+
+        ids = Tokenizer.from_file(str(info.path / "tokenizer.json")).encode(script, add_special_tokens=False).ids
+        eos = json.loads((info.path / "generation_config.json").read_text())["eos_token_id"]
+        queue = [*ids, eos if isinstance(eos, int) else eos[0]]
+
+        def sample(logprobs):
+            if queue and not bool(mx.isinf(logprobs[..., queue[0]]).all()):
+                return mx.array([queue.pop(0)])
+            return mx.argmax(logprobs, axis=-1).reshape(-1)
+
+        return sample
+
+
+@pytest.mark.parametrize("model_type,script", [
+    ("qwen3", "<think>\nlet me plan\n</think>"),   # the answer opens its own think block
+    ("qwen3_5", "let me plan\n</think>"),          # the template opened it in the prompt
+])
+def test_reasoning_stays_free_and_the_answer_follows_the_schema(tiny_models, serve_app, model_type, script):
+    client = openai_client(serve_app(tiny_models(model_type), extra=(ThinkThenFree(),)))
+    out = client.chat.completions.create(model="m", messages=MSG, max_tokens=60, temperature=0.0,
+                                         response_format=_schema_format(POINT, "point"),
+                                         extra_body={"script": script})
+    message = out.choices[0].message
+    assert (message.model_extra or {}).get("reasoning_content", "").strip() == "let me plan"
+    jsonschema.validate(json.loads(message.content), POINT)

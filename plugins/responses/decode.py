@@ -54,6 +54,8 @@ class DecodedResponse:
     structured: StructuredOutput | None = None
     #: The ``adapter`` field (``None``: the server's default adapter set).
     adapter: str | None = None
+    #: ``text.format`` as sent, echoed in the response (``{"type": "text"}`` when absent).
+    text_format: Mapping[str, Any] = attrs.field(factory=lambda: {"type": "text"})
 
     @property
     def headers(self) -> dict[str, str]:
@@ -235,4 +237,5 @@ def decode_response(body: Mapping[str, Any], claimed: Mapping[str, type] | None 
     return DecodedResponse(request=request, input=items, tools=tools if tools_on else None,
                            tool_choice=body.get("tool_choice", "auto"), forced=forced,
                            extra=claimed_values(body, claimed), ignored=ignored, structured=structured,
-                           adapter=adapter_field(body))
+                           adapter=adapter_field(body),
+                           text_format=dict(((body.get("text") or {}).get("format")) or {"type": "text"}))

@@ -42,6 +42,7 @@ class ResponseFrame:
     parallel_tool_calls: bool
     reasoning_effort: str | None
     metadata: dict[str, Any]
+    text_format: dict[str, Any] = attrs.field(factory=lambda: {"type": "text"})
     created_at: int = attrs.field(factory=lambda: int(time.time()))
 
 
@@ -52,7 +53,7 @@ def base_response(frame: ResponseFrame, *, status: str = "in_progress") -> dict[
         "max_output_tokens": frame.max_output_tokens, "model": frame.model, "output": [],
         "parallel_tool_calls": frame.parallel_tool_calls, "previous_response_id": frame.previous_response_id,
         "reasoning": {"effort": frame.reasoning_effort, "summary": None}, "store": frame.store,
-        "temperature": frame.temperature, "text": {"format": {"type": "text"}},
+        "temperature": frame.temperature, "text": {"format": frame.text_format},
         "tool_choice": frame.tool_choice, "tools": list(frame.tools), "top_p": frame.top_p,
         "truncation": "disabled", "usage": None, "user": None, "metadata": frame.metadata,
     }

@@ -103,6 +103,7 @@ def _frame(decoded: DecodedResponse, id: str, model: str) -> ResponseFrame:
         top_p=wire.top_p, tools=tuple(t["function"] | {"type": "function"} for t in decoded.tools or ()),
         tool_choice=decoded.tool_choice, parallel_tool_calls=wire.parallel_tool_calls,
         reasoning_effort=wire.reasoning.effort if wire.reasoning else None, metadata=dict(wire.metadata or {}),
+        text_format=dict(decoded.text_format),
     )
 
 

@@ -17,19 +17,15 @@ from mlxrt.records import GenerationRequest, LogitsProcessor, ModelInfo
 
 __all__ = ["mlxrt_prepare_request", "mlxrt_logits_processors"]
 
-#: One grammar cache per served tokenizer (one model per server; the key keeps a test that
-#: builds several servers in one process from mixing tokenizers).
-_GRAMMARS: dict[int, Any] = {}
-
-
 def _grammars(host: Any) -> Any:
+    """The host's grammar cache, for its served tokenizer (kept by the host, made on first use)."""
     from mlxrt.plugins.structured.grammar import Grammars
 
     tokenizer = host.engine.tokenizer
-    found = _GRAMMARS.get(id(tokenizer))
-    if found is None or found[0] is not tokenizer:
-        found = _GRAMMARS[id(tokenizer)] = (tokenizer, Grammars(tokenizer))
-    return found[1]
+    grammars = host.plugin_state("structured", lambda: Grammars(tokenizer))
+    if grammars.source is not tokenizer:  # the host serves another model now
+        grammars = host.plugin_states["structured"] = Grammars(tokenizer)
+    return grammars
 
 
 @hookimpl
@@ -46,4 +42,22 @@ def mlxrt_logits_processors(request: GenerationRequest, info: ModelInfo, host: A
     from mlxrt.plugins.structured.grammar import GrammarProcessor
 
     grammars = _grammars(host)
-    return [GrammarProcessor(grammars.matcher(request.structured), grammars.tokenizer.vocab_size)]
+    return [GrammarProcessor(grammars.matcher(request.structured), grammars.tokenizer.vocab_size,
+                             thinking=_thinking_window(request, host))]
+
+
+def _thinking_window(request: GenerationRequest, host: Any) -> Any:
+    """The model's think block, left free by the grammar (``None``: no reasoning format, or a
+    whole-answer grammar such as a forced tool call, which closes the block itself)."""
+    from mlxrt.plugins.structured.grammar import ThinkingWindow
+    from mlxrt.tool_calls import reasoning_lead
+
+    engine = host.engine
+    fmt = engine.profile.thinking_format
+    if fmt is None or request.structured.kind == "lark" or not fmt.close:
+        return None
+    tokenizer = engine.tokenizer
+    close = tuple(tokenizer.encode(fmt.close, add_special_tokens=False))
+    opening = tokenizer.encode(fmt.open, add_special_tokens=False) if fmt.open else []
+    opened = bool(reasoning_lead(engine.profile, tokenizer, request.prompt_ids))
+    return ThinkingWindow(close_ids=close, open_id=opening[0] if len(opening) == 1 else None, opened=opened)

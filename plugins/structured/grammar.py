@@ -14,10 +14,12 @@ import threading
 from collections import OrderedDict
 from typing import Any
 
+import attrs
+
 from mlxrt.errors import InvalidRequest
 from mlxrt.records import StructuredOutput
 
-__all__ = ["Grammars", "GrammarProcessor", "grammar_text"]
+__all__ = ["Grammars", "GrammarProcessor", "ThinkingWindow", "grammar_text"]
 
 #: Compact JSON (no free whitespace): a model cannot stall in endless spaces, and the answer
 #: is what ``json.dumps(..., separators=(",", ":"))`` would print. A schema's own
@@ -57,7 +59,7 @@ class Grammars:
     """
 
     def __init__(self, tokenizer: Any, *, size: int = CACHE_SIZE) -> None:
-        self._source = tokenizer
+        self.source = tokenizer
         self._lock = threading.Lock()
         self._tokenizer: Any = None
         self._cache: OrderedDict[tuple[str, str], Any] = OrderedDict()
@@ -69,7 +71,7 @@ class Grammars:
         vocabulary, so never at startup of a server that may not use it)."""
         with self._lock:
             if self._tokenizer is None:
-                self._tokenizer = _ll_tokenizer(self._source)
+                self._tokenizer = _ll_tokenizer(self.source)
             return self._tokenizer
 
     def matcher(self, structured: StructuredOutput) -> Any:
@@ -118,24 +120,54 @@ def _ll_tokenizer(tokenizer: Any) -> Any:
     return llguidance.hf.from_tokenizer(hf, n_vocab=len(hf), eos_token=eos)
 
 
+@attrs.frozen
+class ThinkingWindow:
+    """A reasoning model's think block, which the grammar leaves free: the answer after it
+    follows the format. ``opened``: the prompt already opened the block (Qwen3.5, MiniCPM5);
+    otherwise the answer may open it with ``open_id`` as its first token (Qwen3)."""
+
+    close_ids: tuple[int, ...]
+    open_id: int | None = None
+    opened: bool = False
+
+
 class GrammarProcessor:
     """mlx-lm logits processor: every token the grammar forbids gets ``-inf``.
 
     The first call sees the prompt; every later call first advances the matcher by the token
     sampled last (``tokens[-1]``), so it works per row in the batch lane (each row has its own
     processor) and in the serial lane alike. Ids past the tokenizer (an embedding padded for
-    speed) are always masked. Once the grammar is complete only EOS remains.
+    speed) are always masked. Once the grammar is complete only EOS remains. With a
+    :class:`ThinkingWindow` the think block is left free and the grammar starts after it.
     """
 
-    def __init__(self, matcher: Any, tokenizer_vocab: int) -> None:
-        import numpy as np
+    def __init__(self, matcher: Any, tokenizer_vocab: int, thinking: ThinkingWindow | None = None) -> None:
         from llguidance.numpy import allocate_token_bitmask
 
         self.matcher = matcher
         self.vocab = tokenizer_vocab
         self._bitmask = allocate_token_bitmask(1, tokenizer_vocab)
-        self._allowed = np.zeros(tokenizer_vocab, dtype=np.bool_)
         self._started = False
+        self._thinking = thinking
+        #: ``start`` (a think block may open), ``thinking`` (free until it closes), ``grammar``
+        self.phase = "grammar" if thinking is None else ("thinking" if thinking.opened else "start")
+        self._tail: list[int] = []
+
+    def _advance(self, token: int) -> None:
+        if self.phase == "start":
+            assert self._thinking is not None
+            if token == self._thinking.open_id:
+                self.phase = "thinking"
+                return
+            self.phase = "grammar"
+        if self.phase == "thinking":
+            assert self._thinking is not None
+            close = self._thinking.close_ids
+            self._tail = (self._tail + [token])[-len(close):]
+            if tuple(self._tail) == close:
+                self.phase = "grammar"
+            return
+        self.matcher.consume_token(token)
 
     def __call__(self, tokens: Any, logits: Any) -> Any:
         import mlx.core as mx
@@ -145,10 +177,16 @@ class GrammarProcessor:
         # Start the forward pass now: the mask is computed on the CPU while it runs.
         mx.async_eval(logits)
         if self._started:
-            self.matcher.consume_token(int(tokens.reshape(-1)[-1].item()))
+            self._advance(int(tokens.reshape(-1)[-1].item()))
         self._started = True
+        if self.phase == "thinking":  # reasoning is free; the format applies to the answer
+            return logits
         fill_next_token_bitmask(self.matcher, self._bitmask, 0)
         bits = np.unpackbits(self._bitmask.view(np.uint8), bitorder="little")[: self.vocab]
+        if self.phase == "start" and self._thinking is not None and self._thinking.open_id is not None:
+            bits = bits.copy()
+            if self._thinking.open_id < bits.shape[0]:
+                bits[self._thinking.open_id] = 1  # the answer may first think
         width = logits.shape[-1]
         if width == self.vocab:
             allowed = bits.astype(np.bool_)
