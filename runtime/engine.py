@@ -449,7 +449,8 @@ class Engine:
         return {
             "lane": self.lane,
             "batch_size": self.config.batch if self._batch is not None else 1,
-            "queue_depth": len(self._waiting) + max(self._queued - len(self._waiting), 0),
+            # _queued counts every submitted request not yet admitted (its inbox and _waiting)
+            "queue_depth": max(self._queued, len(self._waiting)),
             "max_queue": self.config.max_queue,
             "running_rows": len(self._running),
             "reserved_tokens": self._reserved,
