@@ -59,7 +59,7 @@ function sx(pct) {
   return PLOT.left + (e - PLOT.minExp) / (PLOT.maxExp - PLOT.minExp) * (PLOT.w - PLOT.left - PLOT.right);
 }
 function sy(pct) {
-  const e = Math.min(Math.max(Math.log10(Math.max(pct, 1e-30)), PLOT.minExp - 0.3), PLOT.maxExp + 0.3);
+  const e = Math.min(Math.max(Math.log10(Math.max(pct, 1e-30)), PLOT.minExp - 1), PLOT.maxExp + 1);
   return PLOT.h - PLOT.bottom - (e - PLOT.minExp) / (PLOT.maxExp - PLOT.minExp) * (PLOT.h - PLOT.top - PLOT.bottom);
 }
 function invX(px) {
@@ -75,7 +75,10 @@ function round3(v) { return Number(v.toPrecision(3)); }
 
 function drawCurve(plot, bad) {
   const root = document.getElementById("curve-plot");
-  const nodes = [];
+  // The line is clipped to the plotting area (a curve leaves it below the lowest decade).
+  const clip = svg("clipPath", { id: "plot-area" });
+  clip.append(svg("rect", { x: PLOT.left, y: PLOT.top, width: PLOT.w - PLOT.left - PLOT.right, height: PLOT.h - PLOT.top - PLOT.bottom }));
+  const nodes = [clip];
   for (let e = PLOT.minExp; e <= PLOT.maxExp; e++) {
     const p = 10 ** e;
     nodes.push(svg("line", { class: "grid", x1: sx(p), x2: sx(p), y1: PLOT.top, y2: PLOT.h - PLOT.bottom }));
@@ -88,7 +91,7 @@ function drawCurve(plot, bad) {
   nodes.push(svg("line", { class: "identity", x1: sx(10 ** PLOT.minExp), y1: sy(10 ** PLOT.minExp), x2: sx(100), y2: sy(100) }));
   if (plot.length) {
     const d = plot.map((p, i) => (i ? "L" : "M") + sx(p.x_pct).toFixed(1) + "," + sy(p.y_pct).toFixed(1)).join(" ");
-    nodes.push(svg("path", { class: "curve-line", id: "curve-line", d }));
+    nodes.push(svg("path", { class: "curve-line", id: "curve-line", d, "clip-path": "url(#plot-area)" }));
   }
   readPoints().forEach((p, i) => {
     const knot = svg("circle", { class: "knot" + (bad ? " bad" : ""), r: 6, cx: sx(p.x_pct), cy: sy(p.y_pct), "data-index": i });
@@ -178,6 +181,7 @@ async function run() {
     if (seq !== state.seq) return;
     reason.textContent = "";
     reason.className = "";
+    document.getElementById("results").classList.remove("stale");
     state.lastPlot = res.curve.plot;
     drawCurve(res.curve.plot, false);
     drawDistribution(res.distribution);
@@ -190,6 +194,7 @@ async function run() {
     if (err.name === "AbortError" || seq !== state.seq) return;
     reason.textContent = err.message;
     reason.className = "error";
+    document.getElementById("results").classList.add("stale");  // what is shown is the last valid curve's
     state.lastPlot = [];
     drawCurve([], true);
     document.getElementById("run-status").textContent = err.status ? "rejected (" + err.status + ")" : "failed";

@@ -48,7 +48,8 @@ async def curves_page() -> Response:
 
 @get("/pages/assets/{name:str}", summary="A page asset", tags=["pages"], include_in_schema=False,
      opt=_PAGE_OPT)
-async def asset(name: str) -> Response:
+async def asset(request: Request) -> Response:
+    name = str(request.path_params["name"])
     media = ASSETS.get(name)
     if media is None:
         raise NotFound(f"no page asset named {name!r}")
