@@ -68,6 +68,27 @@ class Counting:
         return [slow]
 
 
+class ScriptAll:
+    """Every chat answer is SCRIPT's tokens, then EOS: reasoning, a sentence and a tool call."""
+
+    SCRIPT = ('<think>let me think</think>Sure.<tool_call>\n{"name": "get_weather", '
+              '"arguments": {"city": "Paris"}}\n</tool_call>')
+
+    def __init__(self, info_path: Path):
+        from tokenizers import Tokenizer
+
+        eos = json.loads((info_path / "generation_config.json").read_text())["eos_token_id"]
+        tok = Tokenizer.from_file(str(info_path / "tokenizer.json"))
+        self.ids = tok.encode(self.SCRIPT, add_special_tokens=False).ids + [eos if isinstance(eos, int) else eos[0]]
+
+    @hookimpl
+    def mlxrt_sampler(self, request):
+        import mlx.core as mx
+
+        ids = iter(self.ids)
+        return lambda logprobs: mx.array([next(ids, self.ids[-1])])
+
+
 class LiveServer:
     """The app of a tiny checkpoint served by uvicorn on a loopback port, in a thread."""
 
@@ -102,6 +123,14 @@ class LiveServer:
 def counting_server(tiny_models):
     model = tiny_models("qwen3")
     server = LiveServer(model, extra=[("counting", Counting(model))], options={"batch": 4})
+    yield server
+    server.stop()
+
+
+@pytest.fixture
+def script_server(tiny_models):
+    model = tiny_models("qwen3")
+    server = LiveServer(model, extra=[("script-all", ScriptAll(model))])
     yield server
     server.stop()
 
@@ -335,6 +364,7 @@ def test_chat_page_streams_and_stops(browser, counting_server, artifacts):
     assert "reasoning" in page.inner_text("#capabilities")
     assert "pass" in page.inner_text("#self-test")
     assert "pages" in page.inner_text("#plugins") and "counting" in page.inner_text("#plugins")
+    assert page.is_hidden("#attach-label")  # no image attach: this model has no vision
     page.wait_for_function("document.querySelector('#engine-facts').textContent.includes('prompt-cache hit rate')")
 
     # Send a message: text arrives while the request is still running (streamed), then finishes.
@@ -428,3 +458,74 @@ def test_curve_designer_updates_plot_and_samples(browser, plain_server, artifact
     assert float(page.input_value("#points tr.point:nth-child(3) .y")) > 25
     artifacts(page, "curves-dragged")
     assert errors == []
+
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather of a city",
+                                           "parameters": {"type": "object", "properties": {"city": {"type": "string"}}}}}]
+
+
+def test_chat_page_folds_reasoning_and_shows_tool_cards(browser, script_server, artifacts):
+    page, errors = _page(browser, script_server.url + "/")
+    page.click("#settings summary")
+    page.fill("#system", "You are terse.")
+    page.fill("#tools", "[not json")
+    page.fill("#prompt", "Weather in Paris?")
+    page.click("#send")
+    page.wait_for_function("document.querySelector('.msg.assistant .meta').textContent.includes('not valid JSON')")
+    page.fill("#tools", json.dumps(TOOLS))
+    page.fill("#prompt", "Weather in Paris?")
+    page.click("#send")
+    page.wait_for_function("document.querySelectorAll('.msg.assistant')[1].querySelector('.meta')"
+                           ".textContent.startsWith('finish: tool_calls')", timeout=20000)
+    answer = page.locator(".msg.assistant").nth(1)
+    reasoning = answer.locator("details.reasoning")
+    assert reasoning.is_visible() and reasoning.get_attribute("open") is None  # collapsed
+    assert "let me think" in reasoning.locator(".reasoning-text").text_content()
+    assert "let me think" not in answer.locator(".content").text_content()
+    card = answer.locator(".tool-card")
+    assert card.count() == 1
+    assert card.locator(".name").inner_text() == "get_weather"
+    assert json.loads(card.locator(".args").inner_text()) == {"city": "Paris"}
+    artifacts(page, "chat-reasoning-tools")
+    assert errors == []
+
+
+class Eyes:
+    """Marks the served model as having vision (the adapter is never reached: the OpenAI
+    dialect does not take images yet)."""
+
+    @hookimpl
+    def mlxrt_vision(self, info, host):
+        class Adapter:
+            def splice(self, prompt_ids, images):
+                raise NotImplementedError
+
+        return Adapter()
+
+
+def test_chat_page_attaches_an_image_when_the_model_has_vision(browser, tiny_models, tmp_path, artifacts):
+    import base64
+
+    png = tmp_path / "dot.png"
+    png.write_bytes(base64.b64decode(
+        "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="))
+    server = LiveServer(tiny_models("qwen3"), extra=[("eyes", Eyes())])
+    try:
+        page, errors = _page(browser, server.url + "/")
+        page.wait_for_selector("#attach-label:not([hidden])")
+        page.set_input_files("#attach", str(png))
+        page.wait_for_function("chat.image !== null")
+        page.fill("#prompt", "What is this?")
+        with page.expect_request("**/v1/chat/completions") as sent:
+            page.click("#send")
+        parts = json.loads(sent.value.post_data)["messages"][-1]["content"]
+        assert parts[0] == {"type": "text", "text": "What is this?"}
+        assert parts[1]["type"] == "image_url" and parts[1]["image_url"]["url"].startswith("data:image/png;base64,")
+        assert page.locator(".msg.user img").count() == 1
+        # The server's answer (no image input in the dialect yet) is shown as the turn's error.
+        page.wait_for_function("document.querySelector('.msg.assistant .meta').textContent.startsWith('error:')")
+        assert "vision" in page.inner_text(".msg.assistant .meta")
+        artifacts(page, "chat-image")
+        assert errors == []
+    finally:
+        server.stop()

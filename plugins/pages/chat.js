@@ -18,6 +18,10 @@ function requestBody() {
     const v = numberOrNull(k);
     if (v !== null) body[k] = v;
   }
+  const tools = document.getElementById("tools").value.trim();
+  if (tools) {
+    try { body.tools = JSON.parse(tools); } catch (e) { throw new Error("tools is not valid JSON: " + e.message); }
+  }
   return body;
 }
 
@@ -99,7 +103,11 @@ async function send(event) {
     }, chat.controller.signal);
   } catch (err) {
     if (err.name === "AbortError") finish = "stopped";
-    else { view.node.classList.add("error"); view.meta.textContent = "error: " + err.message; }
+    else {
+      view.node.classList.add("error");
+      view.meta.textContent = "error: " + err.message;
+      chat.history.pop();  // the turn failed: a retry must not send it twice
+    }
   } finally {
     chat.controller = null;
     setBusy(false);
