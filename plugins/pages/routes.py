@@ -123,7 +123,12 @@ async def curve_sample(request: Request) -> dict[str, Any]:
         raise InvalidRequest(f"prompt ({len(design.prompt_ids)} tokens) + max_tokens ({design.max_tokens}) is "
                              f"over the {ceiling}-token context this server allows", param="prompt",
                              code="context_length_exceeded")
-    result = await engine.call(lambda loaded: run_design(loaded, design))
+    def job(loaded: Any) -> Any:
+        # The base model: no adapter rows (a batch step's selection must not leak in here).
+        with engine.adapters.select(()):
+            return run_design(loaded, design)
+
+    result = await engine.call(job)
     return result.as_dict(design, engine.info.model_id)
 
 
