@@ -239,6 +239,9 @@ def test_designer_distributions_follow_the_curve_and_the_recipe(qwen3_client):
     # top_k 2 keeps two tokens.
     k2 = _sample(qwen3_client, curve=SHARPEN, n=0, top=15, recipe={"temperature": 1, "top_k": 2})
     assert sum(r["recipe"] > 0 for r in k2["distribution"]) == 2
+    # A top_k beyond the vocabulary keeps every token (and samples, rather than failing).
+    wide = _sample(qwen3_client, curve=SHARPEN, n=1, max_tokens=2, top=15, recipe={"top_k": 10**9})
+    assert all(r["recipe"] == pytest.approx(r["model"], rel=1e-3, abs=1e-6) for r in wide["distribution"])
 
 
 def test_designer_runs_on_the_engine_worker_beside_a_stream(counting_server, monkeypatch):

@@ -298,6 +298,8 @@ def run_design(loaded: Any, request: DesignRequest) -> DesignResult:
 
     decoder = _Decoder(loaded, request.prompt_ids)
     logprobs = decoder.next_logprobs()
+    if request.recipe.top_k >= logprobs.shape[-1]:  # keeps every token: no filter (mlx-lm's would fail)
+        request = attrs.evolve(request, recipe=attrs.evolve(request.recipe, top_k=0))
     model_p = mx.exp(logprobs)[0]
     curve_p = mx.softmax(apply_curve(logprobs, request.curve), axis=-1)[0]
     recipe_p = _recipe_probs(logprobs, request.recipe)[0]
