@@ -175,6 +175,19 @@ def test_status_lists_model_capabilities_and_plugins(qwen3_client):
     assert plugins["curve"]["kind"] == "sampler"
 
 
+def test_status_lists_a_failed_plugin_with_its_error(tiny_models, serve_app):
+    class Broken:
+        @hookimpl
+        def mlxrt_no_such_hook(self):
+            return None
+
+    client = serve_app(tiny_models("qwen3"), extra=[("broken", Broken())])
+    plugins = {p["name"]: p for p in client.get("/pages/status").json()["plugins"]}
+    assert plugins["broken"]["status"] == "failed"
+    assert "mlxrt_no_such_hook" in plugins["broken"]["error"]
+    assert client.get("/").status_code == 200  # the server serves on without it
+
+
 def test_pages_are_public_but_the_json_is_behind_the_key(tiny_models, serve_app):
     client = serve_app(tiny_models("qwen3"), options={"api_keys": ["sekret"]})
     assert client.get("/").status_code == 200
