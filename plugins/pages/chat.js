@@ -92,6 +92,7 @@ async function send(event) {
   let usage = null;
   try {
     await streamSSE("/v1/chat/completions", requestBody(), (chunk) => {
+      if (chunk.error) throw new Error(chunk.error.message || JSON.stringify(chunk.error));  // failed mid-stream
       if (chunk.usage) usage = chunk.usage;
       for (const choice of chunk.choices || []) {
         const d = choice.delta || {};
