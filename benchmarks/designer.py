@@ -6,9 +6,9 @@ completions as separate ``/v1/chat/completions`` requests, sent one after anothe
     python benchmarks/designer.py --n 8 --max-tokens 16 --repeats 3
 
 Measured 2026-12-03 on the shared 2-core dev machine under load (load average ~8), n 4, max_tokens 8:
-62.0 s for the designer call vs 124.8 s for the 8 chat requests (64 tokens each way): the shared
-prefill and no per-request HTTP/templating/admission halve the time; absolute figures there are
-dominated by the machine's load.
+62.0 s for the designer call vs 124.8 s for the 8 chat requests (64 tokens each way); the designer
+prefills the prompt once where the chat requests prefill it 8 times. Absolute figures there are
+dominated by the machine's load; rerun on a quiet machine for real ones.
 """
 
 from __future__ import annotations
