@@ -33,6 +33,10 @@ def test_api_keys_guard_every_api_route_but_health(tiny_models, serve_app):
         if path == "/health":
             assert resp.status_code == 200
             continue
+        if path in ("/", "/curves", "/pages/assets/{name:str}"):  # the pages: public (docs/pages.md)
+            page = client.get(path.replace("{name:str}", "pages.css"))
+            assert page.status_code == 200 and page.headers["content-type"].startswith("text/"), path
+            continue
         assert resp.status_code == 401, (method, path, resp.status_code)
         body = resp.json()
         assert body["error"]["type"] == "authentication_error"  # in the route's own dialect

@@ -1,0 +1,135 @@
+"""Route handlers of the pages plugin: the two pages, their static assets, the status JSON the
+status panel reads besides ``/stats``, and the curve designer's sampling endpoint.
+
+The pages and assets are public (no API key: a browser must be able to load the page that asks
+for the key); the JSON endpoints go through the server's key guard like every other route.
+"""
+
+from __future__ import annotations
+
+from importlib import resources
+from typing import Any
+
+import anyio
+from litestar import Request, Response, get, post
+
+from mlxrt.api.wire import parse_json_object
+from mlxrt.errors import InvalidRequest, NotFound
+
+__all__ = ["ROUTES", "ASSETS"]
+
+_STATIC = resources.files("mlxrt.plugins.pages")
+#: Every asset the pages load, by file name → media type (nothing else is served).
+ASSETS = {
+    "pages.css": "text/css",
+    "common.js": "text/javascript",
+    "chat.js": "text/javascript",
+    "status.js": "text/javascript",
+    "curves.js": "text/javascript",
+}
+_PAGE_OPT = {"public": True}
+_NO_CACHE = {"Cache-Control": "no-cache"}
+
+
+def _html(name: str) -> Response:
+    return Response(content=(_STATIC / name).read_bytes(), media_type="text/html",
+                    headers=_NO_CACHE)
+
+
+@get("/", summary="Chat and status page", tags=["pages"], include_in_schema=False, opt=_PAGE_OPT)
+async def index_page() -> Response:
+    return _html("index.html")
+
+
+@get("/curves", summary="Curve designer page", tags=["pages"], include_in_schema=False, opt=_PAGE_OPT)
+async def curves_page() -> Response:
+    return _html("curves.html")
+
+
+@get("/pages/assets/{name:str}", summary="A page asset", tags=["pages"], include_in_schema=False,
+     opt=_PAGE_OPT)
+async def asset(request: Request) -> Response:
+    name = str(request.path_params["name"])
+    media = ASSETS.get(name)
+    if media is None:
+        raise NotFound(f"no page asset named {name!r}")
+    return Response(content=(_STATIC / name).read_bytes(), media_type=media, headers=_NO_CACHE)
+
+
+@get("/pages/status", summary="Model capabilities, plugins and server settings", tags=["pages"])
+async def status(request: Request) -> dict[str, Any]:
+    """What the status panel shows beside ``/stats``: the served model's capabilities, every
+    plugin the host saw (loaded, failed or disabled, with its kind and hooks), and the sampling
+    settings the server was started with."""
+    host = request.app.state.host
+    engine = host.engine
+    info, profile = engine.info, engine.profile
+    options = host.options
+    return {
+        "model": {
+            "id": info.model_id, "model_type": info.model_type, "source": info.source,
+            "family": profile.family, "tier": profile.tier,
+            "context_window": info.context_window, "context_ceiling": engine.context_ceiling,
+            "capabilities": {
+                "reasoning": profile.thinking_format is not None,
+                "tools": profile.tool_parser is not None,
+                "vision": profile.vision is not None,
+                "chat_template": getattr(engine.tokenizer, "chat_template", None) is not None,
+            },
+            "self_test": dict(profile.self_test),
+            "provenance": dict(profile.provenance),
+        },
+        "plugins": [
+            {"name": r.name, "status": r.status, "kind": r.kind, "dist": r.dist, "version": r.version,
+             "builtin": r.builtin, "hooks": list(r.hooks), "error": r.error}
+            for r in host.records.values()
+        ],
+        "route_conflicts": list(host.route_conflicts),
+        "sampling_options": {k: options.get(k) for k in ("temp", "top_p", "top_k", "min_p", "max_tokens")},
+    }
+
+
+def _tokenizer(engine: Any, host: Any) -> Any:
+    def tokenize(prompt: str, chat: bool) -> list[int]:
+        if not chat:
+            return list(engine.tokenizer.encode(prompt, add_special_tokens=True))
+        from mlxrt.templating import ChatInput, render_chat
+
+        chat_input = ChatInput(messages=({"role": "user", "content": prompt},))
+        return list(render_chat(host, engine.tokenizer, engine.profile, chat_input).ids)
+
+    return tokenize
+
+
+@post("/v1/curves/sample", status_code=200, summary="Sample a prompt with a curve and with a recipe",
+      tags=["pages"])
+async def curve_sample(request: Request) -> dict[str, Any]:
+    """N completions of one prompt under a curve and under a plain recipe, side by side, and
+    the next-token distribution of the model, the curve and the recipe (docs/pages.md).
+
+    Runs as one raw job on the engine worker, between decode steps (never beside one)."""
+    from mlxrt.plugins.pages.designer import parse_design, run_design
+
+    host = request.app.state.host
+    engine = host.engine
+    if engine.loaded.engine != "autoregressive":
+        raise InvalidRequest(f"the curve designer needs an autoregressive model; {engine.info.model_id} "
+                             f"is served by the {engine.loaded.engine} engine")
+    body = parse_json_object(await request.body())
+    tokenize = _tokenizer(engine, host)
+    design = await anyio.to_thread.run_sync(parse_design, body, tokenize)
+    ceiling = engine.context_ceiling
+    if ceiling is not None and len(design.prompt_ids) + design.max_tokens > ceiling:
+        raise InvalidRequest(f"prompt ({len(design.prompt_ids)} tokens) + max_tokens ({design.max_tokens}) is "
+                             f"over the {ceiling}-token context this server allows", param="prompt",
+                             code="context_length_exceeded")
+    def job(loaded: Any) -> Any:
+        # The base model: no adapter rows (a batch step's selection must not leak in here).
+        with engine.adapters.select(()):
+            return run_design(loaded, design)
+
+    result = await engine.call(job)
+    return result.as_dict(design, engine.info.model_id)
+
+
+ROUTES = (index_page, curves_page, asset, status, curve_sample)
