@@ -259,3 +259,13 @@ def test_non_finite_logit_bias_is_refused():
     for bad in ({"1": float("nan")}, {"1": float("inf")}, {" 1": 1}, {"1_0": 1}):
         with pytest.raises(InvalidRequest, match="logit_bias must be a dict of int to float"):
             decode_logit_bias(bad)
+
+
+def test_top_k_at_or_past_the_vocabulary_keeps_every_token(qwen3_client):
+    """mlx-lm's sampler raises for top_k >= vocab; such a top_k filters nothing."""
+    vocab = qwen3_client.app.state.host.engine.info.config_int("vocab_size")
+
+    def run(**kw):
+        return _chat(qwen3_client, temperature=1.0, seed=5, max_tokens=8, **kw).choices[0].message.content
+
+    assert run(top_k=vocab) == run(top_k=10**6) == run()
