@@ -1,0 +1,185 @@
+"""DiffusionGemma: the MLX port against transformers, and chat completions through the denoising lane."""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+from pathlib import Path
+
+import numpy as np
+import openai
+import pytest
+from support import openai_client
+
+GOLDEN_DIR = Path(__file__).resolve().parent / "golden"
+CANVAS = 16  # the tiny checkpoint's canvas_length
+MESSAGES = [{"role": "user", "content": "Tell me about the sea."}]
+
+
+def _golden_module():
+    spec = importlib.util.spec_from_file_location("make_diffusion_gemma_golden",
+                                                  GOLDEN_DIR / "make_diffusion_gemma_golden.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _mlx_figures(path: Path, inputs) -> dict[str, np.ndarray]:
+    """The reference script's figures, computed by the MLX port."""
+    import json
+
+    import mlx.core as mx
+
+    from mlxrt.families.diffusion_gemma.generation import entropy_bound_accept, token_entropy
+    from mlxrt.families.diffusion_gemma.model import EncoderCache, load_text_model
+
+    g = _golden_module()
+    model = load_text_model(path, json.loads((path / "config.json").read_text()))
+    cache = EncoderCache(model.args)
+    model.encode([int(t) for t in inputs["prompt"]], cache)
+    canvas = mx.array(np.asarray(inputs["canvas"])[None].astype(np.int32))
+    step1 = model.decode(canvas, cache)
+    processed1 = step1 / g.schedule_temperature(g.STEPS)
+    out = {"accept1": np.array(entropy_bound_accept(token_entropy(processed1), 0.1))[0]}
+    step2 = model.decode(canvas, cache, processed1)
+    block = mx.argmax(step2, axis=-1)
+    out["block"] = np.array(block[0])
+    model.encode(block[0], cache)
+    step3 = model.decode(mx.array(np.asarray(inputs["canvas2"])[None].astype(np.int32)), cache)
+    cols = np.asarray(inputs["columns"])
+    for name, logits in (("step1", step1), ("step2", step2), ("step3", step3)):
+        out.update(g.summarize(name, np.array(logits[0]), cols))
+    return out
+
+
+def _compare(ours: dict, ref, *, text_atol: float = 2e-4, sc_atol: float = 5e-3) -> None:
+    for step, atol in (("step1", text_atol), ("step2", sc_atol), ("step3", text_atol)):
+        np.testing.assert_allclose(ours[f"{step}_cols"], ref[f"{step}_cols"], atol=atol, rtol=0, err_msg=step)
+        np.testing.assert_allclose(ours[f"{step}_lse"], ref[f"{step}_lse"], atol=atol, rtol=0, err_msg=step)
+        np.testing.assert_array_equal(ours[f"{step}_argmax"], ref[f"{step}_argmax"], err_msg=step)
+    np.testing.assert_array_equal(ours["accept1"], ref["accept1"])
+    np.testing.assert_array_equal(ours["block"], ref["block"])
+
+
+@pytest.fixture(scope="module")
+def text_checkpoint(tmp_path_factory) -> Path:
+    from mlxrt.testing import write_tiny_checkpoint
+
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("dg") / "dg", "diffusion_gemma_no_vision")
+
+
+def test_port_matches_transformers_goldens(text_checkpoint):
+    """Prompt longer than the sliding window; self-conditioned step; continuation canvas."""
+    ref = np.load(GOLDEN_DIR / "diffusion_gemma_text.npz")
+    ours = _mlx_figures(text_checkpoint, ref)
+    _compare(ours, ref)
+    assert ref["accept1"].sum() >= 1 and not ref["accept1"].all()  # the sampler made a real choice
+
+
+def test_port_matches_transformers_live(text_checkpoint):
+    pytest.importorskip("torch")
+    g = _golden_module()
+    ref = g.reference(text_checkpoint)
+    _compare(_mlx_figures(text_checkpoint, ref), ref)
+
+
+def test_golden_comparison_fails_on_a_wrong_model(text_checkpoint, tmp_path):
+    """The comparison is sharp: another seed's weights do not pass it."""
+    from mlxrt.testing import write_tiny_checkpoint
+
+    other = write_tiny_checkpoint(tmp_path / "other", "diffusion_gemma_no_vision", seed=1)
+    ref = np.load(GOLDEN_DIR / "diffusion_gemma_text.npz")
+    with pytest.raises(AssertionError):
+        _compare(_mlx_figures(other, ref), ref)
+
+
+# -- serving ---------------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def dg_client(tiny_models, serve_app):
+    return serve_app(tiny_models("diffusion_gemma_no_vision"), options={"batch": 4})
+
+
+def _chat(client, **kw):
+    return openai_client(client).chat.completions.create(model="tiny", messages=MESSAGES, **kw)
+
+
+def test_chat_completion_non_stream(dg_client):
+    r = _chat(dg_client, max_tokens=20, seed=7)
+    assert r.choices[0].finish_reason == "length"
+    assert r.usage.completion_tokens == 20
+    assert r.usage.prompt_tokens > 5
+    assert r.usage.total_tokens == r.usage.prompt_tokens + 20
+    assert r.choices[0].message.content
+    again = _chat(dg_client, max_tokens=20, seed=7)
+    assert again.choices[0].message.content == r.choices[0].message.content  # seeded: reproducible
+    other = _chat(dg_client, max_tokens=20, seed=8)
+    assert other.choices[0].message.content != r.choices[0].message.content
+
+
+def test_stream_emits_one_delta_per_settled_block(dg_client):
+    max_tokens = 40
+    chunks = list(_chat(dg_client, max_tokens=max_tokens, seed=3, stream=True,
+                        stream_options={"include_usage": True}))
+    deltas = [c.choices[0].delta.content for c in chunks if c.choices and c.choices[0].delta.content]
+    blocks = math.ceil(max_tokens / CANVAS)  # 16 + 16 + 8 tokens
+    # one delta per block, plus at most the detokenizer's held-back tail in the finish frame
+    # (token by token it would be ~40)
+    assert blocks <= len(deltas) <= blocks + 1
+    finish = [c.choices[0].finish_reason for c in chunks if c.choices and c.choices[0].finish_reason]
+    assert finish == ["length"]
+    assert chunks[-1].usage.completion_tokens == max_tokens
+    whole = _chat(dg_client, max_tokens=max_tokens, seed=3)
+    assert "".join(deltas) == whole.choices[0].message.content
+    assert chunks[-1].usage.prompt_tokens == whole.usage.prompt_tokens
+
+
+def test_stop_string_ends_the_answer(dg_client):
+    text = _chat(dg_client, max_tokens=48, seed=5).choices[0].message.content
+    stop = text[len(text) // 2:len(text) // 2 + 3]
+    assert stop.strip() and text.index(stop) > 0
+    r = _chat(dg_client, max_tokens=48, seed=5, stop=[stop])
+    assert r.choices[0].finish_reason == "stop"
+    assert r.choices[0].message.content == text[:text.index(stop)]
+    assert r.usage.completion_tokens < 48
+    streamed = list(_chat(dg_client, max_tokens=48, seed=5, stop=[stop], stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == text[:text.index(stop)]
+
+
+def test_serial_lane_no_prompt_cache_and_refusals(dg_client):
+    with pytest.raises(openai.BadRequestError) as err:
+        _chat(dg_client, max_tokens=8, logprobs=True, top_logprobs=2)
+    assert "denoising model" in str(err.value)
+    resp = dg_client.post("/v1/chat/completions", json={"model": "tiny", "messages": MESSAGES, "max_tokens": 8})
+    assert resp.status_code == 200  # still serving after the refusal
+    assert resp.headers["x-mlxrt-cache"].startswith("off")
+    stats = dg_client.get("/stats").json()["engine"]
+    assert stats["lane"] == "serial"  # --batch 4 was asked for: a denoising model does not batch
+    assert stats["prompt_cache"]["entries"] == 0
+
+
+def test_generator_cuts_the_block_after_eos():
+    """A block is cut after its first end-of-sequence id, and generation ends there."""
+    import attrs
+
+    from mlxrt.families.diffusion_gemma.generation import DiffusionGenerator
+    from mlxrt.records import GenerationRequest
+
+    class Gen(DiffusionGenerator):
+        def _denoise(self, cache, key, temperature, should_cancel):
+            return [7, 8, 1, 9] + [10] * (CANVAS - 4)
+
+    class Model:
+        args = attrs.make_class("A", {"canvas_length": attrs.field(default=CANVAS),
+                                      "num_layers": attrs.field(default=1)})()
+
+        def encode(self, *a, **k):
+            pass
+
+    gen = Gen(Model(), None, eos=[1])
+    blocks = list(gen.generate([2, 3], GenerationRequest("r", (2, 3), max_tokens=100), lambda: False))
+    assert blocks == [[7, 8, 1]]
+    blocks = list(Gen(Model(), None, eos=[99]).generate([2], GenerationRequest("r", (2,), max_tokens=20),
+                                                         lambda: False))
+    assert [len(b) for b in blocks] == [16, 4]
