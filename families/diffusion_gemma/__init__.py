@@ -42,3 +42,20 @@ def mlxrt_load_model(info, host):  # noqa: ANN001, ANN201, ARG001
     schedule = DenoiseSchedule.from_generation_config(info.generation_config)
     return LoadedModel(model=model, tokenizer=tokenizer, engine="denoising",
                        denoiser=DiffusionGenerator(model, schedule, eos))
+
+
+@hookimpl
+def mlxrt_vision(info, host):  # noqa: ANN001, ANN201, ARG001
+    if info.model_type not in MODEL_TYPES:
+        return None
+    import json
+
+    from mlxrt.families.diffusion_gemma.vision import DiffusionVision
+
+    processor = {}
+    path = info.path / "processor_config.json"
+    if path.is_file():
+        processor = json.loads(path.read_text(encoding="utf-8")).get("image_processor") or {}
+    # Answered for every DiffusionGemma checkpoint: one without a tower refuses images with a
+    # clear 400 ("this checkpoint has no vision tower") instead of "the model has no vision input".
+    return DiffusionVision(info.path, info.config, processor)

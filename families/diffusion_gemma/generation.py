@@ -110,9 +110,8 @@ class DiffusionGenerator:
             return
         seed = request.sampling.seed if request.sampling.seed is not None else random.getrandbits(63)
         key = mx.random.key(int(seed))
-        ids = getattr(prompt, "ids", prompt)
-        self.model.encode(list(ids), cache, embeds=getattr(prompt, "embeds", None),
-                          image_blocks=getattr(prompt, "blocks", None))
+        self._prefill(prompt, cache)
+        prompt = None  # image features are not needed past the prefill
         for _ in range(math.ceil(left / a.canvas_length)):
             key, sub = mx.random.split(key)
             block = self._denoise(cache, sub, float(request.sampling.temperature), should_cancel)
@@ -125,6 +124,19 @@ class DiffusionGenerator:
             if cut < len(block) or left <= 0:
                 return
             self.model.encode(block, cache)  # the finished canvas becomes context
+
+    def _prefill(self, prompt: Any, cache: EncoderCache) -> None:
+        """Encode the prompt; a spliced one's image rows take its features (encoder side only)."""
+        features = getattr(prompt, "features", None)
+        if features is None:
+            self.model.encode(list(prompt), cache)
+            return
+        ids = mx.array(list(prompt.ids), dtype=mx.int32)
+        is_image = ids == prompt.image_token_id
+        row = mx.maximum(mx.cumsum(is_image.astype(mx.int32)) - 1, 0)
+        embeds = mx.where(is_image[:, None], features[row].astype(self.model.embed_weight.dtype),
+                          self.model.embed(ids))
+        self.model.encode(ids, cache, embeds=embeds[None], image_blocks=prompt.blocks)
 
     def _denoise(self, cache: EncoderCache, key: mx.array, temperature: float,
                  should_cancel: Callable[[], bool]) -> list[int] | None:
