@@ -183,3 +183,116 @@ def test_generator_cuts_the_block_after_eos():
     blocks = list(Gen(Model(), None, eos=[99]).generate([2], GenerationRequest("r", (2,), max_tokens=20),
                                                          lambda: False))
     assert [len(b) for b in blocks] == [16, 4]
+
+
+# -- vision ----------------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def vision_checkpoint(tmp_path_factory) -> Path:
+    from mlxrt.testing import write_tiny_checkpoint
+
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("dgv") / "dgv", "diffusion_gemma")
+
+
+def _adapter(path: Path):
+    import json
+
+    from mlxrt.families.diffusion_gemma.vision import DiffusionVision
+
+    config = json.loads((path / "config.json").read_text())
+    proc_file = path / "processor_config.json"
+    proc = json.loads(proc_file.read_text())["image_processor"] if proc_file.is_file() else {}
+    return DiffusionVision(path, config, proc), config
+
+
+def _vision_figures(path: Path, ref) -> dict[str, np.ndarray]:
+    import json
+
+    import mlx.core as mx
+
+    from mlxrt.families.diffusion_gemma.generation import DenoiseSchedule, DiffusionGenerator
+    from mlxrt.families.diffusion_gemma.model import EncoderCache, load_text_model
+
+    g = _golden_module()
+    adapter, config = _adapter(path)
+    spliced = adapter.splice(g.VISION_HEAD + [config["image_token_id"]] + g.VISION_TAIL, [g.sample_image()])
+    model = load_text_model(path, json.loads((path / "config.json").read_text()))
+    cache = EncoderCache(model.args)
+    DiffusionGenerator(model, DenoiseSchedule(), [1])._prefill(spliced, cache)
+    logits = model.decode(mx.array(np.asarray(ref["canvas"])[None].astype(np.int32)), cache)
+    return {"ids": np.array(spliced.ids), "features": np.array(spliced.features),
+            **g.summarize("image", np.array(logits[0]), np.asarray(ref["columns"]))}
+
+
+def _compare_vision(ours, ref) -> None:
+    np.testing.assert_array_equal(ours["ids"], ref["ids"])
+    np.testing.assert_allclose(ours["features"], ref["features"], atol=1e-4, rtol=0)
+    np.testing.assert_allclose(ours["image_cols"], ref["image_cols"], atol=5e-3, rtol=0)
+    np.testing.assert_allclose(ours["image_lse"], ref["image_lse"], atol=5e-3, rtol=0)
+    np.testing.assert_array_equal(ours["image_argmax"], ref["image_argmax"])
+
+
+def test_vision_matches_transformers_goldens(vision_checkpoint):
+    """Processor, tower, projector and the encoder's bidirectional image block, as generate() runs them."""
+    ref = np.load(GOLDEN_DIR / "diffusion_gemma_vision.npz")
+    ours = _vision_figures(vision_checkpoint, ref)
+    _compare_vision(ours, ref)
+    text_only = np.load(GOLDEN_DIR / "diffusion_gemma_text.npz")  # same canvas, no image
+    assert np.abs(ref["image_cols"] - text_only["step1_cols"]).max() > 0.1
+
+
+def test_vision_matches_transformers_live(vision_checkpoint):
+    pytest.importorskip("torch")
+    ref = _golden_module().reference_vision(vision_checkpoint)
+    _compare_vision(_vision_figures(vision_checkpoint, ref), ref)
+
+
+def test_image_changes_the_generation(vision_checkpoint):
+    import json
+
+    from mlxrt.families.diffusion_gemma.generation import DenoiseSchedule, DiffusionGenerator
+    from mlxrt.families.diffusion_gemma.model import load_text_model
+    from mlxrt.records import GenerationRequest, SamplingParams
+
+    g = _golden_module()
+    adapter, config = _adapter(vision_checkpoint)
+    prompt = g.VISION_HEAD + [config["image_token_id"]] + g.VISION_TAIL
+    spliced = adapter.splice(prompt, [g.sample_image()])
+    model = load_text_model(vision_checkpoint, json.loads((vision_checkpoint / "config.json").read_text()))
+    gen = DiffusionGenerator(model, DenoiseSchedule(max_denoising_steps=4), [1])
+    request = GenerationRequest("r", spliced.ids, max_tokens=16, sampling=SamplingParams(seed=1))
+    with_image = list(gen.generate(spliced, request, lambda: False))
+    without = list(gen.generate(list(spliced.ids), request, lambda: False))
+    assert with_image and with_image != without
+
+
+def test_image_rules(vision_checkpoint, tiny_models):
+    from PIL import Image
+
+    from mlxrt.errors import InvalidRequest
+
+    adapter, config = _adapter(vision_checkpoint)
+    img = Image.new("RGB", (64, 48), (200, 10, 10))
+    prompt = [2, 300, config["image_token_id"], 301]
+    with pytest.raises(InvalidRequest, match="^DiffusionGemma image input supports exactly one image$"):
+        adapter.splice(prompt, [img, img])
+    with pytest.raises(InvalidRequest, match="exactly one image"):
+        adapter.splice(prompt, [])
+    assert adapter._tower is None  # refused before the tower loaded
+    spliced = adapter.splice(prompt, [img])
+    assert adapter._tower is not None and spliced.ids.count(config["image_token_id"]) == spliced.features.shape[0]
+    with pytest.raises(InvalidRequest, match="exactly one image placeholder"):
+        adapter.splice([2, 300, 301], [img])
+    bare, _ = _adapter(tiny_models("diffusion_gemma_no_vision"))
+    with pytest.raises(InvalidRequest, match="^this checkpoint has no vision tower$") as err:
+        bare.splice(prompt, [img])
+    assert err.value.status == 400
+
+
+def test_text_only_serving_never_loads_the_tower(tiny_models, serve_app):
+    client = serve_app(tiny_models("diffusion_gemma"))
+    assert _chat(client, max_tokens=8).choices[0].message.content is not None
+    model = openai_client(client).models.list().data[0]
+    assert model.model_extra.get("vision") is True
+    assert client.app.state.host.engine.profile.vision._tower is None

@@ -10,6 +10,12 @@ sliding window) and a fixed canvas,
 * ``step3``: after the encoder appended step 2's argmax canvas to the cache (the next block's
   context), the decoder logits of a second canvas.
 
+``diffusion_gemma_vision.npz`` (the checkpoint with its tower): for a seeded random RGB
+image, the image processor's soft-token count, the projected image features, and the decoder
+logits of a canvas after the encoder took the prompt with the image spliced in, its masks
+built as ``generate()`` builds them (``_prepare_encoder_inputs``: the vision-bidirectional
+overlay; a plain ``forward()`` drops it, FAMILIES.md 2.5).
+
 Logits are stored as a fixed subset of vocabulary columns plus every row's argmax and
 logsumexp (a few tens of KB). ``tests/test_diffusion_gemma.py`` compares the MLX port with
 these without torch, and with transformers live when torch is installed
@@ -28,6 +34,10 @@ import numpy as np
 
 HERE = Path(__file__).resolve().parent
 GOLDEN = HERE / "diffusion_gemma_text.npz"
+GOLDEN_VISION = HERE / "diffusion_gemma_vision.npz"
+#: Text around the image placeholder in the vision prompt (ids of the tiny Gemma 4 tokenizer).
+VISION_HEAD = [2, 105, 300, 301]
+VISION_TAIL = [302, 303, 106, 105, 400]
 PROMPT_LEN = 13  # longer than the tiny model's sliding window (8)
 COLUMNS = 256
 STEPS = 16  # the tiny checkpoint's max_denoising_steps
@@ -93,14 +103,61 @@ def reference(path: str | Path) -> dict[str, np.ndarray]:
     return out
 
 
+def sample_image():
+    """The seeded random RGB image of the vision figures (100×150)."""
+    from PIL import Image
+
+    rng = np.random.default_rng(99)
+    return Image.fromarray(rng.integers(0, 256, size=(100, 150, 3), dtype=np.uint8), "RGB")
+
+
+def reference_vision(path: str | Path) -> dict[str, np.ndarray]:
+    """The vision figures, computed by transformers on the checkpoint folder ``path``."""
+    import json
+
+    import torch
+    from transformers import DiffusionGemmaForBlockDiffusion
+    from transformers.cache_utils import DynamicCache
+    from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
+
+    model = DiffusionGemmaForBlockDiffusion.from_pretrained(str(path), dtype=torch.float32).eval()
+    cfg = model.config
+    proc = json.loads((Path(path) / "processor_config.json").read_text())["image_processor"]
+    processor = Gemma4ImageProcessorPil(**{k: v for k, v in proc.items() if k != "image_processor_type"})
+    pixels = processor(images=[sample_image()], return_tensors="pt")
+    n = int(pixels["num_soft_tokens_per_image"][0])
+    ids = VISION_HEAD + [cfg.boi_token_id] + [cfg.image_token_id] * n + [cfg.eoi_token_id] + VISION_TAIL
+    inputs = fixed_inputs(cfg.text_config.vocab_size, cfg.canvas_length)
+    out = {"ids": np.array(ids), "canvas": inputs["canvas"], "columns": inputs["columns"]}
+    with torch.no_grad():
+        features = model.model.encoder.get_image_features(pixels["pixel_values"],
+                                                          pixels["image_position_ids"]).pooler_output
+        out["features"] = features.numpy()
+        cache = DynamicCache(config=cfg.get_text_config(decoder=True))
+        input_ids = torch.tensor([ids])
+        mm = (input_ids == cfg.image_token_id).long()
+        positions = torch.arange(len(ids))[None]
+        masks = model.model.encoder.create_masks_for_generate(
+            config=cfg, inputs_embeds=torch.empty(1, len(ids), 0), attention_mask=torch.ones_like(input_ids).bool(),
+            cache=cache, position_ids=positions, mm_token_type_ids=mm)
+        model.model.encoder(input_ids=input_ids, pixel_values=pixels["pixel_values"],
+                            image_position_ids=pixels["image_position_ids"], mm_token_type_ids=mm,
+                            attention_mask=masks, cache=cache, position_ids=positions)
+        logits = model(decoder_input_ids=torch.tensor(inputs["canvas"])[None], cache=cache).logits
+    out.update(summarize("image", logits[0].numpy(), inputs["columns"]))
+    return out
+
+
 def main() -> None:
     from mlxrt.testing import write_tiny_checkpoint
 
     with tempfile.TemporaryDirectory() as tmp:
         path = write_tiny_checkpoint(Path(tmp) / "dg", "diffusion_gemma_no_vision")
         figures = reference(path)
-    np.savez_compressed(GOLDEN, **figures)
-    print(f"wrote {GOLDEN} ({GOLDEN.stat().st_size} bytes)", file=sys.stderr)
+        vision = reference_vision(write_tiny_checkpoint(Path(tmp) / "dgv", "diffusion_gemma"))
+    for target, data in ((GOLDEN, figures), (GOLDEN_VISION, vision)):
+        np.savez_compressed(target, **data)
+        print(f"wrote {target} ({target.stat().st_size} bytes)", file=sys.stderr)
 
 
 if __name__ == "__main__":
