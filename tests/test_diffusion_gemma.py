@@ -296,3 +296,101 @@ def test_text_only_serving_never_loads_the_tower(tiny_models, serve_app):
     model = openai_client(client).models.list().data[0]
     assert model.model_extra.get("vision") is True
     assert client.app.state.host.engine.profile.vision._tower is None
+
+
+# -- the denoising lane ----------------------------------------------------------------------------
+
+
+class _Blocks:
+    """A scripted Denoiser: yields the given blocks; records cancellation polls and closing."""
+
+    def __init__(self, blocks, on_block=None):
+        self.blocks, self.on_block, self.closed = blocks, on_block, False
+
+    def generate(self, prompt, request, should_cancel):
+        try:
+            for i, block in enumerate(self.blocks):
+                if should_cancel():
+                    return
+                yield block
+                if self.on_block:
+                    self.on_block(i)
+        finally:
+            self.closed = True
+
+
+def _run_lane(denoiser, *, max_tokens=64, stop=(), deadline=None):
+    import threading
+
+    from mlxrt.denoising_lane import DenoisingLane
+    from mlxrt.detokenize import Detokenizer
+    from mlxrt.lanes import Job, Row
+    from mlxrt.records import CacheReport, GenerationRequest
+    from mlxrt.stops import StopMatcher
+
+    events, ended = [], []
+    job = Job(GenerationRequest("r", (1, 2, 3), max_tokens=max_tokens, stop=tuple(stop)), deliver=events.append,
+              cancelled=threading.Event(), deadline=deadline)
+    row = Row(job=job, sampler=None, processors=[], report=CacheReport("off", 0, 3), cache=None, reused=0,
+              eos=frozenset({0}), detok=Detokenizer(lambda ids: "".join(chr(96 + i) for i in ids)),
+              stops=StopMatcher(tuple(stop)), timeout=1.0)
+    lane = DenoisingLane(denoiser, done=lambda r, reason, cache, tokens: ended.append(reason), tick=lambda n: None)
+    return lane, row, job, events, ended
+
+
+def test_lane_streams_blocks_and_stops_at_eos():
+    from mlxrt.records import FinishEvent, FinishReason
+
+    denoiser = _Blocks([[1, 2, 3], [4, 0, 5], [6]])
+    lane, row, _job, events, ended = _run_lane(denoiser)
+    lane.run(row)
+    row.finish(ended[0])
+    assert [e.text for e in events[:-1]] == ["abc", "d"]
+    assert ended == [FinishReason.STOP] and denoiser.closed
+    assert isinstance(events[-1], FinishEvent) and events[-1].completion_tokens == 5  # EOS counts
+
+
+def test_lane_stop_string_inside_a_block():
+    from mlxrt.records import FinishReason
+
+    lane, row, _job, events, ended = _run_lane(_Blocks([[1, 2], [3, 4, 5]]), stop=["cd"])
+    lane.run(row)
+    row.finish(ended[0])
+    assert "".join(e.text for e in events) == "ab" and ended == [FinishReason.STOP]
+    assert events[-1].stop_sequence == "cd"
+
+
+def test_lane_cancel_between_blocks_closes_the_generator():
+    from mlxrt.records import FinishReason
+
+    holder = {}
+    denoiser = _Blocks([[1], [2], [3]], on_block=lambda i: holder["job"].cancelled.set())
+    lane, row, job, events, ended = _run_lane(denoiser)
+    holder["job"] = job
+    lane.run(row)
+    assert ended == [FinishReason.CANCELLED] and denoiser.closed and len(events) == 1
+
+
+def test_lane_timeout_is_a_504():
+    import time
+
+    from mlxrt.lanes import RequestTimeout
+    from mlxrt.records import FinishReason
+
+    lane, row, _job, events, ended = _run_lane(_Blocks([[1], [2]]), deadline=time.monotonic() - 1)
+    lane.run(row)
+    row.finish(ended[0])
+    assert ended == [FinishReason.CANCELLED] and isinstance(events[-1], RequestTimeout)
+    assert events[-1].status == 504
+
+
+def test_anthropic_messages_through_the_denoising_lane(dg_client):
+    from support import anthropic_client
+
+    client = anthropic_client(dg_client)
+    msg = client.messages.create(model="tiny", max_tokens=20, messages=MESSAGES)
+    assert msg.stop_reason == "max_tokens" and msg.usage.output_tokens == 20
+    with client.messages.stream(model="tiny", max_tokens=20, messages=MESSAGES) as stream:
+        text = "".join(stream.text_stream)
+        final = stream.get_final_message()
+    assert text and final.usage.output_tokens == 20
