@@ -31,8 +31,6 @@ Families (`TINY_MODEL_TYPES`, the `model_type` written to config.json):
                attention (nested text_config); thinking opens by default.
   gemma4_text  Gemma4ForCausalLM: sliding + full layers, per-layer inputs,
                KV-shared layers; Gemma 4 tokens at their real ids.
-  diffusion_gemma  DiffusionGemmaForBlockDiffusion with a tiny vision tower
-               (see `mlxrt._tiny_diffusion_gemma`; not loadable by mlx-lm).
   minicpm      MiniCPMForCausalLM (mlx-lm `minicpm`, untied lm_head) with the
                MiniCPM5 tokenizer and template. A real MiniCPM5 repo is
                Llama-shaped with the same parameter names: pass
@@ -47,7 +45,10 @@ Layout variants (`TINY_VARIANTS`: another layout of one of those model types):
                `pooling_mode_lasttoken`, `config_sentence_transformers.json` with
                the `Instruct: ...\nQuery:` prompt), EOS `<|endoftext|>`, left
                padding, and a post-processor that appends `<|endoftext|>`.
-  diffusion_gemma_no_vision  the diffusion_gemma checkpoint without a vision tower.
+
+Family-loaded types (`TINY_FAMILY_TYPES`: mlx-lm cannot load them, their family plugin does):
+  diffusion_gemma  DiffusionGemmaForBlockDiffusion with a tiny vision tower
+               (`mlxrt._tiny_diffusion_gemma`); `diffusion_gemma_no_vision` without it.
 
 `config_overrides` is merged into config.json (dicts merge recursively; for
 qwen3_5 put text fields under "text_config") before the weights are drawn, so
@@ -68,11 +69,15 @@ import numpy as np
 
 from mlxrt._tokenizer_factory import CHAT_TEMPLATES, generated_tokenizer
 
-__all__ = ["TINY_MODEL_TYPES", "TINY_VARIANTS", "write_tiny_checkpoint", "write_random_adapter"]
+__all__ = ["TINY_MODEL_TYPES", "TINY_VARIANTS", "TINY_FAMILY_TYPES", "write_tiny_checkpoint",
+           "write_random_adapter"]
 
-TINY_MODEL_TYPES: tuple[str, ...] = ("llama", "qwen3", "qwen3_5", "gemma4_text", "minicpm", "diffusion_gemma")
+TINY_MODEL_TYPES: tuple[str, ...] = ("llama", "qwen3", "qwen3_5", "gemma4_text", "minicpm")
 #: Layout variants: variant -> the model_type its config.json says.
-TINY_VARIANTS: dict[str, str] = {"qwen3_embedding": "qwen3", "diffusion_gemma_no_vision": "diffusion_gemma"}
+TINY_VARIANTS: dict[str, str] = {"qwen3_embedding": "qwen3"}
+#: Checkpoints mlx-lm cannot load (their family plugin does), with their own writers.
+TINY_FAMILY_TYPES: dict[str, str] = {"diffusion_gemma": "diffusion_gemma",
+                                     "diffusion_gemma_no_vision": "diffusion_gemma"}
 
 _DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
 # Family end-of-turn tokens that go into generation_config.eos_token_id (if present).
@@ -97,15 +102,15 @@ def write_tiny_checkpoint(
     (config `vocab_size` then covers it). `dtype`: float32, bfloat16 or float16
     on disk. `config_overrides`: merged into config.json before weights are drawn.
     """
+    if TINY_FAMILY_TYPES.get(model_type) == "diffusion_gemma":  # tokenizer_dir is not supported there
+        from mlxrt._tiny_diffusion_gemma import write_diffusion_gemma
+
+        return write_diffusion_gemma(Path(path), seed=seed, dtype=dtype, vision=model_type == "diffusion_gemma",
+                                     config_overrides=config_overrides)
     if model_type not in TINY_MODEL_TYPES and model_type not in TINY_VARIANTS:
         raise ValueError(f"model_type must be one of {TINY_MODEL_TYPES + tuple(TINY_VARIANTS)}, "
                          f"not {model_type!r}")
     variant, model_type = model_type, TINY_VARIANTS.get(model_type, model_type)
-    if model_type == "diffusion_gemma":  # its own writer (tokenizer_dir is not supported there)
-        from mlxrt._tiny_diffusion_gemma import write_diffusion_gemma
-
-        return write_diffusion_gemma(Path(path), seed=seed, dtype=dtype, vision=variant == model_type,
-                                     config_overrides=config_overrides)
     if dtype not in _DTYPES:
         raise ValueError(f"dtype must be one of {tuple(_DTYPES)}, not {dtype!r}")
     out = Path(path)

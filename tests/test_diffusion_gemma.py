@@ -243,7 +243,12 @@ def test_vision_matches_transformers_goldens(vision_checkpoint):
 
 
 def test_vision_matches_transformers_live(vision_checkpoint):
-    pytest.importorskip("torch")
+    torch = pytest.importorskip("torch")
+    from transformers import DiffusionGemmaForBlockDiffusion
+
+    _, info = DiffusionGemmaForBlockDiffusion.from_pretrained(str(vision_checkpoint), dtype=torch.float32,
+                                                              output_loading_info=True)
+    assert not (info["missing_keys"] or info["unexpected_keys"] or info["mismatched_keys"])  # the real layout
     ref = _golden_module().reference_vision(vision_checkpoint)
     _compare_vision(_vision_figures(vision_checkpoint, ref), ref)
 
