@@ -399,3 +399,24 @@ def test_anthropic_messages_through_the_denoising_lane(dg_client):
         text = "".join(stream.text_stream)
         final = stream.get_final_message()
     assert text and final.usage.output_tokens == 20
+
+
+def test_bfloat16_checkpoint_decodes(tmp_path):
+    """A bf16 checkpoint loads in bf16 and decodes on the CPU (whose gather_mm is float32-only).
+    (Its logits are not compared with float32: on this random model transformers' own bf16
+    run is as far from its float32 one, ~7 in max logit.)"""
+    import json
+
+    import mlx.core as mx
+
+    from mlxrt.families.diffusion_gemma.model import EncoderCache, load_text_model
+    from mlxrt.testing import write_tiny_checkpoint
+
+    path = write_tiny_checkpoint(tmp_path / "bf16", "diffusion_gemma_no_vision", dtype="bfloat16")
+    model = load_text_model(path, json.loads((path / "config.json").read_text()))
+    assert model.embed_weight.dtype == mx.bfloat16
+    cache = EncoderCache(model.args)
+    model.encode(list(range(5, 25)), cache)
+    logits = np.array(model.decode(mx.arange(CANVAS, dtype=mx.int32)[None] + 40, cache))
+    assert logits.dtype == np.float32 and logits.shape == (1, CANVAS, model.args.vocab_size)
+    assert np.isfinite(logits).all() and logits.std() > 0.1

@@ -220,11 +220,16 @@ class Experts(nn.Module):
         self.down_proj = mx.zeros((e, h, i))
 
     def __call__(self, x: mx.array, idx: mx.array, weights: mx.array) -> mx.array:
+        gate_up_w, down_w = self.gate_up_proj, self.down_proj
+        dtype = x.dtype
+        if dtype != mx.float32 and mx.default_device() == mx.cpu:
+            # MLX's CPU gather_mm is float32-only: upcast per call (serve float32 on a CPU).
+            x, gate_up_w, down_w = x.astype(mx.float32), gate_up_w.astype(mx.float32), down_w.astype(mx.float32)
         xe = mx.expand_dims(x, (-2, -3))  # [N, 1, 1, H]
-        gate_up = mx.gather_mm(xe, self.gate_up_proj.swapaxes(-1, -2), rhs_indices=idx)  # [N, K, 1, 2I]
+        gate_up = mx.gather_mm(xe, gate_up_w.swapaxes(-1, -2), rhs_indices=idx)  # [N, K, 1, 2I]
         gate, up = mx.split(gate_up, 2, axis=-1)
-        out = mx.gather_mm(gelu(gate) * up, self.down_proj.swapaxes(-1, -2), rhs_indices=idx)  # [N, K, 1, H]
-        return (out.squeeze(-2) * weights[..., None].astype(out.dtype)).sum(axis=-2)
+        out = mx.gather_mm(gelu(gate) * up, down_w.swapaxes(-1, -2), rhs_indices=idx)  # [N, K, 1, H]
+        return (out.squeeze(-2) * weights[..., None].astype(out.dtype)).sum(axis=-2).astype(dtype)
 
 
 class Layer(nn.Module):
