@@ -55,13 +55,16 @@ class DenoisingLane:
         return None
 
     def run(self, row: Row, prompt: Any = None) -> None:
-        """Generate ``row``'s request to its end; ``prompt`` is a vision-spliced prompt, if any."""
+        """Generate ``row``'s request to its end; ``prompt``: a spliced image prompt, if any
+        (default: the request's ``vision``, when the request record has one)."""
         job = row.job
         reason = FinishReason.LENGTH
 
         def should_cancel() -> bool:
             return job.cancelled.is_set() or (job.deadline is not None and time.monotonic() > job.deadline)
 
+        if prompt is None:  # an image prompt rides on the request (``GenerationRequest.vision``)
+            prompt = getattr(row.request, "vision", None)
         blocks = self.denoiser.generate(prompt if prompt is not None else row.request.prompt_ids,
                                         row.request, should_cancel)
         try:

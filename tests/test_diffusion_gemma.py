@@ -196,14 +196,21 @@ def vision_checkpoint(tmp_path_factory) -> Path:
 
 
 def _adapter(path: Path):
+    import functools
     import json
 
+    from mlxrt.families.diffusion_gemma.model import load_text_model
     from mlxrt.families.diffusion_gemma.vision import DiffusionVision
 
     config = json.loads((path / "config.json").read_text())
     proc_file = path / "processor_config.json"
     proc = json.loads(proc_file.read_text())["image_processor"] if proc_file.is_file() else {}
-    return DiffusionVision(path, config, proc), config
+    model = functools.cache(lambda: load_text_model(path, config))
+    return DiffusionVision(path, config, proc, model=model), config
+
+
+def _image_rows(spliced, config) -> np.ndarray:
+    return np.array(spliced.embeddings)[np.array(spliced.ids) == config["image_token_id"]]
 
 
 def _vision_figures(path: Path, ref) -> dict[str, np.ndarray]:
@@ -221,7 +228,7 @@ def _vision_figures(path: Path, ref) -> dict[str, np.ndarray]:
     cache = EncoderCache(model.args)
     DiffusionGenerator(model, DenoiseSchedule(), [1])._prefill(spliced, cache)
     logits = model.decode(mx.array(np.asarray(ref["canvas"])[None].astype(np.int32)), cache)
-    return {"ids": np.array(spliced.ids), "features": np.array(spliced.features),
+    return {"ids": np.array(spliced.ids), "features": _image_rows(spliced, config),
             **g.summarize("image", np.array(logits[0]), np.asarray(ref["columns"]))}
 
 
@@ -286,7 +293,9 @@ def test_image_rules(vision_checkpoint, tiny_models):
         adapter.splice(prompt, [])
     assert adapter._tower is None  # refused before the tower loaded
     spliced = adapter.splice(prompt, [img])
-    assert adapter._tower is not None and spliced.ids.count(config["image_token_id"]) == spliced.features.shape[0]
+    assert adapter._tower is not None and spliced.images == 1
+    assert len(spliced.ids) == spliced.embeddings.shape[0]  # the SplicedPrompt contract
+    assert spliced.ids.count(config["image_token_id"]) == _image_rows(spliced, config).shape[0] > 0
     with pytest.raises(InvalidRequest, match="exactly one image placeholder"):
         adapter.splice([2, 300, 301], [img])
     bare, _ = _adapter(tiny_models("diffusion_gemma_no_vision"))

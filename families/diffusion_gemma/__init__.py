@@ -58,4 +58,4 @@ def mlxrt_vision(info, host):  # noqa: ANN001, ANN201, ARG001
         processor = json.loads(path.read_text(encoding="utf-8")).get("image_processor") or {}
     # Answered for every DiffusionGemma checkpoint: one without a tower refuses images with a
     # clear 400 ("this checkpoint has no vision tower") instead of "the model has no vision input".
-    return DiffusionVision(info.path, info.config, processor)
+    return DiffusionVision(info.path, info.config, processor, model=lambda: host.engine.loaded.model)

@@ -97,8 +97,8 @@ class DiffusionGenerator:
     def generate(self, prompt: Any, request: Any, should_cancel: Callable[[], bool]) -> Iterator[list[int]]:
         """Blocks of generated ids for ``request`` (a ``GenerationRequest``).
 
-        :param prompt: The request's prompt ids, or a spliced prompt from the family's vision
-            adapter (``ids`` plus image rows and blocks, see :mod:`.vision`).
+        :param prompt: The request's prompt ids, or the spliced prompt of the family's vision
+            adapter (``SplicedPrompt``: ``ids`` and ``embeddings``, see :mod:`.vision`).
         :param should_cancel: Polled before every decoder pass; True ends the generation.
 
         The total is at most ``request.max_tokens`` ids; the last block may hold an EOS id.
@@ -126,17 +126,17 @@ class DiffusionGenerator:
             self.model.encode(block, cache)  # the finished canvas becomes context
 
     def _prefill(self, prompt: Any, cache: EncoderCache) -> None:
-        """Encode the prompt; a spliced one's image rows take its features (encoder side only)."""
-        features = getattr(prompt, "features", None)
-        if features is None:
+        """Encode the prompt: ids, or a spliced prompt (``ids`` and the encoder's input
+        ``embeddings``, image rows included; its image-token runs attend both ways)."""
+        embeddings = getattr(prompt, "embeddings", None)
+        if embeddings is None:
             self.model.encode(list(prompt), cache)
             return
-        ids = mx.array(list(prompt.ids), dtype=mx.int32)
-        is_image = ids == prompt.image_token_id
-        row = mx.maximum(mx.cumsum(is_image.astype(mx.int32)) - 1, 0)
-        embeds = mx.where(is_image[:, None], features[row].astype(self.model.embed_weight.dtype),
-                          self.model.embed(ids))
-        self.model.encode(ids, cache, embeds=embeds[None], image_blocks=prompt.blocks)
+        from mlxrt.families.diffusion_gemma.vision import image_blocks
+
+        ids = list(prompt.ids)
+        self.model.encode(ids, cache, embeds=embeddings[None].astype(self.model.embed_weight.dtype),
+                          image_blocks=image_blocks(ids, self.model.args.image_token_id))
 
     def _denoise(self, cache: EncoderCache, key: mx.array, temperature: float,
                  should_cancel: Callable[[], bool]) -> list[int] | None:

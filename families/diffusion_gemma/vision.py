@@ -17,7 +17,7 @@ The tower loads on the first image request; a text-only session never pays for i
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -29,29 +29,45 @@ import numpy as np
 from mlxrt.errors import InvalidRequest
 from mlxrt.families.diffusion_gemma.model import apply_rope, gelu, rms_norm
 
-__all__ = ["DiffusionSplice", "DiffusionVision", "VisionTower", "preprocess"]
+__all__ = ["DiffusionSplice", "DiffusionVision", "VisionTower", "image_blocks", "preprocess", "spliced_prompt"]
 
 ONE_IMAGE = "DiffusionGemma image input supports exactly one image"
 NO_TOWER = "this checkpoint has no vision tower"
 
 
-@attrs.frozen(eq=False)
+@attrs.frozen
 class DiffusionSplice:
-    """A prompt with one image spliced in, what the denoiser's ``generate`` takes as ``prompt``.
+    """The fields of ``mlxrt.records.SplicedPrompt`` (the Gemma 4 vision work's record), for an
+    mlxrt without it; :func:`spliced_prompt` returns the real record when there is one.
 
-    :ivar ids: The prompt ids with the placeholder expanded to the image's soft tokens.
-    :ivar features: [N, hidden] projected image features, one row per ``image_token_id``.
-    :ivar image_token_id: The id of the soft-token positions.
+    :ivar ids: The prompt ids with the placeholder expanded to ``<|image>`` + N × ``<|image|>``
+        + ``<image|>``.
+    :ivar embeddings: [len(ids), hidden]: the encoder's input embeddings (text rows the scaled
+        token embeddings, image rows the projected image features).
     """
 
     ids: tuple[int, ...]
-    features: mx.array
-    image_token_id: int
+    embeddings: Any = attrs.field(eq=False, repr=False)
+    feed_ids: tuple[int, ...] | None = None
+    images: int = 0
 
-    @property
-    def blocks(self) -> mx.array:
-        """Per position: 0 inside the image's soft tokens (one bidirectional block), else -1."""
-        return mx.array([0 if t == self.image_token_id else -1 for t in self.ids], dtype=mx.int32)
+
+def spliced_prompt(**fields: Any) -> Any:
+    from mlxrt import records
+
+    return getattr(records, "SplicedPrompt", DiffusionSplice)(**fields)
+
+
+def image_blocks(ids: Sequence[int], image_token_id: int | None) -> mx.array:
+    """Per position, the index of the contiguous image-token run it is in, or -1 (text)."""
+    out, block, prev = [], -1, False
+    for t in ids:
+        cur = t == image_token_id
+        if cur and not prev:
+            block += 1
+        out.append(block if cur else -1)
+        prev = cur
+    return mx.array(out, dtype=mx.int32)
 
 
 def target_size(height: int, width: int, patch: int, max_patches: int, pool: int) -> tuple[int, int]:
@@ -237,8 +253,10 @@ class DiffusionVision:
     placeholder where the image goes, and decoded RGB ``PIL.Image.Image``\\ s (exactly one).
     """
 
-    def __init__(self, path: str | Path, config: Mapping[str, Any], processor: Mapping[str, Any]) -> None:
+    def __init__(self, path: str | Path, config: Mapping[str, Any], processor: Mapping[str, Any],
+                 model: Callable[[], Any]) -> None:
         self.path = Path(path)
+        self._model = model  # the loaded text model (the engine's, at splice time)
         self.vision_config = config.get("vision_config")
         self.text_hidden = int((config.get("text_config") or config)["hidden_size"])
         self.image_token_id = int(config.get("image_token_id", 258_880))
@@ -270,7 +288,7 @@ class DiffusionVision:
             self._tower = tower
         return self._tower
 
-    def splice(self, prompt_ids: Sequence[int], images: Sequence[Any]) -> DiffusionSplice:
+    def splice(self, prompt_ids: Sequence[int], images: Sequence[Any]) -> Any:
         """Encode the one image and expand its placeholder in ``prompt_ids``.
 
         :raises InvalidRequest: Not exactly one image; no tower; not exactly one placeholder.
@@ -297,7 +315,15 @@ class DiffusionVision:
         core = [self.image_token_id] * n
         core = core if head[-1:] == [self.boi] else [self.boi, *core]
         core = core if tail[:1] == [self.eoi] else [*core, self.eoi]
-        return DiffusionSplice(ids=tuple(head + core + tail), features=features, image_token_id=self.image_token_id)
+        ids = head + core + tail
+        text = self._model()
+        is_image = mx.array(ids) == self.image_token_id
+        row = mx.maximum(mx.cumsum(is_image.astype(mx.int32)) - 1, 0)
+        # Image rows take the features as they are (not rescaled, unlike Gemma4Model's merge).
+        embeddings = mx.where(is_image[:, None], features[row].astype(text.embed_weight.dtype),
+                              text.embed(mx.array(ids, dtype=mx.int32)))
+        mx.eval(embeddings)
+        return spliced_prompt(ids=tuple(ids), embeddings=embeddings, images=1)
 
 
 def _tensor_names(path: Path) -> list[str]:
