@@ -429,3 +429,69 @@ def test_bfloat16_checkpoint_decodes(tmp_path):
     logits = np.array(model.decode(mx.arange(CANVAS, dtype=mx.int32)[None] + 40, cache))
     assert logits.dtype == np.float32 and logits.shape == (1, CANVAS, model.args.vocab_size)
     assert np.isfinite(logits).all() and logits.std() > 0.1
+
+
+# -- image requests over HTTP (needs the dialects' image input: mlxrt.images, SplicedPrompt) --------
+
+
+def _needs_image_input():
+    from mlxrt import records
+
+    if not hasattr(records, "SplicedPrompt"):
+        pytest.skip("this mlxrt has no image input in its dialects yet")
+
+
+def _data_url(seed: int) -> str:
+    import base64
+    import io
+
+    from PIL import Image
+
+    img = Image.fromarray(np.random.default_rng(seed).integers(0, 256, (90, 120, 3), dtype=np.uint8), "RGB")
+    buf = io.BytesIO()
+    img.save(buf, "PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def _image_messages(n: int, seed: int = 0) -> list[dict]:
+    parts = [{"type": "text", "text": "What is in this picture?"}]
+    parts += [{"type": "image_url", "image_url": {"url": _data_url(seed + i)}} for i in range(n)]
+    return [{"role": "user", "content": parts}]
+
+
+def test_image_chat_completion_through_openai_and_anthropic(tiny_models, serve_app):
+    _needs_image_input()
+    from support import anthropic_client
+
+    client = serve_app(tiny_models("diffusion_gemma"))
+    oc = openai_client(client)
+    text = oc.chat.completions.create(model="tiny", max_tokens=16, seed=1,
+                                      messages=[{"role": "user", "content": "What is in this picture?"}])
+    one = oc.chat.completions.create(model="tiny", messages=_image_messages(1), max_tokens=16, seed=1)
+    other = oc.chat.completions.create(model="tiny", messages=_image_messages(1, seed=5), max_tokens=16, seed=1)
+    assert one.usage.prompt_tokens > text.usage.prompt_tokens  # the image's soft tokens count
+    assert one.choices[0].message.content != text.choices[0].message.content
+    assert one.choices[0].message.content != other.choices[0].message.content
+    streamed = list(oc.chat.completions.create(model="tiny", messages=_image_messages(1), max_tokens=16, seed=1,
+                                               stream=True))
+    assert "".join(c.choices[0].delta.content or "" for c in streamed if c.choices) == one.choices[0].message.content
+    msg = anthropic_client(client).messages.create(model="tiny", max_tokens=16, messages=[{"role": "user", "content": [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                     "data": _data_url(0).split(",", 1)[1]}},
+        {"type": "text", "text": "What is in this picture?"}]}])
+    assert msg.usage.input_tokens == one.usage.prompt_tokens
+
+
+def test_image_rules_over_http(tiny_models, serve_app):
+    _needs_image_input()
+    client = serve_app(tiny_models("diffusion_gemma"))
+    oc = openai_client(client)
+    with pytest.raises(openai.BadRequestError) as err:
+        oc.chat.completions.create(model="tiny", messages=_image_messages(2), max_tokens=8)
+    assert err.value.body["message"] == "DiffusionGemma image input supports exactly one image"
+    bare = openai_client(serve_app(tiny_models("diffusion_gemma_no_vision")))
+    with pytest.raises(openai.BadRequestError) as err:
+        bare.chat.completions.create(model="tiny", messages=_image_messages(1), max_tokens=8)
+    assert err.value.body["message"] == "this checkpoint has no vision tower"
+    assert bare.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=8).usage.completion_tokens == 8
+    assert oc.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=8).usage.completion_tokens == 8
