@@ -27,7 +27,7 @@ import mlx.nn as nn
 import numpy as np
 
 from mlxrt.errors import InvalidRequest
-from mlxrt.families.diffusion_gemma.model import apply_rope, gelu, rms_norm
+from mlxrt.families.diffusion_gemma.model import RMSNorm, apply_rope, gelu, rms_norm
 
 __all__ = ["DiffusionSplice", "DiffusionVision", "VisionTower", "image_blocks", "preprocess", "spliced_prompt"]
 
@@ -116,16 +116,6 @@ class ClippableLinear(nn.Module):
         return mx.clip(y, self.output_min, self.output_max) if self.clipped else y
 
 
-class _Norm(nn.Module):
-    def __init__(self, d: int, eps: float) -> None:
-        super().__init__()
-        self.weight = mx.ones((d,))
-        self.eps = eps
-
-    def __call__(self, x: mx.array) -> mx.array:
-        return rms_norm(x, self.weight, self.eps)
-
-
 class _Attention(nn.Module):
     def __init__(self, c: Mapping[str, Any]) -> None:
         super().__init__()
@@ -135,8 +125,8 @@ class _Attention(nn.Module):
         self.k_proj = ClippableLinear(h, c["num_key_value_heads"] * d, clip)
         self.v_proj = ClippableLinear(h, c["num_key_value_heads"] * d, clip)
         self.o_proj = ClippableLinear(c["num_attention_heads"] * d, h, clip)
-        self.q_norm = _Norm(d, self.eps)
-        self.k_norm = _Norm(d, self.eps)
+        self.q_norm = RMSNorm(d, self.eps)
+        self.k_norm = RMSNorm(d, self.eps)
 
     def __call__(self, x: mx.array, rope: tuple[mx.array, mx.array]) -> mx.array:
         b, n, _ = x.shape
@@ -176,7 +166,7 @@ class _Layer(nn.Module):
         self.mlp = _MLP(c)
         for name in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
                      "post_feedforward_layernorm"):
-            setattr(self, name, _Norm(c["hidden_size"], eps))
+            setattr(self, name, RMSNorm(c["hidden_size"], eps))
 
     def __call__(self, x: mx.array, rope: tuple[mx.array, mx.array]) -> mx.array:
         x = x + self.post_attention_layernorm(self.self_attn(self.input_layernorm(x), rope))
