@@ -116,6 +116,10 @@ def test_chat_completion_non_stream(dg_client):
     assert again.choices[0].message.content == r.choices[0].message.content  # seeded: reproducible
     other = _chat(dg_client, max_tokens=20, seed=8)
     assert other.choices[0].message.content != r.choices[0].message.content
+    assert _chat(dg_client, max_tokens=4, seed=-3).usage.completion_tokens == 4  # negative seeds work
+    warm = [_chat(dg_client, max_tokens=20, seed=7, temperature=1.0).choices[0].message.content for _ in range(2)]
+    assert warm[0] == warm[1] != r.choices[0].message.content  # sampled denoising: seeded, and not argmax
+    assert _chat(dg_client, max_tokens=4, seed=2**64 + 5).usage.completion_tokens == 4
 
 
 def test_stream_emits_one_delta_per_settled_block(dg_client):

@@ -109,7 +109,7 @@ class DiffusionGenerator:
         if left <= 0:
             return
         seed = request.sampling.seed if request.sampling.seed is not None else random.getrandbits(63)
-        key = mx.random.key(int(seed))
+        key = mx.random.key(int(seed) & 0xFFFF_FFFF_FFFF_FFFF)  # any int the API allows (negatives too)
         self._prefill(prompt, cache)
         prompt = None  # image features are not needed past the prefill
         for _ in range(math.ceil(left / a.canvas_length)):
