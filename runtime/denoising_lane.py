@@ -20,7 +20,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from mlxrt.errors import InvalidRequest, MlxrtError
+from mlxrt.errors import InvalidRequest, MlxrtError, ModelLoadError
 from mlxrt.lanes import Done, RequestTimeout, Row
 from mlxrt.records import Denoiser, FinishReason, GenerationRequest, TokenEvent
 
@@ -33,6 +33,9 @@ class DenoisingLane:
     name = "serial"
 
     def __init__(self, denoiser: Denoiser, *, done: Done, tick: Callable[[int], None]) -> None:
+        if not callable(getattr(denoiser, "generate", None)):
+            raise ModelLoadError("the model's family declared engine='denoising' but gave no denoiser "
+                                 "(LoadedModel.denoiser with generate(prompt, request, should_cancel))")
         self.denoiser = denoiser
         self.done = done
         self.tick = tick

@@ -499,3 +499,19 @@ def test_image_rules_over_http(tiny_models, serve_app):
     assert err.value.body["message"] == "this checkpoint has no vision tower"
     assert bare.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=8).usage.completion_tokens == 8
     assert oc.chat.completions.create(model="tiny", messages=MESSAGES, max_tokens=8).usage.completion_tokens == 8
+
+
+def test_denoising_model_without_a_denoiser_fails_its_load(tiny_models, serve_app):
+    from mlx_lm.tokenizer_utils import load as load_tokenizer
+
+    from mlxrt import hookimpl
+    from mlxrt.errors import ModelLoadError
+    from mlxrt.records import LoadedModel
+
+    class Broken:
+        @hookimpl(tryfirst=True)
+        def mlxrt_load_model(self, info, host):
+            return LoadedModel(model=None, tokenizer=load_tokenizer(info.path), engine="denoising")
+
+    with pytest.raises(ModelLoadError, match="gave no denoiser"):
+        serve_app(tiny_models("diffusion_gemma_no_vision"), extra=[Broken()])
