@@ -515,3 +515,25 @@ def test_denoising_model_without_a_denoiser_fails_its_load(tiny_models, serve_ap
 
     with pytest.raises(ModelLoadError, match="gave no denoiser"):
         serve_app(tiny_models("diffusion_gemma_no_vision"), extra=[Broken()])
+
+
+def test_chunked_prefill_equals_one_pass(text_checkpoint):
+    """The prompt is encoded in chunks (sliding-window cache trimmed between them): same logits."""
+    import json
+
+    import mlx.core as mx
+
+    from mlxrt.families.diffusion_gemma.generation import DenoiseSchedule, DiffusionGenerator
+    from mlxrt.families.diffusion_gemma.model import EncoderCache, load_text_model
+
+    model = load_text_model(text_checkpoint, json.loads((text_checkpoint / "config.json").read_text()))
+    prompt = [(11 * i) % 1700 + 5 for i in range(37)]
+    canvas = mx.arange(CANVAS, dtype=mx.int32)[None] + 100
+    logits = []
+    for chunk in (4096, 5, 8):
+        cache = EncoderCache(model.args)
+        DiffusionGenerator(model, DenoiseSchedule(), [1], prefill_chunk=chunk)._prefill(prompt, cache)
+        assert cache.offset == len(prompt) and cache.kept(0) == model.args.sliding_window - 1
+        logits.append(np.array(model.decode(canvas, cache)))
+    np.testing.assert_allclose(logits[1], logits[0], atol=2e-5, rtol=0)
+    np.testing.assert_allclose(logits[2], logits[0], atol=2e-5, rtol=0)

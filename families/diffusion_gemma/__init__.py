@@ -24,7 +24,7 @@ def _eos_ids(info) -> list[int]:  # noqa: ANN001
 
 
 @hookimpl
-def mlxrt_load_model(info, host):  # noqa: ANN001, ANN201, ARG001
+def mlxrt_load_model(info, host):  # noqa: ANN001, ANN201
     if info.model_type not in MODEL_TYPES:
         return None
     from mlx_lm.tokenizer_utils import load as load_tokenizer
@@ -40,8 +40,9 @@ def mlxrt_load_model(info, host):  # noqa: ANN001, ANN201, ARG001
     eos = _eos_ids(info)
     tokenizer = load_tokenizer(info.path, eos_token_ids=eos)
     schedule = DenoiseSchedule.from_generation_config(info.generation_config)
+    chunk = int(host.options.get("prefill_step_size") or 2048)  # --prefill-step-size
     return LoadedModel(model=model, tokenizer=tokenizer, engine="denoising",
-                       denoiser=DiffusionGenerator(model, schedule, eos))
+                       denoiser=DiffusionGenerator(model, schedule, eos, prefill_chunk=chunk))
 
 
 @hookimpl

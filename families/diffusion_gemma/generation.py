@@ -87,12 +87,16 @@ class DiffusionGenerator:
     :param model: The MLX text model.
     :param schedule: Denoising settings.
     :param eos: End-of-sequence ids (a block is cut after the first of them).
+    :param prefill_chunk: Prompt tokens per encoder pass (an image prompt is encoded whole, so
+        its image block attends both ways).
     """
 
-    def __init__(self, model: DiffusionGemma, schedule: DenoiseSchedule, eos: Sequence[int]) -> None:
+    def __init__(self, model: DiffusionGemma, schedule: DenoiseSchedule, eos: Sequence[int], *,
+                 prefill_chunk: int = 2048) -> None:
         self.model = model
         self.schedule = schedule
         self.eos = frozenset(int(t) for t in eos)
+        self.prefill_chunk = max(int(prefill_chunk), 1)
 
     def generate(self, prompt: Any, request: Any, should_cancel: Callable[[], bool]) -> Iterator[list[int]]:
         """Blocks of generated ids for ``request`` (a ``GenerationRequest``).
@@ -129,8 +133,10 @@ class DiffusionGenerator:
         """Encode the prompt: ids, or a spliced prompt (``ids`` and the encoder's input
         ``embeddings``, image rows included; its image-token runs attend both ways)."""
         embeddings = getattr(prompt, "embeddings", None)
-        if embeddings is None:
-            self.model.encode(list(prompt), cache)
+        if embeddings is None:  # in chunks: a long prompt's attention scores stay bounded
+            ids = list(prompt)
+            for start in range(0, len(ids), self.prefill_chunk):
+                self.model.encode(ids[start:start + self.prefill_chunk], cache)
             return
         from mlxrt.families.diffusion_gemma.vision import image_blocks
 
