@@ -505,6 +505,11 @@ class Engine:
         """Plan memory, size the prompt cache and choose the lane (after the load)."""
         model, cfg = self.loaded.model, self.config
         self._eos = frozenset(self.loaded.tokenizer.eos_token_ids or ())
+        if self.loaded.engine == "denoising":  # its own serial lane: no prompt cache, no batch
+            from mlxrt.denoising_lane import DenoisingLane
+
+            self._serial = DenoisingLane(self.loaded.denoiser, done=self._done, tick=self._tick)
+            return
         if self.loaded.engine != "autoregressive":
             return
         self.kv = resolve_kv_scheme(kv_quant=cfg.kv_quant, kv_bits=cfg.kv_bits, kv_group_size=cfg.kv_group_size,
@@ -677,6 +682,10 @@ class Engine:
         """Build the sampler chain, look the prompt up in the prompt cache, report it."""
         request = job.request
         tokenizer = self.loaded.tokenizer
+        refused = getattr(self._serial, "refuse", lambda _request: None)(request)  # the lane's own limits
+        if refused is not None:
+            job.deliver(refused)
+            return None
         try:
             # Resolved again here: the adapter may have been unmounted since the request was decoded.
             adapters = self.adapters.keys(request.adapters)

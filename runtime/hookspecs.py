@@ -72,7 +72,9 @@ def mlxrt_load_model(info: ModelInfo, host: PluginHost) -> LoadedModel | None:
     :returns: A :class:`mlxrt.LoadedModel`, or ``None`` to let a later plugin, and finally
         mlx-lm (``mlx_lm.load``), load it. Families whose architecture mlx-lm has return
         ``None``; a family with its own architecture returns
-        ``mlxrt.loading.mlx_lm_load(info, classes=(Model, ModelArgs))``.
+        ``mlxrt.loading.mlx_lm_load(info, classes=(Model, ModelArgs))``. A model that does not
+        decode token by token returns ``LoadedModel(..., engine="denoising", denoiser=...)``
+        (:class:`mlxrt.records.Denoiser`); the engine runs it on its serial lane.
 
     Called once per model load, on the engine thread. Stops at first non-None result.
     Import model code inside the implementation, not at module top level, so that

@@ -8,7 +8,7 @@ that plugins implement (tool parsers, samplers, logits processors, vision adapte
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
@@ -26,6 +26,7 @@ __all__ = [
     "ToolCallGrammar",
     "StructuredOutput",
     "VisionAdapter",
+    "Denoiser",
     "FamilyProfile",
     "SamplingParams",
     "GenerationRequest",
@@ -98,12 +99,16 @@ class LoadedModel:
 
     :ivar model: The ``mlx.nn.Module`` (mlx-lm's model protocol: ``model(inputs, cache=...)``).
     :ivar tokenizer: An ``mlx_lm.tokenizer_utils.TokenizerWrapper``.
-    :ivar engine: ``autoregressive`` (the default) or another engine name (``denoising``).
+    :ivar engine: ``autoregressive`` (the default) or ``denoising``: a model that does not
+        decode token by token. A ``denoising`` model must supply ``denoiser``; the engine runs it
+        on the serial lane (:mod:`mlxrt.denoising_lane`), with no prompt cache and no batching.
+    :ivar denoiser: The generator of a ``denoising`` model (see :class:`Denoiser`).
     """
 
     model: Any
     tokenizer: Any
     engine: str = "autoregressive"
+    denoiser: Denoiser | None = None
 
 
 class ThinkingKind(enum.StrEnum):
@@ -196,6 +201,29 @@ class VisionAdapter(Protocol):
     """Turns images into embeddings spliced into the prompt (loaded once per model)."""
 
     def splice(self, prompt_ids: Sequence[int], images: Sequence[Any]) -> Any: ...
+
+
+@runtime_checkable
+class Denoiser(Protocol):
+    """A non-autoregressive generator (``LoadedModel.engine == "denoising"``, e.g. DiffusionGemma).
+
+    ``generate(prompt, request, should_cancel)`` runs on the engine's worker thread and yields
+    *settled blocks* of token ids, in order: ids that will not change any more. The engine
+    detokenizes each block, applies stop strings, and streams the block's text as one event.
+
+    :param prompt: ``request.prompt_ids``, or what the family's vision adapter's ``splice``
+        returned for the request's images (the family's own type).
+    :param request: The :class:`GenerationRequest` (``max_tokens``, ``sampling.temperature``
+        and ``sampling.seed`` are the generator's to honour).
+    :param should_cancel: Returns True once the client left or the request timed out; poll it
+        between model passes and return early.
+
+    The ids yielded add up to at most ``request.max_tokens``; a block may end with an
+    end-of-sequence id (the engine ends the generation there with ``stop``).
+    """
+
+    def generate(self, prompt: Any, request: GenerationRequest,
+                 should_cancel: Callable[[], bool]) -> Iterator[Sequence[int]]: ...
 
 
 @attrs.frozen

@@ -46,6 +46,10 @@ Layout variants (`TINY_VARIANTS`: another layout of one of those model types):
                the `Instruct: ...\nQuery:` prompt), EOS `<|endoftext|>`, left
                padding, and a post-processor that appends `<|endoftext|>`.
 
+Family-loaded types (`TINY_FAMILY_TYPES`: mlx-lm cannot load them, their family plugin does):
+  diffusion_gemma  DiffusionGemmaForBlockDiffusion with a tiny vision tower
+               (`mlxrt._tiny_diffusion_gemma`); `diffusion_gemma_no_vision` without it.
+
 `config_overrides` is merged into config.json (dicts merge recursively; for
 qwen3_5 put text fields under "text_config") before the weights are drawn, so
 sizes such as `num_hidden_layers` can be changed; keep them consistent.
@@ -65,11 +69,15 @@ import numpy as np
 
 from mlxrt._tokenizer_factory import CHAT_TEMPLATES, generated_tokenizer
 
-__all__ = ["TINY_MODEL_TYPES", "TINY_VARIANTS", "write_tiny_checkpoint", "write_random_adapter"]
+__all__ = ["TINY_MODEL_TYPES", "TINY_VARIANTS", "TINY_FAMILY_TYPES", "write_tiny_checkpoint",
+           "write_random_adapter"]
 
 TINY_MODEL_TYPES: tuple[str, ...] = ("llama", "qwen3", "qwen3_5", "gemma4_text", "minicpm")
 #: Layout variants: variant -> the model_type its config.json says.
 TINY_VARIANTS: dict[str, str] = {"qwen3_embedding": "qwen3"}
+#: Checkpoints mlx-lm cannot load (their family plugin does), with their own writers.
+TINY_FAMILY_TYPES: dict[str, str] = {"diffusion_gemma": "diffusion_gemma",
+                                     "diffusion_gemma_no_vision": "diffusion_gemma"}
 
 _DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
 # Family end-of-turn tokens that go into generation_config.eos_token_id (if present).
@@ -94,6 +102,11 @@ def write_tiny_checkpoint(
     (config `vocab_size` then covers it). `dtype`: float32, bfloat16 or float16
     on disk. `config_overrides`: merged into config.json before weights are drawn.
     """
+    if TINY_FAMILY_TYPES.get(model_type) == "diffusion_gemma":  # tokenizer_dir is not supported there
+        from mlxrt._tiny_diffusion_gemma import write_diffusion_gemma
+
+        return write_diffusion_gemma(Path(path), seed=seed, dtype=dtype, vision=model_type == "diffusion_gemma",
+                                     config_overrides=config_overrides)
     if model_type not in TINY_MODEL_TYPES and model_type not in TINY_VARIANTS:
         raise ValueError(f"model_type must be one of {TINY_MODEL_TYPES + tuple(TINY_VARIANTS)}, "
                          f"not {model_type!r}")
