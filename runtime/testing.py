@@ -45,6 +45,9 @@ Layout variants (`TINY_VARIANTS`: another layout of one of those model types):
                `pooling_mode_lasttoken`, `config_sentence_transformers.json` with
                the `Instruct: ...\nQuery:` prompt), EOS `<|endoftext|>`, left
                padding, and a post-processor that appends `<|endoftext|>`.
+  gemma4       Gemma4ForConditionalGeneration: the gemma4_text stack under
+               `model.language_model.` plus a vision tower and projector in the real
+               HF names (`mlxrt._tiny_gemma4_vision`).
 
 `config_overrides` is merged into config.json (dicts merge recursively; for
 qwen3_5 put text fields under "text_config") before the weights are drawn, so
@@ -69,7 +72,7 @@ __all__ = ["TINY_MODEL_TYPES", "TINY_VARIANTS", "write_tiny_checkpoint", "write_
 
 TINY_MODEL_TYPES: tuple[str, ...] = ("llama", "qwen3", "qwen3_5", "gemma4_text", "minicpm")
 #: Layout variants: variant -> the model_type its config.json says.
-TINY_VARIANTS: dict[str, str] = {"qwen3_embedding": "qwen3"}
+TINY_VARIANTS: dict[str, str] = {"qwen3_embedding": "qwen3", "gemma4": "gemma4"}
 
 _DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
 # Family end-of-turn tokens that go into generation_config.eos_token_id (if present).
@@ -94,6 +97,11 @@ def write_tiny_checkpoint(
     (config `vocab_size` then covers it). `dtype`: float32, bfloat16 or float16
     on disk. `config_overrides`: merged into config.json before weights are drawn.
     """
+    if model_type == "gemma4":  # multimodal: the gemma4_text stack plus a vision tower
+        from mlxrt._tiny_gemma4_vision import write_tiny_gemma4_vision
+
+        return write_tiny_gemma4_vision(Path(path), seed=seed, dtype=dtype, tokenizer_dir=tokenizer_dir,
+                                        config_overrides=config_overrides)
     if model_type not in TINY_MODEL_TYPES and model_type not in TINY_VARIANTS:
         raise ValueError(f"model_type must be one of {TINY_MODEL_TYPES + tuple(TINY_VARIANTS)}, "
                          f"not {model_type!r}")
