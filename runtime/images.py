@@ -32,7 +32,7 @@ import attrs
 
 from mlxrt.errors import InvalidRequest
 
-__all__ = ["ImageRef", "ImageLimits", "load_image", "load_images", "FORMATS"]
+__all__ = ["ImageRef", "ImageLimits", "load_image", "load_images", "url_ref", "content_parts", "FORMATS"]
 
 #: Pillow format names accepted (``Image.format``).
 FORMATS = frozenset({"PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF", "MPO"})
@@ -57,6 +57,24 @@ class ImageRef:
     data: str | None = None
     media_type: str | None = None
     error: str | None = None
+
+
+def url_ref(value: Any, where: str) -> ImageRef:
+    """An OpenAI-style image URL (``"https://..."``, ``"data:..."`` or ``{"url": ...}``) as a
+    reference; a malformed value is recorded, and reported only if the model takes images."""
+    url = value.get("url") if isinstance(value, Mapping) else value
+    if not isinstance(url, str) or not url:
+        return ImageRef(where=where, error="image_url must be a URL string or {\"url\": ...}")
+    return ImageRef(where=where, url=url)
+
+
+def content_parts(pieces: Sequence[str | ImageRef], sep: str = "") -> str | list[dict[str, Any]]:
+    """A message's content from its text pieces and images, in order: a plain string when it
+    has no image (``sep``-joined), else template parts (``{"type": "text"}`` /
+    ``{"type": "image"}``) as Hugging Face chat templates take them."""
+    if not any(isinstance(p, ImageRef) for p in pieces):
+        return sep.join(p for p in pieces if isinstance(p, str))
+    return [{"type": "image"} if isinstance(p, ImageRef) else {"type": "text", "text": p} for p in pieces]
 
 
 @attrs.frozen

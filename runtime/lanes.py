@@ -203,12 +203,15 @@ class SerialLane:
         cache = row.cache if row.cache is not None else make_prompt_cache(self.model)
         row.cache = None
         reason = FinishReason.LENGTH
+        vision = row.request.vision  # an image prompt: prefilled from its embeddings, never cached
+        fed = list(vision.feed_ids or vision.ids) if vision is not None else prompt[row.reused:]
         if row.request.max_tokens > 0:
             steps = generate_step(
-                mx.array(prompt[row.reused:]), self.model,
+                mx.array(fed), self.model,
                 max_tokens=row.request.max_tokens, sampler=row.sampler,
                 logits_processors=_with_prefix(row.processors, prompt[:row.reused]) or None,
                 prompt_cache=cache, prefill_step_size=self.prefill_step_size, stream=self.stream,
+                input_embeddings=vision.embeddings if vision is not None else None,
             )
             for token, logprobs in steps:
                 stop = row.on_token(int(token), logprobs)

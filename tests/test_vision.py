@@ -1,0 +1,253 @@
+"""Gemma 4 vision: the MLX tower against transformers' reference, and image chats through the
+official openai and anthropic clients on the tiny multimodal checkpoint."""
+
+from __future__ import annotations
+
+import base64
+import io
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+from support import anthropic_client, openai_client
+from vision_images import IMAGES, checker, gradient
+
+GOLDEN = Path(__file__).resolve().parent / "golden" / "gemma4_vision.npz"
+
+
+def png_bytes(image) -> bytes:
+    buf = io.BytesIO()
+    image.save(buf, format="PNG")
+    return buf.getvalue()
+
+
+def data_url(image, fmt: str = "PNG") -> str:
+    buf = io.BytesIO()
+    image.save(buf, format=fmt)
+    return f"data:image/{fmt.lower()};base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+@pytest.fixture(scope="module")
+def gemma4_dir(tmp_path_factory) -> Path:
+    from mlxrt.testing import write_tiny_checkpoint
+
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("g4v") / "gemma4", "gemma4")
+
+
+@pytest.fixture(scope="module")
+def adapter(gemma4_dir):
+    import mlx_lm
+
+    from mlxrt.families.gemma4.splice import Gemma4Vision
+    from mlxrt.records import ModelInfo
+
+    model, _tok = mlx_lm.load(str(gemma4_dir))
+    info = ModelInfo(model_id="g4", path=gemma4_dir, model_type="gemma4",
+                     config=json.loads((gemma4_dir / "config.json").read_text()))
+    return Gemma4Vision(info, lambda: model), model, info
+
+
+@pytest.fixture
+def gemma4(gemma4_dir, serve_app):
+    return serve_app(gemma4_dir, options={"prompt_cache_size": 10})
+
+
+# -- parity -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", sorted(IMAGES))
+def test_tower_matches_transformers_golden(adapter, name):
+    ad, _model, _info = adapter
+    golden = np.load(GOLDEN)[f"features_{name}"]
+    got = np.array(ad.image_features(IMAGES[name]()))
+    assert got.shape == golden.shape == (60, 64)
+    assert np.abs(got - golden).max() < 5e-3
+
+
+def test_spliced_prompt_logits_match_transformers_golden(adapter):
+    import mlx.core as mx
+
+    ad, model, info = adapter
+    golden = np.load(GOLDEN)
+    ids = [int(i) for i in golden["ids"]]
+    cfg = info.config
+    b, e = ids.index(cfg["boi_token_id"]), ids.index(cfg["eoi_token_id"])
+    templated = ids[:b] + [cfg["image_token_id"]] + ids[e + 1:]  # what the chat template writes
+    spliced = ad.splice(templated, [gradient()])
+    assert list(spliced.ids) == ids and spliced.images == 1
+    assert spliced.feed_ids.count(cfg["image_token_id"]) == 0  # pad at image rows (per-layer inputs)
+    logits = np.array(model(mx.array(spliced.feed_ids)[None], input_embeddings=spliced.embeddings[None])[0, -4:])
+    assert np.abs(logits - golden["logits"]).max() < 5e-3
+
+
+def test_tower_matches_transformers_live(adapter):
+    torch = pytest.importorskip("torch")
+    from transformers import Gemma4ForConditionalGeneration
+    from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
+
+    from mlxrt._tiny_gemma4_vision import IMAGE_PROCESSOR
+
+    ad, _model, info = adapter
+    ref = Gemma4ForConditionalGeneration.from_pretrained(str(info.path), dtype=torch.float32).eval()
+    processor = Gemma4ImageProcessorPil(**{k: v for k, v in IMAGE_PROCESSOR.items() if k != "image_processor_type"})
+    image = checker(70, 40)  # a size the goldens do not cover
+    batch = processor(images=[image], return_tensors="pt")
+    with torch.no_grad():
+        want = ref.model.get_image_features(batch["pixel_values"], batch["image_position_ids"]).pooler_output[0]
+    got = np.array(ad.image_features(image))
+    assert got.shape == tuple(want.shape)
+    assert np.abs(got - want.numpy()).max() < 5e-3
+
+
+def test_splice_refuses_a_placeholder_count_mismatch(adapter):
+    from mlxrt.errors import InvalidRequest
+
+    ad, _model, info = adapter
+    with pytest.raises(InvalidRequest, match="1 image placeholder"):
+        ad.splice([2, info.config["image_token_id"], 5], [gradient(), gradient()])
+
+
+# -- serving ------------------------------------------------------------------------------------
+
+
+def _openai_chat(client, image_url: str | None, max_tokens: int = 8, **kw):
+    parts = [{"type": "text", "text": "describe the picture"}]
+    if image_url is not None:
+        parts.append({"type": "image_url", "image_url": {"url": image_url}})
+    return openai_client(client).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": parts}], max_tokens=max_tokens, temperature=0, **kw)
+
+
+def test_openai_image_chat_changes_the_output(gemma4):
+    ad = gemma4.app.state.host.engine.profile.vision
+    text_only = _openai_chat(gemma4, None)
+    assert not ad.loaded  # a text-only request never loads the tower
+    one = _openai_chat(gemma4, data_url(gradient()))
+    assert ad.loaded
+    other = _openai_chat(gemma4, data_url(checker(), "JPEG"))
+    again = _openai_chat(gemma4, data_url(gradient()))
+    outputs = {text_only.choices[0].message.content, one.choices[0].message.content,
+               other.choices[0].message.content}
+    assert len(outputs) == 3, outputs  # the image (and which image) changes the greedy output
+    assert again.choices[0].message.content == one.choices[0].message.content
+    # 60 soft tokens + <|image>/<image|> (+ the template's "\n\n" around the image) in usage
+    assert 62 < one.usage.prompt_tokens - text_only.usage.prompt_tokens <= 62 + 4
+
+
+def test_openai_image_request_bypasses_the_prompt_cache(gemma4):
+    url = data_url(gradient())
+    raw = openai_client(gemma4).chat.completions.with_raw_response.create(
+        model="m", messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}],
+        max_tokens=2, temperature=0)
+    raw2 = openai_client(gemma4).chat.completions.with_raw_response.create(
+        model="m", messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}],
+        max_tokens=2, temperature=0)
+    assert raw.headers["x-mlxrt-cache"].startswith("off") and raw2.headers["x-mlxrt-cache"].startswith("off")
+    assert raw2.parse().usage.prompt_tokens_details is None or \
+        not raw2.parse().usage.prompt_tokens_details.cached_tokens
+    assert gemma4.get("/v1/models").json()["data"][0]["vision"] is True
+
+
+def test_openai_stream_with_image(gemma4):
+    stream = openai_client(gemma4).chat.completions.create(
+        model="m", messages=[{"role": "user", "content": [
+            {"type": "text", "text": "describe the picture"},
+            {"type": "image_url", "image_url": {"url": data_url(gradient())}}]}],
+        max_tokens=8, temperature=0, stream=True)
+    text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
+    assert text == _openai_chat(gemma4, data_url(gradient())).choices[0].message.content
+
+
+def _anthropic(client, block, max_tokens: int = 8):
+    return anthropic_client(client).messages.create(
+        model="m", max_tokens=max_tokens, extra_body={"temperature": 0},
+        messages=[{"role": "user", "content": [{"type": "text", "text": "describe the picture"}, block]}])
+
+
+def test_anthropic_image_blocks_base64_and_url(gemma4):
+    b64 = base64.b64encode(png_bytes(gradient())).decode()
+    a = _anthropic(gemma4, {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64}})
+    b = _anthropic(gemma4, {"type": "image", "source": {"type": "url", "url": data_url(gradient())}})
+    c = _anthropic(gemma4, {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                                        "data": base64.b64encode(png_bytes(checker())).decode()}})
+    text = anthropic_client(gemma4).messages.create(
+        model="m", max_tokens=8, extra_body={"temperature": 0},
+        messages=[{"role": "user", "content": "describe the picture"}])
+    assert a.content[0].text == b.content[0].text  # the same image by base64 or by URL
+    assert len({a.content[0].text, c.content[0].text, text.content[0].text}) == 3
+    assert a.usage.input_tokens > text.usage.input_tokens + 60
+
+
+def test_responses_input_image(gemma4):
+    body = {"model": "m", "max_output_tokens": 4, "temperature": 0, "input": [{"role": "user", "content": [
+        {"type": "input_text", "text": "hi"}, {"type": "input_image", "image_url": data_url(gradient())}]}]}
+    r = gemma4.post("/v1/responses", json=body)
+    assert r.status_code == 200, r.text
+    assert r.json()["usage"]["input_tokens"] > 60
+
+
+BAD = [
+    ("data:image/png;base64,%%%notbase64", "image data is not valid base64"),
+    ("data:image/png;base64," + base64.b64encode(b"not an image at all").decode(), "image could not be decoded"),
+    ("data:image/png,rawbytes", "data: URL must be base64"),
+    ("ftp://example.com/cat.png", "unsupported image url scheme"),
+    ("http://127.0.0.1:1/cat.png", "private or loopback"),
+]
+
+
+@pytest.mark.parametrize(("url", "why"), BAD)
+def test_openai_bad_image_is_400_naming_the_part(gemma4, url, why):
+    import openai
+
+    with pytest.raises(openai.BadRequestError) as err:
+        _openai_chat(gemma4, url)
+    assert err.value.status_code == 400
+    message = err.value.body["message"] if "message" in err.value.body else err.value.body["error"]["message"]
+    assert message.startswith("messages[0].content[1]: ") and why in message, message
+    assert _openai_chat(gemma4, None, max_tokens=2).choices[0].finish_reason  # still serving
+
+
+def test_anthropic_bad_image_is_400_naming_the_block(gemma4):
+    import anthropic
+
+    with pytest.raises(anthropic.BadRequestError) as err:
+        _anthropic(gemma4, {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                                        "data": base64.b64encode(b"GIF89a broken").decode()}})
+    assert "messages.0.content.1: image could not be decoded" in str(err.value)
+    with pytest.raises(anthropic.BadRequestError) as err:
+        _anthropic(gemma4, {"type": "image", "source": {"type": "file", "file_id": "f"}})
+    assert "messages.0.content.1: source must be" in str(err.value)
+    assert _anthropic(gemma4, {"type": "text", "text": "x"}).content  # still serving
+
+
+def test_oversize_image_is_400(gemma4_dir, serve_app):
+    import openai
+
+    client = serve_app(gemma4_dir, options={"max_image_bytes": 1000})
+    with pytest.raises(openai.BadRequestError, match=r"messages\[0\]\.content\[1\]: image is larger than the "
+                                                     r"1000-byte limit"):
+        _openai_chat(client, data_url(gradient()))
+
+
+def test_text_model_refuses_images(tiny_models, serve_app):
+    import openai
+
+    client = serve_app(tiny_models("qwen3"))
+    with pytest.raises(openai.BadRequestError, match=r"messages\[0\]\.content\[1\]: the served model has no "
+                                                     "vision input"):
+        _openai_chat(client, data_url(gradient()))
+    assert client.get("/v1/models").json()["data"][0]["vision"] is False
+
+
+def test_image_request_takes_the_serial_lane_beside_a_batch(gemma4_dir, serve_app):
+    client = serve_app(gemma4_dir, options={"batch": 4})
+    engine = client.app.state.host.engine
+    _openai_chat(client, None, max_tokens=2)
+    before = engine.stats()["served_by_lane"]
+    _openai_chat(client, data_url(gradient()), max_tokens=2)
+    after = engine.stats()["served_by_lane"]
+    if engine.lane == "batch":
+        assert after["serial"] == before["serial"] + 1 and after["batch"] == before["batch"]
+    else:  # this model's caches cannot batch: every request runs serially anyway
+        assert after["serial"] == before["serial"] + 1
