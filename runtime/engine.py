@@ -503,6 +503,7 @@ class Engine:
             try:
                 self._loop()
             finally:
+                self._refuse_pending_calls()
                 if self._batch is not None:
                     self._batch.close()
                 mx.synchronize(self._stream)
@@ -762,6 +763,16 @@ class Engine:
             self._rate.append([second, n])
             while self._rate and second - self._rate[0][0] > RATE_WINDOW:
                 self._rate.popleft()
+
+    def _refuse_pending_calls(self) -> None:
+        """At stop: a blocking caller still waiting on a raw call gets an error, never a hang."""
+        while True:
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(item, _Call) and item.loop is None:
+                item.done.set_exception(EngineError("the engine stopped"))
 
     def _run_call(self, call: _Call) -> None:
         def settle(setter: Callable[[Any], None], value: Any) -> None:

@@ -243,11 +243,27 @@ def test_text_model_refuses_images(tiny_models, serve_app):
 def test_image_request_takes_the_serial_lane_beside_a_batch(gemma4_dir, serve_app):
     client = serve_app(gemma4_dir, options={"batch": 4})
     engine = client.app.state.host.engine
+    assert engine.lane == "batch"
     _openai_chat(client, None, max_tokens=2)
-    before = engine.stats()["served_by_lane"]
+    assert engine.stats()["served_by_lane"] == {"serial": 0, "batch": 1}
     _openai_chat(client, data_url(gradient()), max_tokens=2)
-    after = engine.stats()["served_by_lane"]
-    if engine.lane == "batch":
-        assert after["serial"] == before["serial"] + 1 and after["batch"] == before["batch"]
-    else:  # this model's caches cannot batch: every request runs serially anyway
-        assert after["serial"] == before["serial"] + 1
+    assert engine.stats()["served_by_lane"] == {"serial": 1, "batch": 1}
+    _openai_chat(client, None, max_tokens=2)  # text requests keep batching afterwards
+    assert engine.stats()["served_by_lane"] == {"serial": 1, "batch": 2}
+
+
+def test_two_images_in_one_message(gemma4):
+    parts = [{"type": "text", "text": "compare"},
+             {"type": "image_url", "image_url": {"url": data_url(gradient())}},
+             {"type": "image_url", "image_url": {"url": data_url(checker())}}]
+    client = openai_client(gemma4)
+    both = client.chat.completions.create(model="m", messages=[{"role": "user", "content": parts}],
+                                          max_tokens=8, temperature=0)
+    swapped = client.chat.completions.create(
+        model="m", messages=[{"role": "user", "content": [parts[0], parts[2], parts[1]]}], max_tokens=8,
+        temperature=0)
+    one = client.chat.completions.create(model="m", messages=[{"role": "user", "content": parts[:2]}],
+                                         max_tokens=8, temperature=0)
+    assert both.usage.prompt_tokens - one.usage.prompt_tokens > 62
+    assert both.usage.prompt_tokens == swapped.usage.prompt_tokens  # 60 soft tokens each
+    assert both.choices[0].message.content != swapped.choices[0].message.content  # order matters
