@@ -221,6 +221,24 @@ def test_anthropic_bad_image_is_400_naming_the_block(gemma4):
     assert _anthropic(gemma4, {"type": "text", "text": "x"}).content  # still serving
 
 
+def test_too_elongated_image_is_400(gemma4):
+    import openai
+
+    # 2000x10 resizes to 48 x 3360 pixels: 210 patches across, past the tiny tower's 128 positions
+    with pytest.raises(openai.BadRequestError, match="a 2000x10 image is too elongated"):
+        _openai_chat(gemma4, data_url(gradient(2000, 10)))
+
+
+def test_anthropic_count_tokens_counts_the_soft_tokens(gemma4):
+    block = {"type": "image", "source": {"type": "url", "url": data_url(gradient())}}
+    body = {"model": "m", "messages": [{"role": "user", "content": [{"type": "text", "text": "hi"}, block]}]}
+    with_image = gemma4.post("/v1/messages/count_tokens", json=body)
+    body["messages"][0]["content"] = "hi"
+    text = gemma4.post("/v1/messages/count_tokens", json=body)
+    assert with_image.status_code == 200, with_image.text
+    assert with_image.json()["input_tokens"] - text.json()["input_tokens"] > 62
+
+
 def test_oversize_image_is_400(gemma4_dir, serve_app):
     import openai
 

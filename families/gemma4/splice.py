@@ -118,6 +118,11 @@ class Gemma4Vision:
         """One RGB image → ``[soft_tokens, text_hidden]`` embeddings (what transformers'
         ``get_image_features`` gives as ``pooler_output``)."""
         patches = self.processor(image)
+        limit = int(self.vision_config.get("position_embedding_size", 10 * 1024))
+        if int(patches.positions.max()) >= limit:
+            width, height = image.size
+            raise InvalidRequest(f"a {width}x{height} image is too elongated for this vision tower (it would "
+                                 f"span more than {limit} patches along one side)", code="invalid_image")
         return self.tower()(patches.pixels, patches.positions)
 
     def splice(self, prompt_ids: Sequence[int], images: Sequence[Any]) -> SplicedPrompt:
