@@ -285,3 +285,34 @@ def test_two_images_in_one_message(gemma4):
     assert both.usage.prompt_tokens - one.usage.prompt_tokens > 62
     assert both.usage.prompt_tokens == swapped.usage.prompt_tokens  # 60 soft tokens each
     assert both.choices[0].message.content != swapped.choices[0].message.content  # order matters
+
+
+def test_embeddings_are_released_on_every_path(gemma4, monkeypatch):
+    import gc
+    import weakref
+
+    import openai
+
+    adapter = gemma4.app.state.host.engine.profile.vision
+    made = []
+    splice = adapter.splice
+
+    def tracked(prompt_ids, images):
+        spliced = splice(prompt_ids, images)
+        made.append(weakref.ref(spliced.embeddings))
+        return spliced
+
+    monkeypatch.setattr(adapter, "splice", tracked)
+    url = data_url(gradient())
+    _openai_chat(gemma4, url, max_tokens=3)  # finished
+    with pytest.raises(openai.BadRequestError):  # refused after the splice: over the context
+        _openai_chat(gemma4, url, max_tokens=10**7)
+    stream = openai_client(gemma4).chat.completions.create(  # the client leaves mid-stream
+        model="m", messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}],
+        max_tokens=50, temperature=0, stream=True)
+    next(iter(stream))
+    stream.close()
+    _openai_chat(gemma4, None, max_tokens=2)  # the engine moved on
+    gc.collect()
+    assert len(made) == 3
+    assert all(ref() is None for ref in made)
