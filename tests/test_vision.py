@@ -180,11 +180,55 @@ def test_anthropic_image_blocks_base64_and_url(gemma4):
 
 
 def test_responses_input_image(gemma4):
-    body = {"model": "m", "max_output_tokens": 4, "temperature": 0, "input": [{"role": "user", "content": [
-        {"type": "input_text", "text": "hi"}, {"type": "input_image", "image_url": data_url(gradient())}]}]}
-    r = gemma4.post("/v1/responses", json=body)
-    assert r.status_code == 200, r.text
-    assert r.json()["usage"]["input_tokens"] > 60
+    def ask(content):
+        return openai_client(gemma4).responses.create(
+            model="m", max_output_tokens=6, temperature=0, store=False,
+            input=[{"role": "user", "content": content}])
+
+    text = ask([{"type": "input_text", "text": "hi"}])
+    image = ask([{"type": "input_text", "text": "hi"}, {"type": "input_image", "image_url": data_url(gradient())}])
+    assert image.usage.input_tokens - text.usage.input_tokens > 62
+    assert image.output_text != text.output_text
+
+
+@pytest.fixture
+def image_site(tmp_path):
+    """A local web server with gradient.png (loopback: the server needs --allow-private-image-urls)."""
+    import functools
+    import http.server
+    import threading
+
+    (tmp_path / "gradient.png").write_bytes(png_bytes(gradient()))
+    handler = functools.partial(http.server.SimpleHTTPRequestHandler, directory=str(tmp_path))
+    handler.log_message = lambda *a: None
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield f"http://127.0.0.1:{server.server_address[1]}"
+    server.shutdown()
+
+
+def test_http_image_url_through_a_real_server(gemma4_dir, server_process, image_site):
+    import openai
+
+    server = server_process([str(gemma4_dir), "--allow-private-image-urls", "--max-image-bytes", "1MiB",
+                             "--image-fetch-timeout", "5"])
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0)
+
+    def chat(url):
+        return client.chat.completions.create(model="m", max_tokens=6, temperature=0, messages=[
+            {"role": "user", "content": [{"type": "text", "text": "describe the picture"},
+                                         {"type": "image_url", "image_url": {"url": url}}]}])
+
+    fetched = chat(f"{image_site}/gradient.png").choices[0].message.content
+    assert fetched == chat(data_url(gradient())).choices[0].message.content  # same pixels, same answer
+    with pytest.raises(openai.BadRequestError, match=r"messages\[0\]\.content\[1\]: image fetch failed: 404"):
+        chat(f"{image_site}/missing.png")
+    small = server_process([str(gemma4_dir), "--max-image-bytes", "1KB"])
+    client = openai.OpenAI(base_url=f"{small.url}/v1", api_key="unused", max_retries=0)
+    with pytest.raises(openai.BadRequestError, match="image is larger than the 1000-byte limit"):
+        chat(data_url(gradient()))
+    with pytest.raises(openai.BadRequestError, match="private or loopback"):  # the default refuses loopback
+        chat(f"{image_site}/gradient.png")
 
 
 BAD = [
