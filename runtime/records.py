@@ -191,12 +191,17 @@ class SplicedPrompt:
     :ivar feed_ids: The ids passed to the model beside ``embeddings``, when they differ from
         ``ids`` (Gemma 4 feeds pad at image rows, for its per-layer inputs); ``None``: ``ids``.
     :ivar images: How many images were spliced.
+    :ivar prefill: ``None``, or a callable giving a context manager the engine enters around
+        the request's generation; the engine then prefills the prompt (all but its last
+        token) in one forward pass from an empty cache, so a family can change the attention
+        of that pass (Gemma 4's larger checkpoints let image tokens attend bidirectionally).
     """
 
     ids: tuple[int, ...]
     embeddings: Any = attrs.field(eq=False, repr=False)
     feed_ids: tuple[int, ...] | None = None
     images: int = 0
+    prefill: Any = attrs.field(default=None, eq=False, repr=False)
 
 
 @runtime_checkable

@@ -81,6 +81,46 @@ def test_spliced_prompt_logits_match_transformers_golden(adapter):
     assert np.abs(logits - golden["logits"]).max() < 5e-3
 
 
+def test_vision_bidirectional_attention_matches_transformers_golden(tmp_path):
+    """``use_bidirectional_attention: "vision"``: image tokens see each other both ways on
+    sliding layers (window 16, shorter than the image); the causal result is far off."""
+    import sys
+
+    import mlx.core as mx
+    import mlx_lm
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from mlxrt.families.gemma4.splice import Gemma4Vision
+    from mlxrt.records import ModelInfo
+    from mlxrt.testing import write_tiny_checkpoint
+
+    sys.path.insert(0, str(GOLDEN.parent))
+    from make_gemma4_vision_golden import BIDIR
+
+    path = write_tiny_checkpoint(tmp_path / "bidir", "gemma4", config_overrides=BIDIR)
+    model, _tok = mlx_lm.load(str(path))
+    info = ModelInfo(model_id="b", path=path, model_type="gemma4",
+                     config=json.loads((path / "config.json").read_text()))
+    golden = np.load(GOLDEN)
+    ids, cfg = [int(i) for i in golden["ids"]], info.config
+    b, e = ids.index(cfg["boi_token_id"]), ids.index(cfg["eoi_token_id"])
+    spliced = Gemma4Vision(info, lambda: model).splice(ids[:b] + [cfg["image_token_id"]] + ids[e + 1:],
+                                                        [gradient()])
+    assert spliced.prefill is not None
+
+    def last_logits():
+        out = model(mx.array(spliced.feed_ids)[None], cache=make_prompt_cache(model),
+                    input_embeddings=spliced.embeddings[None])
+        return np.array(out[0, -4:])
+
+    causal = last_logits()
+    with spliced.prefill():
+        bidirectional = last_logits()
+    assert np.abs(bidirectional - golden["logits_bidir"]).max() < 5e-3
+    assert np.abs(causal - golden["logits_bidir"]).max() > 0.1
+    assert np.abs(last_logits() - causal).max() == 0  # the scope restored the model's own masks
+
+
 def test_tower_matches_transformers_live(adapter):
     torch = pytest.importorskip("torch")
     from transformers import Gemma4ForConditionalGeneration
@@ -360,3 +400,49 @@ def test_embeddings_are_released_on_every_path(gemma4, monkeypatch):
     gc.collect()
     assert len(made) == 3
     assert all(ref() is None for ref in made)
+
+
+def test_served_vision_bidirectional_prefill(tmp_path, serve_app):
+    """The engine prefills an image prompt of a "vision"-bidirectional checkpoint with its masks:
+    the served greedy tokens are the bidirectional forward's, not the causal one's."""
+    import contextlib
+    import sys
+
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from mlxrt.testing import write_tiny_checkpoint
+
+    sys.path.insert(0, str(GOLDEN.parent))
+    from make_gemma4_vision_golden import BIDIR
+
+    client = serve_app(write_tiny_checkpoint(tmp_path / "bidir", "gemma4", config_overrides=BIDIR))
+    engine = client.app.state.host.engine
+    url = data_url(gradient())
+    messages = [{"role": "user", "content": [{"type": "text", "text": "describe the picture"},
+                                             {"type": "image_url", "image_url": {"url": url}}]}]
+    served = openai_client(client).chat.completions.create(model="m", messages=messages, max_tokens=1,
+                                                           temperature=0, logprobs=True)
+    text = engine.tokenizer.apply_chat_template(
+        [{"role": "user", "content": [{"type": "text", "text": "describe the picture"}, {"type": "image"}]}],
+        add_generation_prompt=True, tokenize=False)
+    ids = engine.tokenizer.encode(text, add_special_tokens=False)
+
+    def first_token(bidirectional: bool) -> tuple[int, float]:
+        def run(loaded):
+            spliced = engine.profile.vision.splice(ids, [gradient()])
+            scope = spliced.prefill() if bidirectional else contextlib.nullcontext()
+            with scope:
+                out = loaded.model(mx.array(spliced.feed_ids)[None], cache=make_prompt_cache(loaded.model),
+                                   input_embeddings=spliced.embeddings[None])
+            logprobs = out[0, -1] - mx.logsumexp(out[0, -1])
+            token = int(mx.argmax(logprobs).item())
+            return token, float(logprobs[token].item())
+
+        return engine.call_blocking(run)
+
+    (want, want_lp), (_causal, causal_lp) = first_token(True), first_token(False)
+    assert abs(want_lp - causal_lp) > 1e-2  # the test tells the two apart
+    got = served.choices[0].logprobs.content[0]
+    assert got.token == engine.tokenizer.decode([want])
+    assert abs(got.logprob - want_lp) < 1e-3

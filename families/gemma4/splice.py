@@ -12,17 +12,21 @@ embeddings the way ``Gemma4Model.forward`` does:
 * the ids fed beside the embeddings carry pad at image rows: Gemma 4's per-layer inputs are
   looked up from ids, and transformers looks them up with image positions set to pad.
 
-Not done: the vision-bidirectional mask of the larger checkpoints
-(``use_bidirectional_attention: "vision"``) — their image tokens attend causally here.
+Checkpoints with ``use_bidirectional_attention: "vision"`` (the larger Gemma 4 models) let
+each image's soft tokens attend to one another both ways on **sliding** layers, within the
+window (transformers' ``create_masks_for_vision_model``; full layers stay causal): the
+:class:`~mlxrt.records.SplicedPrompt` carries a ``prefill`` scope that swaps the text model's
+masks for that one prefill pass (:func:`vision_masks`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import struct
 import threading
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +34,7 @@ from mlxrt.errors import InvalidRequest
 from mlxrt.families.gemma4.image_processor import ImageProcessor
 from mlxrt.records import ModelInfo, SplicedPrompt
 
-__all__ = ["Gemma4Vision", "tower_files"]
+__all__ = ["Gemma4Vision", "tower_files", "vision_masks", "image_blocks"]
 
 log = logging.getLogger("mlxrt.families.gemma4")
 _PREFIXES = ("model.vision_tower.", "model.embed_vision.")
@@ -73,6 +77,45 @@ def _embed_tokens(model: Any) -> Any:
     raise RuntimeError("cannot find the Gemma 4 text model's embed_tokens")
 
 
+def image_blocks(ids: Sequence[int], image_id: int) -> Any:
+    """Per position: the index of the contiguous image-token run it is in, or -1 (text)."""
+    import numpy as np
+
+    is_image = np.asarray(ids) == image_id
+    starts = is_image & ~np.concatenate([[False], is_image[:-1]])
+    return np.where(is_image, np.cumsum(starts) - 1, -1)
+
+
+@contextlib.contextmanager
+def vision_masks(text_model: Any, blocks: Any) -> Iterator[None]:
+    """While active, the first forward pass from an empty cache over ``n > 1`` positions gets
+    sliding-layer masks ``(causal | same image block) & window``; full layers stay causal."""
+    import mlx.core as mx
+    import numpy as np
+
+    original = text_model._make_masks
+
+    def make(h: Any, cache: Any) -> Any:
+        masks = original(h, cache)
+        n = h.shape[1]
+        first = cache and cache[0] is not None and getattr(cache[0], "offset", 0) == 0
+        if n < 2 or not first or n > len(blocks):
+            return masks
+        b = blocks[:n]
+        i, j = np.arange(n)[:, None], np.arange(n)[None, :]
+        same = (b[:, None] == b[None, :]) & (b[:, None] >= 0)
+        window = text_model.window_size or n + 1
+        sliding = mx.array(((j <= i) | same) & (j > i - window))
+        return [sliding if layer.layer_type == "sliding_attention" else m
+                for layer, m in zip(text_model.layers, masks, strict=True)]
+
+    text_model._make_masks = make  # an instance attribute shadows the method
+    try:
+        yield
+    finally:
+        del text_model._make_masks
+
+
 class Gemma4Vision:
     """The :class:`~mlxrt.records.VisionAdapter` of one Gemma 4 multimodal checkpoint.
 
@@ -89,6 +132,7 @@ class Gemma4Vision:
         self.eoi_id = int(cfg.get("eoi_token_id", 258882))
         self.pad_id = int(text.get("pad_token_id") or 0)
         self.text_hidden = int(text["hidden_size"])
+        self.bidirectional = text.get("use_bidirectional_attention") == "vision"
         self.processor = ImageProcessor.from_config(_processor_config(self.folder), self.vision_config)
         self._model = model
         self._tower: Any = None
@@ -164,4 +208,9 @@ class Gemma4Vision:
         pieces.append(token_rows[at:])
         embeddings = mx.concatenate(pieces, axis=0)
         mx.eval(embeddings)
-        return SplicedPrompt(ids=tuple(ids), embeddings=embeddings, feed_ids=tuple(feed), images=len(images))
+        prefill = None
+        if self.bidirectional:
+            blocks = image_blocks(ids, self.image_id)
+            prefill = lambda: vision_masks(text_model, blocks)  # noqa: E731
+        return SplicedPrompt(ids=tuple(ids), embeddings=embeddings, feed_ids=tuple(feed), images=len(images),
+                             prefill=prefill)

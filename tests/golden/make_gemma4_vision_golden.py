@@ -7,7 +7,10 @@ MLX port against without torch:
 * ``features_<name>``: ``get_image_features(...).pooler_output`` of each test image
   (``Gemma4ImageProcessorPil`` preprocessing, vision tower, pooler, standardize, projector);
 * ``ids``: a prompt with one image spliced (``<|image>`` + N x ``<|image|>`` + ``<image|>``);
-* ``logits``: ``Gemma4ForConditionalGeneration`` logits at the last 4 positions of it.
+* ``logits``: ``Gemma4ForConditionalGeneration`` logits at the last 4 positions of it;
+* ``logits_bidir``: the same on the checkpoint written with ``BIDIR`` overrides
+  (``use_bidirectional_attention: "vision"``, a sliding window shorter than the image), where
+  image tokens attend to each other both ways on sliding layers.
 
 Needs torch (the ``reference`` extra). Run from the repository root:
     /path/to/venv/bin/python tests/golden/make_gemma4_vision_golden.py
@@ -26,8 +29,11 @@ sys.path.insert(0, str(HERE.parent))
 
 from vision_images import IMAGES  # noqa: E402
 
+#: Text-config overrides of the second (vision-bidirectional) checkpoint.
+BIDIR = {"use_bidirectional_attention": "vision", "sliding_window": 16}
 
-def reference(model_dir: Path) -> dict[str, np.ndarray]:
+
+def reference(model_dir: Path, bidir_dir: Path) -> dict[str, np.ndarray]:
     import torch
     from transformers import Gemma4ForConditionalGeneration
     from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
@@ -57,6 +63,11 @@ def reference(model_dir: Path) -> dict[str, np.ndarray]:
                        image_position_ids=batch["image_position_ids"], mm_token_type_ids=mm).logits[0]
         out["ids"] = np.array(ids, dtype=np.int32)
         out["logits"] = logits[-4:].float().numpy()
+        bidir = Gemma4ForConditionalGeneration.from_pretrained(str(bidir_dir), dtype=torch.float32).eval()
+        assert bidir.config.text_config.use_bidirectional_attention == "vision"
+        logits = bidir(input_ids=input_ids, pixel_values=batch["pixel_values"],
+                       image_position_ids=batch["image_position_ids"], mm_token_type_ids=mm).logits[0]
+        out["logits_bidir"] = logits[-4:].float().numpy()
     return out
 
 
@@ -65,7 +76,8 @@ def main() -> None:
 
     with tempfile.TemporaryDirectory() as tmp:
         model_dir = write_tiny_checkpoint(Path(tmp) / "gemma4", "gemma4")
-        arrays = reference(model_dir)
+        bidir_dir = write_tiny_checkpoint(Path(tmp) / "gemma4-bidir", "gemma4", config_overrides=BIDIR)
+        arrays = reference(model_dir, bidir_dir)
     target = HERE / "gemma4_vision.npz"
     np.savez_compressed(target, **arrays)
     print(f"wrote {target} ({target.stat().st_size} bytes): " + ", ".join(f"{k}{v.shape}" for k, v in arrays.items()))
