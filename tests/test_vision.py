@@ -215,6 +215,11 @@ def test_anthropic_image_blocks_base64_and_url(gemma4):
         model="m", max_tokens=8, extra_body={"temperature": 0},
         messages=[{"role": "user", "content": "describe the picture"}])
     assert a.content[0].text == b.content[0].text  # the same image by base64 or by URL
+    with anthropic_client(gemma4).messages.stream(
+            model="m", max_tokens=8, extra_body={"temperature": 0}, messages=[{"role": "user", "content": [
+                {"type": "text", "text": "describe the picture"},
+                {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": b64}}]}]) as s:
+        assert "".join(s.text_stream) == a.content[0].text
     assert len({a.content[0].text, c.content[0].text, text.content[0].text}) == 3
     assert a.usage.input_tokens > text.usage.input_tokens + 60
 
