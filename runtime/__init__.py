@@ -20,6 +20,7 @@ from mlxrt.records import (
     PluginRecord,
     Sampler,
     SamplingParams,
+    SplicedPrompt,
     ThinkingFormat,
     ThinkingKind,
     TokenEvent,
@@ -53,5 +54,6 @@ __all__ = [
     "ToolCall",
     "ToolParser",
     "ToolStreamMode",
+    "SplicedPrompt",
     "VisionAdapter",
 ]

@@ -257,6 +257,13 @@ def build_cli(host: PluginHost) -> click.Group:
     @click.option("--log-format", type=click.Choice(["text", "json"]), default="text",
                   help="Log lines as text or as one JSON object per line (with request_id).")
     @click.option("--max-body-size", default="64MiB", help="Largest request body accepted; larger gets 413.")
+    @click.option("--max-image-bytes", default="20MiB",
+                  help="Largest image (encoded) a request may send or make the server fetch; larger gets 400.")
+    @click.option("--image-fetch-timeout", type=click.FloatRange(min=0, min_open=True), default=10.0,
+                  help="Seconds the server may take to fetch one http(s) image URL.")
+    @click.option("--allow-private-image-urls", is_flag=True,
+                  help="Fetch image URLs on private/loopback addresses too (off: clients cannot make the "
+                  "server probe its own network).")
     @click.option("--shutdown-grace", type=click.FloatRange(min=0), default=10.0,
                   help="Seconds running requests get to finish on SIGTERM/SIGINT before they are cancelled.")
     @click.option("--temp", type=float, default=None,
@@ -335,6 +342,10 @@ def build_cli(host: PluginHost) -> click.Group:
             opts["max_body_bytes"] = parse_size(opts.pop("max_body_size"))
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--max-body-size") from None
+        try:
+            opts["max_image_bytes"] = parse_size(opts["max_image_bytes"])
+        except ValueError as exc:
+            raise click.BadParameter(str(exc), param_hint="--max-image-bytes") from None
         try:
             args = json.loads(opts["chat_template_args"])
         except json.JSONDecodeError as exc:

@@ -224,8 +224,8 @@ class _Call:
     """A raw forward (embeddings, the curve designer) run exclusively on the worker."""
 
     fn: Callable[[LoadedModel], Any]
-    done: asyncio.Future[Any]
-    loop: asyncio.AbstractEventLoop
+    done: asyncio.Future[Any] | Future[Any]
+    loop: asyncio.AbstractEventLoop | None  # None: ``done`` is a thread-safe Future
 
 
 _WAKE = object()
@@ -428,6 +428,17 @@ class Engine:
         self._inbox.put(_Call(fn, done, loop))
         return await done
 
+    def call_blocking(self, fn: Callable[[LoadedModel], Any]) -> Any:
+        """:meth:`call` for a thread that is not the event loop's (templating, image splicing):
+        blocks that thread until ``fn`` ran on the worker."""
+        if self._thread is None:
+            raise EngineError("the engine has no model loaded")
+        if threading.current_thread() is self._thread:
+            return fn(self.loaded)
+        done: Future[Any] = Future()
+        self._inbox.put(_Call(fn, done, None))
+        return done.result()
+
     async def mount_adapter(self, adapter_id: str, path: str) -> dict[str, Any]:
         """Mount an adapter folder as ``adapter_id`` (on the worker, between decode steps)."""
         adapter = await self.call(lambda loaded: self.adapters.mount(loaded.model, adapter_id, path))
@@ -493,6 +504,7 @@ class Engine:
             try:
                 self._loop()
             finally:
+                self._refuse_pending_calls()
                 if self._batch is not None:
                     self._batch.close()
                 mx.synchronize(self._stream)
@@ -632,7 +644,8 @@ class Engine:
             budget = self.safe_context
             if self._running and budget is not None and self._reserved + job.need > budget:
                 return  # waits for running rows to free their context
-            if self._batch is not None:
+            serial = self._batch is None or job.request.vision is not None  # image prompts: serial lane
+            if not serial:
                 if not self._batch.has_room():
                     return
             elif self._running:
@@ -644,7 +657,7 @@ class Engine:
                 continue
             self._running.append(row)
             self._reserved += job.need
-            if self._batch is not None:
+            if not serial:
                 self._batch.add(row)
             else:
                 self._run_serial(row)
@@ -713,7 +726,8 @@ class Engine:
 
     def _lookup(self, request: GenerationRequest) -> tuple[CacheReport, list[Any] | None, int]:
         prompt = request.prompt_ids
-        if not self.prompt_cache.enabled or len(prompt) < 2:
+        # Image prompts bypass the cache: their placeholder ids are the same for every image.
+        if not self.prompt_cache.enabled or len(prompt) < 2 or request.vision is not None:
             return CacheReport("off", 0, len(prompt)), None, 0
         found = self.prompt_cache.fetch(prompt, key=request.adapters)
         snippet = None
@@ -744,7 +758,7 @@ class Engine:
             self.ttft.observe(row.first_token_at - row.job.submitted)
         self.latency.observe(took)
         self._latency = took if not self._latency else 0.8 * self._latency + 0.2 * took
-        if cache is not None and tokens and self.prompt_cache.enabled:
+        if cache is not None and tokens and self.prompt_cache.enabled and row.request.vision is None:
             try:
                 self.prompt_cache.insert(tokens, cache, key=row.request.adapters)
             except ValueError:
@@ -762,11 +776,27 @@ class Engine:
             while self._rate and second - self._rate[0][0] > RATE_WINDOW:
                 self._rate.popleft()
 
+    def _refuse_pending_calls(self) -> None:
+        """At stop: a blocking caller still waiting on a raw call gets an error, never a hang."""
+        while True:
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                return
+            if isinstance(item, _Call) and item.loop is None:
+                item.done.set_exception(EngineError("the engine stopped"))
+
     def _run_call(self, call: _Call) -> None:
         def settle(setter: Callable[[Any], None], value: Any) -> None:
             if not call.done.done():
                 setter(value)
 
+        if call.loop is None:  # a blocking caller's thread-safe future
+            try:
+                call.done.set_result(call.fn(self.loaded))
+            except BaseException as exc:
+                call.done.set_exception(exc)
+            return
         try:
             result = call.fn(self.loaded)
         except BaseException as exc:  # handed back to the awaiting request

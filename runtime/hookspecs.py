@@ -146,6 +146,13 @@ def mlxrt_vision(info: ModelInfo, host: PluginHost) -> VisionAdapter | None:
         request, or ``None`` when the model has no vision input. The adapter should load its
         tower lazily, on the first image, so text-only sessions never pay for it.
 
+    ``splice`` runs on the engine thread with the templated prompt ids (one placeholder where
+    the template put each image) and the request's images as RGB ``PIL.Image.Image`` objects (EXIF
+    orientation applied, :mod:`mlxrt.images`); it returns a :class:`mlxrt.SplicedPrompt` (the
+    expanded ids and the prompt's input embeddings) or raises
+    :class:`~mlxrt.errors.InvalidRequest`. The engine then prefills from the embeddings,
+    bypasses the prompt cache and runs the request in the serial lane.
+
     Called once per model load, on the engine thread. Stops at first non-None result.
 
     .. versionadded:: 0.1

@@ -131,7 +131,10 @@ class QuantizingModel:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._model, name)
 
-    def __call__(self, *args: Any, cache: Any = None, **kwargs: Any) -> Any:
+    def __call__(self, *args: Any, cache: Any = None, input_embeddings: Any = None, **kwargs: Any) -> Any:
+        # ``input_embeddings`` named: mlx-lm feeds image prompts only to models whose signature has it.
+        if input_embeddings is not None:
+            kwargs["input_embeddings"] = input_embeddings
         out = self._model(*args, cache=cache, **kwargs)
         if cache is not None:
             self._scheme.apply(cache)

@@ -15,6 +15,7 @@ its per-layer cache and the token ids that cache holds, for the prompt cache.
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -203,19 +204,27 @@ class SerialLane:
         cache = row.cache if row.cache is not None else make_prompt_cache(self.model)
         row.cache = None
         reason = FinishReason.LENGTH
+        vision = row.request.vision  # an image prompt: prefilled from its embeddings, never cached
+        fed = list(vision.feed_ids or vision.ids) if vision is not None else prompt[row.reused:]
+        step_size = self.prefill_step_size
+        scope = contextlib.nullcontext()
+        if vision is not None and vision.prefill is not None:  # one prefill pass, the family's masks
+            step_size, scope = max(len(fed), 1), vision.prefill()
         if row.request.max_tokens > 0:
-            steps = generate_step(
-                mx.array(prompt[row.reused:]), self.model,
-                max_tokens=row.request.max_tokens, sampler=row.sampler,
-                logits_processors=_with_prefix(row.processors, prompt[:row.reused]) or None,
-                prompt_cache=cache, prefill_step_size=self.prefill_step_size, stream=self.stream,
-            )
-            for token, logprobs in steps:
-                stop = row.on_token(int(token), logprobs)
-                self.tick(1)
-                if stop is not None:
-                    reason = stop
-                    break
+            with scope:
+                steps = generate_step(
+                    mx.array(fed), self.model,
+                    max_tokens=row.request.max_tokens, sampler=row.sampler,
+                    logits_processors=_with_prefix(row.processors, prompt[:row.reused]) or None,
+                    prompt_cache=cache, prefill_step_size=step_size, stream=self.stream,
+                    input_embeddings=vision.embeddings if vision is not None else None,
+                )
+                for token, logprobs in steps:
+                    stop = row.on_token(int(token), logprobs)
+                    self.tick(1)
+                    if stop is not None:
+                        reason = stop
+                        break
         self.served += 1
         self.done(row, reason, cache, _cache_tokens(cache, prompt + row.generated))
 

@@ -27,6 +27,7 @@ __all__ = [
     "StructuredOutput",
     "VisionAdapter",
     "Denoiser",
+    "SplicedPrompt",
     "FamilyProfile",
     "SamplingParams",
     "GenerationRequest",
@@ -181,6 +182,34 @@ class ToolCallOpening(Protocol):
     def opening(self, name: str) -> str: ...
 
 
+@attrs.frozen
+class SplicedPrompt:
+    """A prompt with its images spliced in: what :meth:`VisionAdapter.splice` returns.
+
+    :ivar ids: The prompt ids with each image placeholder expanded to the family's
+        begin-of-image id, one soft-token placeholder id per image embedding, and the
+        end-of-image id (Gemma 4: ``<|image>`` + N × ``<|image|>`` + ``<image|>``). Usage and
+        admission count these.
+    :ivar embeddings: ``mx.array`` ``[len(ids), hidden]``: the input embeddings the model is
+        fed for the prompt instead of looking ``ids`` up (text rows are the token embeddings,
+        image rows the tower's output), in the scale the model's ``input_embeddings``
+        argument expects.
+    :ivar feed_ids: The ids passed to the model beside ``embeddings``, when they differ from
+        ``ids`` (Gemma 4 feeds pad at image rows, for its per-layer inputs); ``None``: ``ids``.
+    :ivar images: How many images were spliced.
+    :ivar prefill: ``None``, or a callable giving a context manager the engine enters around
+        the request's generation; the engine then prefills the prompt (all but its last
+        token) in one forward pass from an empty cache, so a family can change the attention
+        of that pass (Gemma 4's larger checkpoints let image tokens attend bidirectionally).
+    """
+
+    ids: tuple[int, ...]
+    embeddings: Any = attrs.field(eq=False, repr=False)
+    feed_ids: tuple[int, ...] | None = None
+    images: int = 0
+    prefill: Any = attrs.field(default=None, eq=False, repr=False)
+
+
 @runtime_checkable
 class ToolCallGrammar(Protocol):
     """Optional: a tool parser that can describe a whole call to ``name`` as a grammar.
@@ -198,9 +227,18 @@ class ToolCallGrammar(Protocol):
 
 @runtime_checkable
 class VisionAdapter(Protocol):
-    """Turns images into embeddings spliced into the prompt (loaded once per model)."""
+    """Turns images into embeddings spliced into the prompt (one per loaded model).
 
-    def splice(self, prompt_ids: Sequence[int], images: Sequence[Any]) -> Any: ...
+    ``splice(prompt_ids, images)`` is called per request, on the engine's worker thread
+    (between decode steps), with the templated prompt ids (one placeholder id where the chat
+    template put each image) and the decoded images in prompt order, each an RGB
+    :class:`PIL.Image.Image` with its EXIF orientation applied (:mod:`mlxrt.images`). It
+    returns a :class:`SplicedPrompt`, or raises :class:`~mlxrt.errors.InvalidRequest`
+    (placeholder count differs from the image count, an image the tower cannot take). The
+    adapter should load its tower on the first call, so text-only sessions never pay for it.
+    """
+
+    def splice(self, prompt_ids: Sequence[int], images: Sequence[Any]) -> SplicedPrompt: ...
 
 
 @runtime_checkable
@@ -324,6 +362,10 @@ class GenerationRequest:
     #: Structured output the answer must follow (a JSON schema, any JSON object, a regex or
     #: a choice list), enforced by a grammar; ``None`` leaves the text free.
     structured: StructuredOutput | None = None
+    #: The prompt with its images spliced in (``prompt_ids`` are then ``vision.ids``): the
+    #: engine prefills from ``vision.embeddings``, bypasses the prompt cache and runs the
+    #: request in the serial lane. ``None`` for text-only prompts.
+    vision: SplicedPrompt | None = attrs.field(default=None, eq=False, repr=False)
 
 
 @attrs.frozen

@@ -33,12 +33,15 @@ class ChatInput:
     :ivar tools: OpenAI function tools, or ``None``.
     :ivar template_kwargs: The client's ``chat_template_kwargs``.
     :ivar reasoning_effort: The client's ``reasoning_effort``, if given.
+    :ivar images: The messages' images in prompt order (:class:`mlxrt.images.ImageRef`); a
+        message with images has list content where each image is a ``{"type": "image"}`` part.
     """
 
     messages: tuple[Mapping[str, Any], ...]
     tools: tuple[Mapping[str, Any], ...] | None = None
     template_kwargs: Mapping[str, Any] = attrs.field(factory=dict)
     reasoning_effort: str | None = None
+    images: tuple[Any, ...] = ()
 
 
 @attrs.frozen
@@ -46,6 +49,8 @@ class RenderedPrompt:
     text: str
     ids: tuple[int, ...]
     starts_in_thinking: bool
+    #: The prompt with its images spliced in (``ids`` are then ``vision.ids``), or ``None``.
+    vision: Any = attrs.field(default=None, eq=False, repr=False)
 
 
 def render_chat(host: PluginHost, tokenizer: Any, profile: FamilyProfile, chat: ChatInput) -> RenderedPrompt:
@@ -58,6 +63,9 @@ def render_chat(host: PluginHost, tokenizer: Any, profile: FamilyProfile, chat: 
     Template errors are the client's (a message shape the template rejects): 400
     ``prompt build failed: …``.
     """
+    if chat.images and profile.vision is None:
+        where = chat.images[0].where
+        raise InvalidRequest(f"{where}: the served model has no vision input", param=where)
     plugin, family_kwargs = host.first_answer(
         "mlxrt_chat_template_kwargs", info=profile.info, request=chat, host=host
     )
@@ -83,11 +91,17 @@ def render_chat(host: PluginHost, tokenizer: Any, profile: FamilyProfile, chat: 
     # The template writes BOS itself where the model wants it; HF tokenizes templated text
     # without adding special tokens again.
     ids = tokenizer.encode(text, add_special_tokens=False)
-    return RenderedPrompt(
+    rendered = RenderedPrompt(
         text=text,
         ids=tuple(ids),
         starts_in_thinking=prompt_opens_thinking(text, profile.thinking_format),
     )
+    if chat.images:
+        from mlxrt.vision import splice_images
+
+        vision = splice_images(host, profile, rendered.ids, chat.images)
+        rendered = attrs.evolve(rendered, ids=vision.ids, vision=vision)
+    return rendered
 
 
 def thinking_switch(chat: ChatInput, options: Mapping[str, Any] | None = None,

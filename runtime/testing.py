@@ -45,6 +45,9 @@ Layout variants (`TINY_VARIANTS`: another layout of one of those model types):
                `pooling_mode_lasttoken`, `config_sentence_transformers.json` with
                the `Instruct: ...\nQuery:` prompt), EOS `<|endoftext|>`, left
                padding, and a post-processor that appends `<|endoftext|>`.
+  gemma4       Gemma4ForConditionalGeneration: the gemma4_text stack under
+               `model.language_model.` plus a vision tower and projector in the real
+               HF names (`mlxrt._tiny_gemma4_vision`).
 
 Family-loaded types (`TINY_FAMILY_TYPES`: mlx-lm cannot load them, their family plugin does):
   diffusion_gemma  DiffusionGemmaForBlockDiffusion with a tiny vision tower
@@ -74,7 +77,7 @@ __all__ = ["TINY_MODEL_TYPES", "TINY_VARIANTS", "TINY_FAMILY_TYPES", "write_tiny
 
 TINY_MODEL_TYPES: tuple[str, ...] = ("llama", "qwen3", "qwen3_5", "gemma4_text", "minicpm")
 #: Layout variants: variant -> the model_type its config.json says.
-TINY_VARIANTS: dict[str, str] = {"qwen3_embedding": "qwen3"}
+TINY_VARIANTS: dict[str, str] = {"qwen3_embedding": "qwen3", "gemma4": "gemma4"}
 #: Checkpoints mlx-lm cannot load (their family plugin does), with their own writers.
 TINY_FAMILY_TYPES: dict[str, str] = {"diffusion_gemma": "diffusion_gemma",
                                      "diffusion_gemma_no_vision": "diffusion_gemma"}
@@ -107,6 +110,11 @@ def write_tiny_checkpoint(
 
         return write_diffusion_gemma(Path(path), seed=seed, dtype=dtype, vision=model_type == "diffusion_gemma",
                                      config_overrides=config_overrides)
+    if model_type == "gemma4":  # multimodal: the gemma4_text stack plus a vision tower
+        from mlxrt._tiny_gemma4_vision import write_tiny_gemma4_vision
+
+        return write_tiny_gemma4_vision(Path(path), seed=seed, dtype=dtype, tokenizer_dir=tokenizer_dir,
+                                        config_overrides=config_overrides)
     if model_type not in TINY_MODEL_TYPES and model_type not in TINY_VARIANTS:
         raise ValueError(f"model_type must be one of {TINY_MODEL_TYPES + tuple(TINY_VARIANTS)}, "
                          f"not {model_type!r}")

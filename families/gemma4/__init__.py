@@ -6,7 +6,8 @@ answers only the behaviour hooks. Gemma 4 marks tool calls with the sentinel tok
 Their ids are looked up in the model's own tokenizer (``ModelInfo.special_tokens``), never
 hard-coded: on other tokenizers the same low ids (48/49, 100/101) are ordinary text, and a
 Gemma-typed checkpoint whose vocabulary lacks the sentinels is left to the generic tier.
-The vision tower is not built yet.
+Multimodal checkpoints (``vision_config`` of type ``gemma4_vision`` and tower weights) get a
+vision adapter (:mod:`mlxrt.families.gemma4.splice`) whose tower loads on the first image.
 """
 
 from __future__ import annotations
@@ -24,6 +25,10 @@ def _ours(info) -> bool:  # noqa: ANN001
         return True
     archs = info.config.get("architectures") or ()
     return any(isinstance(a, str) and a.startswith("Gemma4") for a in archs)
+
+
+def _model_of(host):  # noqa: ANN001, ANN202
+    return lambda: host.engine.loaded.model
 
 
 def _sentinels(info, pair: tuple[str, str]) -> bool:  # noqa: ANN001
@@ -52,3 +57,15 @@ def mlxrt_tool_stream_mode(info, has_tools):  # noqa: ANN001, ANN201
     if not (_ours(info) and _sentinels(info, TOOL_CALL)):
         return None
     return ToolStreamMode.GEMMA_SENTINEL if has_tools else ToolStreamMode.PLAIN
+
+
+@hookimpl
+def mlxrt_vision(info, host):  # noqa: ANN001, ANN201
+    vision = info.config.get("vision_config")
+    if not _ours(info) or not isinstance(vision, dict) or vision.get("model_type", "gemma4_vision") != "gemma4_vision":
+        return None
+    from mlxrt.families.gemma4.splice import Gemma4Vision, tower_files
+
+    if not tower_files(info.path):
+        return None  # a text-only conversion of a multimodal repo
+    return Gemma4Vision(info, _model_of(host))

@@ -24,6 +24,7 @@ from mlxrt.api.wire import (
     structure,
 )
 from mlxrt.errors import InvalidRequest
+from mlxrt.images import ImageRef, content_parts
 from mlxrt.plugins.anthropic.wire import (
     COUNT_RULES,
     MESSAGES_RULES,
@@ -103,7 +104,21 @@ def system_text(system: Any) -> str:
     return "\n".join(parts)
 
 
-def _message(i: int, msg: Any, out: list[dict[str, Any]]) -> None:
+def _image(block: Mapping[str, Any], where: str) -> ImageRef:
+    """An image block's ``source``: ``{"type": "base64", "media_type", "data"}`` or
+    ``{"type": "url", "url"}``; a malformed one is reported only if the model takes images."""
+    source = block.get("source")
+    kind = source.get("type") if isinstance(source, dict) else None
+    if kind == "base64" and isinstance(source.get("data"), str):
+        media = source.get("media_type")
+        return ImageRef(where=where, data=source["data"], media_type=media if isinstance(media, str) else None)
+    if kind == "url" and isinstance(source.get("url"), str):
+        return ImageRef(where=where, url=source["url"])
+    return ImageRef(where=where, error='source must be {"type": "base64", "media_type", "data"} '
+                                       'or {"type": "url", "url"}')
+
+
+def _message(i: int, msg: Any, out: list[dict[str, Any]], images: list[ImageRef] | None = None) -> None:
     where = f"messages.{i}"
     if not isinstance(msg, dict):
         raise _bad(f"{where}: must be an object", "messages")
@@ -116,7 +131,7 @@ def _message(i: int, msg: Any, out: list[dict[str, Any]]) -> None:
         return
     if not isinstance(content, list):
         raise _bad(f"{where}.content: must be a string or a list of content blocks", "messages")
-    texts: list[str] = []
+    texts: list[str | ImageRef] = []
     calls: list[dict[str, Any]] = []
     for j, block in enumerate(content):
         at = f"{where}.content.{j}"
@@ -139,13 +154,15 @@ def _message(i: int, msg: Any, out: list[dict[str, Any]]) -> None:
             out.append({"role": "tool", "tool_call_id": block["tool_use_id"],
                         "content": _flatten(block.get("content"), f"{at}.content")})
         elif kind == "image":
-            raise _bad(f"{at}: the served model has no vision input", "messages")
+            texts.append(_image(block, at))
         elif isinstance(kind, str):
             raise _bad(f"{at}.type: {kind!r} is not supported in a {role} message", "messages")
         else:
             raise _bad(f"{at}: must be an object with a type", "messages")
     if texts or calls:
-        message: dict[str, Any] = {"role": role, "content": "\n".join(texts)}
+        if images is not None:
+            images.extend(t for t in texts if isinstance(t, ImageRef))
+        message: dict[str, Any] = {"role": role, "content": content_parts(texts, "\n")}
         if calls:
             message["tool_calls"] = calls
         out.append(message)
@@ -217,8 +234,9 @@ def decode_messages(body: Mapping[str, Any], claimed: Mapping[str, type] | None 
     system = system_text(body.get("system"))
     if system:
         chat_messages.append({"role": "system", "content": system})
+    images: list[ImageRef] = []
     for i, msg in enumerate(messages):
-        _message(i, msg, chat_messages)
+        _message(i, msg, chat_messages, images)
     tools = _tools(body.get("tools"))
     choice = request.tool_choice
     forced: tuple[str, ...] = ()
@@ -234,6 +252,6 @@ def decode_messages(body: Mapping[str, Any], claimed: Mapping[str, type] | None 
             raise _bad(f"tool_choice: type {choice.type!r} needs at least one tool", "tool_choice")
         forced = tuple(names)
     chat = ChatInput(messages=tuple(chat_messages), tools=tools,
-                     reasoning_effort=reasoning_effort(request.thinking))
+                     reasoning_effort=reasoning_effort(request.thinking), images=tuple(images))
     return DecodedMessages(request=request, chat=chat, stop=tuple(s for s in stops if s), forced=forced,
                            extra=claimed_values(body, claimed), ignored=ignored, adapter=adapter_field(body))

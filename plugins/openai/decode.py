@@ -26,6 +26,7 @@ from mlxrt.api.wire import (
     structure,
 )
 from mlxrt.errors import InvalidRequest
+from mlxrt.images import ImageRef, content_parts, url_ref
 from mlxrt.plugins.openai.wire import (
     CHAT_RULES,
     COMPLETION_RULES,
@@ -153,13 +154,13 @@ def _stream_options(value: Any) -> bool:
     return bool(usage)
 
 
-def _text_of(content: Any, where: str) -> str | list[dict[str, Any]] | None:
+def _text_of(content: Any, where: str, images: list[ImageRef]) -> str | list[dict[str, Any]] | None:
     if content is None or isinstance(content, str):
         return content
     if not isinstance(content, list):
         raise InvalidRequest(f"{where}.content must be a string or an array of content parts",
                              param=f"{where}.content")
-    texts = []
+    texts: list[str | ImageRef] = []
     for j, part in enumerate(content):
         if not isinstance(part, dict) or not isinstance(part.get("type"), str):
             raise InvalidRequest(f"{where}.content[{j}] must be an object with a type", param=f"{where}.content")
@@ -167,16 +168,20 @@ def _text_of(content: Any, where: str) -> str | list[dict[str, Any]] | None:
             if not isinstance(part.get("text"), str):
                 raise InvalidRequest(f"{where}.content[{j}].text must be a string", param=f"{where}.content")
             texts.append(part["text"])
-        elif part["type"] in ("image_url", "image", "input_image"):
-            raise InvalidRequest(f"{where}.content[{j}]: the served model has no vision input",
-                                 param=f"{where}.content")
+        elif part["type"] in ("image_url", "input_image"):
+            texts.append(url_ref(part.get("image_url"), f"{where}.content[{j}]"))
+        elif part["type"] == "image":  # mlx-bun's {"type": "image", "data": <base64>}
+            texts.append(ImageRef(where=f"{where}.content[{j}]", data=part.get("data"))
+                         if isinstance(part.get("data"), str) else url_ref(part.get("image_url"),
+                                                                         f"{where}.content[{j}]"))
         else:
             raise InvalidRequest(f"{where}.content[{j}].type {part['type']!r} is not supported",
                                  param=f"{where}.content")
-    return "".join(texts)
+    images.extend(p for p in texts if isinstance(p, ImageRef))
+    return content_parts(texts)
 
 
-def _decode_message(i: int, msg: Any) -> dict[str, Any]:
+def _decode_message(i: int, msg: Any, images: list[ImageRef]) -> dict[str, Any]:
     where = f"messages[{i}]"
     if not isinstance(msg, dict):
         raise InvalidRequest(f"{where} must be an object", param="messages")
@@ -187,7 +192,7 @@ def _decode_message(i: int, msg: Any) -> dict[str, Any]:
         raise InvalidRequest(f"{where}.role {role!r} is not one of {', '.join(sorted(ROLES))}",
                              param=f"{where}.role")
     out: dict[str, Any] = {"role": "system" if role == "developer" else role,
-                           "content": _text_of(msg.get("content"), where)}
+                           "content": _text_of(msg.get("content"), where, images)}
     if out["content"] is None and role != "assistant":
         raise InvalidRequest(f"{where}.content is required for role {role!r}", param=f"{where}.content")
     if out["content"] is None:
@@ -307,7 +312,8 @@ def decode_chat(body: Mapping[str, Any], claimed: Mapping[str, type] | None = No
         raise InvalidRequest("messages must contain at least one message", param="messages")
     request, options = decode_options(body, claimed, rules=CHAT_RULES, cls=ChatCompletionRequest,
                                       strict=strict)
-    decoded = tuple(_decode_message(i, m) for i, m in enumerate(messages))
+    images: list[ImageRef] = []
+    decoded = tuple(_decode_message(i, m, images) for i, m in enumerate(messages))
     tools = _decode_tools(body.get("tools")) if body.get("tool_choice") != "none" else None
     options = attrs.evolve(options, forced_tools=_decode_tool_choice(body.get("tool_choice"), tools))
     chat = ChatInput(
@@ -315,6 +321,7 @@ def decode_chat(body: Mapping[str, Any], claimed: Mapping[str, type] | None = No
         tools=tools,
         template_kwargs=request.chat_template_kwargs or {},
         reasoning_effort=request.reasoning_effort,
+        images=tuple(images),
     )
     return DecodedChat(request=request, chat=chat, options=options)
 

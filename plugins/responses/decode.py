@@ -27,6 +27,7 @@ from mlxrt.api.wire import (
     structure,
 )
 from mlxrt.errors import InvalidRequest
+from mlxrt.images import ImageRef, content_parts, url_ref
 from mlxrt.plugins.responses.wire import RESPONSES_RULES, ResponsesRequest
 from mlxrt.records import StructuredOutput
 from mlxrt.templating import ChatInput
@@ -95,23 +96,29 @@ def input_items(value: Any) -> tuple[Mapping[str, Any], ...]:
     return tuple(items)
 
 
-def _text_of(content: Any, where: str) -> str:
+def _text_of(content: Any, where: str, images: list[ImageRef] | None = None) -> str | list[dict[str, Any]]:
     if content is None or isinstance(content, str):
         return content or ""
     if not isinstance(content, list):
         raise _bad(f"{where} must be a string or an array of content parts", "input")
-    texts = []
+    texts: list[str | ImageRef] = []
     for j, part in enumerate(content):
         kind = part.get("type") if isinstance(part, dict) else None
         if kind in _TEXT_PARTS:
             if not isinstance(part.get("text", part.get("refusal")), str):
                 raise _bad(f"{where}[{j}].text must be a string", "input")
             texts.append(part.get("text", part.get("refusal")))
-        elif kind in ("input_image", "input_file", "input_audio"):
+        elif kind == "input_image":
+            texts.append(url_ref(part.get("image_url"), f"{where}[{j}]") if part.get("image_url") is not None
+                         else ImageRef(where=f"{where}[{j}]", error="input_image needs an image_url (file_id is "
+                                                                    "not supported)"))
+        elif kind in ("input_file", "input_audio"):
             raise _bad(f"{where}[{j}]: {kind} is not supported by the served model", "input")
         else:
             raise _bad(f"{where}[{j}].type {kind!r} is not supported", "input")
-    return "".join(texts)
+    if images is not None:
+        images.extend(t for t in texts if isinstance(t, ImageRef))
+    return content_parts(texts)
 
 
 def _arguments(value: Any, where: str) -> dict[str, Any]:
@@ -140,11 +147,15 @@ def chat_input(instructions: str | None, items: Sequence[Mapping[str, Any]],
     """The chat the model sees for ``instructions`` + ``items`` (the whole conversation)."""
     system = [instructions] if instructions else []
     messages: list[dict[str, Any]] = []
+    images: list[ImageRef] = []
     for i, item in enumerate(items):
         kind = item["type"]
         if kind == "message":
-            text = _text_of(item.get("content"), f"input[{i}].content")
-            if item["role"] in ("system", "developer"):
+            system_role = item["role"] in ("system", "developer")
+            text = _text_of(item.get("content"), f"input[{i}].content", None if system_role else images)
+            if system_role:
+                if not isinstance(text, str):
+                    raise _bad(f"input[{i}].content: images go in user messages, not {item['role']} ones", "input")
                 system.append(text)
             else:
                 messages.append({"role": item["role"], "content": text})
@@ -161,7 +172,8 @@ def chat_input(instructions: str | None, items: Sequence[Mapping[str, Any]],
                              "content": _output_text(item.get("output", ""))})
     if system:
         messages.insert(0, {"role": "system", "content": "\n\n".join(system)})
-    return ChatInput(messages=tuple(messages), tools=tools, reasoning_effort=reasoning_effort)
+    return ChatInput(messages=tuple(messages), tools=tools, reasoning_effort=reasoning_effort,
+                     images=tuple(images))
 
 
 def output_as_input(output: Sequence[Mapping[str, Any]]) -> tuple[Mapping[str, Any], ...]:

@@ -40,6 +40,7 @@ from mlxrt.plugins.responses.store import DEFAULT_MAX_BYTES, DEFAULT_TTL_S, Resp
 from mlxrt.records import GenerationRequest
 from mlxrt.responses import ResponseAssembler
 from mlxrt.templating import RenderedPrompt, render_chat
+from mlxrt.vision import with_vision
 
 __all__ = ["ROUTES", "store_of"]
 
@@ -91,6 +92,7 @@ def _prepare_sync(host: Any, decoded: DecodedResponse, items: tuple[Mapping[str,
         extra=decoded.extra, forced_prefixes=forced, structured=structured,
         adapter=decoded.adapter,
     )
+    gen = with_vision(gen, rendered)
     prepare_request(host, gen)  # already on a worker thread
     return rendered, gen
 
