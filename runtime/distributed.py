@@ -1,0 +1,441 @@
+"""Serving one model across several processes or machines with ``mlx.distributed``.
+
+Every rank loads the same checkpoint and keeps its shard of it (mlx-lm's ``shard`` for
+tensor parallelism, its ``pipeline`` for pipeline parallelism). Rank 0 serves HTTP with a
+:class:`DistributedEngine`; every other rank runs :func:`follow` and never binds a port.
+All model data, and the few integers that keep the ranks in step, travel through MLX's own
+collectives (ring over TCP, MPI where installed); mlxrt adds no transport of its own.
+
+The lockstep protocol (all collectives on the engine's MLX stream, in the same order on
+every rank):
+
+* an **item** is a header ``int32[4] = [kind, max_tokens, prompt_len, 0]`` all-summed from
+  rank 0 (every other rank contributes zeros), followed for a ``JOB`` by the prompt ids as
+  ``int32[prompt_len]``. Kinds: ``HEARTBEAT`` (idle, once a second: proves the peers are
+  alive), ``JOB`` (run one generation), ``SHUTDOWN``.
+* during a job every rank runs mlx-lm's ``generate_step`` on its shard; the sampled token is
+  rank 0's, all-summed inside the step's graph (so no rank samples on its own and seeds or
+  float rounding cannot make the ranks diverge), and after each token one ``int32[1]`` says
+  whether rank 0 stops there (EOS, stop string, cancellation, timeout).
+
+A peer that dies makes the ring backend raise (``connection to a peer was lost``); a peer
+that hangs is caught by a watchdog thread when a collective has not returned within
+``--distributed-timeout``. Either way rank 0 fails its requests with 503 and ``/health``
+answers 503 from then on (the group cannot be rebuilt in-process).
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+import threading
+import time
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from mlxrt.engine import Engine, EngineConfig
+from mlxrt.errors import InvalidRequest, MlxrtError
+from mlxrt.lanes import Row, SerialLane
+
+if TYPE_CHECKING:
+    from mlxrt.host import PluginHost
+    from mlxrt.records import GenerationRequest, ModelInfo
+
+__all__ = ["DistributedSettings", "DistributedEngine", "RankLost", "Lockstep", "refusals", "start",
+           "shard_model", "follow", "make_engine"]
+
+log = logging.getLogger("mlxrt.distributed")
+
+HEARTBEAT, JOB, SHUTDOWN = 1, 2, 3
+#: Seconds between idle heartbeats.
+HEARTBEAT_EVERY = 1.0
+
+
+class RankLost(MlxrtError):
+    """A rank of the distributed group died or stopped answering (503)."""
+
+    status = 503
+    type = "service_unavailable"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, code="rank_lost")
+
+
+@attrs.frozen
+class DistributedSettings:
+    """``mlxrt serve --distributed`` settings.
+
+    :ivar pipeline: Pipeline parallel (``--pipeline``) instead of tensor parallel.
+    :ivar backend: ``mx.distributed.init``'s backend (``any``, ``ring``, ``mpi``, ...).
+    :ivar timeout: Seconds a collective may take before the peers are declared lost.
+    """
+
+    pipeline: bool = False
+    backend: str = "any"
+    timeout: float = 10.0
+
+    @classmethod
+    def from_options(cls, options: dict[str, Any]) -> DistributedSettings:
+        return cls(pipeline=bool(options.get("pipeline")), backend=options.get("distributed_backend") or "any",
+                   timeout=float(options.get("distributed_timeout") or 10.0))
+
+
+def refusals(options: dict[str, Any]) -> list[str]:
+    """Why ``options`` cannot be served distributed (empty when they can)."""
+    why = []
+    if (options.get("batch") or 1) > 1:
+        why.append("--batch > 1 (the distributed engine runs one request at a time)")
+    if options.get("adapter_path") or options.get("adapter_dir"):
+        why.append("--adapter / --adapter-dir (LoRA adapters)")
+    if options.get("kv_quant") not in (None, "off") or options.get("kv_bits") is not None:
+        why.append("--kv-quant / --kv-bits (quantized KV caches)")
+    if options.get("draft_model"):
+        why.append("--draft-model")
+    return why
+
+
+# -- model ------------------------------------------------------------------------------------
+
+
+def shard_model(model: Any, group: Any, *, pipeline: bool) -> str:
+    """Shard ``model`` in place for ``group`` with mlx-lm's own methods; the mode's name.
+
+    :raises ValueError: The architecture has no such support in mlx-lm.
+    """
+    inner = getattr(model, "model", None)
+    if pipeline:
+        if not hasattr(inner, "pipeline"):
+            raise ValueError(f"{type(model).__module__} has no pipeline support in mlx-lm; "
+                             "drop --pipeline to use tensor parallelism")
+        inner.pipeline(group)
+        return "pipeline"
+    if not hasattr(model, "shard"):
+        hint = " (try --pipeline)" if hasattr(inner, "pipeline") else ""
+        raise ValueError(f"{type(model).__module__} has no tensor-parallel support (shard) in mlx-lm{hint}")
+    model.shard(group)
+    return "tensor"
+
+
+def _place(model: Any, group: Any, settings: DistributedSettings) -> None:
+    """Shard, materialize this rank's weights, and wait for every rank to be ready."""
+    import mlx.core as mx
+
+    mode = shard_model(model, group, pipeline=settings.pipeline)
+    mx.eval(model.parameters())
+    mx.eval(mx.distributed.all_sum(mx.array(1), group=group))  # every rank has its shard
+    log.info("rank %d of %d holds its %s-parallel shard", group.rank(), group.size(), mode)
+
+
+# -- protocol ---------------------------------------------------------------------------------
+
+
+class Lockstep:
+    """The collectives that keep every rank running the same steps (see the module doc).
+
+    One instance per rank, used on the engine's worker (rank 0) or the follower loop. It
+    tracks when a blocking collective began, for the watchdog.
+    """
+
+    def __init__(self, group: Any) -> None:
+        self.group = group
+        self.leader = group.rank() == 0
+        self.busy_since: float | None = None  # a collective is in flight since then
+        self.last_beat = 0.0
+
+    def _sum(self, values: Any) -> Any:
+        import mlx.core as mx
+
+        return mx.distributed.all_sum(values, group=self.group)
+
+    def _blocking(self, values: Any) -> list[int]:
+        self.busy_since = time.monotonic()
+        try:
+            return self._sum(values).tolist()
+        finally:
+            self.busy_since = None
+
+    def send(self, kind: int, max_tokens: int = 0, prompt: tuple[int, ...] = ()) -> None:
+        """Rank 0: broadcast one item."""
+        import mlx.core as mx
+
+        self._blocking(mx.array([kind, max_tokens, len(prompt), 0], dtype=mx.int32))
+        if kind == JOB and prompt:
+            self._blocking(mx.array(list(prompt), dtype=mx.int32))
+        self.last_beat = time.monotonic()
+
+    def receive(self) -> tuple[int, int, list[int]]:
+        """Other ranks: the next item (blocks until rank 0 sends one): kind, max_tokens, prompt."""
+        import mlx.core as mx
+
+        kind, max_tokens, length, _ = self._sum(mx.zeros((4,), dtype=mx.int32)).tolist()
+        prompt = self._sum(mx.zeros((length,), dtype=mx.int32)).tolist() if kind == JOB and length else []
+        return kind, max_tokens, prompt
+
+    def sampler(self, sample: Any = None) -> Any:
+        """The sampler every rank gives ``generate_step``: rank 0's choice, all-summed."""
+        import mlx.core as mx
+
+        def shared(logprobs: Any) -> Any:
+            if sample is not None:
+                mine = sample(logprobs).astype(mx.int32)
+            else:
+                mine = mx.zeros((logprobs.shape[0],), dtype=mx.int32)
+            return self._sum(mine)
+
+        return shared
+
+    def agree(self, stop: bool) -> bool:
+        """After each token: whether rank 0 stops generating here (every rank learns it)."""
+        import mlx.core as mx
+
+        return bool(self._blocking(mx.array([1 if (stop and self.leader) else 0], dtype=mx.int32))[0])
+
+
+def _is_lost(exc: BaseException) -> bool:
+    return isinstance(exc, RuntimeError) and ("peer" in str(exc) or "[ring]" in str(exc) or "MPI" in str(exc))
+
+
+# -- rank 0 -----------------------------------------------------------------------------------
+
+
+class LockstepSerialLane(SerialLane):
+    """The serial lane, with each generation announced to the other ranks and every token
+    shared with them (see :class:`Lockstep`)."""
+
+    def __init__(self, lockstep: Lockstep, engine: DistributedEngine, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.lockstep = lockstep
+        self.engine = engine
+
+    def run(self, row: Row) -> None:
+        if self.engine.failure is not None:
+            raise RankLost(self.engine.failure)
+        try:
+            self.lockstep.send(JOB, row.request.max_tokens, row.request.prompt_ids)
+            row.sampler = self.lockstep.sampler(row.sampler)
+            super().run(row)
+        except Exception as exc:
+            # Whatever interrupted the generation, the other ranks are now somewhere else in
+            # the protocol: the group cannot be trusted any more.
+            reason = (f"a rank of the distributed group was lost: {exc}" if _is_lost(exc) else
+                      f"the ranks fell out of step: generation failed on rank 0: {type(exc).__name__}: {exc}")
+            self.engine.declare_failed(reason)
+            raise RankLost(reason) from exc
+
+    def agree(self, stop: Any) -> Any:
+        return stop if self.lockstep.agree(stop is not None) else None
+
+
+class DistributedEngine(Engine):
+    """Rank 0's engine: the serial lane, in lockstep with the other ranks.
+
+    Refused at start-up (see :func:`refusals`): batching, adapters, quantized KV caches.
+    The prompt cache is off (each rank's shard of a cache would have to be kept in step).
+    Raw forwards (:meth:`Engine.call`: embeddings, adapter mounts) are refused with 400.
+    """
+
+    def __init__(self, host: PluginHost, config: EngineConfig, group: Any, settings: DistributedSettings) -> None:
+        super().__init__(host, attrs.evolve(config, batch=1, prompt_cache_size=0))
+        self.group = group
+        self.settings = settings
+        self.lockstep = Lockstep(group)
+        #: Why the group is lost, once it is (then every request gets 503).
+        self.failure: str | None = None
+        self._failed_lock = threading.Lock()
+        self._watchdog: threading.Thread | None = None
+
+    @property
+    def unhealthy(self) -> str | None:
+        return self.failure
+
+    def load(self, info: ModelInfo) -> None:
+        super().load(info)
+        self._watchdog = threading.Thread(target=self._watch, name="mlxrt-watchdog", daemon=True)
+        self._watchdog.start()
+
+    def generate(self, request: GenerationRequest) -> Any:
+        if self.failure is not None:
+            raise RankLost(self.failure)
+        return super().generate(request)
+
+    async def call(self, fn: Any) -> Any:
+        raise InvalidRequest("not available when the model is served distributed (--distributed): only "
+                             "text generation runs across ranks; see docs/distributed.md",
+                             code="distributed_unsupported")
+
+    def stop(self) -> None:
+        if self._thread is not None and self.failure is not None:
+            # The worker may be stuck in a collective with a dead peer: do not wait long.
+            self._inbox.put(None)
+            self._thread.join(timeout=2)
+            self._thread = None
+            return
+        super().stop()
+
+    def stats(self) -> dict[str, Any]:
+        return {**super().stats(), "distributed": {
+            "ranks": self.group.size(), "mode": "pipeline" if self.settings.pipeline else "tensor",
+            "failure": self.failure}}
+
+    def declare_failed(self, reason: str) -> None:
+        """Mark the group lost and fail every waiting request (any thread; idempotent)."""
+        with self._failed_lock:
+            if self.failure is not None:
+                return
+            self.failure = reason
+        log.error("%s; failing requests with 503 until restarted", reason)
+        error = RankLost(reason)
+        for row in list(self._running):
+            row.job.deliver(error)
+        for job in list(self._waiting):
+            job.deliver(error)
+
+    # -- worker ----------------------------------------------------------------------------------
+
+    def _setup(self) -> None:
+        if self.loaded.engine != "autoregressive":
+            from mlxrt.errors import ModelLoadError
+
+            raise ModelLoadError(f"--distributed serves autoregressive models only, not {self.loaded.engine} ones")
+        _place(self.loaded.model, self.group, self.settings)
+        super()._setup()
+        if self._serial is not None:
+            serial = self._serial
+            self._serial = LockstepSerialLane(self.lockstep, self, model=serial.model, stream=serial.stream,
+                                              prefill_step_size=serial.prefill_step_size, done=serial.done,
+                                              tick=serial.tick)
+
+    def _warm_up(self) -> None:
+        """No solo warm-up: a forward on rank 0 alone would wait on the other ranks forever."""
+
+    def _loop(self) -> None:
+        from mlxrt.lanes import Job
+
+        while True:
+            if not self._take_inbox(block=True):
+                break
+            if self.failure is not None:
+                error = RankLost(self.failure)
+                while self._waiting:
+                    job: Job = self._waiting.popleft()
+                    self._dequeue(job)
+                    job.deliver(error)
+                continue
+            self._expire_waiting()
+            self._admit()
+            if self.failure is None and time.monotonic() - self.lockstep.last_beat >= HEARTBEAT_EVERY:
+                try:
+                    self.lockstep.send(HEARTBEAT)
+                except RuntimeError as exc:
+                    self.declare_failed(f"a rank of the distributed group was lost: {exc}")
+        if self.failure is None:
+            try:
+                self.lockstep.send(SHUTDOWN)
+            except RuntimeError:
+                log.warning("could not tell the other ranks to shut down", exc_info=True)
+
+    def _watch(self) -> None:
+        """Declare the group lost when a collective has not returned within the timeout."""
+        while self._thread is not None and self.failure is None:
+            since = self.lockstep.busy_since
+            if since is not None and time.monotonic() - since > self.settings.timeout:
+                self.declare_failed(f"a rank of the distributed group did not answer within "
+                                    f"{self.settings.timeout:g} s (--distributed-timeout)")
+                return
+            time.sleep(0.2)
+
+
+# -- other ranks -------------------------------------------------------------------------------
+
+
+def follow(host: PluginHost, info: ModelInfo, group: Any, settings: DistributedSettings,
+           prefill_step_size: int) -> int:
+    """A rank other than 0: load and shard the model, then run rank 0's items until it says
+    ``SHUTDOWN`` (status 0) or is lost (status 1)."""
+    import mlx.core as mx
+    from mlx_lm.generate import generate_step
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from mlxrt.loading import load_model
+
+    stream = mx.new_stream(mx.default_device())
+    lockstep = Lockstep(group)
+    status = 0
+    with mx.stream(stream):
+        loaded, _profile = load_model(info, host)
+        _place(loaded.model, group, settings)
+        if loaded.engine == "autoregressive":
+            from mlxrt.memory import measure_kv
+
+            # Rank 0's engine measures the KV cost with one forward as it sets up (Engine._setup);
+            # the sharded forward has collectives, so every rank must run that forward too.
+            try:
+                measure_kv(loaded.model)
+            except Exception:  # as the engine does: a model outside mlx-lm's cache protocol
+                log.debug("could not measure KV cost", exc_info=True)
+        sampler = lockstep.sampler()
+        try:
+            while True:
+                kind, max_tokens, prompt = lockstep.receive()
+                if kind == SHUTDOWN:
+                    log.info("rank %d: shutdown from rank 0", group.rank())
+                    break
+                if kind != JOB or max_tokens <= 0:
+                    continue
+                steps = generate_step(mx.array(prompt), loaded.model, max_tokens=max_tokens, sampler=sampler,
+                                      prompt_cache=make_prompt_cache(loaded.model),
+                                      prefill_step_size=prefill_step_size, stream=stream)
+                for _token, _logprobs in steps:
+                    if lockstep.agree(False):
+                        break
+        except RuntimeError as exc:
+            log.error("rank %d: lost rank 0 or a peer: %s", group.rank(), exc)
+            status = 1
+        mx.synchronize(stream)
+    mx.clear_streams()
+    return status
+
+
+# -- start-up ---------------------------------------------------------------------------------
+
+
+def _join(settings: DistributedSettings) -> Any:
+    import mlx.core as mx
+
+    try:
+        group = mx.distributed.init(strict=True, backend=settings.backend)
+    except RuntimeError as exc:
+        raise ValueError(f"cannot join an mlx.distributed group ({settings.backend} backend): {exc}. Start "
+                         "every rank with mlx.launch or `mlxrt launch` (docs/distributed.md)") from None
+    if group.size() < 2:
+        raise ValueError("--distributed: the group has one rank; start the ranks with mlx.launch or "
+                         "`mlxrt launch --hosts h1,h2 -- serve MODEL ...`")
+    return group
+
+
+def make_engine(host: PluginHost, config: EngineConfig, opts: dict[str, Any]) -> DistributedEngine:
+    """Rank 0's engine for ``mlxrt serve --distributed`` (after :func:`start`)."""
+    settings = DistributedSettings.from_options(opts)
+    return DistributedEngine(host, config, _join(settings), settings)
+
+
+def start(host: PluginHost, model: str | None, opts: dict[str, Any]) -> Any:
+    """``mlxrt serve --distributed``: join the group. On rank 0 returns the group (the caller
+    then builds a :class:`DistributedEngine` and serves HTTP); on any other rank runs
+    :func:`follow` and exits the process with its status.
+
+    :raises ValueError: Options that cannot be served distributed, or no group to join.
+    """
+    why = refusals(opts)
+    if why:
+        raise ValueError("not supported with --distributed: " + "; ".join(why) + " (docs/distributed.md)")
+    settings = DistributedSettings.from_options(opts)
+    group = _join(settings)
+    if group.rank() == 0:
+        return group
+    from mlxrt.loading import read_model_info, resolve_model
+
+    host.options.update(opts)
+    info = read_model_info(resolve_model(model, allow_download=False))
+    sys.exit(follow(host, info, group, settings, int(opts.get("prefill_step_size") or 2048)))

@@ -1,0 +1,219 @@
+"""``mlxrt serve --distributed``: two ranks on this machine over loopback (ring backend).
+
+Each test starts real processes: either through ``mlxrt launch`` (mlx.launch underneath) or
+the way mlx.launch starts a rank (``MLX_RANK`` and ``MLX_HOSTFILE`` in the environment), so
+that one rank can be killed or frozen on its own (mlx.launch would stop every rank).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import time
+
+import httpx
+import openai
+import pytest
+from support import MLXRT_BIN, ServerProcess, free_port
+
+mx = pytest.importorskip("mlx.core")
+if not mx.distributed.is_available(backend="ring"):
+    pytest.skip("this MLX build has no ring backend", allow_module_level=True)
+
+PROMPTS = ["Say something.", "Count to five"]
+MAX_TOKENS = 12
+
+
+def _client(url: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
+
+
+def _outputs(url: str) -> list[str]:
+    """Greedy answers through the openai client: chat, completions and a stream."""
+    client = _client(url)
+    out = []
+    for prompt in PROMPTS:
+        chat = client.chat.completions.create(model="default", messages=[{"role": "user", "content": prompt}],
+                                              max_tokens=MAX_TOKENS, temperature=0)
+        msg = chat.choices[0].message
+        out.append((msg.content or "") + "|" + str(getattr(msg, "reasoning", "") or ""))
+        out.append(client.completions.create(model="default", prompt=prompt, max_tokens=MAX_TOKENS,
+                                             temperature=0).choices[0].text)
+    stream = client.completions.create(model="default", prompt=PROMPTS[0], max_tokens=MAX_TOKENS, temperature=0,
+                                       stream=True)
+    out.append("".join(chunk.choices[0].text for chunk in stream if chunk.choices))
+    return out
+
+
+def _wait_healthy(url: str, procs: list[subprocess.Popen], timeout: float = 120) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        for proc in procs:
+            if proc.poll() is not None:
+                raise RuntimeError(f"a rank exited {proc.returncode}:\n{proc.stdout.read()}")
+        try:
+            if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                return
+        except httpx.HTTPError:
+            pass
+        time.sleep(0.25)
+    raise TimeoutError("the distributed server did not become healthy")
+
+
+def _listening(port: int) -> bool:
+    with socket.socket() as s:
+        s.settimeout(0.5)
+        return s.connect_ex(("127.0.0.1", port)) == 0
+
+
+class Ranks:
+    """Two ``mlxrt serve --distributed`` ranks started as mlx.launch would start them."""
+
+    def __init__(self, tmp_path, model, extra=()):
+        self.ports = [free_port(), free_port()]  # HTTP: rank 0 binds its own; rank 1 must bind none
+        hostfile = tmp_path / "hosts.json"
+        hostfile.write_text(json.dumps([[f"127.0.0.1:{free_port()}"], [f"127.0.0.1:{free_port()}"]]))
+        self.url = f"http://127.0.0.1:{self.ports[0]}"
+        self.procs = [
+            subprocess.Popen([MLXRT_BIN, "serve", str(model), "--distributed", "--port", str(self.ports[rank]),
+                              *extra],
+                             env={**os.environ, "MLX_RANK": str(rank), "MLX_HOSTFILE": str(hostfile)},
+                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd="/")
+            for rank in (0, 1)
+        ]
+        try:
+            _wait_healthy(self.url, self.procs)
+        except BaseException:
+            self.stop()
+            raise
+
+    def stop(self) -> None:
+        for proc in reversed(self.procs):
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait(timeout=10)
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory):
+    # qwen3_5: mlx-lm has both shard() and pipeline() for it; 4 layers, heads divisible by 2.
+    from mlxrt.testing import write_tiny_checkpoint
+
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("dist") / "qwen3_5", "qwen3_5")
+
+
+@pytest.fixture(scope="module")
+def reference(model):
+    """The single-process server's greedy outputs on the same checkpoint."""
+    server = ServerProcess([str(model)])
+    try:
+        return _outputs(server.url)
+    finally:
+        server.stop()
+
+
+@pytest.fixture
+def ranks(tmp_path, model):
+    started: list[Ranks] = []
+
+    def start(*extra: str) -> Ranks:
+        started.append(Ranks(tmp_path, model, extra))
+        return started[-1]
+
+    yield start
+    for r in started:
+        r.stop()
+
+
+def test_tensor_parallel_through_mlxrt_launch_matches_single_process(model, reference):
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    proc = subprocess.Popen([MLXRT_BIN, "launch", "--hosts", "127.0.0.1,127.0.0.1", "--starting-port",
+                             str(free_port()), "--", "serve", str(model), "--port", str(port)],
+                            stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            cwd="/", start_new_session=True)
+    try:
+        _wait_healthy(url, [proc])
+        assert _outputs(url) == reference
+        stats = httpx.get(f"{url}/stats").json()
+        assert stats["engine"]["distributed"] == {"ranks": 2, "mode": "tensor", "failure": None}
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)  # the launcher and both ranks
+        try:
+            out, _ = proc.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            out, _ = proc.communicate()
+    assert "rank 1 of 2 holds its tensor-parallel shard" in out, out
+
+
+def test_pipeline_matches_single_process_and_a_killed_rank_turns_health_503(ranks, reference):
+    r = ranks("--pipeline")
+    assert _outputs(r.url) == reference
+    assert not _listening(r.ports[1]), "rank 1 must not serve HTTP"
+    stats = httpx.get(f"{r.url}/stats").json()
+    assert stats["engine"]["distributed"]["mode"] == "pipeline"
+
+    r.procs[1].kill()
+    killed = time.monotonic()
+    while httpx.get(f"{r.url}/health", timeout=5).status_code != 503:
+        assert time.monotonic() - killed < 10, "rank 0 did not notice the lost rank within 10 s"
+        time.sleep(0.2)
+    health = httpx.get(f"{r.url}/health", timeout=5)
+    assert health.json()["status"] == "unavailable" and "lost" in health.json()["error"]
+    with pytest.raises(openai.APIStatusError) as err:
+        _client(r.url).chat.completions.create(model="default", messages=[{"role": "user", "content": "hi"}],
+                                               max_tokens=4)
+    assert err.value.status_code == 503
+    assert err.value.body["code"] == "rank_lost"
+    assert r.procs[0].poll() is None, "rank 0 keeps answering (503) after losing a rank"
+
+
+def test_a_frozen_rank_fails_the_running_request_with_503_within_the_timeout(ranks):
+    r = ranks("--distributed-timeout", "2")
+    client = _client(r.url)
+    stream = client.completions.create(model="default", prompt="go", max_tokens=100000, temperature=0, stream=True)
+    chunks = iter(stream)
+    next(chunks)  # the generation is running on both ranks
+    os.kill(r.procs[1].pid, signal.SIGSTOP)  # alive but silent: no error from the socket, only silence
+    frozen = time.monotonic()
+    try:
+        with pytest.raises(openai.APIError):
+            for _ in chunks:
+                assert time.monotonic() - frozen < 15, "the stream did not fail within the timeout"
+        assert time.monotonic() - frozen < 10
+        assert httpx.get(f"{r.url}/health", timeout=5).status_code == 503
+    finally:
+        os.kill(r.procs[1].pid, signal.SIGCONT)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--distributed", "--batch", "4"], "--batch > 1"),
+    (["--distributed", "--kv-quant", "8"], "quantized KV"),
+    (["--pipeline"], "needs --distributed"),
+    (["--distributed"], "Start every rank with mlx.launch"),
+])
+def test_unsupported_combinations_are_refused_at_start_up(model, args, message):
+    done = subprocess.run([MLXRT_BIN, "serve", str(model), *args, "--port", str(free_port())],
+                          capture_output=True, text=True, timeout=60, cwd="/",
+                          env={k: v for k, v in os.environ.items() if not k.startswith("MLX_")})
+    assert done.returncode == 2, done.stderr
+    assert message in done.stderr
+
+
+def test_launch_builds_the_mlx_launch_command():
+    from mlxrt.launch import launch_command
+
+    argv = launch_command(["--", "serve", "M", "--port", "9"], hosts="10.0.0.1,10.0.0.2", hostfile=None,
+                          backend="ring", starting_port=5000, python="/venv/bin/python")
+    assert argv[argv.index("--hosts") + 1] == "10.0.0.1,10.0.0.2"
+    assert argv[argv.index("--starting-port") + 1] == "5000"
+    assert argv[argv.index("--") + 1:] == ["/venv/bin/python", "-m", "mlxrt.cli", "serve", "--distributed", "M",
+                                           "--port", "9"]
+    import click
+
+    with pytest.raises(click.UsageError):
+        launch_command(["M"], hosts=None, hostfile=None, backend="ring", starting_port=1, python="p")
