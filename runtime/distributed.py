@@ -27,6 +27,7 @@ answers 503 from then on (the group cannot be rebuilt in-process).
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 import threading
 import time
@@ -35,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from mlxrt.engine import Engine, EngineConfig
-from mlxrt.errors import InvalidRequest, MlxrtError
+from mlxrt.errors import InvalidRequest, MlxrtError, ModelLoadError
 from mlxrt.lanes import Row, SerialLane
 
 if TYPE_CHECKING:
@@ -50,6 +51,8 @@ log = logging.getLogger("mlxrt.distributed")
 HEARTBEAT, JOB, SHUTDOWN = 1, 2, 3
 #: Seconds between idle heartbeats.
 HEARTBEAT_EVERY = 1.0
+#: Seconds a rank keeps trying to reach the others at start-up.
+JOIN_WAIT = 180.0
 
 
 class RankLost(MlxrtError):
@@ -121,7 +124,10 @@ def _place(model: Any, group: Any, settings: DistributedSettings) -> None:
     """Shard, materialize this rank's weights, and wait for every rank to be ready."""
     import mlx.core as mx
 
-    mode = shard_model(model, group, pipeline=settings.pipeline)
+    try:
+        mode = shard_model(model, group, pipeline=settings.pipeline)
+    except ValueError as exc:
+        raise ModelLoadError(str(exc)) from None
     mx.eval(model.parameters())
     mx.eval(mx.distributed.all_sum(mx.array(1), group=group))  # every rank has its shard
     log.info("rank %d of %d holds its %s-parallel shard", group.rank(), group.size(), mode)
@@ -295,8 +301,6 @@ class DistributedEngine(Engine):
 
     def _setup(self) -> None:
         if self.loaded.engine != "autoregressive":
-            from mlxrt.errors import ModelLoadError
-
             raise ModelLoadError(f"--distributed serves autoregressive models only, not {self.loaded.engine} ones")
         _place(self.loaded.model, self.group, self.settings)
         super()._setup()
@@ -359,6 +363,9 @@ def follow(host: PluginHost, info: ModelInfo, group: Any, settings: DistributedS
 
     from mlxrt.loading import load_model
 
+    # Rank 0 says when to stop (SHUTDOWN); a Ctrl-C reaching every rank of a terminal must not
+    # end this one in the middle of a collective.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
     stream = mx.new_stream(mx.default_device())
     lockstep = Lockstep(group)
     status = 0
@@ -392,6 +399,9 @@ def follow(host: PluginHost, info: ModelInfo, group: Any, settings: DistributedS
         except RuntimeError as exc:
             log.error("rank %d: lost rank 0 or a peer: %s", group.rank(), exc)
             status = 1
+        except Exception:  # out of step with rank 0 from here on: leave, so that rank 0 notices
+            log.exception("rank %d: generation failed; leaving the group", group.rank())
+            status = 1
         mx.synchronize(stream)
     mx.clear_streams()
     return status
@@ -403,11 +413,19 @@ def follow(host: PluginHost, info: ModelInfo, group: Any, settings: DistributedS
 def _join(settings: DistributedSettings) -> Any:
     import mlx.core as mx
 
-    try:
-        group = mx.distributed.init(strict=True, backend=settings.backend)
-    except RuntimeError as exc:
-        raise ValueError(f"cannot join an mlx.distributed group ({settings.backend} backend): {exc}. Start "
-                         "every rank with mlx.launch or `mlxrt launch` (docs/distributed.md)") from None
+    # The ring backend gives up connecting to a peer after about 30 s, and a rank whose start-up
+    # is slower than its peers' (a loaded machine, a cold disk) can take longer: try again.
+    deadline = time.monotonic() + JOIN_WAIT
+    while True:
+        try:
+            group = mx.distributed.init(strict=True, backend=settings.backend)
+            break
+        except RuntimeError as exc:
+            if "connect" in str(exc).lower() and time.monotonic() < deadline:
+                log.info("waiting for the other ranks (%s)", exc)
+                continue
+            raise ValueError(f"cannot join an mlx.distributed group ({settings.backend} backend): {exc}. Start "
+                             "every rank with mlx.launch or `mlxrt launch` (docs/distributed.md)") from None
     if group.size() < 2:
         raise ValueError("--distributed: the group has one rank; start the ranks with mlx.launch or "
                          "`mlxrt launch --hosts h1,h2 -- serve MODEL ...`")
@@ -437,5 +455,10 @@ def start(host: PluginHost, model: str | None, opts: dict[str, Any]) -> Any:
     from mlxrt.loading import read_model_info, resolve_model
 
     host.options.update(opts)
-    info = read_model_info(resolve_model(model, allow_download=False))
-    sys.exit(follow(host, info, group, settings, int(opts.get("prefill_step_size") or 2048)))
+    try:
+        info = read_model_info(resolve_model(model, allow_download=False))
+        status = follow(host, info, group, settings, int(opts.get("prefill_step_size") or 2048))
+    except MlxrtError as exc:
+        log.error("rank %d: %s", group.rank(), exc.message)
+        status = 1
+    sys.exit(status)

@@ -31,8 +31,9 @@ def _client(url: str) -> openai.OpenAI:
     return openai.OpenAI(base_url=f"{url}/v1", api_key="unused", max_retries=0, timeout=60)
 
 
-def _outputs(url: str) -> list[str]:
-    """Greedy answers through the openai client: chat, completions and a stream."""
+def _outputs(url: str) -> tuple[list[str], list[float]]:
+    """Answers through the openai client (greedy chat, completions and a stream; seeded
+    sampling) and the sampled answer's log-probabilities."""
     client = _client(url)
     out = []
     for prompt in PROMPTS:
@@ -42,10 +43,23 @@ def _outputs(url: str) -> list[str]:
         out.append((msg.content or "") + "|" + str(getattr(msg, "reasoning", "") or ""))
         out.append(client.completions.create(model="default", prompt=prompt, max_tokens=MAX_TOKENS,
                                              temperature=0).choices[0].text)
+    # Seeded sampling with a penalty and log-probabilities: rank 0 samples, every rank follows.
+    sampled = client.chat.completions.create(model="default", messages=[{"role": "user", "content": PROMPTS[1]}],
+                                             max_tokens=MAX_TOKENS, temperature=1.0, seed=7, logprobs=True,
+                                             top_logprobs=2, extra_body={"repetition_penalty": 1.3})
+    tokens = sampled.choices[0].logprobs.content
+    out.append(str([t.token for t in tokens]))
     stream = client.completions.create(model="default", prompt=PROMPTS[0], max_tokens=MAX_TOKENS, temperature=0,
                                        stream=True)
     out.append("".join(chunk.choices[0].text for chunk in stream if chunk.choices))
-    return out
+    return out, [t.logprob for t in tokens]
+
+
+def _assert_same(outputs: tuple[list[str], list[float]], reference: tuple[list[str], list[float]]) -> None:
+    assert outputs[0] == reference[0]
+    # Tensor parallelism sums partial products in another order: the same tokens, logits
+    # equal to float rounding.
+    assert outputs[1] == pytest.approx(reference[1], abs=1e-2)
 
 
 def _wait_healthy(url: str, procs: list[subprocess.Popen], timeout: float = 120) -> None:
@@ -137,7 +151,7 @@ def test_tensor_parallel_through_mlxrt_launch_matches_single_process(model, refe
                             cwd="/", start_new_session=True)
     try:
         _wait_healthy(url, [proc])
-        assert _outputs(url) == reference
+        _assert_same(_outputs(url), reference)
         stats = httpx.get(f"{url}/stats").json()
         assert stats["engine"]["distributed"] == {"ranks": 2, "mode": "tensor", "failure": None}
     finally:
@@ -152,7 +166,7 @@ def test_tensor_parallel_through_mlxrt_launch_matches_single_process(model, refe
 
 def test_pipeline_matches_single_process_and_a_killed_rank_turns_health_503(ranks, reference):
     r = ranks("--pipeline")
-    assert _outputs(r.url) == reference
+    _assert_same(_outputs(r.url), reference)
     assert not _listening(r.ports[1]), "rank 1 must not serve HTTP"
     stats = httpx.get(f"{r.url}/stats").json()
     assert stats["engine"]["distributed"]["mode"] == "pipeline"
@@ -188,6 +202,15 @@ def test_a_frozen_rank_fails_the_running_request_with_503_within_the_timeout(ran
         assert httpx.get(f"{r.url}/health", timeout=5).status_code == 503
     finally:
         os.kill(r.procs[1].pid, signal.SIGCONT)
+
+
+def test_stopping_rank_0_stops_every_rank(ranks):
+    r = ranks()
+    assert _client(r.url).completions.create(model="default", prompt="hi", max_tokens=3).choices[0].text is not None
+    r.procs[0].send_signal(signal.SIGTERM)
+    statuses = [proc.wait(timeout=30) for proc in r.procs]
+    assert statuses == [0, 0]
+    assert "shutdown from rank 0" in r.procs[1].stdout.read()
 
 
 @pytest.mark.parametrize("args, message", [
