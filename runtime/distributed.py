@@ -43,7 +43,7 @@ if TYPE_CHECKING:
     from mlxrt.host import PluginHost
     from mlxrt.records import GenerationRequest, ModelInfo
 
-__all__ = ["DistributedSettings", "DistributedEngine", "RankLost", "Lockstep", "refusals", "start",
+__all__ = ["WorkItem", "DistributedSettings", "DistributedEngine", "RankLost", "Lockstep", "refusals", "start",
            "shard_model", "follow", "make_engine"]
 
 log = logging.getLogger("mlxrt.distributed")
@@ -96,6 +96,20 @@ def refusals(options: dict[str, Any]) -> list[str]:
     if options.get("draft_model"):
         why.append("--draft-model")
     return why
+
+
+@attrs.frozen
+class WorkItem:
+    """One item of the lockstep protocol, as every rank receives it.
+
+    :ivar kind: ``HEARTBEAT``, ``JOB`` or ``SHUTDOWN``.
+    :ivar max_tokens: A job's token limit (the ranks' ``generate_step`` ends on the same count).
+    :ivar prompt: A job's prompt ids (the whole prompt: the distributed engine has no prompt cache).
+    """
+
+    kind: int
+    max_tokens: int = 0
+    prompt: tuple[int, ...] = ()
 
 
 # -- model ------------------------------------------------------------------------------------
@@ -161,22 +175,22 @@ class Lockstep:
         finally:
             self.busy_since = None
 
-    def send(self, kind: int, max_tokens: int = 0, prompt: tuple[int, ...] = ()) -> None:
+    def send(self, item: WorkItem) -> None:
         """Rank 0: broadcast one item."""
         import mlx.core as mx
 
-        self._blocking(mx.array([kind, max_tokens, len(prompt), 0], dtype=mx.int32))
-        if kind == JOB and prompt:
-            self._blocking(mx.array(list(prompt), dtype=mx.int32))
+        self._blocking(mx.array([item.kind, item.max_tokens, len(item.prompt), 0], dtype=mx.int32))
+        if item.kind == JOB and item.prompt:
+            self._blocking(mx.array(list(item.prompt), dtype=mx.int32))
         self.last_beat = time.monotonic()
 
-    def receive(self) -> tuple[int, int, list[int]]:
-        """Other ranks: the next item (blocks until rank 0 sends one): kind, max_tokens, prompt."""
+    def receive(self) -> WorkItem:
+        """Other ranks: the next item (blocks until rank 0 sends one)."""
         import mlx.core as mx
 
         kind, max_tokens, length, _ = self._sum(mx.zeros((4,), dtype=mx.int32)).tolist()
         prompt = self._sum(mx.zeros((length,), dtype=mx.int32)).tolist() if kind == JOB and length else []
-        return kind, max_tokens, prompt
+        return WorkItem(kind, max_tokens, tuple(prompt))
 
     def sampler(self, sample: Any = None) -> Any:
         """The sampler every rank gives ``generate_step``: rank 0's choice, all-summed."""
@@ -218,7 +232,7 @@ class LockstepSerialLane(SerialLane):
         if self.engine.failure is not None:
             raise RankLost(self.engine.failure)
         try:
-            self.lockstep.send(JOB, row.request.max_tokens, row.request.prompt_ids)
+            self.lockstep.send(WorkItem(JOB, row.request.max_tokens, tuple(row.request.prompt_ids)))
             row.sampler = self.lockstep.sampler(row.sampler)
             super().run(row)
         except Exception as exc:
@@ -330,12 +344,12 @@ class DistributedEngine(Engine):
             self._admit()
             if self.failure is None and time.monotonic() - self.lockstep.last_beat >= HEARTBEAT_EVERY:
                 try:
-                    self.lockstep.send(HEARTBEAT)
+                    self.lockstep.send(WorkItem(HEARTBEAT))
                 except RuntimeError as exc:
                     self.declare_failed(f"a rank of the distributed group was lost: {exc}")
         if self.failure is None:
             try:
-                self.lockstep.send(SHUTDOWN)
+                self.lockstep.send(WorkItem(SHUTDOWN))
             except RuntimeError:
                 log.warning("could not tell the other ranks to shut down", exc_info=True)
 
@@ -384,13 +398,13 @@ def follow(host: PluginHost, info: ModelInfo, group: Any, settings: DistributedS
         sampler = lockstep.sampler()
         try:
             while True:
-                kind, max_tokens, prompt = lockstep.receive()
-                if kind == SHUTDOWN:
+                item = lockstep.receive()
+                if item.kind == SHUTDOWN:
                     log.info("rank %d: shutdown from rank 0", group.rank())
                     break
-                if kind != JOB or max_tokens <= 0:
+                if item.kind != JOB or item.max_tokens <= 0:
                     continue
-                steps = generate_step(mx.array(prompt), loaded.model, max_tokens=max_tokens, sampler=sampler,
+                steps = generate_step(mx.array(item.prompt), loaded.model, max_tokens=item.max_tokens, sampler=sampler,
                                       prompt_cache=make_prompt_cache(loaded.model),
                                       prefill_step_size=prefill_step_size, stream=stream)
                 for _token, _logprobs in steps:
