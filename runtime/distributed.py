@@ -38,6 +38,7 @@ import attrs
 from mlxrt.engine import Engine, EngineConfig
 from mlxrt.errors import InvalidRequest, MlxrtError, ModelLoadError
 from mlxrt.lanes import Row, SerialLane
+from mlxrt.records import FinishReason
 
 if TYPE_CHECKING:
     from mlxrt.host import PluginHost
@@ -153,15 +154,33 @@ def _place(model: Any, group: Any, settings: DistributedSettings) -> None:
 class Lockstep:
     """The collectives that keep every rank running the same steps (see the module doc).
 
-    One instance per rank, used on the engine's worker (rank 0) or the follower loop. It
-    tracks when a blocking collective began, for the watchdog.
+    One instance per rank, used on the engine's worker (rank 0) or the follower loop. For
+    the watchdog it keeps :attr:`waiting`: since when rank 0 has been waiting on the other
+    ranks and for how long it may: one ``timeout`` per blocking collective, per decode step
+    during a job, and per prefill chunk (plus one) until a job's first token.
     """
 
-    def __init__(self, group: Any) -> None:
+    def __init__(self, group: Any, timeout: float = 10.0) -> None:
         self.group = group
         self.leader = group.rank() == 0
-        self.busy_since: float | None = None  # a collective is in flight since then
+        self.timeout = timeout
+        #: ``(since, allowance)`` while waiting on the other ranks, else ``None``.
+        self.waiting: tuple[float, float] | None = None
+        self._in_job = False
         self.last_beat = 0.0
+
+    def overdue(self, now: float) -> bool:
+        """Whether the current wait has lasted longer than it may (the watchdog's question)."""
+        waiting = self.waiting
+        return waiting is not None and now - waiting[0] > waiting[1]
+
+    def begin_job(self, prefill_chunks: int) -> None:
+        self._in_job = True
+        self.waiting = (time.monotonic(), self.timeout * (1 + max(prefill_chunks, 0)))
+
+    def end_job(self) -> None:
+        self._in_job = False
+        self.waiting = None
 
     def _sum(self, values: Any) -> Any:
         import mlx.core as mx
@@ -169,11 +188,13 @@ class Lockstep:
         return mx.distributed.all_sum(values, group=self.group)
 
     def _blocking(self, values: Any) -> list[int]:
-        self.busy_since = time.monotonic()
+        if not self._in_job:
+            self.waiting = (time.monotonic(), self.timeout)
         try:
             return self._sum(values).tolist()
         finally:
-            self.busy_since = None
+            # In a job the clock restarts at each token: the next decode step may take a timeout.
+            self.waiting = (time.monotonic(), self.timeout) if self._in_job else None
 
     def send(self, item: WorkItem) -> None:
         """Rank 0: broadcast one item."""
@@ -227,13 +248,37 @@ class LockstepSerialLane(SerialLane):
         super().__init__(**kwargs)
         self.lockstep = lockstep
         self.engine = engine
+        self._fault: Exception | None = None  # raised by the running row's sampler chain
+        self._row: Row | None = None
+
+    def _guarded(self, fn: Any, fallback: Any) -> Any:
+        """``fn``, except that an exception is kept for :meth:`agree` (which stops every rank
+        after the current token) and ``fallback`` answers instead: a plugin's sampler or
+        processor failing must not leave the other ranks waiting for a step rank 0 never ran."""
+
+        def call(*args: Any) -> Any:
+            if self._fault is None:
+                try:
+                    return fn(*args)
+                except Exception as exc:
+                    log.exception("the sampler chain of a request failed")
+                    self._fault = exc
+            return fallback(*args)
+
+        return call
 
     def run(self, row: Row) -> None:
+        import mlx.core as mx
+
         if self.engine.failure is not None:
             raise RankLost(self.engine.failure)
+        self._fault, self._row = None, row
+        row.processors = [self._guarded(p, lambda _tokens, logits: logits) for p in row.processors]
+        sample = self._guarded(row.sampler, lambda logprobs: mx.argmax(logprobs, axis=-1))
         try:
             self.lockstep.send(WorkItem(JOB, row.request.max_tokens, tuple(row.request.prompt_ids)))
-            row.sampler = self.lockstep.sampler(row.sampler)
+            self.lockstep.begin_job(-(-len(row.request.prompt_ids) // self.prefill_step_size))
+            row.sampler = self.lockstep.sampler(sample)
             super().run(row)
         except Exception as exc:
             # Whatever interrupted the generation, the other ranks are now somewhere else in
@@ -242,9 +287,20 @@ class LockstepSerialLane(SerialLane):
                       f"the ranks fell out of step: generation failed on rank 0: {type(exc).__name__}: {exc}")
             self.engine.declare_failed(reason)
             raise RankLost(reason) from exc
+        finally:
+            self.lockstep.end_job()
 
     def agree(self, stop: Any) -> Any:
-        return stop if self.lockstep.agree(stop is not None) else None
+        failed = self._fault is not None
+        if not self.lockstep.agree(stop is not None or failed):
+            return None
+        if failed:
+            from mlxrt.errors import EngineError
+
+            if self._row is not None and self._row.error is None:
+                self._row.error = EngineError(f"generation failed: {type(self._fault).__name__}: {self._fault}")
+            return stop or FinishReason.CANCELLED
+        return stop
 
 
 class DistributedEngine(Engine):
@@ -259,7 +315,7 @@ class DistributedEngine(Engine):
         super().__init__(host, attrs.evolve(config, batch=1, prompt_cache_size=0))
         self.group = group
         self.settings = settings
-        self.lockstep = Lockstep(group)
+        self.lockstep = Lockstep(group, settings.timeout)
         #: Why the group is lost, once it is (then every request gets 503).
         self.failure: str | None = None
         self._failed_lock = threading.Lock()
@@ -356,8 +412,7 @@ class DistributedEngine(Engine):
     def _watch(self) -> None:
         """Declare the group lost when a collective has not returned within the timeout."""
         while self._thread is not None and self.failure is None:
-            since = self.lockstep.busy_since
-            if since is not None and time.monotonic() - since > self.settings.timeout:
+            if self.lockstep.overdue(time.monotonic()):
                 self.declare_failed(f"a rank of the distributed group did not answer within "
                                     f"{self.settings.timeout:g} s (--distributed-timeout)")
                 return

@@ -17,7 +17,9 @@ import time
 import httpx
 import openai
 import pytest
-from support import MLXRT_BIN, free_port
+from support import MLXRT_BIN, free_port, openai_client
+
+from mlxrt import hookimpl
 
 mx = pytest.importorskip("mlx.core")
 if not mx.distributed.is_available(backend="ring"):
@@ -266,3 +268,53 @@ def test_launch_builds_the_mlx_launch_command():
 
     with pytest.raises(click.UsageError):
         launch_command(["M"], hosts=None, hostfile=None, backend="ring", starting_port=1, python="p")
+
+
+class Exploding:
+    """Claims ``explode``: a logits processor that raises on its ``explode``-th call."""
+
+    @hookimpl
+    def mlxrt_request_fields(self, dialect):
+        return {"explode": int}
+
+    @hookimpl
+    def mlxrt_logits_processors(self, request, info, host):
+        if "explode" not in request.extra:
+            return []
+        calls = []
+
+        def processor(tokens, logits):
+            calls.append(1)
+            if len(calls) >= request.extra["explode"]:
+                raise RuntimeError("processor exploded")
+            return logits
+
+        return [processor]
+
+
+@pytest.fixture
+def one_rank(model, serve_app, monkeypatch):
+    """Rank 0's engine in this process, on a group of one (every collective is the identity):
+    the protocol's rank-0 side without a second process."""
+    import mlxrt.distributed
+
+    monkeypatch.setattr(mlxrt.distributed, "_join", lambda settings: mx.distributed.init())
+    return serve_app(model, extra=[Exploding()], options={"distributed": True})
+
+
+def test_a_failing_sampler_chain_fails_its_request_and_keeps_the_ranks_in_step(one_rank, reference):
+    client = openai_client(one_rank)
+    with pytest.raises(openai.InternalServerError, match="processor exploded") as err:
+        client.completions.create(model="default", prompt=PROMPTS[0], max_tokens=MAX_TOKENS, temperature=0,
+                                  extra_body={"explode": 3})
+    assert err.value.status_code == 500  # the request's own failure, not a lost group (503)
+    assert one_rank.get("/health").status_code == 200
+    text = client.completions.create(model="default", prompt=PROMPTS[0], max_tokens=MAX_TOKENS,
+                                     temperature=0).choices[0].text
+    assert text == reference[0][1]
+
+
+def test_raw_forwards_are_refused_with_400(one_rank):
+    resp = one_rank.post("/v1/adapters", json={"id": "a", "path": "/nowhere"})
+    assert resp.status_code == 400 and resp.json()["error"]["code"] == "distributed_unsupported"
+    assert one_rank.get("/stats").json()["engine"]["distributed"] == {"ranks": 1, "mode": "tensor", "failure": None}
