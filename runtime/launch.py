@@ -18,7 +18,7 @@ import click
 __all__ = ["register", "launch_command"]
 
 
-def launch_command(serve_args: Sequence[str], *, hosts: str | None, hostfile: str | None, backend: str,
+def launch_command(serve_args: Sequence[str], *, hosts: str | None, hostfile: str | None, backend: str | None,
                    starting_port: int, python: str, verbose: bool = False) -> list[str]:
     """The ``mlx.launch`` argv that runs ``mlxrt serve --distributed SERVE_ARGS`` on each host.
 
@@ -34,8 +34,9 @@ def launch_command(serve_args: Sequence[str], *, hosts: str | None, hostfile: st
     where = ["--hostfile", hostfile] if hostfile else ["--hosts", hosts or "127.0.0.1,127.0.0.1"]
     # The same interpreter path on every host (as mlx.launch assumes for its own --python).
     # mlx.launch's module has no __main__ guard: call its entry point (the mlx.launch script's).
-    return [python, "-c", "from mlx._distributed_utils.launch import main; main()", *where, "--backend", backend,
-            "--starting-port", str(starting_port), *(["--verbose"] if verbose else []),
+    # Without --backend, mlx.launch takes the hostfile's, else ring (nccl with CUDA).
+    return [python, "-c", "from mlx._distributed_utils.launch import main; main()", *where,
+            *(["--backend", backend] if backend else []), "--starting-port", str(starting_port), *(["--verbose"] if verbose else []),
             "--", python, "-m", "mlxrt.cli", *args]
 
 
@@ -47,8 +48,8 @@ def register(cli: click.Group) -> None:
                   help="Comma-separated IPs, one per rank, rank 0 first (default: 127.0.0.1 twice).")
     @click.option("--hostfile", default=None, type=click.Path(dir_okay=False, exists=True),
                   help="mlx.launch hostfile (JSON) instead of --hosts.")
-    @click.option("--backend", type=click.Choice(["ring", "mpi", "jaccl", "nccl"]), default="ring",
-                  show_default=True, help="mlx.distributed backend.")
+    @click.option("--backend", type=click.Choice(["ring", "mpi", "jaccl", "nccl"]), default=None,
+                  help="mlx.distributed backend (default: the hostfile's, else mlx.launch's: ring on CPU/Metal).")
     @click.option("--starting-port", type=click.IntRange(1, 65535), default=32323, show_default=True,
                   help="Ring backend: rank r listens on this port + r (one port per rank and IP).")
     @click.option("--python", default=sys.executable, show_default=True,
@@ -56,7 +57,7 @@ def register(cli: click.Group) -> None:
     @click.option("--verbose", is_flag=True, help="mlx.launch's debug output.")
     @click.option("--dry-run", is_flag=True, help="Print the mlx.launch command instead of running it.")
     @click.argument("serve_args", nargs=-1, type=click.UNPROCESSED)
-    def launch(serve_args: tuple[str, ...], hosts: str | None, hostfile: str | None, backend: str,
+    def launch(serve_args: tuple[str, ...], hosts: str | None, hostfile: str | None, backend: str | None,
                starting_port: int, python: str, verbose: bool, dry_run: bool) -> None:
         """Run `mlxrt serve --distributed …` on every host with mlx.launch.
 
