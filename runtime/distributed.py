@@ -17,6 +17,7 @@ answers 503 from then on (the group cannot be rebuilt in-process).
 from __future__ import annotations
 
 import logging
+import queue
 import signal
 import sys
 import threading
@@ -27,6 +28,7 @@ import attrs
 
 from mlxrt.engine import Engine, EngineConfig
 from mlxrt.errors import InvalidRequest, MlxrtError, ModelLoadError
+from mlxrt.lanes import Job
 from mlxrt.lockstep import (
     HEARTBEAT,
     JOB,
@@ -182,6 +184,20 @@ class DistributedEngine(Engine):
             row.job.deliver(error)
         for job in list(self._waiting):
             job.deliver(error)
+        # Submissions the worker has not taken yet (it may be stuck in a collective for good).
+        left = []
+        while True:
+            try:
+                item = self._inbox.get_nowait()
+            except queue.Empty:
+                break
+            if isinstance(item, Job):
+                self._dequeue(item)
+                item.deliver(error)
+            else:
+                left.append(item)
+        for item in left:
+            self._inbox.put(item)
 
     # -- worker ----------------------------------------------------------------------------------
 
@@ -200,8 +216,6 @@ class DistributedEngine(Engine):
         """No solo warm-up: a forward on rank 0 alone would wait on the other ranks forever."""
 
     def _loop(self) -> None:
-        from mlxrt.lanes import Job
-
         while True:
             if not self._take_inbox(block=True):
                 break

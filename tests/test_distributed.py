@@ -7,6 +7,7 @@ that one rank can be killed or frozen on its own (mlx.launch would stop every ra
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import os
 import signal
@@ -232,10 +233,16 @@ def test_a_frozen_rank_fails_the_running_request_with_503_within_the_timeout(ran
     os.kill(r.procs[1].pid, signal.SIGSTOP)  # alive but silent: no error from the socket, only silence
     frozen = time.monotonic()
     try:
-        with pytest.raises(openai.APIError):
-            for _ in chunks:
-                assert time.monotonic() - frozen < 15, "the stream did not fail within the timeout"
-        assert time.monotonic() - frozen < 10
+        # A request submitted meanwhile waits behind the stuck one: it must fail too, not hang.
+        with concurrent.futures.ThreadPoolExecutor(1) as pool:
+            queued = pool.submit(client.completions.create, model="default", prompt="next", max_tokens=4)
+            with pytest.raises(openai.APIError):
+                for _ in chunks:
+                    assert time.monotonic() - frozen < 15, "the stream did not fail within the timeout"
+            assert time.monotonic() - frozen < 10
+            with pytest.raises(openai.APIStatusError) as err:
+                queued.result(timeout=10)
+        assert err.value.status_code == 503
         assert httpx.get(f"{r.url}/health", timeout=5).status_code == 503
     finally:
         os.kill(r.procs[1].pid, signal.SIGCONT)
