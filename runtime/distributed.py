@@ -17,6 +17,7 @@ answers 503 from then on (the group cannot be rebuilt in-process).
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import signal
 import sys
@@ -43,7 +44,7 @@ if TYPE_CHECKING:
     from mlxrt.host import PluginHost
     from mlxrt.records import GenerationRequest, ModelInfo
 
-__all__ = ["DistributedSettings", "DistributedEngine", "refusals", "start", "shard_model", "follow", "make_engine"]
+__all__ = ["launched_as_rank", "DistributedSettings", "DistributedEngine", "refusals", "start", "shard_model", "follow", "make_engine"]
 
 log = logging.getLogger("mlxrt.distributed")
 
@@ -70,6 +71,19 @@ class DistributedSettings:
     def from_options(cls, options: dict[str, Any]) -> DistributedSettings:
         return cls(pipeline=bool(options.get("pipeline")), backend=options.get("distributed_backend") or "any",
                    timeout=float(options.get("distributed_timeout") or 10.0))
+
+
+def launched_as_rank(environ: Any = None) -> bool:
+    """Whether this process was started as one rank of several (by mlx.launch for the ring
+    backend, or by mpirun): then ``mlxrt serve`` serves distributed even without
+    ``--distributed``, as mlx_lm.server does."""
+    env = os.environ if environ is None else environ
+    if env.get("MLX_RANK") is not None and env.get("MLX_HOSTFILE"):
+        return True
+    try:
+        return int(env.get("OMPI_COMM_WORLD_SIZE") or env.get("PMI_SIZE") or 1) > 1
+    except ValueError:
+        return False
 
 
 def refusals(options: dict[str, Any]) -> list[str]:
@@ -130,6 +144,8 @@ class DistributedEngine(Engine):
     """
 
     def __init__(self, host: PluginHost, config: EngineConfig, group: Any, settings: DistributedSettings) -> None:
+        if config.prompt_cache_size:
+            log.info("prompt cache off: it is not kept across ranks (docs/distributed.md)")
         super().__init__(host, attrs.evolve(config, batch=1, prompt_cache_size=0))
         self.group = group
         self.settings = settings

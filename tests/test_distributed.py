@@ -89,14 +89,14 @@ def _listening(port: int) -> bool:
 class Ranks:
     """Two ``mlxrt serve --distributed`` ranks started as mlx.launch would start them."""
 
-    def __init__(self, tmp_path, model, extra=()):
+    def __init__(self, tmp_path, model, extra=(), flag=True):
         self.ports = [free_port(), free_port()]  # HTTP: rank 0 binds its own; rank 1 must bind none
         hostfile = tmp_path / "hosts.json"
         hostfile.write_text(json.dumps([[f"127.0.0.1:{free_port()}"], [f"127.0.0.1:{free_port()}"]]))
         self.url = f"http://127.0.0.1:{self.ports[0]}"
         self.procs = [
-            subprocess.Popen([MLXRT_BIN, "serve", str(model), "--distributed", "--port", str(self.ports[rank]),
-                              *extra],
+            subprocess.Popen([MLXRT_BIN, "serve", str(model), *(["--distributed"] if flag else []),
+                              "--port", str(self.ports[rank]), *extra],
                              env={**os.environ, "MLX_RANK": str(rank), "MLX_HOSTFILE": str(hostfile)},
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, cwd="/")
             for rank in (0, 1)
@@ -144,8 +144,8 @@ def reference(model):
 def ranks(tmp_path, model):
     started: list[Ranks] = []
 
-    def start(*extra: str) -> Ranks:
-        started.append(Ranks(tmp_path, model, extra))
+    def start(*extra: str, flag: bool = True) -> Ranks:
+        started.append(Ranks(tmp_path, model, extra, flag))
         return started[-1]
 
     yield start
@@ -197,7 +197,7 @@ def _rank_pid(session: int, rank: int) -> int:
 
 
 def test_pipeline_matches_single_process_and_a_killed_rank_turns_health_503(ranks, reference):
-    r = ranks("--pipeline")
+    r = ranks("--pipeline", flag=False)  # as mlx_lm.server: a rank of a launched group needs no --distributed
     _assert_same(_outputs(r.url), reference)
     assert not _listening(r.ports[1]), "rank 1 must not serve HTTP"
     stats = httpx.get(f"{r.url}/stats").json()
