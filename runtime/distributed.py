@@ -131,7 +131,10 @@ def _place(model: Any, group: Any, settings: DistributedSettings) -> None:
     except ValueError as exc:
         raise ModelLoadError(str(exc)) from None
     mx.eval(model.parameters())
-    mx.eval(mx.distributed.all_sum(mx.array(1), group=group))  # every rank has its shard
+    # Every rank has its shard; and all of them were told the same mode.
+    ranks, piped = mx.distributed.all_sum(mx.array([1, int(settings.pipeline)]), group=group).tolist()
+    if piped not in (0, ranks):
+        raise ModelLoadError(f"{piped} of {ranks} ranks were started with --pipeline: give every rank the same flags")
     log.info("rank %d of %d holds its %s-parallel shard", group.rank(), group.size(), mode)
 
 
@@ -268,8 +271,7 @@ class DistributedEngine(Engine):
 # -- other ranks -------------------------------------------------------------------------------
 
 
-def follow(host: PluginHost, info: ModelInfo, group: Any, settings: DistributedSettings,
-           prefill_step_size: int) -> int:
+def follow(host: PluginHost, info: ModelInfo, group: Any, settings: DistributedSettings) -> int:
     """A rank other than 0: load and shard the model, then run rank 0's items until it says
     ``SHUTDOWN`` (status 0) or is lost (status 1)."""
     import mlx.core as mx
@@ -285,19 +287,19 @@ def follow(host: PluginHost, info: ModelInfo, group: Any, settings: DistributedS
     lockstep = Lockstep(group)
     status = 0
     with mx.stream(stream):
-        loaded, _profile = load_model(info, host)
-        _place(loaded.model, group, settings)
-        if loaded.engine == "autoregressive":
-            from mlxrt.memory import measure_kv
-
-            # Rank 0's engine measures the KV cost with one forward as it sets up (Engine._setup);
-            # the sharded forward has collectives, so every rank must run that forward too.
-            try:
-                measure_kv(loaded.model)
-            except Exception:  # as the engine does: a model outside mlx-lm's cache protocol
-                log.debug("could not measure KV cost", exc_info=True)
-        sampler = lockstep.sampler()
         try:
+            loaded, _profile = load_model(info, host)
+            _place(loaded.model, group, settings)
+            if loaded.engine == "autoregressive":
+                from mlxrt.memory import measure_kv
+
+                # Rank 0's engine measures the KV cost with one forward as it sets up
+                # (Engine._setup); the sharded forward has collectives, so every rank runs it.
+                try:
+                    measure_kv(loaded.model)
+                except Exception:  # as the engine does: a model outside mlx-lm's cache protocol
+                    log.debug("could not measure KV cost", exc_info=True)
+            sampler = lockstep.sampler()
             while True:
                 item = lockstep.receive()
                 if item.kind == SHUTDOWN:
@@ -305,12 +307,15 @@ def follow(host: PluginHost, info: ModelInfo, group: Any, settings: DistributedS
                     break
                 if item.kind != JOB or item.max_tokens <= 0:
                     continue
-                steps = generate_step(mx.array(item.prompt), loaded.model, max_tokens=item.max_tokens, sampler=sampler,
-                                      prompt_cache=make_prompt_cache(loaded.model),
-                                      prefill_step_size=prefill_step_size, stream=stream)
+                steps = generate_step(mx.array(item.prompt), loaded.model, max_tokens=item.max_tokens,
+                                      sampler=sampler, prompt_cache=make_prompt_cache(loaded.model),
+                                      prefill_step_size=item.prefill_step_size, stream=stream)
                 for _token, _logprobs in steps:
                     if lockstep.agree(False):
                         break
+        except MlxrtError as exc:
+            log.error("rank %d: %s", group.rank(), exc.message)
+            status = 1
         except RuntimeError as exc:
             log.error("rank %d: lost rank 0 or a peer: %s", group.rank(), exc)
             status = 1
@@ -372,7 +377,7 @@ def start(host: PluginHost, model: str | None, opts: dict[str, Any]) -> Any:
     host.options.update(opts)
     try:
         info = read_model_info(resolve_model(model, allow_download=False))
-        status = follow(host, info, group, settings, int(opts.get("prefill_step_size") or 2048))
+        status = follow(host, info, group, settings)
     except MlxrtError as exc:
         log.error("rank %d: %s", group.rank(), exc.message)
         status = 1

@@ -3,7 +3,8 @@ same steps, and the serial lane that speaks it on rank 0.
 
 All collectives run on the engine's MLX stream, in the same order on every rank:
 
-* an **item** (:class:`WorkItem`) is a header ``int32[4] = [kind, max_tokens, prompt_len, 0]``
+* an **item** (:class:`WorkItem`) is a header
+  ``int32[4] = [kind, max_tokens, prompt_len, prefill_step_size]``
   all-summed from rank 0 (every other rank contributes zeros), followed for a ``JOB`` by the
   prompt ids as ``int32[prompt_len]``. Kinds: ``HEARTBEAT`` (idle, once a second: proves the
   peers are alive), ``JOB`` (run one generation), ``SHUTDOWN``.
@@ -54,6 +55,9 @@ class WorkItem:
     kind: int
     max_tokens: int = 0
     prompt: tuple[int, ...] = ()
+    #: Prompt tokens per prefill chunk (rank 0's ``--prefill-step-size``: the chunks, and so
+    #: the collectives of the prefill, must be the same on every rank).
+    prefill_step_size: int = 2048
 
 
 
@@ -106,7 +110,9 @@ class Lockstep:
         """Rank 0: broadcast one item."""
         import mlx.core as mx
 
-        self._blocking(mx.array([item.kind, item.max_tokens, len(item.prompt), 0], dtype=mx.int32))
+        limit = 2**31 - 1  # int32 on the wire; no generation gets near it
+        self._blocking(mx.array([item.kind, min(item.max_tokens, limit), len(item.prompt),
+                                 min(item.prefill_step_size, limit)], dtype=mx.int32))
         if item.kind == JOB and item.prompt:
             self._blocking(mx.array(list(item.prompt), dtype=mx.int32))
         self.last_beat = time.monotonic()
@@ -115,9 +121,9 @@ class Lockstep:
         """Other ranks: the next item (blocks until rank 0 sends one)."""
         import mlx.core as mx
 
-        kind, max_tokens, length, _ = self._sum(mx.zeros((4,), dtype=mx.int32)).tolist()
+        kind, max_tokens, length, step = self._sum(mx.zeros((4,), dtype=mx.int32)).tolist()
         prompt = self._sum(mx.zeros((length,), dtype=mx.int32)).tolist() if kind == JOB and length else []
-        return WorkItem(kind, max_tokens, tuple(prompt))
+        return WorkItem(kind, max_tokens, tuple(prompt), step)
 
     def sampler(self, sample: Any = None) -> Any:
         """The sampler every rank gives ``generate_step``: rank 0's choice, all-summed."""
@@ -180,7 +186,8 @@ class LockstepSerialLane(SerialLane):
         row.processors = [self._guarded(p, lambda _tokens, logits: logits) for p in row.processors]
         sample = self._guarded(row.sampler, lambda logprobs: mx.argmax(logprobs, axis=-1))
         try:
-            self.lockstep.send(WorkItem(JOB, row.request.max_tokens, tuple(row.request.prompt_ids)))
+            self.lockstep.send(WorkItem(JOB, row.request.max_tokens, tuple(row.request.prompt_ids),
+                                        self.prefill_step_size))
             self.lockstep.begin_job(-(-len(row.request.prompt_ids) // self.prefill_step_size))
             row.sampler = self.lockstep.sampler(sample)
             super().run(row)
