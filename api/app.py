@@ -32,7 +32,12 @@ HEALTH_BODY = b'{"status": "ok"}'
 
 
 @get("/health", summary="Liveness", tags=["server"], include_in_schema=True, opt={"public": True})
-async def health() -> Response:
+async def health(request: Request) -> Response:
+    # An engine that cannot serve any more (a distributed rank was lost) says why: 503.
+    problem = getattr(request.app.state.host.engine, "unhealthy", None)
+    if isinstance(problem, str) and problem:
+        return Response(content={"status": "unavailable", "error": problem}, status_code=503,
+                        media_type="application/json")
     # Exact bytes (with the space) as mlx-bun and mlx_lm.server clients expect.
     return Response(content=HEALTH_BODY, media_type="application/json")
 

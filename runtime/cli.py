@@ -29,7 +29,6 @@ log = logging.getLogger("mlxrt")
 _NOT_YET = {
     "draft_model": None,
     "num_draft_tokens": 3,
-    "pipeline": False,
 }
 
 
@@ -101,6 +100,19 @@ def _serve(host: PluginHost, model: str | None, opts: dict[str, Any]) -> None:
         )
     for record in host.failed():
         click.echo(f"warning: plugin {record.name} failed to load and is skipped: {record.error}", err=True)
+    if not opts.get("distributed"):
+        from mlxrt.distributed import launched_as_rank
+
+        opts["distributed"] = launched_as_rank()  # under mlx.launch / mpirun, as mlx_lm.server
+    if opts.get("pipeline") and not opts.get("distributed"):
+        raise click.UsageError("--pipeline shards the model across ranks: it needs --distributed")
+    if opts.get("distributed"):
+        from mlxrt.distributed import start
+
+        try:
+            start(host, model, opts)  # ranks other than 0 run their shard there and exit
+        except ValueError as exc:
+            raise click.UsageError(str(exc)) from None
     try:
         server = build_server(host, model, opts)
     except (ModelLoadError, PluginError) as exc:
@@ -188,7 +200,12 @@ def build_server(host: PluginHost, model: str | None, opts: dict[str, Any]) -> A
             parse_size(opts["prompt_cache_bytes"])
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--prompt-cache-bytes") from None
-    engine = Engine(host, EngineConfig.from_options(opts))
+    if opts.get("distributed"):
+        from mlxrt.distributed import make_engine
+
+        engine = make_engine(host, EngineConfig.from_options(opts), opts)
+    else:
+        engine = Engine(host, EngineConfig.from_options(opts))
     engine.load(info)
     if opts.get("chat_template"):
         engine.tokenizer.chat_template = opts["chat_template"]
@@ -321,7 +338,16 @@ def build_cli(host: PluginHost) -> click.Group:
                   callback=lambda _c, _p, v: int(v), help="Group size of quantized KV caches.")
     @click.option("--quantized-kv-start", type=click.IntRange(min=0), default=None,
                   help="Tokens after which --kv-bits quantizes the cache (default 5000, mlx_lm.server's).")
-    @click.option("--pipeline", is_flag=True, help="(mlx_lm.server flag; not implemented yet)")
+    @click.option("--distributed", is_flag=True,
+                  help="Serve one model across the ranks of an mlx.distributed group (start every rank with "
+                  "mlx.launch or `mlxrt launch`); rank 0 serves HTTP. docs/distributed.md")
+    @click.option("--pipeline", is_flag=True,
+                  help="With --distributed: pipeline parallel (layers split across ranks) instead of tensor "
+                  "parallel.")
+    @click.option("--distributed-backend", type=click.Choice(["any", "ring", "mpi", "jaccl", "nccl"]),
+                  default="any", help="mlx.distributed backend to join.")
+    @click.option("--distributed-timeout", type=click.FloatRange(min=0, min_open=True), default=10.0,
+                  help="Seconds a collective may take before the other ranks count as lost (then 503).")
     @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default=None,
                   help="Cast the weights to this dtype at load, dequantizing a quantized checkpoint. "
                   "float32 is the fast path on a Linux CPU with the system OpenBLAS (docs/performance.md).")
@@ -359,6 +385,9 @@ def build_cli(host: PluginHost) -> click.Group:
     from mlxrt.models_cli import register as register_model_commands  # get, ls, scan, rm, fit
 
     register_model_commands(cli, host)
+    from mlxrt.launch import register as register_launch
+
+    register_launch(cli)
     for _plugin, _none in host.collect("mlxrt_register_commands", cli=cli):
         pass
     return cli

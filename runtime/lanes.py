@@ -220,13 +220,17 @@ class SerialLane:
                     input_embeddings=vision.embeddings if vision is not None else None,
                 )
                 for token, logprobs in steps:
-                    stop = row.on_token(int(token), logprobs)
+                    stop = self.agree(row.on_token(int(token), logprobs))
                     self.tick(1)
                     if stop is not None:
                         reason = stop
                         break
         self.served += 1
         self.done(row, reason, cache, _cache_tokens(cache, prompt + row.generated))
+
+    def agree(self, stop: FinishReason | None) -> FinishReason | None:
+        """The decision after each token (the distributed lane shares it with the other ranks)."""
+        return stop
 
 
 class BatchLane:

@@ -225,10 +225,11 @@ def read_model_info(source: ModelSource) -> ModelInfo:
 
 
 def mlx_lm_load(info: ModelInfo, classes: tuple[type, type] | None = None, *,
-                trust_remote_code: bool = False) -> LoadedModel:
+                trust_remote_code: bool = False, lazy: bool = False) -> LoadedModel:
     """Load ``info`` with mlx-lm; ``classes=(Model, ModelArgs)`` supplies an architecture
     mlx-lm lacks (the family's own model code). ``trust_remote_code`` lets the tokenizer's
-    own code from the model folder run (``--trust-remote-code``)."""
+    own code from the model folder run (``--trust-remote-code``). ``lazy`` leaves the weights
+    unread until evaluated (``--distributed``: each rank reads only its shard)."""
     from mlx_lm.utils import load_model as _load_model
     from mlx_lm.utils import load_tokenizer
 
@@ -236,7 +237,7 @@ def mlx_lm_load(info: ModelInfo, classes: tuple[type, type] | None = None, *,
     if classes is not None:
         kwargs["get_model_classes"] = lambda config: classes  # mlx-lm passes config=
     try:
-        model, config = _load_model(info.path, **kwargs)
+        model, config = _load_model(info.path, lazy=lazy, **kwargs)
         tokenizer = load_tokenizer(info.path, {"trust_remote_code": True} if trust_remote_code else None,
                                    eos_token_ids=config.get("eos_token_id"))
     except (ValueError, FileNotFoundError, KeyError) as exc:
@@ -299,7 +300,8 @@ def load_model(info: ModelInfo, host: PluginHost) -> tuple[LoadedModel, FamilyPr
     """Load the model through the family hooks (mlx-lm when none answers) and resolve its profile."""
     plugin, loaded = host.first_answer("mlxrt_load_model", info=info, host=host)
     if loaded is None:
-        loaded = mlx_lm_load(info, trust_remote_code=bool(host.options.get("trust_remote_code")))
+        loaded = mlx_lm_load(info, trust_remote_code=bool(host.options.get("trust_remote_code")),
+                             lazy=bool(host.options.get("distributed")))
     if host.options.get("dtype"):
         cast_weights(loaded.model, host.options["dtype"], model_id=info.model_id)
     profile = resolve_profile(info, host)
