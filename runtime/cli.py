@@ -27,8 +27,6 @@ log = logging.getLogger("mlxrt")
 #: mlx_lm.server flags mlxrt accepts but does not implement yet, with the value that means
 #: "off". Any other value is refused at start-up instead of being ignored.
 _NOT_YET = {
-    "draft_model": None,
-    "num_draft_tokens": 3,
     "pipeline": False,
 }
 
@@ -112,7 +110,9 @@ def _serve(host: PluginHost, model: str | None, opts: dict[str, Any]) -> None:
     engine = host.engine
     click.echo(
         f"mlxrt {mlxrt.__version__} serving {engine.info.model_id} ({engine.info.model_type}, family "
-        f"{engine.profile.family}, {engine.lane} lane, BLAS: {current_blas()}) on "
+        f"{engine.profile.family}, {engine.lane} lane"
+        f"{f', draft model {engine.speculator.info.model_id}' if engine.speculator is not None else ''}, "
+        f"BLAS: {current_blas()}) on "
         f"http://{opts['host']}:{opts['port']}",
         err=True,
     )
@@ -278,8 +278,11 @@ def build_cli(host: PluginHost) -> click.Group:
                        "default of requests that name no adapter.")
     @click.option("--adapter-dir", multiple=True, type=click.Path(file_okay=False),
                   help="Folder of adapter folders GET /v1/adapters/available lists (repeatable).")
-    @click.option("--draft-model", default=None, help="(mlx_lm.server flag; not implemented yet)")
-    @click.option("--num-draft-tokens", type=int, default=3, help="(mlx_lm.server flag; not implemented yet)")
+    @click.option("--draft-model", default=None,
+                  help="A small model with the same tokenizer for speculative decoding (greedy output is "
+                  "unchanged). Every request then runs in the serial lane, whatever --batch says.")
+    @click.option("--num-draft-tokens", type=click.IntRange(min=0), default=3,
+                  help="Tokens the draft model proposes per step (a request's num_draft_tokens overrides it).")
     @click.option("--trust-remote-code", is_flag=True,
                   help="Allow the tokenizer's custom code from the model folder to run.")
     @click.option("--use-default-chat-template", is_flag=True,

@@ -57,6 +57,7 @@ from mlxrt.records import (
     TokenEvent,
 )
 from mlxrt.sampling import SeedSource, build_logits_processors, build_sampler, seeded
+from mlxrt.speculative import Speculator, load_speculator
 from mlxrt.stops import StopMatcher
 
 if TYPE_CHECKING:
@@ -91,6 +92,9 @@ class EngineConfig:
     :ivar adapter_dirs: Folders ``GET /v1/adapters/available`` scans (``--adapter-dir``).
     :ivar kv_quant: ``off``, ``4``, ``8`` or ``None`` (the model's kv_config.json if any).
     :ivar kv_bits: mlx_lm.server's ``--kv-bits`` (from ``quantized_kv_start`` tokens).
+    :ivar draft_model: ``--draft-model``: a draft for speculative decoding (serial lane only;
+        see :mod:`mlxrt.speculative`), or ``None``.
+    :ivar num_draft_tokens: ``--num-draft-tokens``: tokens drafted per step by default.
     """
 
     batch: int = 1
@@ -107,6 +111,8 @@ class EngineConfig:
     kv_bits: int | None = None
     kv_group_size: int = 64
     quantized_kv_start: int | None = None
+    draft_model: str | None = None
+    num_draft_tokens: int = 3
 
     @classmethod
     def from_options(cls, options: dict[str, Any]) -> EngineConfig:
@@ -134,6 +140,8 @@ class EngineConfig:
             kv_bits=options.get("kv_bits"),
             kv_group_size=int(given("kv_group_size", 64)),
             quantized_kv_start=options.get("quantized_kv_start"),
+            draft_model=options.get("draft_model") or None,
+            num_draft_tokens=max(int(given("num_draft_tokens", 3)), 0),
         )
 
 
@@ -287,6 +295,7 @@ class Engine:
             dirs.append(str(Path(self.config.adapter).expanduser().parent))
         self.adapters = AdapterRegistry(dirs)
         self.kv: KVScheme | None = None
+        self.speculator: Speculator | None = None
         self._inbox: queue.Queue[Any] = queue.Queue()
         self._stream: Any = None  # the engine's MLX stream, made on the worker
         self._thread: threading.Thread | None = None
@@ -464,6 +473,7 @@ class Engine:
             "prompt_cache": {**self.prompt_cache.stats(), "last_miss": self.last_miss},
             "adapters": {"mounted": [a.id for a in self.adapters.list()], "default": list(self.adapters.default)},
             "kv_quant": self.kv.describe() if self.kv is not None else None,
+            "speculative": self.speculator.describe() if self.speculator is not None else None,
             "mlx_active_bytes": _active_memory(),
         }
 
@@ -509,7 +519,14 @@ class Engine:
         self.kv = resolve_kv_scheme(kv_quant=cfg.kv_quant, kv_bits=cfg.kv_bits, kv_group_size=cfg.kv_group_size,
                                     quantized_kv_start=cfg.quantized_kv_start,
                                     model_path=Path(self.info.path) if self.info.path else None)
-        can_batch = batchable(model) and self.kv is None
+        if cfg.draft_model:
+            if self.kv is not None:
+                from mlxrt.errors import ModelLoadError
+
+                raise ModelLoadError(f"--draft-model cannot be combined with quantized KV caches ({self.kv.source})")
+            self.speculator = load_speculator(cfg.draft_model, self.host, self.loaded, self.info,
+                                              num_draft_tokens=cfg.num_draft_tokens)
+        can_batch = batchable(model) and self.kv is None and self.speculator is None
         rows = cfg.batch if (cfg.batch > 1 and can_batch) else 1
         try:
             kv = measure_kv(model)
@@ -518,15 +535,19 @@ class Engine:
             from mlxrt.memory import KVCost
 
             kv = KVCost(0, 0)
-        self.memory = plan_memory(weight_bytes(model), kv, budget=cfg.memory_budget,
+        weights = weight_bytes(model) + (weight_bytes(self.speculator.model) if self.speculator else 0)
+        self.memory = plan_memory(weights, kv, budget=cfg.memory_budget,
                                   prompt_cache_bytes=cfg.prompt_cache_bytes, rows=rows)
         self.prompt_cache = PromptCache(max_entries=cfg.prompt_cache_size,
                                         max_bytes=self.memory.prompt_cache_bytes)
         serial_model = QuantizingModel(model, self.kv) if self.kv is not None else model
         self._serial = SerialLane(serial_model, stream=self._stream, prefill_step_size=cfg.prefill_step_size,
-                                  done=self._done, tick=self._tick)
+                                  done=self._done, tick=self._tick, speculator=self.speculator)
         if rows > 1:
             self._batch = self._new_batch_lane(rows)
+        elif cfg.batch > 1 and self.speculator is not None:
+            log.warning("--batch %d with --draft-model: speculative decoding runs one sequence at a time, so "
+                        "every request runs in the serial lane", cfg.batch)
         elif cfg.batch > 1 and self.kv is not None:
             log.warning("--batch %d: quantized KV caches (%s) cannot join a batch (mlx-lm's QuantizedKVCache "
                         "has no merge); requests run one at a time", cfg.batch, self.kv.source)

@@ -280,6 +280,9 @@ class GenerationRequest:
     #: Structured output the answer must follow (a JSON schema, any JSON object, a regex or
     #: a choice list), enforced by a grammar; ``None`` leaves the text free.
     structured: StructuredOutput | None = None
+    #: Tokens the draft model proposes per step (``--draft-model``); ``None``: the server's
+    #: ``--num-draft-tokens``; ``0``: decode without the draft. No effect without a draft.
+    num_draft_tokens: int | None = None
 
 
 @attrs.frozen

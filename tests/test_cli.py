@@ -28,8 +28,8 @@ def test_serve_help_shows_mlx_lm_flags_and_the_fallback_chain():
 
 
 def test_unimplemented_flag_is_refused_at_start(tiny_models):
-    out = run("serve", str(tiny_models("qwen3")), "--draft-model", "elsewhere")
-    assert out.returncode != 0 and "--draft-model" in out.stderr and "not implemented" in out.stderr
+    out = run("serve", str(tiny_models("qwen3")), "--pipeline")
+    assert out.returncode != 0 and "--pipeline" in out.stderr and "not implemented" in out.stderr
 
 
 def test_missing_model_is_a_clear_error(tmp_path):
