@@ -299,6 +299,12 @@ def build_cli(host: PluginHost) -> click.Group:
     @click.option("--prompt-cache-bytes", default=None,
                   help="Prompt cache size cap, e.g. 2GB or 512MiB. Default: a quarter of what the "
                   "memory budget leaves after the weights, or 2 GiB without a budget.")
+    @click.option("--prompt-cache-dir", default=None, type=click.Path(file_okay=False),
+                  help="Also keep prompt-cache entries in this folder (safetensors), restored lazily after a "
+                  "restart; entries are keyed by the model's fingerprint and the adapter set.")
+    @click.option("--prompt-cache-dir-size", type=click.FloatRange(min=0), default=10.0,
+                  help="GB (10^9 bytes) the --prompt-cache-dir folder may hold for this model; least "
+                  "recently used entries are deleted past it.")
     @click.option("--memory-budget", type=click.FloatRange(min=0, min_open=True), default=None,
                   help="GB (10^9 bytes) the model may use in all: refuse to load a model that cannot "
                   "serve in it, refuse requests that cannot fit (400), queue work that cannot fit yet.")

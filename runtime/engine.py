@@ -46,6 +46,7 @@ from mlxrt.lanes import BatchLane, Job, Row, SerialLane, batchable
 from mlxrt.loading import load_model
 from mlxrt.memory import MemoryPlan, measure_kv, plan_memory, weight_bytes
 from mlxrt.prompt_cache import PromptCache
+from mlxrt.prompt_store import open_prompt_cache
 from mlxrt.records import (
     CacheReport,
     FamilyProfile,
@@ -95,6 +96,9 @@ class EngineConfig:
     :ivar draft_model: ``--draft-model``: a draft for speculative decoding (serial lane only;
         see :mod:`mlxrt.speculative`), or ``None``.
     :ivar num_draft_tokens: ``--num-draft-tokens``: tokens drafted per step by default.
+    :ivar prompt_cache_dir: ``--prompt-cache-dir``: prompt-cache entries also kept there, restored
+        after a restart (see :mod:`mlxrt.prompt_store`), or ``None``.
+    :ivar prompt_cache_dir_bytes: ``--prompt-cache-dir-size``: bytes that folder may hold.
     """
 
     batch: int = 1
@@ -113,6 +117,8 @@ class EngineConfig:
     quantized_kv_start: int | None = None
     draft_model: str | None = None
     num_draft_tokens: int = 3
+    prompt_cache_dir: str | None = None
+    prompt_cache_dir_bytes: int = 10 * 10**9
 
     @classmethod
     def from_options(cls, options: dict[str, Any]) -> EngineConfig:
@@ -142,6 +148,8 @@ class EngineConfig:
             quantized_kv_start=options.get("quantized_kv_start"),
             draft_model=options.get("draft_model") or None,
             num_draft_tokens=max(int(given("num_draft_tokens", 3)), 0),
+            prompt_cache_dir=options.get("prompt_cache_dir") or None,
+            prompt_cache_dir_bytes=int(float(given("prompt_cache_dir_size", 10)) * 10**9),
         )
 
 
@@ -504,6 +512,7 @@ class Engine:
             finally:
                 if self._batch is not None:
                     self._batch.close()
+                self.prompt_cache.close()  # finishes the prompt-cache writes still queued
                 mx.synchronize(self._stream)
         # MLX wants each thread that made streams to destroy them before it ends (and the main
         # thread before the interpreter shuts down): left to teardown they abort the process.
@@ -538,8 +547,13 @@ class Engine:
         weights = weight_bytes(model) + (weight_bytes(self.speculator.model) if self.speculator else 0)
         self.memory = plan_memory(weights, kv, budget=cfg.memory_budget,
                                   prompt_cache_bytes=cfg.prompt_cache_bytes, rows=rows)
-        self.prompt_cache = PromptCache(max_entries=cfg.prompt_cache_size,
-                                        max_bytes=self.memory.prompt_cache_bytes)
+        spec = self.speculator
+        self.prompt_cache = open_prompt_cache(
+            cfg.prompt_cache_dir, max_entries=cfg.prompt_cache_size, max_bytes=self.memory.prompt_cache_bytes,
+            max_disk_bytes=cfg.prompt_cache_dir_bytes, model_path=self.info.path,
+            models=[model] + ([spec.model] if spec else []), dtype=self.host.options.get("dtype"),
+            kv=self.kv.describe() if self.kv is not None else None,
+            draft_path=spec.info.path if spec else None, adapters=self.adapters)
         serial_model = QuantizingModel(model, self.kv) if self.kv is not None else model
         self._serial = SerialLane(serial_model, stream=self._stream, prefill_step_size=cfg.prefill_step_size,
                                   done=self._done, tick=self._tick, speculator=self.speculator)

@@ -180,16 +180,12 @@ def load_speculator(path: str, host: Any, main: LoadedModel, main_info: ModelInf
     """
     from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
 
-    from mlxrt.loading import cast_weights, mlx_lm_load, read_model_info, resolve_model
+    from mlxrt.loading import load_weights, read_model_info, resolve_model
 
     info = read_model_info(resolve_model(path, allow_download=True))
     if info.path is not None and main_info.path is not None and info.path.resolve() == main_info.path.resolve():
         log.info("--draft-model is the served model itself: every draft is accepted (useful to measure overhead)")
-    _plugin, draft = host.first_answer("mlxrt_load_model", info=info, host=host)
-    if draft is None:
-        draft = mlx_lm_load(info, trust_remote_code=bool(host.options.get("trust_remote_code")))
-    if host.options.get("dtype"):
-        cast_weights(draft.model, host.options["dtype"], model_id=info.model_id)
+    draft, _plugin = load_weights(info, host)
     check_tokenizers(main.tokenizer, draft.tokenizer, main_id=main_info.model_id, draft_id=info.model_id)
     for name, model in ((main_info.model_id, main.model), (info.model_id, draft.model)):
         cache = make_prompt_cache(model)

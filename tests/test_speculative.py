@@ -103,3 +103,15 @@ def test_a_draft_with_another_vocabulary_is_refused_at_start(tiny_models, tmp_pa
                           "--port", "1"], capture_output=True, text=True, timeout=120)
     assert out.returncode != 0
     assert "--draft-model" in out.stderr and "tokenizer does not match" in out.stderr
+
+
+def test_a_draft_model_works_with_the_prompt_cache_on_disk(tiny_models, serve_app, draft_dir, tmp_path):
+    model, options = tiny_models("qwen3"), {"draft_model": str(draft_dir), "prompt_cache_dir": str(tmp_path)}
+    want = complete(openai_client(serve_app(model))).choices[0].text
+    first = serve_app(model, options=options)
+    assert complete(openai_client(first)).choices[0].text == want
+    first.app.state.host.engine.stop()  # finishes the write
+    second = serve_app(model, options=options)
+    again = complete(openai_client(second))  # both models' KV come back from the file
+    assert again.choices[0].text == want and cached(again) > 0
+    assert second.get("/stats").json()["engine"]["prompt_cache"]["disk"]["restored"] == 1
