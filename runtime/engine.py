@@ -504,16 +504,16 @@ class Engine:
                     self.adapters.default = (adapter_id_for(path),)
             except BaseException as exc:  # handed to the caller of load()
                 ready.set_exception(exc)
-                return
-            self._warm_up()
-            ready.set_result(None)
-            try:
-                self._loop()
-            finally:
-                if self._batch is not None:
-                    self._batch.close()
-                self.prompt_cache.close()  # finishes the prompt-cache writes still queued
-                mx.synchronize(self._stream)
+            else:
+                self._warm_up()
+                ready.set_result(None)
+                try:
+                    self._loop()
+                finally:
+                    if self._batch is not None:
+                        self._batch.close()
+                    self.prompt_cache.close()  # finishes the prompt-cache writes still queued
+                    mx.synchronize(self._stream)
         # MLX wants each thread that made streams to destroy them before it ends (and the main
         # thread before the interpreter shuts down): left to teardown they abort the process.
         mx.clear_streams()

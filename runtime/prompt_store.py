@@ -416,9 +416,14 @@ def open_prompt_cache(directory: str | None, *, max_entries: int, max_bytes: int
         return ";".join(parts)
 
     fingerprint = model_fingerprint(model_path, dtype=dtype, kv=kv, draft_path=draft_path)
-    return PersistentPromptCache(directory, fingerprint, reference=_reference_cache(models),
-                                 max_disk_bytes=max_disk_bytes, adapter_identity=identity,
-                                 check_shapes=kv is None, max_entries=max_entries, max_bytes=max_bytes)
+    try:
+        return PersistentPromptCache(directory, fingerprint, reference=_reference_cache(models),
+                                     max_disk_bytes=max_disk_bytes, adapter_identity=identity,
+                                     check_shapes=kv is None, max_entries=max_entries, max_bytes=max_bytes)
+    except OSError as exc:
+        from mlxrt.errors import ModelLoadError
+
+        raise ModelLoadError(f"--prompt-cache-dir {directory}: cannot use it: {exc.strerror or exc}") from exc
 
 
 def _reference_cache(models: Sequence[Any]) -> list[Any]:

@@ -135,3 +135,16 @@ def test_the_folder_stays_under_its_cap_and_covered_entries_are_replaced(model, 
     kept = store(model, tmp_path)
     assert kept.fetch(list(range(400, 449)) + [1]).reused == 49  # the newest survived
     assert kept.fetch(list(range(1, 50)) + [1]).reused == 0  # the oldest went first
+
+
+def test_an_unusable_folder_is_a_clear_start_up_error(tiny_models, tmp_path):
+    import subprocess
+
+    from support import MLXRT_BIN
+
+    (tmp_path / "a-file").write_text("")
+    out = subprocess.run([MLXRT_BIN, "serve", str(tiny_models("qwen3")), "--prompt-cache-dir",
+                          str(tmp_path / "a-file" / "cache"), "--port", "1"], capture_output=True, text=True,
+                         timeout=120)
+    assert out.returncode == 1 and "--prompt-cache-dir" in out.stderr and "Not a directory" in out.stderr
+    assert "Traceback" not in out.stderr and "terminate" not in out.stderr

@@ -101,8 +101,9 @@ def test_a_draft_with_another_vocabulary_is_refused_at_start(tiny_models, tmp_pa
     other = write_tiny_checkpoint(tmp_path / "llama-draft", "llama")
     out = subprocess.run([MLXRT_BIN, "serve", str(tiny_models("qwen3")), "--draft-model", str(other),
                           "--port", "1"], capture_output=True, text=True, timeout=120)
-    assert out.returncode != 0
+    assert out.returncode == 1  # not 134: a worker that failed to load must not abort the process
     assert "--draft-model" in out.stderr and "tokenizer does not match" in out.stderr
+    assert "Traceback" not in out.stderr and "terminate" not in out.stderr  # a clean exit, not an abort
 
 
 def test_a_draft_model_works_with_the_prompt_cache_on_disk(tiny_models, serve_app, draft_dir, tmp_path):
