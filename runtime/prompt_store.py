@@ -276,7 +276,7 @@ class PersistentPromptCache(PromptCache):
         arrays = {}
         # mlx-lm's layout: arrays by tree path; plain ints (a layer's offset) as 0-d arrays
         # listed under "scalars" (metadata 2.*), which load_prompt_cache turns back into ints.
-        for name, value in tree_flatten([layer.state for layer in cache]):
+        for name, value in tree_flatten([_compact_state(layer) for layer in cache]):
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 n = len([k for k in metadata if k.startswith("2.")]) // 2 + 1
                 metadata.update({f"2.{n}.0": name, f"2.{n}.1": "scalar"})
@@ -326,6 +326,17 @@ class PersistentPromptCache(PromptCache):
             while self._files and sum(f.size for f in self._files) > self.max_disk_bytes:
                 oldest = self._files.pop(0)
                 oldest.path.unlink(missing_ok=True)
+
+
+def _compact_state(layer: Any) -> Any:
+    """A layer's state for the file: a plain KV cache's buffers cut to the tokens it holds
+    (mlx-lm keeps up to 255 unused slots; ``from_state`` grows them back on the next token)."""
+    state = layer.state
+    if type(layer).__name__ == "KVCache" and isinstance(state, tuple) and len(state) == 3 \
+            and isinstance(state[2], int) and state[0] is not None:
+        keys, values, offset = state
+        return keys[..., :offset, :], values[..., :offset, :], offset
+    return state
 
 
 def _signature(layer: Any) -> list[tuple[str, tuple[int, ...]]]:
