@@ -210,7 +210,7 @@ class SerialLane:
         row.cache = None
         reason = FinishReason.LENGTH
         if row.request.max_tokens > 0:
-            drafts = spec.drafts_for(row.request, row.processors) if spec is not None else 0
+            drafts = spec.drafts_for(row.request, row.processors, row.sampler) if spec is not None else 0
             if drafts > 0:
                 steps = spec.steps(self.model, prompt[row.reused:], cache, drafts=drafts,
                                    max_tokens=row.request.max_tokens, sampler=row.sampler,

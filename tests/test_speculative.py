@@ -116,3 +116,20 @@ def test_a_draft_model_works_with_the_prompt_cache_on_disk(tiny_models, serve_ap
     again = complete(openai_client(second))  # both models' KV come back from the file
     assert again.choices[0].text == want and cached(again) > 0
     assert second.get("/stats").json()["engine"]["prompt_cache"]["disk"]["restored"] == 1
+
+
+def test_plugin_samplers_and_logits_processors_decode_without_the_draft(tiny_models, serve_app, draft_dir):
+    from support import Scripted
+
+    model = tiny_models("qwen3")
+    plain = openai_client(serve_app(model, extra=[("scripted", Scripted())]))
+    http = serve_app(model, extra=[("scripted", Scripted())], options={"draft_model": str(draft_dir)})
+    client = openai_client(http)
+    # A stateful plugin sampler: the draft's proposals must not advance it.
+    reply = complete(client, script="exactly this text")
+    assert reply.choices[0].text == "exactly this text"
+    # Penalties see the whole history only outside mlx-lm's speculative loop.
+    assert complete(client, repetition_penalty=1.5).choices[0].text == \
+        complete(plain, repetition_penalty=1.5).choices[0].text
+    spec = http.get("/stats").json()["engine"]["speculative"]
+    assert spec["requests"] == 0 and spec["requests_without_draft"] == 2
