@@ -103,6 +103,8 @@ def run_decode(model_dir: Path, drafts: dict[str, Path], args: argparse.Namespac
           f"weights {args.dtype or 'Q4_1'}")
     print(f"{'server':<14} {'draft':<10} {'decode tok/s':>13} {'acceptance':>11}")
     for server, draft, cmd in rows:
+        if args.server and server not in args.server:
+            continue
         proc, url = serve(cmd)
         try:
             complete(url, "warm up", 4)
@@ -175,6 +177,8 @@ def run_ttft(model_dir: Path, args: argparse.Namespace) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--only", choices=["decode", "ttft"], action="append")
+    parser.add_argument("--server", choices=["mlxrt", "mlx_lm.server"], action="append",
+                        help="decode rows of this server only (repeatable)")
     parser.add_argument("--max-tokens", type=int, default=64)
     parser.add_argument("--num-draft-tokens", type=int, default=3)
     parser.add_argument("--draft-layers", type=int, default=8, help="layers of the layer-skip draft")

@@ -52,6 +52,11 @@ def test_greedy_output_is_identical_with_a_draft_model(tiny_models, serve_app, d
     # Decoded without the draft (the entry's draft half is caught up), then with it from that entry.
     assert complete(client, num_draft_tokens=0).choices[0].text == want_text
     assert complete(client, num_draft_tokens=5).choices[0].text == want_text
+    # Log-probabilities come from the served model's verification forward.
+    with_lp = chat(client, logprobs=True, top_logprobs=2).choices[0].logprobs.content
+    want_lp = chat(plain, logprobs=True, top_logprobs=2).choices[0].logprobs.content
+    assert [t.token for t in with_lp] == [t.token for t in want_lp] and want_lp
+    assert [t.logprob for t in with_lp] == pytest.approx([t.logprob for t in want_lp], abs=1e-3)
     # A partial hit: the entry is trimmed to the common prefix in both halves.
     longer = complete(client, prompt=PROMPT + " more")
     assert longer.choices[0].text == complete(plain, prompt=PROMPT + " more").choices[0].text
@@ -59,7 +64,7 @@ def test_greedy_output_is_identical_with_a_draft_model(tiny_models, serve_app, d
     stats = http.get("/stats").json()["engine"]
     spec = stats["speculative"]
     assert stats["lane"] == "serial" and spec["draft_model"].endswith("qwen3-draft")
-    assert spec["requests"] == 6 and spec["requests_without_draft"] == 1 and spec["tokens"] > 0
+    assert spec["requests"] == 7 and spec["requests_without_draft"] == 1 and spec["tokens"] > 0
 
 
 def test_the_model_as_its_own_draft_accepts_every_draft_and_still_matches(tiny_models, serve_app):
