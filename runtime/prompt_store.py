@@ -34,7 +34,6 @@ import json
 import logging
 import os
 import queue
-import struct
 import threading
 import time
 from collections.abc import Callable, Hashable, Sequence
@@ -45,43 +44,24 @@ import attrs
 import numpy as np
 
 from mlxrt.prompt_cache import PromptCache, _common_prefix, _token_array
+from mlxrt.prompt_files import (
+    DTYPES,
+    compact_state,
+    fingerprint_folder,
+    host_copy,
+    model_fingerprint,
+    read_metadata,
+    signature,
+    write_safetensors,
+)
 
-__all__ = ["PersistentPromptCache", "open_prompt_cache", "fingerprint_folder", "model_fingerprint", "FORMAT"]
+__all__ = ["PersistentPromptCache", "open_prompt_cache"]
 
 log = logging.getLogger("mlxrt.prompt_store")
 
-#: Bumped when the file layout changes: files of another format are another fingerprint.
-FORMAT = 1
-_SAMPLE = 1 << 20
-_WEIGHTS = (".safetensors", ".npz", ".gguf", ".bin")
-_DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "int32": "I32", "uint32": "U32",
-           "int8": "I8", "uint8": "U8", "int16": "I16", "uint16": "U16", "int64": "I64", "uint64": "U64"}
-
-
-def fingerprint_folder(folder: str | os.PathLike) -> str:
-    """A content identity of a model or adapter folder, cheap for multi-GB weights: every JSON
-    file whole, every weight file by name, size and three 1 MiB samples (start, middle, end)."""
-    digest = hashlib.sha256()
-    root = Path(folder)
-    for path in sorted(p for p in root.iterdir() if p.is_file()):
-        if path.suffix == ".json":
-            digest.update(path.name.encode() + b"\0" + path.read_bytes())
-        elif path.suffix in _WEIGHTS:
-            size = path.stat().st_size
-            digest.update(f"{path.name}\0{size}".encode())
-            with path.open("rb") as f:
-                for at in sorted({0, max(size // 2 - _SAMPLE // 2, 0), max(size - _SAMPLE, 0)}):
-                    f.seek(at)
-                    digest.update(f.read(_SAMPLE))
-    return digest.hexdigest()
-
-
-def model_fingerprint(model_path: str | os.PathLike, *, dtype: str | None = None, kv: Any = None,
-                      draft_path: str | os.PathLike | None = None) -> str:
-    """The prompt-store folder name for a served configuration (see the module docstring)."""
-    parts = {"format": FORMAT, "model": fingerprint_folder(model_path), "dtype": dtype, "kv": kv,
-             "draft": fingerprint_folder(draft_path) if draft_path is not None else None}
-    return hashlib.sha256(json.dumps(parts, sort_keys=True).encode()).hexdigest()[:24]
+#: Host copies waiting for the writer at most; past it new entries stay in memory only, so a
+#: slow disk never piles up copies of the KV in RAM.
+MAX_PENDING = 4
 
 
 @attrs.define(eq=False)
@@ -120,7 +100,7 @@ class PersistentPromptCache(PromptCache):
         self.folder.mkdir(parents=True, exist_ok=True)
         self.max_disk_bytes = max_disk_bytes
         self._identity = adapter_identity
-        self._signature = [_signature(layer) for layer in reference] if check_shapes else None
+        self._signature = [signature(layer) for layer in reference] if check_shapes else None
         self._layers = len(reference)
         self._classes = [type(layer).__name__ for layer in reference]
         self._files: list[_File] = []
@@ -172,7 +152,7 @@ class PersistentPromptCache(PromptCache):
             stale.unlink(missing_ok=True)
         for path in sorted(self.folder.glob("*.safetensors")):
             try:
-                meta = _read_metadata(path)
+                meta = read_metadata(path)
                 if meta.get("0.mlxrt_fingerprint") != self.fingerprint:
                     raise ValueError(f"it belongs to another model (fingerprint "
                                      f"{meta.get('0.mlxrt_fingerprint')!r}, this model's is {self.fingerprint!r})")
@@ -251,8 +231,8 @@ class PersistentPromptCache(PromptCache):
             offset = getattr(layer, "offset", None)
             if isinstance(offset, int) and offset != entry.tokens.size:
                 return f"layer {i} holds {offset} tokens, the file names {entry.tokens.size}"
-            if self._signature is not None and _signature(layer) != self._signature[i]:
-                return f"layer {i}'s arrays {_signature(layer)} do not fit this model's {self._signature[i]}"
+            if self._signature is not None and signature(layer) != self._signature[i]:
+                return f"layer {i}'s arrays {signature(layer)} do not fit this model's {self._signature[i]}"
         return None
 
     # -- writing -----------------------------------------------------------------------------------
@@ -261,6 +241,9 @@ class PersistentPromptCache(PromptCache):
         from mlx.utils import tree_flatten
         from mlx_lm.models.cache import can_trim_prompt_cache
 
+        if self._queue.qsize() >= MAX_PENDING:
+            log.debug("prompt cache: %d writes pending; this entry is kept in memory only", MAX_PENDING)
+            return
         trimmable = can_trim_prompt_cache(cache)
         with self._lock:
             for old in self._files:
@@ -276,14 +259,14 @@ class PersistentPromptCache(PromptCache):
         arrays = {}
         # mlx-lm's layout: arrays by tree path; plain ints (a layer's offset) as 0-d arrays
         # listed under "scalars" (metadata 2.*), which load_prompt_cache turns back into ints.
-        for name, value in tree_flatten([_compact_state(layer) for layer in cache]):
+        for name, value in tree_flatten([compact_state(layer) for layer in cache]):
             if isinstance(value, (int, float)) and not isinstance(value, bool):
                 n = len([k for k in metadata if k.startswith("2.")]) // 2 + 1
                 metadata.update({f"2.{n}.0": name, f"2.{n}.1": "scalar"})
                 arrays[name] = ("I32", np.array(value, dtype=np.int32)) if isinstance(value, int) \
                     else ("F32", np.array(value, dtype=np.float32))
-            elif hasattr(value, "dtype") and str(value.dtype).removeprefix("mlx.core.") in _DTYPES:
-                arrays[name] = _host_copy(value)
+            elif hasattr(value, "dtype") and str(value.dtype).removeprefix("mlx.core.") in DTYPES:
+                arrays[name] = host_copy(value)
             else:
                 log.debug("prompt cache: an entry with state of type %s is kept in memory only", type(value))
                 return
@@ -300,7 +283,7 @@ class PersistentPromptCache(PromptCache):
             entry, arrays, metadata = item
             started = time.perf_counter()
             try:
-                entry.size = _write_safetensors(entry.path, arrays, metadata)
+                entry.size = write_safetensors(entry.path, arrays, metadata)
             except OSError as exc:
                 log.warning("prompt cache: cannot write %s: %s", entry.path, exc)
                 continue
@@ -326,76 +309,6 @@ class PersistentPromptCache(PromptCache):
             while self._files and sum(f.size for f in self._files) > self.max_disk_bytes:
                 oldest = self._files.pop(0)
                 oldest.path.unlink(missing_ok=True)
-
-
-def _compact_state(layer: Any) -> Any:
-    """A layer's state for the file: a plain KV cache's buffers cut to the tokens it holds
-    (mlx-lm keeps up to 255 unused slots; ``from_state`` grows them back on the next token)."""
-    state = layer.state
-    if type(layer).__name__ == "KVCache" and isinstance(state, tuple) and len(state) == 3 \
-            and isinstance(state[2], int) and state[0] is not None:
-        keys, values, offset = state
-        return keys[..., :offset, :], values[..., :offset, :], offset
-    return state
-
-
-def _signature(layer: Any) -> list[tuple[str, tuple[int, ...]]]:
-    """Each state array's dtype and shape, the token axis (-2) left out."""
-    from mlx.utils import tree_flatten
-
-    out = []
-    for _, value in tree_flatten(layer.state):
-        if not hasattr(value, "shape"):
-            continue
-        shape = tuple(value.shape)
-        out.append((str(value.dtype), shape[:-2] + shape[-1:] if len(shape) >= 3 else shape))
-    return out
-
-
-def _host_copy(value: Any) -> tuple[str, np.ndarray]:
-    """An mlx array as (safetensors dtype, numpy copy); bfloat16 travels as its raw 16 bits."""
-    import mlx.core as mx
-
-    dtype = str(value.dtype).removeprefix("mlx.core.")
-    if dtype == "bfloat16":
-        return "BF16", np.array(value.view(mx.uint16))
-    return _DTYPES[dtype], np.array(value)
-
-
-def _write_safetensors(path: Path, arrays: dict[str, tuple[str, np.ndarray]], metadata: dict[str, str]) -> int:
-    """Write a safetensors file atomically (temporary file, fsync, rename); its size."""
-    header: dict[str, Any] = {"__metadata__": metadata}
-    offset = 0
-    for name, (dtype, array) in arrays.items():
-        header[name] = {"dtype": dtype, "shape": list(array.shape), "data_offsets": [offset, offset + array.nbytes]}
-        offset += array.nbytes
-    raw = json.dumps(header, separators=(",", ":")).encode()
-    raw += b" " * (-len(raw) % 8)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    with tmp.open("wb") as f:
-        f.write(struct.pack("<Q", len(raw)) + raw)
-        for _dtype, array in arrays.values():
-            f.write(np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<"), copy=False).tobytes())
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    return 8 + len(raw) + offset
-
-
-def _read_metadata(path: Path) -> dict[str, str]:
-    """A safetensors file's ``__metadata__`` (only the header is read)."""
-    with path.open("rb") as f:
-        head = f.read(8)
-        if len(head) != 8:
-            raise ValueError("not a safetensors file (shorter than its header length)")
-        (n,) = struct.unpack("<Q", head)
-        if n > min(path.stat().st_size - 8, 100 << 20):
-            raise ValueError("not a safetensors file (bad header length)")
-        header = json.loads(f.read(n))
-    meta = header.get("__metadata__") if isinstance(header, dict) else None
-    if not isinstance(meta, dict):
-        raise ValueError("no mlxrt prompt-cache metadata")
-    return meta
 
 
 def open_prompt_cache(directory: str | None, *, max_entries: int, max_bytes: int, max_disk_bytes: int,
