@@ -8,9 +8,10 @@ Serves the embedded SmolLM2-135M-Instruct (Q4_1 GGUF, converted) and prints:
   itself: ``self`` (the model as its own draft: every draft is accepted, so this is the
   verification overhead at 100 % acceptance) and ``layers-K`` (its first K layers with its
   norm and head: a layer-skip draft, cheaper, accepted less often). Decode tokens/s is
-  (completion tokens - 1) / (time of an N-token request - time of a 1-token request), both
-  non-streamed, on prompts made unique so no prompt cache helps. mlxrt's acceptance (share
-  of tokens that came from the draft) is read from ``/stats``.
+  (completion tokens - 1) / (last text chunk - first text chunk) of a streamed greedy
+  completion (tokens from the usage chunk; median of ``--repeats``), on prompts made unique so
+  no prompt cache helps. mlxrt's acceptance (share of tokens that came from the draft) is read
+  from ``/stats``.
 - **TTFT** of a long prompt (``max_tokens=1``): cold, then after a restart with
   ``--prompt-cache-dir`` (restored from disk), then warm in memory; mlx_lm.server cold and
   warm (it has no cache on disk). Also the worker-side cost of persisting (host copy) and
@@ -70,12 +71,27 @@ def complete(url: str, prompt: str, max_tokens: int) -> tuple[float, int]:
 
 
 def decode_rate(url: str, max_tokens: int, repeats: int) -> float:
-    best = 0.0
+    """Median over ``repeats`` of (completion tokens - 1) / (last text chunk - first text chunk)
+    of a streamed greedy completion (token count from the usage chunk)."""
+    rates = []
     for _ in range(repeats):
-        one, _ = complete(url, f"[{uuid.uuid4().hex}] {STORY}", 1)
-        many, n = complete(url, f"[{uuid.uuid4().hex}] {STORY}", max_tokens)
-        best = max(best, (n - 1) / max(many - one, 1e-6))
-    return best
+        body = {"prompt": f"[{uuid.uuid4().hex}] {STORY}", "max_tokens": max_tokens, "temperature": 0,
+                "stream": True, "stream_options": {"include_usage": True}}
+        times: list[float] = []
+        tokens = 0
+        with httpx.stream("POST", f"{url}/v1/completions", json=body, timeout=900) as reply:
+            for line in reply.iter_lines():
+                if not line.startswith("data: ") or line == "data: [DONE]":
+                    continue
+                chunk = json.loads(line[6:])
+                if chunk.get("usage"):
+                    tokens = chunk["usage"]["completion_tokens"]
+                if (chunk.get("choices") or [{}])[0].get("text"):
+                    times.append(time.perf_counter())
+        if tokens > 1 and len(times) > 1:
+            rates.append((tokens - 1) / (times[-1] - times[0]))
+    rates.sort()
+    return rates[len(rates) // 2] if rates else float("nan")
 
 
 def serve(cmd: list[str]) -> tuple[subprocess.Popen, str]:
