@@ -146,6 +146,16 @@ def ttft(url: str, prompt: str) -> tuple[float, int]:
     return time.perf_counter() - t0, details.get("cached_tokens") or 0
 
 
+def ttft_twice(cmd: list[str], prompt: str) -> tuple[tuple[float, int], tuple[float, int]]:
+    """Start ``cmd``, send ``prompt`` twice (TTFT and cached tokens of each), stop it."""
+    proc, url = serve(cmd)
+    try:
+        complete(url, "warm up", 2)
+        return ttft(url, prompt), ttft(url, prompt)
+    finally:
+        stop(proc)
+
+
 def run_ttft(model_dir: Path, args: argparse.Namespace) -> None:
     prompt = long_prompt(args.prompt_words)
     folder = Path(tempfile.mkdtemp(prefix="mlxrt-prompt-store-"))
@@ -163,13 +173,7 @@ def run_ttft(model_dir: Path, args: argparse.Namespace) -> None:
     finally:
         stop(proc)
     print(f"{'mlxrt':<14} {'cold':<26} {cold:>8.3f} {0:>14} {1:>7.2f}", flush=True)
-    proc, url = serve(mlxrt)
-    try:
-        complete(url, "warm up", 2)
-        restored, hit = ttft(url, prompt)
-        warm, hit2 = ttft(url, prompt)
-    finally:
-        stop(proc)
+    (restored, hit), (warm, hit2) = ttft_twice(mlxrt, prompt)
     print(f"{'mlxrt':<14} {'after restart (from disk)':<26} {restored:>8.3f} {hit:>14} {restored / cold:>7.2f}")
     print(f"{'mlxrt':<14} {'warm (in memory)':<26} {warm:>8.3f} {hit2:>14} {warm / cold:>7.2f}")
     print(f"#   entries written: {disk['written']}, worker host copy {disk['copy_seconds'] * 1000:.1f} ms, "
@@ -177,14 +181,8 @@ def run_ttft(model_dir: Path, args: argparse.Namespace) -> None:
     shutil.rmtree(folder, ignore_errors=True)
     if args.dtype:
         return
-    proc, url = serve([sys.executable, "-m", "mlx_lm", "server", "--model", str(model_dir)])
-    try:
-        complete(url, "warm up", 2)
-        other = long_prompt(args.prompt_words)
-        lm_cold, _ = ttft(url, other)
-        lm_warm, lm_hit = ttft(url, other)
-    finally:
-        stop(proc)
+    lm_server = [sys.executable, "-m", "mlx_lm", "server", "--model", str(model_dir)]
+    (lm_cold, _), (lm_warm, lm_hit) = ttft_twice(lm_server, long_prompt(args.prompt_words))
     print(f"{'mlx_lm.server':<14} {'cold':<26} {lm_cold:>8.3f} {0:>14} {1:>7.2f}")
     print(f"{'mlx_lm.server':<14} {'warm (in memory)':<26} {lm_warm:>8.3f} {lm_hit:>14} {lm_warm / lm_cold:>7.2f}")
     print(f"{'mlx_lm.server':<14} {'after restart':<26} {'(no cache on disk: cold again)':>31}", flush=True)
