@@ -539,6 +539,9 @@ class Engine:
         rows = cfg.batch if (cfg.batch > 1 and can_batch) else 1
         try:
             kv = measure_kv(model)
+            if self.speculator is not None:  # every row keeps the draft's KV beside the model's
+                draft_kv = measure_kv(self.speculator.model)
+                kv = attrs.evolve(kv, per_token=kv.per_token + draft_kv.per_token, fixed=kv.fixed + draft_kv.fixed)
         except Exception:  # a model outside mlx-lm's cache protocol: no KV figures
             log.debug("could not measure KV cost", exc_info=True)
             from mlxrt.memory import KVCost

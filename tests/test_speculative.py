@@ -69,8 +69,13 @@ def test_greedy_output_is_identical_with_a_draft_model(tiny_models, serve_app, d
 
 def test_the_model_as_its_own_draft_accepts_every_draft_and_still_matches(tiny_models, serve_app):
     model = tiny_models("qwen3")
-    want = complete(openai_client(serve_app(model))).choices[0].text
+    alone = serve_app(model)
+    want = complete(openai_client(alone)).choices[0].text
     http = serve_app(model, options={"draft_model": str(model), "num_draft_tokens": 4, "batch": 4})
+    # Admission counts the draft's weights and KV too (here: the same model twice).
+    single, both = (c.get("/stats").json()["engine"]["admission"] for c in (alone, http))
+    assert both["weight_bytes"] == 2 * single["weight_bytes"]
+    assert both["kv_bytes_per_token"] == 2 * single["kv_bytes_per_token"] > 0
     client = openai_client(http)
     assert complete(client).choices[0].text == want
     stats = http.get("/stats").json()["engine"]
