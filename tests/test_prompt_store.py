@@ -148,3 +148,17 @@ def test_an_unusable_folder_is_a_clear_start_up_error(tiny_models, tmp_path):
                          timeout=120)
     assert out.returncode == 1 and "--prompt-cache-dir" in out.stderr and "Not a directory" in out.stderr
     assert "Traceback" not in out.stderr and "terminate" not in out.stderr
+
+
+def test_batch_lane_entries_are_persisted_and_restored(tiny_models, serve_app, tmp_path):
+    from support import openai_client
+
+    options = {"batch": 2, "prompt_cache_dir": str(tmp_path)}
+    first = serve_app(tiny_models("qwen3"), options=options)
+    prompt = "hello there " * 30
+    cold = openai_client(first).completions.create(model="m", prompt=prompt, max_tokens=8, temperature=0)
+    first.app.state.host.engine.stop()  # finishes the write
+    second = serve_app(tiny_models("qwen3"), options=options)
+    warm = openai_client(second).completions.create(model="m", prompt=prompt, max_tokens=8, temperature=0)
+    assert second.get("/stats").json()["engine"]["lane"] == "batch"
+    assert warm.choices[0].text == cold.choices[0].text and cached(warm) > 0
