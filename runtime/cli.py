@@ -24,12 +24,6 @@ __all__ = ["main", "build_cli"]
 
 log = logging.getLogger("mlxrt")
 
-#: mlx_lm.server flags mlxrt accepts but does not implement yet, with the value that means
-#: "off". Any other value is refused at start-up instead of being ignored.
-_NOT_YET = {
-    "draft_model": None,
-    "num_draft_tokens": 3,
-}
 
 
 #: Read from argv by mlxrt.blas.activate before click parses (the BLAS must load before
@@ -91,13 +85,6 @@ def _model_report(host: PluginHost, model: str) -> dict[str, Any]:
 def _serve(host: PluginHost, model: str | None, opts: dict[str, Any]) -> None:
     from mlxrt.errors import ModelLoadError, PluginError
 
-    refused = [f"--{name.replace('_', '-')}" for name, off in _NOT_YET.items()
-               if opts.get(name) not in (off, None) or (off is None and opts.get(name) is not None)]
-    if refused:
-        raise click.UsageError(
-            f"{', '.join(refused)}: accepted for mlx_lm.server compatibility but not implemented "
-            "in this mlxrt version; remove the flag"
-        )
     for record in host.failed():
         click.echo(f"warning: plugin {record.name} failed to load and is skipped: {record.error}", err=True)
     if not opts.get("distributed"):
@@ -124,7 +111,9 @@ def _serve(host: PluginHost, model: str | None, opts: dict[str, Any]) -> None:
     engine = host.engine
     click.echo(
         f"mlxrt {mlxrt.__version__} serving {engine.info.model_id} ({engine.info.model_type}, family "
-        f"{engine.profile.family}, {engine.lane} lane, BLAS: {current_blas()}) on "
+        f"{engine.profile.family}, {engine.lane} lane"
+        f"{f', draft model {engine.speculator.info.model_id}' if engine.speculator is not None else ''}, "
+        f"BLAS: {current_blas()}) on "
         f"http://{opts['host']}:{opts['port']}",
         err=True,
     )
@@ -302,8 +291,11 @@ def build_cli(host: PluginHost) -> click.Group:
                        "default of requests that name no adapter.")
     @click.option("--adapter-dir", multiple=True, type=click.Path(file_okay=False),
                   help="Folder of adapter folders GET /v1/adapters/available lists (repeatable).")
-    @click.option("--draft-model", default=None, help="(mlx_lm.server flag; not implemented yet)")
-    @click.option("--num-draft-tokens", type=int, default=3, help="(mlx_lm.server flag; not implemented yet)")
+    @click.option("--draft-model", default=None,
+                  help="A small model with the same tokenizer for speculative decoding (greedy output is "
+                  "unchanged). Every request then runs in the serial lane, whatever --batch says.")
+    @click.option("--num-draft-tokens", type=click.IntRange(min=0), default=3,
+                  help="Tokens the draft model proposes per step (a request's num_draft_tokens overrides it).")
     @click.option("--trust-remote-code", is_flag=True,
                   help="Allow the tokenizer's custom code from the model folder to run.")
     @click.option("--use-default-chat-template", is_flag=True,
@@ -320,6 +312,12 @@ def build_cli(host: PluginHost) -> click.Group:
     @click.option("--prompt-cache-bytes", default=None,
                   help="Prompt cache size cap, e.g. 2GB or 512MiB. Default: a quarter of what the "
                   "memory budget leaves after the weights, or 2 GiB without a budget.")
+    @click.option("--prompt-cache-dir", default=None, type=click.Path(file_okay=False),
+                  help="Also keep prompt-cache entries in this folder (safetensors), restored lazily after a "
+                  "restart; entries are keyed by the model's fingerprint and the adapter set.")
+    @click.option("--prompt-cache-dir-size", type=click.FloatRange(min=0), default=10.0,
+                  help="GB (10^9 bytes) the --prompt-cache-dir folder may hold for this model; least "
+                  "recently used entries are deleted past it.")
     @click.option("--memory-budget", type=click.FloatRange(min=0, min_open=True), default=None,
                   help="GB (10^9 bytes) the model may use in all: refuse to load a model that cannot "
                   "serve in it, refuse requests that cannot fit (400), queue work that cannot fit yet.")

@@ -96,7 +96,9 @@ def refusals(options: dict[str, Any]) -> list[str]:
     if options.get("kv_quant") not in (None, "off") or options.get("kv_bits") is not None:
         why.append("--kv-quant / --kv-bits (quantized KV caches)")
     if options.get("draft_model"):
-        why.append("--draft-model")
+        why.append("--draft-model (speculative decoding)")
+    if options.get("prompt_cache_dir"):
+        why.append("--prompt-cache-dir (the prompt cache is off when distributed)")
     return why
 
 

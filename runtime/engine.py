@@ -46,6 +46,7 @@ from mlxrt.lanes import BatchLane, Job, Row, SerialLane, batchable
 from mlxrt.loading import load_model
 from mlxrt.memory import MemoryPlan, measure_kv, plan_memory, weight_bytes
 from mlxrt.prompt_cache import PromptCache
+from mlxrt.prompt_store import open_prompt_cache
 from mlxrt.records import (
     CacheReport,
     FamilyProfile,
@@ -57,6 +58,7 @@ from mlxrt.records import (
     TokenEvent,
 )
 from mlxrt.sampling import SeedSource, build_logits_processors, build_sampler, seeded
+from mlxrt.speculative import Speculator, load_speculator
 from mlxrt.stops import StopMatcher
 
 if TYPE_CHECKING:
@@ -91,6 +93,12 @@ class EngineConfig:
     :ivar adapter_dirs: Folders ``GET /v1/adapters/available`` scans (``--adapter-dir``).
     :ivar kv_quant: ``off``, ``4``, ``8`` or ``None`` (the model's kv_config.json if any).
     :ivar kv_bits: mlx_lm.server's ``--kv-bits`` (from ``quantized_kv_start`` tokens).
+    :ivar draft_model: ``--draft-model``: a draft for speculative decoding (serial lane only;
+        see :mod:`mlxrt.speculative`), or ``None``.
+    :ivar num_draft_tokens: ``--num-draft-tokens``: tokens drafted per step by default.
+    :ivar prompt_cache_dir: ``--prompt-cache-dir``: prompt-cache entries also kept there, restored
+        after a restart (see :mod:`mlxrt.prompt_store`), or ``None``.
+    :ivar prompt_cache_dir_bytes: ``--prompt-cache-dir-size``: bytes that folder may hold.
     """
 
     batch: int = 1
@@ -107,6 +115,10 @@ class EngineConfig:
     kv_bits: int | None = None
     kv_group_size: int = 64
     quantized_kv_start: int | None = None
+    draft_model: str | None = None
+    num_draft_tokens: int = 3
+    prompt_cache_dir: str | None = None
+    prompt_cache_dir_bytes: int = 10 * 10**9
 
     @classmethod
     def from_options(cls, options: dict[str, Any]) -> EngineConfig:
@@ -134,6 +146,10 @@ class EngineConfig:
             kv_bits=options.get("kv_bits"),
             kv_group_size=int(given("kv_group_size", 64)),
             quantized_kv_start=options.get("quantized_kv_start"),
+            draft_model=options.get("draft_model") or None,
+            num_draft_tokens=max(int(given("num_draft_tokens", 3)), 0),
+            prompt_cache_dir=options.get("prompt_cache_dir") or None,
+            prompt_cache_dir_bytes=int(float(given("prompt_cache_dir_size", 10)) * 10**9),
         )
 
 
@@ -287,6 +303,7 @@ class Engine:
             dirs.append(str(Path(self.config.adapter).expanduser().parent))
         self.adapters = AdapterRegistry(dirs)
         self.kv: KVScheme | None = None
+        self.speculator: Speculator | None = None
         self._inbox: queue.Queue[Any] = queue.Queue()
         self._stream: Any = None  # the engine's MLX stream, made on the worker
         self._thread: threading.Thread | None = None
@@ -476,6 +493,7 @@ class Engine:
             "prompt_cache": {**self.prompt_cache.stats(), "last_miss": self.last_miss},
             "adapters": {"mounted": [a.id for a in self.adapters.list()], "default": list(self.adapters.default)},
             "kv_quant": self.kv.describe() if self.kv is not None else None,
+            "speculative": self.speculator.describe() if self.speculator is not None else None,
             "mlx_active_bytes": _active_memory(),
         }
 
@@ -498,16 +516,17 @@ class Engine:
                     self.adapters.default = (adapter_id_for(path),)
             except BaseException as exc:  # handed to the caller of load()
                 ready.set_exception(exc)
-                return
-            self._warm_up()
-            ready.set_result(None)
-            try:
-                self._loop()
-            finally:
-                self._refuse_pending_calls()
-                if self._batch is not None:
-                    self._batch.close()
-                mx.synchronize(self._stream)
+            else:
+                self._warm_up()
+                ready.set_result(None)
+                try:
+                    self._loop()
+                finally:
+                    self._refuse_pending_calls()
+                    if self._batch is not None:
+                        self._batch.close()
+                    self.prompt_cache.close()  # finishes the prompt-cache writes still queued
+                    mx.synchronize(self._stream)
         # MLX wants each thread that made streams to destroy them before it ends (and the main
         # thread before the interpreter shuts down): left to teardown they abort the process.
         mx.clear_streams()
@@ -529,24 +548,43 @@ class Engine:
                                     model_path=Path(self.info.path) if self.info.path else None)
         if self.kv is not None:
             self.kv.check(model)
-        can_batch = batchable(model) and self.kv is None
+        if cfg.draft_model:
+            if self.kv is not None:
+                from mlxrt.errors import ModelLoadError
+
+                raise ModelLoadError(f"--draft-model cannot be combined with quantized KV caches ({self.kv.source})")
+            self.speculator = load_speculator(cfg.draft_model, self.host, self.loaded, self.info,
+                                              num_draft_tokens=cfg.num_draft_tokens)
+        can_batch = batchable(model) and self.kv is None and self.speculator is None
         rows = cfg.batch if (cfg.batch > 1 and can_batch) else 1
         try:
             kv = measure_kv(model)
+            if self.speculator is not None:  # every row keeps the draft's KV beside the model's
+                draft_kv = measure_kv(self.speculator.model)
+                kv = attrs.evolve(kv, per_token=kv.per_token + draft_kv.per_token, fixed=kv.fixed + draft_kv.fixed)
         except Exception:  # a model outside mlx-lm's cache protocol: no KV figures
             log.debug("could not measure KV cost", exc_info=True)
             from mlxrt.memory import KVCost
 
             kv = KVCost(0, 0)
-        self.memory = plan_memory(weight_bytes(model), kv, budget=cfg.memory_budget,
+        weights = weight_bytes(model) + (weight_bytes(self.speculator.model) if self.speculator else 0)
+        self.memory = plan_memory(weights, kv, budget=cfg.memory_budget,
                                   prompt_cache_bytes=cfg.prompt_cache_bytes, rows=rows)
-        self.prompt_cache = PromptCache(max_entries=cfg.prompt_cache_size,
-                                        max_bytes=self.memory.prompt_cache_bytes)
+        spec = self.speculator
+        self.prompt_cache = open_prompt_cache(
+            cfg.prompt_cache_dir, max_entries=cfg.prompt_cache_size, max_bytes=self.memory.prompt_cache_bytes,
+            max_disk_bytes=cfg.prompt_cache_dir_bytes, model_path=self.info.path,
+            models=[model] + ([spec.model] if spec else []), dtype=self.host.options.get("dtype"),
+            kv=self.kv.describe() if self.kv is not None else None,
+            draft_path=spec.info.path if spec else None, adapters=self.adapters)
         serial_model = QuantizingModel(model, self.kv) if self.kv is not None else model
         self._serial = SerialLane(serial_model, stream=self._stream, prefill_step_size=cfg.prefill_step_size,
-                                  done=self._done, tick=self._tick)
+                                  done=self._done, tick=self._tick, speculator=self.speculator)
         if rows > 1:
             self._batch = self._new_batch_lane(rows)
+        elif cfg.batch > 1 and self.speculator is not None:
+            log.warning("--batch %d with --draft-model: speculative decoding runs one sequence at a time, so "
+                        "every request runs in the serial lane", cfg.batch)
         elif cfg.batch > 1 and self.kv is not None:
             log.warning("--batch %d: quantized KV caches (%s) cannot join a batch (mlx-lm's QuantizedKVCache "
                         "has no merge); requests run one at a time", cfg.batch, self.kv.source)

@@ -187,13 +187,15 @@ class SerialLane:
     name = "serial"
 
     def __init__(self, model: Any, *, stream: Any, prefill_step_size: int, done: Done,
-                 tick: Callable[[int], None]) -> None:
+                 tick: Callable[[int], None], speculator: Any = None) -> None:
         self.model = model
         self.stream = stream
         self.prefill_step_size = prefill_step_size
         self.done = done
         self.tick = tick
         self.served = 0
+        #: A :class:`mlxrt.speculative.Speculator` (``--draft-model``): caches are combined.
+        self.speculator = speculator
 
     def run(self, row: Row) -> None:
         import mlx.core as mx
@@ -201,7 +203,11 @@ class SerialLane:
         from mlx_lm.models.cache import make_prompt_cache
 
         prompt = list(row.request.prompt_ids)
-        cache = row.cache if row.cache is not None else make_prompt_cache(self.model)
+        spec = self.speculator
+        if row.cache is not None:
+            cache = row.cache
+        else:
+            cache = spec.make_cache(self.model) if spec is not None else make_prompt_cache(self.model)
         row.cache = None
         reason = FinishReason.LENGTH
         vision = row.request.vision  # an image prompt: prefilled from its embeddings, never cached
@@ -211,22 +217,38 @@ class SerialLane:
         if vision is not None and vision.prefill is not None:  # one prefill pass, the family's masks
             step_size, scope = max(len(fed), 1), vision.prefill()
         if row.request.max_tokens > 0:
+            # a draft model proposes only for text prompts (its cache never saw the image)
+            drafts = (spec.drafts_for(row.request, row.processors, row.sampler)
+                      if spec is not None and vision is None else 0)
             with scope:
-                steps = generate_step(
-                    mx.array(fed), self.model,
-                    max_tokens=row.request.max_tokens, sampler=row.sampler,
-                    logits_processors=_with_prefix(row.processors, prompt[:row.reused]) or None,
-                    prompt_cache=cache, prefill_step_size=step_size, stream=self.stream,
-                    input_embeddings=vision.embeddings if vision is not None else None,
-                )
+                if drafts > 0:
+                    steps = spec.steps(self.model, prompt[row.reused:], cache, drafts=drafts,
+                                       max_tokens=row.request.max_tokens, sampler=row.sampler,
+                                       stream=self.stream, prefill_step_size=self.prefill_step_size)
+                else:
+                    if spec is not None:
+                        spec.requests_plain += 1
+                    steps = generate_step(
+                        mx.array(fed), self.model,
+                        max_tokens=row.request.max_tokens, sampler=row.sampler,
+                        logits_processors=_with_prefix(row.processors, prompt[:row.reused]) or None,
+                        prompt_cache=cache if spec is None else cache[:spec.main_layers],
+                        prefill_step_size=step_size, stream=self.stream,
+                        input_embeddings=vision.embeddings if vision is not None else None,
+                    )
                 for token, logprobs in steps:
                     stop = self.agree(row.on_token(int(token), logprobs))
                     self.tick(1)
                     if stop is not None:
                         reason = stop
                         break
+                steps.close()  # the speculative loop rewinds rejected drafts when it closes
         self.served += 1
-        self.done(row, reason, cache, _cache_tokens(cache, prompt + row.generated))
+        if spec is not None and vision is None:
+            cache, held = spec.align(cache, prompt + row.generated)
+        else:
+            held = _cache_tokens(cache, prompt + row.generated)
+        self.done(row, reason, cache, held)
 
     def agree(self, stop: FinishReason | None) -> FinishReason | None:
         """The decision after each token (the distributed lane shares it with the other ranks)."""

@@ -28,6 +28,7 @@ __all__ = [
     "resolve_model",
     "read_model_info",
     "load_model",
+    "load_weights",
     "mlx_lm_load",
     "resolve_profile",
     "cast_weights",
@@ -296,14 +297,21 @@ def resolve_profile(info: ModelInfo, host: PluginHost) -> FamilyProfile:
     )
 
 
-def load_model(info: ModelInfo, host: PluginHost) -> tuple[LoadedModel, FamilyProfile]:
-    """Load the model through the family hooks (mlx-lm when none answers) and resolve its profile."""
+def load_weights(info: ModelInfo, host: PluginHost) -> tuple[LoadedModel, str | None]:
+    """The model and tokenizer through the family hooks (mlx-lm when none answers), cast to
+    ``--dtype``; with the name of the plugin that loaded it (``None``: mlx-lm)."""
     plugin, loaded = host.first_answer("mlxrt_load_model", info=info, host=host)
     if loaded is None:
         loaded = mlx_lm_load(info, trust_remote_code=bool(host.options.get("trust_remote_code")),
                              lazy=bool(host.options.get("distributed")))
     if host.options.get("dtype"):
         cast_weights(loaded.model, host.options["dtype"], model_id=info.model_id)
+    return loaded, plugin
+
+
+def load_model(info: ModelInfo, host: PluginHost) -> tuple[LoadedModel, FamilyProfile]:
+    """Load the model through the family hooks (mlx-lm when none answers) and resolve its profile."""
+    loaded, plugin = load_weights(info, host)
     profile = resolve_profile(info, host)
     profile = attrs.evolve(profile, provenance={"load_model": plugin or "mlx-lm", **profile.provenance})
     from mlxrt.self_test import run_self_test

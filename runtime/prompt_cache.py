@@ -143,6 +143,33 @@ class PromptCache:
         """
         prompt = _token_array(tokens)
         limit = prompt.size - 1
+        closest, candidates = self._candidates(prompt, key)
+        for usable, entry in candidates:
+            cache = _copy_trimmed(entry, usable)
+            if cache is None:
+                continue
+            self._entries.remove(entry)
+            self._entries.append(entry)
+            if usable == limit or usable == entry.tokens.size:
+                return self._record(CacheLookup(cache, usable, None, (), "hit"), prompt.size)
+            return self._record(
+                CacheLookup(cache, usable, *_divergence(closest), "partial"), prompt.size
+            )
+        return self._record(CacheLookup(None, 0, *_divergence(closest), "miss"), prompt.size)
+
+    def reusable(self, tokens: Sequence[int], key: Hashable = ()) -> int:
+        """How many of ``tokens`` a :meth:`fetch` could reuse at most (nothing is copied,
+        no counter moves): for a second tier (:mod:`mlxrt.prompt_store`) to know if it can do better."""
+        _closest, candidates = self._candidates(_token_array(tokens), key)
+        return candidates[0][0] if candidates else 0
+
+    def close(self) -> None:
+        """Release what the cache holds beyond memory (nothing here; see :mod:`mlxrt.prompt_store`)."""
+
+    def _candidates(self, prompt: np.ndarray, key: Hashable
+                    ) -> tuple[tuple[int, _Entry] | None, list[tuple[int, _Entry]]]:
+        """The same-key entry with the longest common prefix, and the usable entries, best first."""
+        limit = prompt.size - 1
         closest: tuple[int, _Entry] | None = None
         candidates: list[tuple[int, _Entry]] = []
         # Most recent first, so a strict ">" and a stable sort keep ties on the newest.
@@ -156,19 +183,7 @@ class PromptCache:
             if usable > 0 and (usable == entry.tokens.size or entry.trimmable):
                 candidates.append((usable, entry))
         candidates.sort(key=lambda c: -c[0])
-
-        for usable, entry in candidates:
-            cache = _copy_trimmed(entry, usable)
-            if cache is None:
-                continue
-            self._entries.remove(entry)
-            self._entries.append(entry)
-            if usable == limit or usable == entry.tokens.size:
-                return self._record(CacheLookup(cache, usable, None, (), "hit"), prompt.size)
-            return self._record(
-                CacheLookup(cache, usable, *_divergence(closest), "partial"), prompt.size
-            )
-        return self._record(CacheLookup(None, 0, *_divergence(closest), "miss"), prompt.size)
+        return closest, candidates
 
     def insert(self, tokens: Sequence[int], cache: list[Any], key: Hashable = ()) -> None:
         """Store ``cache`` as the most recently used entry for ``tokens`` under ``key``.

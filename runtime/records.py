@@ -366,6 +366,9 @@ class GenerationRequest:
     #: engine prefills from ``vision.embeddings``, bypasses the prompt cache and runs the
     #: request in the serial lane. ``None`` for text-only prompts.
     vision: SplicedPrompt | None = attrs.field(default=None, eq=False, repr=False)
+    #: Tokens the draft model proposes per step (``--draft-model``); ``None``: the server's
+    #: ``--num-draft-tokens``; ``0``: decode without the draft. No effect without a draft.
+    num_draft_tokens: int | None = None
 
 
 @attrs.frozen

@@ -71,6 +71,7 @@ def seeded(sampler: Sampler, seed: int) -> Sampler:
         step += 1
         return sampler(logprobs)
 
+    sample.inner = sampler  # type: ignore[attr-defined]  # what it wraps (speculative decoding asks)
     return sample
 
 

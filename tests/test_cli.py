@@ -27,9 +27,9 @@ def test_serve_help_shows_mlx_lm_flags_and_the_fallback_chain():
     assert "generation_config.json" in out and "127.0.0.1" in out and "8080" in out
 
 
-def test_unimplemented_flag_is_refused_at_start(tiny_models):
-    out = run("serve", str(tiny_models("qwen3")), "--draft-model", "elsewhere")
-    assert out.returncode != 0 and "--draft-model" in out.stderr and "not implemented" in out.stderr
+def test_pipeline_without_distributed_is_refused_at_start(tiny_models):
+    out = run("serve", str(tiny_models("qwen3")), "--pipeline")
+    assert out.returncode != 0 and "--pipeline" in out.stderr and "--distributed" in out.stderr
 
 
 def test_missing_model_is_a_clear_error(tmp_path):

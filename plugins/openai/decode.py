@@ -378,6 +378,7 @@ def build_generation(host: Any, options: DecodedOptions, prompt_ids: Sequence[in
         logprobs=wire.logprob_count,
         adapters=registry.resolve(options.adapter) if (registry := getattr(engine, "adapters", None)) else (),
         structured=structured,
+        num_draft_tokens=wire.num_draft_tokens,
     )
     return canonicalize(host, gen, "openai")
 

@@ -49,6 +49,7 @@ GENERATION_RULES = (
     FieldRule("top_logprobs", (int,), min=0, max=11, allowed=(-1,)),
     FieldRule("stream_options", (dict,)),
     FieldRule("user", (str,)),
+    FieldRule("num_draft_tokens", (int,), min=0),
 )
 
 CHAT_RULES = (
@@ -93,6 +94,7 @@ class GenerationFields:
     logprobs: bool | None = None
     top_logprobs: int | None = None
     user: str | None = None
+    num_draft_tokens: int | None = None
 
     @property
     def requested_max_tokens(self) -> int | None:
