@@ -506,26 +506,15 @@ def test_chat_page_folds_reasoning_and_shows_tool_cards(browser, script_server, 
     assert errors == []
 
 
-class Eyes:
-    """Marks the served model as having vision (the adapter is never reached: the OpenAI
-    dialect does not take images yet)."""
-
-    @hookimpl
-    def mlxrt_vision(self, info, host):
-        class Adapter:
-            def splice(self, prompt_ids, images):
-                raise NotImplementedError
-
-        return Adapter()
-
-
 def test_chat_page_attaches_an_image_when_the_model_has_vision(browser, tiny_models, tmp_path, artifacts):
     import base64
 
     png = tmp_path / "dot.png"
     png.write_bytes(base64.b64decode(
         "iVBORw0KGgoAAAANSUhEUgAAAAEAAAABCAYAAAAfFcSJAAAADUlEQVR42mP8z8BQDwAEhQGAhKmMIQAAAABJRU5ErkJggg=="))
-    server = LiveServer(tiny_models("qwen3"), extra=[("eyes", Eyes())])
+    from mlxrt.testing import write_tiny_checkpoint
+
+    server = LiveServer(write_tiny_checkpoint(tmp_path / "gemma4", "gemma4"))  # a tiny tower: real vision
     try:
         page, errors = _page(browser, server.url + "/")
         page.wait_for_selector("#attach-label:not([hidden])")
@@ -538,9 +527,10 @@ def test_chat_page_attaches_an_image_when_the_model_has_vision(browser, tiny_mod
         assert parts[0] == {"type": "text", "text": "What is this?"}
         assert parts[1]["type"] == "image_url" and parts[1]["image_url"]["url"].startswith("data:image/png;base64,")
         assert page.locator(".msg.user img").count() == 1
-        # The server's answer (no image input in the dialect yet) is shown as the turn's error.
-        page.wait_for_function("document.querySelector('.msg.assistant .meta').textContent.startsWith('error:')")
-        assert "vision" in page.inner_text(".msg.assistant .meta")
+        # The image goes through the model's tower: the turn finishes with an answer, no error.
+        page.wait_for_function("document.querySelector('.msg.assistant .meta').textContent.startsWith('finish:')",
+                               timeout=30000)
+        assert page.inner_text(".msg.assistant .content").strip()
         artifacts(page, "chat-image")
         assert errors == []
     finally:
