@@ -267,12 +267,10 @@ class ThinkThenFree:
         return sample
 
 
-@pytest.mark.parametrize("model_type,script", [
-    ("qwen3", "<think>\nlet me plan\n</think>"),   # the answer opens its own think block
-    ("qwen3_5", "let me plan\n</think>"),          # the template opened it in the prompt
-])
-def test_reasoning_stays_free_and_the_answer_follows_the_schema(tiny_models, serve_app, model_type, script):
-    client = openai_client(serve_app(tiny_models(model_type), extra=(ThinkThenFree(),)))
+def test_an_open_think_block_stays_free_and_the_answer_follows_the_schema(tiny_models, serve_app):
+    """Qwen3.5's template opens <think> in the prompt: the grammar waits for its close."""
+    client = openai_client(serve_app(tiny_models("qwen3_5"), extra=(ThinkThenFree(),)))
+    script = "let me plan\n</think>"
     out = client.chat.completions.create(model="m", messages=MSG, max_tokens=60, temperature=0.0,
                                          response_format=_schema_format(POINT, "point"),
                                          extra_body={"script": script})

@@ -47,8 +47,10 @@ def mlxrt_logits_processors(request: GenerationRequest, info: ModelInfo, host: A
 
 
 def _thinking_window(request: GenerationRequest, host: Any) -> Any:
-    """The model's think block, left free by the grammar (``None``: no reasoning format, or a
-    whole-answer grammar such as a forced tool call, which closes the block itself)."""
+    """The think block the prompt left open, free of the grammar until it closes (``None``: no
+    open block, or a whole-answer grammar such as a forced tool call, which closes it itself).
+    An answer that would open its own block (Qwen3) is held to the format from its first token:
+    letting it open one would let a model that never closes it escape the format."""
     from mlxrt.plugins.structured.grammar import ThinkingWindow
     from mlxrt.tool_calls import reasoning_lead
 
@@ -57,7 +59,6 @@ def _thinking_window(request: GenerationRequest, host: Any) -> Any:
     if fmt is None or request.structured.kind == "lark" or not fmt.close:
         return None
     tokenizer = engine.tokenizer
-    close = tuple(tokenizer.encode(fmt.close, add_special_tokens=False))
-    opening = tokenizer.encode(fmt.open, add_special_tokens=False) if fmt.open else []
-    opened = bool(reasoning_lead(engine.profile, tokenizer, request.prompt_ids))
-    return ThinkingWindow(close_ids=close, open_id=opening[0] if len(opening) == 1 else None, opened=opened)
+    if not reasoning_lead(engine.profile, tokenizer, request.prompt_ids):
+        return None
+    return ThinkingWindow(close_ids=tuple(tokenizer.encode(fmt.close, add_special_tokens=False)))

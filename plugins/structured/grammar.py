@@ -122,13 +122,10 @@ def _ll_tokenizer(tokenizer: Any) -> Any:
 
 @attrs.frozen
 class ThinkingWindow:
-    """A reasoning model's think block, which the grammar leaves free: the answer after it
-    follows the format. ``opened``: the prompt already opened the block (Qwen3.5, MiniCPM5);
-    otherwise the answer may open it with ``open_id`` as its first token (Qwen3)."""
+    """The think block a prompt left open (Qwen3.5, MiniCPM5 templates), which the grammar
+    leaves free until ``close_ids``: the answer after it follows the format."""
 
     close_ids: tuple[int, ...]
-    open_id: int | None = None
-    opened: bool = False
 
 
 class GrammarProcessor:
@@ -149,17 +146,11 @@ class GrammarProcessor:
         self._bitmask = allocate_token_bitmask(1, tokenizer_vocab)
         self._started = False
         self._thinking = thinking
-        #: ``start`` (a think block may open), ``thinking`` (free until it closes), ``grammar``
-        self.phase = "grammar" if thinking is None else ("thinking" if thinking.opened else "start")
+        #: ``thinking`` (free until the block closes), then ``grammar``
+        self.phase = "grammar" if thinking is None else "thinking"
         self._tail: list[int] = []
 
     def _advance(self, token: int) -> None:
-        if self.phase == "start":
-            assert self._thinking is not None
-            if token == self._thinking.open_id:
-                self.phase = "thinking"
-                return
-            self.phase = "grammar"
         if self.phase == "thinking":
             assert self._thinking is not None
             close = self._thinking.close_ids
@@ -183,10 +174,6 @@ class GrammarProcessor:
             return logits
         fill_next_token_bitmask(self.matcher, self._bitmask, 0)
         bits = np.unpackbits(self._bitmask.view(np.uint8), bitorder="little")[: self.vocab]
-        if self.phase == "start" and self._thinking is not None and self._thinking.open_id is not None:
-            bits = bits.copy()
-            if self._thinking.open_id < bits.shape[0]:
-                bits[self._thinking.open_id] = 1  # the answer may first think
         width = logits.shape[-1]
         if width == self.vocab:
             allowed = bits.astype(np.bool_)
