@@ -21,41 +21,18 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-import attrs
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 
 from mlxrt.errors import InvalidRequest
 from mlxrt.families.diffusion_gemma.model import RMSNorm, apply_rope, gelu, rms_norm
+from mlxrt.records import SplicedPrompt
 
-__all__ = ["DiffusionSplice", "DiffusionVision", "VisionTower", "image_blocks", "preprocess", "spliced_prompt"]
+__all__ = ["DiffusionVision", "VisionTower", "image_blocks", "preprocess"]
 
 ONE_IMAGE = "DiffusionGemma image input supports exactly one image"
 NO_TOWER = "this checkpoint has no vision tower"
-
-
-@attrs.frozen
-class DiffusionSplice:
-    """The fields of ``mlxrt.records.SplicedPrompt`` (the Gemma 4 vision work's record), for an
-    mlxrt without it; :func:`spliced_prompt` returns the real record when there is one.
-
-    :ivar ids: The prompt ids with the placeholder expanded to ``<|image>`` + N × ``<|image|>``
-        + ``<image|>``.
-    :ivar embeddings: [len(ids), hidden]: the encoder's input embeddings (text rows the scaled
-        token embeddings, image rows the projected image features).
-    """
-
-    ids: tuple[int, ...]
-    embeddings: Any = attrs.field(eq=False, repr=False)
-    feed_ids: tuple[int, ...] | None = None
-    images: int = 0
-
-
-def spliced_prompt(**fields: Any) -> Any:
-    from mlxrt import records
-
-    return getattr(records, "SplicedPrompt", DiffusionSplice)(**fields)
 
 
 def image_blocks(ids: Sequence[int], image_token_id: int | None) -> mx.array:
@@ -278,7 +255,7 @@ class DiffusionVision:
             self._tower = tower
         return self._tower
 
-    def splice(self, prompt_ids: Sequence[int], images: Sequence[Any]) -> Any:
+    def splice(self, prompt_ids: Sequence[int], images: Sequence[Any]) -> SplicedPrompt:
         """Encode the one image and expand its placeholder in ``prompt_ids``.
 
         :raises InvalidRequest: Not exactly one image; no tower; not exactly one placeholder.
@@ -313,7 +290,7 @@ class DiffusionVision:
         embeddings = mx.where(is_image[:, None], features[row].astype(text.embed_weight.dtype),
                               text.embed(mx.array(ids, dtype=mx.int32)))
         mx.eval(embeddings)
-        return spliced_prompt(ids=tuple(ids), embeddings=embeddings, images=1)
+        return SplicedPrompt(ids=tuple(ids), embeddings=embeddings, images=1)
 
 
 def _tensor_names(path: Path) -> list[str]:
