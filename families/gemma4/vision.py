@@ -236,16 +236,18 @@ class VisionTower(nn.Module):
         return self.embed_vision(pooled.astype(dtype))
 
 
-def load_tower(weights: Mapping[str, mx.array], vision_config: Mapping[str, Any], text_hidden: int) -> VisionTower:
+def load_tower(weights: Mapping[str, mx.array], vision_config: Mapping[str, Any], text_hidden: int, *,
+               tower_prefix: str = TOWER_PREFIX, embed_prefix: str = EMBED_PREFIX) -> VisionTower:
     """Build the tower and load its checkpoint tensors (``model.vision_tower.*`` and
-    ``model.embed_vision.*``); a missing or misshapen tensor raises ``ValueError``."""
+    ``model.embed_vision.*``, or the given prefixes: DiffusionGemma's sit under
+    ``model.encoder.``); a missing or misshapen tensor raises ``ValueError``."""
     tower = VisionTower(VisionConfig(vision_config, text_hidden))
     named = []
     for name, value in weights.items():
-        if name.startswith(TOWER_PREFIX):
-            named.append((name[len(TOWER_PREFIX):], value))
-        elif name.startswith(EMBED_PREFIX):
-            key = name[len(EMBED_PREFIX):]
+        if name.startswith(tower_prefix):
+            named.append((name[len(tower_prefix):], value))
+        elif name.startswith(embed_prefix):
+            key = name[len(embed_prefix):]
             if key.startswith("embedding_pre_projection_norm"):
                 continue  # scale-free: no tensor in practice
             named.append(("embed_vision." + key, value))
