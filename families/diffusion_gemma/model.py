@@ -27,6 +27,8 @@ import attrs
 import mlx.core as mx
 import mlx.nn as nn
 
+from mlxrt.families.gemma4.vision import RMSNorm, rms_norm
+
 __all__ = ["TextArgs", "EncoderCache", "DiffusionGemma", "text_args_from_config", "load_text_model"]
 
 
@@ -94,25 +96,6 @@ def text_args_from_config(config: Mapping[str, Any]) -> TextArgs:
         bidirectional_vision=bidir == "vision", canvas_length=int(config.get("canvas_length", 256)),
         image_token_id=config.get("image_token_id"),
     )
-
-
-def rms_norm(x: mx.array, weight: mx.array | None, eps: float) -> mx.array:
-    """Gemma's RMSNorm (computed in float32, cast back); ``weight=None`` is the scale-free one."""
-    y = x.astype(mx.float32)
-    y = y * mx.rsqrt(mx.mean(y * y, axis=-1, keepdims=True) + eps)
-    if weight is not None:
-        y = y * weight.astype(mx.float32)
-    return y.astype(x.dtype)
-
-
-class RMSNorm(nn.Module):
-    def __init__(self, dims: int, eps: float) -> None:
-        super().__init__()
-        self.weight = mx.ones((dims,))
-        self.eps = eps
-
-    def __call__(self, x: mx.array) -> mx.array:
-        return rms_norm(x, self.weight, self.eps)
 
 
 def inv_frequencies(rope: Mapping[str, Any], head_dim: int) -> mx.array:

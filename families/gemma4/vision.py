@@ -60,8 +60,11 @@ class VisionConfig:
         self.exact_gelu = act == "gelu"
 
 
-def _rms(x: mx.array, weight: mx.array | None, eps: float) -> mx.array:
-    return mx.fast.rms_norm(x.astype(mx.float32), weight, eps).astype(x.dtype)
+def rms_norm(x: mx.array, weight: mx.array | None, eps: float) -> mx.array:
+    """Gemma's RMSNorm (plain ``weight``, computed in float32, cast back); ``weight=None`` is the
+    scale-free one."""
+    return mx.fast.rms_norm(x.astype(mx.float32), None if weight is None else weight.astype(mx.float32),
+                            eps).astype(x.dtype)
 
 
 class RMSNorm(nn.Module):
@@ -71,7 +74,7 @@ class RMSNorm(nn.Module):
         self.eps = eps
 
     def __call__(self, x: mx.array) -> mx.array:
-        return _rms(x, self.weight.astype(mx.float32), self.eps)
+        return rms_norm(x, self.weight, self.eps)
 
 
 class ClippableLinear(nn.Module):
@@ -125,7 +128,7 @@ class Attention(nn.Module):
         b, n, _ = x.shape
         q = axial_rope(self.q_norm(self.q_proj(x).reshape(b, n, self.heads, self.head_dim)), cos, sin)
         k = axial_rope(self.k_norm(self.k_proj(x).reshape(b, n, self.kv_heads, self.head_dim)), cos, sin)
-        v = _rms(self.v_proj(x).reshape(b, n, self.kv_heads, self.head_dim), None, self.eps)
+        v = rms_norm(self.v_proj(x).reshape(b, n, self.kv_heads, self.head_dim), None, self.eps)
         out = mx.fast.scaled_dot_product_attention(
             q.transpose(0, 2, 1, 3), k.transpose(0, 2, 1, 3), v.transpose(0, 2, 1, 3), scale=1.0)
         return self.o_proj(out.transpose(0, 2, 1, 3).reshape(b, n, -1))
@@ -185,7 +188,7 @@ class Embedder(nn.Module):
         self.eps = c.eps
 
     def __call__(self, x: mx.array) -> mx.array:
-        return self.embedding_projection(_rms(x, None, self.eps))
+        return self.embedding_projection(rms_norm(x, None, self.eps))
 
 
 class VisionTower(nn.Module):
@@ -236,16 +239,18 @@ class VisionTower(nn.Module):
         return self.embed_vision(pooled.astype(dtype))
 
 
-def load_tower(weights: Mapping[str, mx.array], vision_config: Mapping[str, Any], text_hidden: int) -> VisionTower:
+def load_tower(weights: Mapping[str, mx.array], vision_config: Mapping[str, Any], text_hidden: int, *,
+               tower_prefix: str = TOWER_PREFIX, embed_prefix: str = EMBED_PREFIX) -> VisionTower:
     """Build the tower and load its checkpoint tensors (``model.vision_tower.*`` and
-    ``model.embed_vision.*``); a missing or misshapen tensor raises ``ValueError``."""
+    ``model.embed_vision.*``, or the given prefixes: DiffusionGemma's sit under
+    ``model.encoder.``); a missing or misshapen tensor raises ``ValueError``."""
     tower = VisionTower(VisionConfig(vision_config, text_hidden))
     named = []
     for name, value in weights.items():
-        if name.startswith(TOWER_PREFIX):
-            named.append((name[len(TOWER_PREFIX):], value))
-        elif name.startswith(EMBED_PREFIX):
-            key = name[len(EMBED_PREFIX):]
+        if name.startswith(tower_prefix):
+            named.append((name[len(tower_prefix):], value))
+        elif name.startswith(embed_prefix):
+            key = name[len(embed_prefix):]
             if key.startswith("embedding_pre_projection_norm"):
                 continue  # scale-free: no tensor in practice
             named.append(("embed_vision." + key, value))
