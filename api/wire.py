@@ -87,6 +87,19 @@ def check_fields(body: Mapping[str, Any], rules: Sequence[FieldRule]) -> None:
             raise InvalidRequest(f"{rule.name} must be at most {_num(rule.max)}", param=rule.name)
 
 
+def check_object(value: Any, name: str, fields: Sequence[str], rules: Sequence[FieldRule]) -> Mapping[str, Any]:
+    """A nested request object (``hlg``, the designer's ``recipe``): a dict of known ``fields``,
+    each following its rule (rules named ``"<name>.<field>"``); the first problem is a 400."""
+    if not isinstance(value, Mapping):
+        raise InvalidRequest(f"{name} must be of type dict", param=name)
+    unknown = sorted(set(value) - set(fields))
+    if unknown:
+        raise InvalidRequest(f"{name} has unknown field {unknown[0]!r}; allowed: {', '.join(fields)}",
+                             param=name)
+    check_fields({f"{name}.{k}": v for k, v in value.items()}, rules)
+    return value
+
+
 def _num(x: float) -> str:
     return str(int(x)) if float(x).is_integer() else str(x)
 

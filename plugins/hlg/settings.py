@@ -11,7 +11,7 @@ from typing import Any
 
 import attrs
 
-from mlxrt.api.wire import FieldRule, check_fields
+from mlxrt.api.wire import FieldRule, check_object
 from mlxrt.errors import InvalidRequest
 
 __all__ = ["HlgSettings", "KNOBS", "KNOB_MAX", "server_settings", "request_overrides", "resolve"]
@@ -60,13 +60,7 @@ def request_overrides(value: Any) -> dict[str, Any]:
 
     :raises InvalidRequest: for an unknown field, a wrong type, a number out of range or NaN.
     """
-    if not isinstance(value, Mapping):
-        raise InvalidRequest("hlg must be of type dict", param="hlg")
-    unknown = sorted(set(value) - set(_FIELDS))
-    if unknown:
-        raise InvalidRequest(f"hlg has unknown field {unknown[0]!r}; allowed: {', '.join(_FIELDS)}",
-                             param="hlg")
-    check_fields({f"hlg.{k}": v for k, v in value.items()}, _RULES)
+    value = check_object(value, "hlg", _FIELDS, _RULES)
     for knob in KNOBS:
         number = value.get(knob)
         if isinstance(number, float) and math.isnan(number):

@@ -20,7 +20,7 @@ from typing import Any
 
 import attrs
 
-from mlxrt.api.wire import FieldRule, check_fields
+from mlxrt.api.wire import FieldRule, check_fields, check_object
 from mlxrt.errors import InvalidRequest
 from mlxrt.plugins.curve.params import Curve, parse_curve
 
@@ -140,13 +140,7 @@ class DesignResult:
 def _recipe(value: Any) -> Recipe:
     if value is None:
         return Recipe()
-    if not isinstance(value, Mapping):
-        raise InvalidRequest("recipe must be of type dict", param="recipe")
-    unknown = sorted(set(value) - set(_RECIPE_FIELDS))
-    if unknown:
-        raise InvalidRequest(f"recipe has unknown field {unknown[0]!r}; allowed: {', '.join(_RECIPE_FIELDS)}",
-                             param="recipe")
-    check_fields({f"recipe.{k}": v for k, v in value.items()}, _RECIPE_RULES)
+    value = check_object(value, "recipe", _RECIPE_FIELDS, _RECIPE_RULES)
     fields = {k: value[k] for k in _RECIPE_FIELDS if k in value}
     if any(isinstance(v, float) and not math.isfinite(v) for v in fields.values()):
         raise InvalidRequest("recipe values must be finite numbers", param="recipe")
