@@ -97,7 +97,7 @@ def build_sampler(host: PluginHost, request: GenerationRequest, info: ModelInfo,
     s = request.sampling
     xtc = s.xtc_probability if s.xtc_threshold <= _XTC_MAX_USEFUL_THRESHOLD else 0.0
     # top_k at or past the vocabulary keeps every token (mlx-lm's sampler raises there)
-    vocab = info.config_int("vocab_size") if hasattr(info, "config_int") else None
+    vocab = info.config_int("vocab_size")
     top_k = 0 if vocab is not None and s.top_k >= vocab else s.top_k
     return make_sampler(
         temp=s.temperature, top_p=s.top_p, min_p=s.min_p, top_k=top_k,

@@ -24,7 +24,7 @@ import attrs
 from mlxrt.records import ToolCall, ToolParser, ToolStreamMode
 
 __all__ = ["ToolRouter", "RoutedTools", "typed_arguments", "ForcedPrefix", "tool_choice_processors",
-           "tool_choice_prefixes", "reasoning_lead"]
+           "tool_choice_prefixes", "reasoning_lead", "tool_parameters"]
 
 log = logging.getLogger("mlxrt.tools")
 
@@ -93,13 +93,19 @@ class ToolRouter:
 # -- arguments typed by the tool's JSON schema ----------------------------------------------
 
 
-def _schema_properties(tools: Sequence[Mapping[str, Any]] | None, name: str) -> Mapping[str, Any]:
+def tool_parameters(tools: Sequence[Mapping[str, Any]] | None, name: str) -> Mapping[str, Any]:
+    """The JSON schema of tool ``name``'s arguments (``{}`` when there is no such tool or no
+    schema); tools in OpenAI's ``{"type": "function", "function": {...}}`` form or bare."""
     for tool in tools or ():
         fn = tool.get("function") if isinstance(tool.get("function"), Mapping) else tool
-        if fn.get("name") == name:
+        if isinstance(fn, Mapping) and fn.get("name") == name:
             params = fn.get("parameters") or {}
-            return params.get("properties") or {} if isinstance(params, Mapping) else {}
+            return params if isinstance(params, Mapping) else {}
     return {}
+
+
+def _schema_properties(tools: Sequence[Mapping[str, Any]] | None, name: str) -> Mapping[str, Any]:
+    return tool_parameters(tools, name).get("properties") or {}
 
 
 def _typed(value: Any, schema: Mapping[str, Any]) -> Any:

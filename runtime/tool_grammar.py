@@ -140,15 +140,12 @@ def tool_call_constraint(profile: Any, tokenizer: Any, names: Sequence[str],
     make = getattr(profile.tool_parser, "call_grammar", None)
     if not callable(make) or not names:
         return None
-    schemas: dict[str, Any] = {}
-    for tool in tools or ():
-        fn = tool.get("function") if isinstance(tool.get("function"), Mapping) else tool
-        if isinstance(fn, Mapping) and isinstance(fn.get("name"), str):
-            schemas[fn["name"]] = fn.get("parameters") or fn.get("input_schema") or {}
+    from mlxrt.tool_calls import tool_parameters
+
     g = CallGrammar(tokenizer)
     calls = []
     for name in names:
-        expr = make(name, schemas.get(name) or {}, g)
+        expr = make(name, tool_parameters(tools, name), g)
         if expr is None:
             return None
         calls.append(f"({expr})")

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mlxrt import ToolCall
-from mlxrt.tool_calls import typed_arguments
+from mlxrt.tool_calls import tool_parameters, typed_arguments
 from mlxrt.tool_grammar import CallGrammar, schema_properties, value_regex
 
 __all__ = ["Qwen3JsonParser", "Qwen3XmlParser"]
@@ -64,14 +64,6 @@ class Qwen3JsonParser:
         return calls
 
 
-def _schema_of(tools: Sequence[Mapping[str, Any]] | None, name: str) -> Mapping[str, Any]:
-    for tool in tools or ():
-        fn = tool.get("function") or {}
-        if fn.get("name") == name:
-            return (fn.get("parameters") or {}).get("properties") or {}
-    return {}
-
-
 def _typed(raw: str, schema: Mapping[str, Any]) -> Any:
     value = raw.strip("\n")
     kind = schema.get("type")
@@ -112,7 +104,7 @@ class Qwen3XmlParser:
             if fn is None:
                 raise ValueError("a tool call must contain <function=NAME>")
             name, body = fn.group(1), fn.group(2)
-            props = _schema_of(tools, name)
+            props = tool_parameters(tools, name).get("properties") or {}
             args = {key: _typed(val, props.get(key) or {}) for key, val in _PARAMETER.findall(body)}
             calls.append(ToolCall(name=name, arguments=json.dumps(args, ensure_ascii=False)))
         return calls
