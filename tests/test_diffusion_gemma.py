@@ -406,12 +406,23 @@ def test_anthropic_messages_through_the_denoising_lane(dg_client):
     from support import anthropic_client
 
     client = anthropic_client(dg_client)
+    # Anthropic Messages has no seed: an unseeded canvas may settle an EOS early, so assert only
+    # what holds for every sample (a stop reason that matches the token count).
     msg = client.messages.create(model="tiny", max_tokens=20, messages=MESSAGES)
-    assert msg.stop_reason == "max_tokens" and msg.usage.output_tokens == 20
+    _assert_stop_matches_usage(msg)
     with client.messages.stream(model="tiny", max_tokens=20, messages=MESSAGES) as stream:
         text = "".join(stream.text_stream)
         final = stream.get_final_message()
-    assert text and final.usage.output_tokens == 20
+    _assert_stop_matches_usage(final)
+    assert text or final.stop_reason == "end_turn"
+
+
+def _assert_stop_matches_usage(msg, max_tokens: int = 20) -> None:
+    assert msg.stop_reason in {"max_tokens", "end_turn"}
+    if msg.stop_reason == "max_tokens":
+        assert msg.usage.output_tokens == max_tokens
+    else:
+        assert msg.usage.output_tokens <= max_tokens
 
 
 def test_bfloat16_checkpoint_decodes(tmp_path):
