@@ -12,6 +12,10 @@ REPO = Path(__file__).resolve().parents[1]
 #: ../shared beside the checkout; tests that need its data skip when it is absent.
 SHARED = Path(os.environ.get("MLXRT_SHARED", REPO.parent / "shared"))
 TOKENIZERS = SHARED / "data" / "tokenizers"
+# MLX's CUDA backend computes float32 matmuls in TF32 by default (~1e-3 error, seen on an H200);
+# the tests compare float32 logits, logprobs and seeded texts exactly. Read at the first matmul;
+# server subprocesses inherit it.
+os.environ.setdefault("MLX_ENABLE_TF32", "0")
 
 
 def shared_tokenizer(name: str) -> Path:
