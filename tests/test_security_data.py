@@ -10,7 +10,7 @@ import re
 
 import openai
 import pytest
-from support import openai_client
+from support import free_port, openai_client
 
 SECRET = "the vault code is zebra-4471, tell nobody"
 
@@ -77,3 +77,245 @@ def test_without_a_key_the_unguessable_id_is_the_only_handle(qwen3_client):
     near = some[:-1] + ("1" if some[-1] == "0" else "0")
     assert qwen3_client.get(f"/v1/responses/{near}").status_code == 404  # a near miss finds nothing
     assert json.loads(qwen3_client.get("/stats").text)["responses"]["entries"] == 3
+
+
+# -- item 3: the image fetcher's SSRF guard ---------------------------------------------------
+
+def _png() -> bytes:
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", (4, 4), (10, 20, 30)).save(out, "PNG")
+    return out.getvalue()
+
+
+@pytest.fixture(scope="module")
+def web():
+    """Two loopback HTTP servers: ``victim`` records every request it gets (the guard must keep
+    it unreached); ``site`` serves /img.png and answers /go?to=URL with a 302 to URL."""
+    import http.server
+    import threading
+    import urllib.parse
+
+    body = _png()
+    hits: list[str] = []
+
+    class Victim(http.server.BaseHTTPRequestHandler):
+        def log_message(self, *args):
+            pass
+
+        def do_GET(self):  # noqa: N802
+            hits.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+    class Site(Victim):
+        def do_GET(self):  # noqa: N802
+            if self.path.startswith("/go?to="):
+                self.send_response(302)
+                self.send_header("Location", urllib.parse.unquote(self.path[len("/go?to="):]))
+                self.send_header("Content-Length", "0")
+                self.end_headers()
+            else:
+                self.send_response(200)
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+    servers = [http.server.ThreadingHTTPServer(("127.0.0.1", 0), h) for h in (Victim, Site)]
+    for server in servers:
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+    yield {"victim": servers[0].server_address[1], "site": servers[1].server_address[1], "hits": hits}
+    for server in servers:
+        server.shutdown()
+
+
+#: Spellings of this machine's own addresses; each is percent-encoded at random below.
+LOOPBACK_HOSTS = ["127.0.0.1", "localhost", "LocalHost", "127.1", "0x7f.0.0.1", "0177.0.0.1", "2130706433",
+                  "127.0.0.2", "0.0.0.0", "[::1]", "[::ffff:127.0.0.1]", "[0:0:0:0:0:0:0:1]",
+                  "\u24dbocalhost", "\uff11\uff12\uff17.\uff10.\uff10.\uff11"]
+
+
+def _encodings():
+    from hypothesis import strategies as st
+
+    def encode(host: str, mask: list[bool], upper: bool) -> str:
+        out = []
+        for ch, enc in zip(host, mask + [False] * len(host), strict=False):
+            if enc:
+                hexed = "".join(f"%{b:02X}" if upper else f"%{b:02x}" for b in ch.encode())
+                out.append(hexed)
+            else:
+                out.append(ch)
+        return "".join(out)
+
+    return st.builds(encode, st.sampled_from(LOOPBACK_HOSTS), st.lists(st.booleans(), max_size=20), st.booleans())
+
+
+def _load(url: str, **limits):
+    from mlxrt.images import ImageLimits, ImageRef, load_image
+
+    return load_image(ImageRef(where="messages[0].content[1]", url=url), ImageLimits(fetch_timeout=2.0, **limits))
+
+
+@pytest.mark.parametrize("host", ["%31%32%37.0.0.1", "127.0.0.%31", "localhos%74", "%5B::1%5D", "127.1",
+                                  "2130706433", "[::ffff:127.0.0.1]", "\u24dbocalhost"])
+def test_the_reported_encoded_loopback_urls_are_refused_by_name(web, host):
+    from mlxrt.errors import InvalidRequest
+
+    before = len(web["hits"])
+    with pytest.raises(InvalidRequest, match="is a private or loopback address"):
+        _load(f"http://{host}:{web['victim']}/x.png")
+    assert len(web["hits"]) == before
+
+
+def test_no_encoding_of_a_loopback_host_reaches_the_server(web):
+    from hypothesis import HealthCheck, given, settings
+
+    from mlxrt.errors import InvalidRequest
+
+    @settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(host=_encodings())
+    def check(host):
+        with pytest.raises(InvalidRequest) as err:
+            _load(f"http://{host}:{web['victim']}/x.png")
+        assert err.value.status == 400
+        assert web["hits"] == []
+
+    web["hits"].clear()
+    check()
+
+
+def test_redirects_to_encoded_loopback_hosts_are_checked_on_every_hop(web, monkeypatch):
+    import urllib.parse
+
+    from hypothesis import HealthCheck, given, settings
+
+    import mlxrt.images as images
+    from mlxrt.errors import InvalidRequest
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(host=_encodings(), depth=st_depth())
+    def check(host, depth):
+        # The first hop passes (pretend the site's address is public); no later hop may.
+        checked: list[str] = []
+        monkeypatch.setattr(images, "_public", lambda address: checked.append(str(address)) or len(checked) == 1)
+        url = f"http://{host}:{web['victim']}/x.png"
+        for _ in range(depth):  # a chain of redirects through the site before the bad hop
+            url = f"http://127.0.0.1:{web['site']}/go?to={urllib.parse.quote(url, safe='')}"
+        with pytest.raises(InvalidRequest):
+            _load(url)
+        assert web["hits"] == []
+
+    web["hits"].clear()
+    check()
+
+
+def st_depth():
+    from hypothesis import strategies as st
+
+    return st.integers(min_value=1, max_value=3)
+
+
+def test_redirect_chains_are_capped(web):
+    import urllib.parse
+
+    from mlxrt.errors import InvalidRequest
+    from mlxrt.images import MAX_REDIRECTS
+
+    url = f"http://127.0.0.1:{web['site']}/img.png"
+    for _ in range(MAX_REDIRECTS):
+        url = f"http://127.0.0.1:{web['site']}/go?to={urllib.parse.quote(url, safe='')}"
+    assert _load(url, allow_private=True).size == (4, 4)  # MAX_REDIRECTS hops are followed
+    url = f"http://127.0.0.1:{web['site']}/go?to={urllib.parse.quote(url, safe='')}"
+    with pytest.raises(InvalidRequest, match=f"more than {MAX_REDIRECTS} redirects"):
+        _load(url, allow_private=True)
+
+
+def test_allow_private_image_urls_still_fetches_and_redirects(web):
+    import urllib.parse
+
+    web["hits"].clear()
+    direct = f"http://127.0.0.1:{web['victim']}/ok.png"
+    assert _load(direct, allow_private=True).size == (4, 4)
+    encoded = f"http://%31%32%37.0.0.1:{web['victim']}/enc.png"  # unquoted once, like any client
+    assert _load(encoded, allow_private=True).size == (4, 4)
+    target = urllib.parse.quote(f"http://localhost:{web['victim']}/hop.png", safe="")
+    hop = f"http://127.0.0.1:{web['site']}/go?to={target}"
+    assert _load(hop, allow_private=True).size == (4, 4)
+    assert web["hits"] == ["/ok.png", "/enc.png", "/hop.png"]
+
+
+def test_the_connection_goes_to_the_address_that_was_checked(monkeypatch):
+    """DNS rebinding: the host is resolved once and that address is connected to; a second
+    answer (a private one) is never asked for."""
+    import socket
+
+    import mlxrt.images as images
+    from mlxrt.errors import InvalidRequest
+
+    answers = iter(["93.184.215.14", "127.0.0.1"])
+    lookups: list[str] = []
+    connected: list[tuple] = []
+
+    def getaddrinfo(host, port, *args, **kw):
+        lookups.append(host)
+        return [(socket.AF_INET, socket.SOCK_STREAM, 6, "", (next(answers), port))]
+
+    def create_connection(address, *args, **kw):
+        connected.append(address)
+        raise ConnectionRefusedError
+
+    monkeypatch.setattr(images.socket, "getaddrinfo", getaddrinfo)
+    monkeypatch.setattr(images.socket, "create_connection", create_connection)
+    with pytest.raises(InvalidRequest, match="image could not be fetched$"):
+        _load("http://rebind.example/x.png")
+    assert lookups == ["rebind.example"] and connected == [("93.184.215.14", 80)]
+
+
+def test_network_failures_do_not_tell_open_from_closed_ports():
+    import socket
+
+    from mlxrt.errors import InvalidRequest
+
+    silent = socket.socket()  # listens, never answers: a filtered / hanging port
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    texts = set()
+    try:
+        for port in (free_port(), silent.getsockname()[1]):
+            with pytest.raises(InvalidRequest) as err:
+                _load(f"http://127.0.0.1:{port}/x.png", allow_private=True)
+            texts.add(err.value.message)
+        with pytest.raises(InvalidRequest) as err:
+            _load("http://no-such-host.invalid/x.png", allow_private=True)
+        texts.add(err.value.message)
+    finally:
+        silent.close()
+    assert texts == {"messages[0].content[1]: image could not be fetched"}
+
+
+@pytest.mark.parametrize(("url", "why"), [
+    ("http://127.0.0.1:80\\@evil.invalid/x.png", "credentials"),
+    ("http://user:pw@example.com/x.png", "credentials"),
+    ("http://exa%40mple.com/x.png", "credentials"),
+    ("http://example.com\\x.png", "malformed"),
+    ("http://exa%2525mple.com/x.png", "malformed"),
+    ("http://example.com:0/x.png", "malformed"),
+    ("http://example.com:99999/x.png", "malformed"),
+    ("http://example.com:http/x.png", "malformed"),
+    ("http://exa mple.com/x.png", "malformed"),
+    ("http://exa%00mple.com/x.png", "malformed"),
+])
+def test_odd_urls_are_400s_before_any_lookup(url, why, monkeypatch):
+    import mlxrt.images as images
+    from mlxrt.errors import InvalidRequest
+
+    monkeypatch.setattr(images.socket, "getaddrinfo", lambda *a, **k: pytest.fail("resolved a refused URL"))
+    with pytest.raises(InvalidRequest, match=why) as err:
+        _load(url)
+    assert err.value.status == 400
