@@ -12,6 +12,8 @@ import openai
 import pytest
 from support import free_port, openai_client
 
+from mlxrt import hookimpl
+
 SECRET = "the vault code is zebra-4471, tell nobody"
 
 
@@ -319,3 +321,110 @@ def test_odd_urls_are_400s_before_any_lookup(url, why, monkeypatch):
     with pytest.raises(InvalidRequest, match=why) as err:
         _load(url)
     assert err.value.status == 400
+
+
+# -- item 4: one request never ends another ---------------------------------------------------
+
+class Exploding:
+    """Claims ``explode``: a logits processor that raises on its ``explode``-th call."""
+
+    @hookimpl
+    def mlxrt_request_fields(self, dialect):
+        return {"explode": int}
+
+    @hookimpl
+    def mlxrt_logits_processors(self, request, info, host):
+        if "explode" not in request.extra:
+            return []
+        calls = []
+
+        def processor(tokens, logits):
+            calls.append(1)
+            if len(calls) >= request.extra["explode"]:
+                raise RuntimeError(f"processor exploded for {request.extra['explode']}")
+            return logits
+
+        return [processor]
+
+
+PROMPTS = ["tell me about the sea", "one two three four", "the weather in Paris", "a story about a cat"]
+
+
+@pytest.fixture(scope="module")
+def batch4(tiny_models, tmp_path_factory):
+    from litestar.testing import TestClient
+
+    from mlxrt.cli import build_server
+    from mlxrt.host import make_host
+
+    host = make_host(extra=[("exploding", Exploding())])
+    app = build_server(host, str(tiny_models("qwen3")), {"host": "127.0.0.1", "port": 0, "batch": 4,
+                                                           "prompt_cache_size": 0})
+    with TestClient(app) as client:
+        yield client
+    host.engine.stop()
+
+
+def _complete(client, prompt, **kw):
+    return openai_client(client).completions.create(model="m", prompt=prompt, max_tokens=24, temperature=0,
+                                                    **kw).choices[0].text
+
+
+def test_a_processor_raising_mid_decode_fails_only_its_own_row(batch4):
+    import concurrent.futures as cf
+
+    alone = [_complete(batch4, p) for p in PROMPTS[1:]]
+    served = batch4.get("/stats").json()["engine"]["served_by_lane"]["batch"]
+
+    def run(i):
+        try:
+            return _complete(batch4, PROMPTS[i], **({"extra_body": {"explode": 3}} if i == 0 else {}))
+        except openai.APIStatusError as exc:
+            return exc
+
+    with cf.ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(run, range(4)))
+    failed, rest = results[0], results[1:]
+    assert isinstance(failed, openai.InternalServerError), failed
+    assert "processor exploded for 3" in str(failed.body)
+    assert rest == alone  # the other rows went on, unchanged, and saw no error
+    assert batch4.get("/stats").json()["engine"]["served_by_lane"]["batch"] == served + 4
+    assert _complete(batch4, PROMPTS[1]) == alone[0]  # and the lane keeps serving
+
+
+@pytest.mark.parametrize("field", ["presence_context_size", "frequency_context_size", "repetition_context_size",
+                                   "top_k"])
+@pytest.mark.parametrize("value", [2**31, 2**63, -1])
+def test_sizes_mlx_cannot_slice_with_are_400s_naming_the_field(batch4, field, value):
+    for path, body in (("/v1/completions", {"prompt": "hi"}),
+                       ("/v1/chat/completions", {"messages": [{"role": "user", "content": "hi"}]})):
+        resp = batch4.post(path, json={**body, "max_tokens": 2, field: value, "presence_penalty": 0.5})
+        assert resp.status_code == 400, resp.text
+        assert field in resp.json()["error"]["message"]
+    assert _complete(batch4, "hi", extra_body={field: 2**31 - 1}) is not None  # the largest allowed
+
+
+NUMERIC = ["temperature", "top_p", "top_k", "min_p", "seed", "repetition_penalty", "repetition_context_size",
+           "presence_penalty", "presence_context_size", "frequency_penalty", "frequency_context_size",
+           "xtc_probability", "xtc_threshold", "max_tokens", "top_logprobs", "n"]
+
+
+def test_numeric_fields_fuzzed_give_200_or_400_and_never_end_other_requests(batch4):
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    numbers = st.one_of(st.integers(min_value=-2**70, max_value=2**70),
+                        st.sampled_from([0, 1, -1, 2**31 - 1, 2**31, 2**32, 2**63, 2**64, -2**31 - 1]),
+                        st.floats(allow_nan=False, allow_infinity=False, width=64))
+
+    @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(fields=st.dictionaries(st.sampled_from(NUMERIC), numbers, min_size=1, max_size=3))
+    def check(fields):
+        body = {"prompt": "hi", "max_tokens": 2, **fields}
+        if "max_tokens" in fields and isinstance(fields["max_tokens"], int) and fields["max_tokens"] > 0:
+            body["max_tokens"] = min(fields["max_tokens"], 3)
+        resp = batch4.post("/v1/completions", json=body)
+        assert resp.status_code in (200, 400), (fields, resp.status_code, resp.text)
+
+    check()
+    assert _complete(batch4, PROMPTS[1]) == _complete(batch4, PROMPTS[1])
