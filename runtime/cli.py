@@ -290,7 +290,8 @@ def build_cli(host: PluginHost) -> click.Group:
                   help="LoRA adapter folder (mlx-lm format) mounted at start, id = its folder name; the "
                        "default of requests that name no adapter.")
     @click.option("--adapter-dir", multiple=True, type=click.Path(file_okay=False),
-                  help="Folder of adapter folders GET /v1/adapters/available lists (repeatable).")
+                  help="Folder of adapter folders GET /v1/adapters/available lists and POST /v1/adapters may "
+                       "mount from (repeatable); without one, adapters mount only at start.")
     @click.option("--draft-model", default=None,
                   help="A small model with the same tokenizer for speculative decoding (greedy output is "
                   "unchanged). Every request then runs in the serial lane, whatever --batch says.")

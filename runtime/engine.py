@@ -457,8 +457,10 @@ class Engine:
         return done.result()
 
     async def mount_adapter(self, adapter_id: str, path: str) -> dict[str, Any]:
-        """Mount an adapter folder as ``adapter_id`` (on the worker, between decode steps)."""
-        adapter = await self.call(lambda loaded: self.adapters.mount(loaded.model, adapter_id, path))
+        """Mount an adapter folder as ``adapter_id`` (on the worker, between decode steps); the
+        folder must lie under an adapter root (:meth:`~mlxrt.adapters.AdapterRegistry.confine`)."""
+        adapter = await self.call(lambda loaded: self.adapters.mount(loaded.model, adapter_id,
+                                                                     self.adapters.confine(path)))
         return adapter.describe()
 
     async def unmount_adapter(self, adapter_id: str) -> dict[str, Any]:

@@ -428,3 +428,45 @@ def test_numeric_fields_fuzzed_give_200_or_400_and_never_end_other_requests(batc
 
     check()
     assert _complete(batch4, PROMPTS[1]) == _complete(batch4, PROMPTS[1])
+
+
+# -- adapters mount only from the operator's folders -----------------------------------------
+
+@pytest.fixture(scope="module")
+def adapter_roots(tiny_models, tmp_path_factory):
+    from mlxrt.testing import write_random_adapter
+
+    model = tiny_models("qwen3")
+    root = tmp_path_factory.mktemp("roots")
+    inside = write_random_adapter(root / "allowed" / "good", model, seed=1, rank=2)
+    outside = write_random_adapter(root / "elsewhere" / "real", model, seed=2, rank=2)
+    (root / "allowed" / "escape").symlink_to(outside)  # a link inside that points outside
+    (root / "allowed" / "inner").symlink_to(inside)  # a link inside that stays inside
+    return {"model": model, "root": root / "allowed", "inside": inside, "outside": outside}
+
+
+def test_mounting_is_confined_to_the_adapter_dirs(adapter_roots, serve_app):
+    r = adapter_roots
+    client = serve_app(r["model"], options={"adapter_dir": (str(r["root"]),)})
+
+    def mount(path, id="x"):
+        return client.post("/v1/adapters", json={"id": id, "path": path})
+
+    refused = [mount(str(r["outside"])), mount(str(r["outside"].parent / "missing")), mount("/etc"),
+               mount(str(r["root"] / "escape")), mount(str(r["root"] / ".." / "elsewhere" / "real")),
+               mount("/nonexistent/deeper/path")]
+    assert {resp.status_code for resp in refused} == {400}
+    bodies = {json.dumps(resp.json(), sort_keys=True) for resp in refused}
+    assert len(bodies) == 1  # one text: existing and missing paths outside the roots look alike
+    assert "adapter_path_not_allowed" in bodies.pop()
+    nul = mount(str(r["inside"]) + "\x00/etc")
+    assert nul.status_code == 400 and "NUL" in nul.json()["error"]["message"]
+    assert mount(str(r["inside"]), "good").status_code == 200
+    assert mount(str(r["root"] / "inner"), "inner").status_code == 200  # a link resolving inside is fine
+    assert client.get("/health").status_code == 200
+
+
+def test_without_an_adapter_dir_mounting_by_path_is_refused(adapter_roots, serve_app):
+    client = serve_app(adapter_roots["model"])
+    resp = client.post("/v1/adapters", json={"id": "x", "path": str(adapter_roots["inside"])})
+    assert resp.status_code == 400 and "--adapter-dir" in resp.json()["error"]["message"]
