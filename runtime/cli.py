@@ -270,6 +270,10 @@ def build_cli(host: PluginHost) -> click.Group:
     @click.option("--allow-private-image-urls", is_flag=True,
                   help="Fetch image URLs on private/loopback addresses too (off: clients cannot make the "
                   "server probe its own network).")
+    @click.option("--max-images", type=click.IntRange(min=0), default=16, show_default=True,
+                  help="Images one request may carry; more gets 400.")
+    @click.option("--max-image-pixels", type=click.IntRange(min=1), default=50_000_000, show_default=True,
+                  help="Decoded pixels all images of one request may have together; more gets 400.")
     @click.option("--shutdown-grace", type=click.FloatRange(min=0), default=10.0,
                   help="Seconds running requests get to finish on SIGTERM/SIGINT before they are cancelled.")
     @click.option("--temp", type=float, default=None,

@@ -48,6 +48,10 @@ FORMATS = frozenset({"PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF", "MPO"})
 DEFAULT_MAX_BYTES = 20 * 1024 * 1024
 DEFAULT_FETCH_TIMEOUT = 10.0
 DEFAULT_MAX_PIXELS = 40_000_000
+#: Per request: images at most, and decoded pixels of all its images together (about 150 MB
+#: of RGB), so one request cannot make the server hold gigabytes of pixels.
+DEFAULT_MAX_IMAGES = 16
+DEFAULT_MAX_TOTAL_PIXELS = 50_000_000
 
 
 @attrs.frozen
@@ -94,12 +98,17 @@ class ImageLimits:
     :ivar fetch_timeout: Seconds an ``http(s)`` fetch may take (``--image-fetch-timeout``).
     :ivar max_pixels: Decoded pixels one image may have (a decompression-bomb guard).
     :ivar allow_private: Fetch from private/loopback addresses too (``--allow-private-image-urls``).
+    :ivar max_images: Images one request may carry (``--max-images``).
+    :ivar max_total_pixels: Decoded pixels all images of one request may have together
+        (``--max-image-pixels``).
     """
 
     max_bytes: int = DEFAULT_MAX_BYTES
     fetch_timeout: float = DEFAULT_FETCH_TIMEOUT
     max_pixels: int = DEFAULT_MAX_PIXELS
     allow_private: bool = False
+    max_images: int = DEFAULT_MAX_IMAGES
+    max_total_pixels: int = DEFAULT_MAX_TOTAL_PIXELS
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> ImageLimits:
@@ -109,7 +118,9 @@ class ImageLimits:
 
         return cls(max_bytes=int(given("max_image_bytes", DEFAULT_MAX_BYTES)),
                    fetch_timeout=float(given("image_fetch_timeout", DEFAULT_FETCH_TIMEOUT)),
-                   allow_private=bool(options.get("allow_private_image_urls")))
+                   allow_private=bool(options.get("allow_private_image_urls")),
+                   max_images=int(given("max_images", DEFAULT_MAX_IMAGES)),
+                   max_total_pixels=int(given("max_image_pixels", DEFAULT_MAX_TOTAL_PIXELS)))
 
 
 def _bad(ref: ImageRef, why: str) -> InvalidRequest:
@@ -284,8 +295,11 @@ def _encoded(ref: ImageRef, limits: ImageLimits) -> bytes:
     return raw
 
 
-def decode_bytes(ref: ImageRef, raw: bytes, limits: ImageLimits) -> Any:
-    """Encoded bytes → an RGB image (EXIF orientation applied, first frame of animations)."""
+def decode_bytes(ref: ImageRef, raw: bytes, limits: ImageLimits, spent: int = 0) -> Any:
+    """Encoded bytes → an RGB image (EXIF orientation applied, first frame of animations).
+
+    ``spent``: pixels the request's earlier images took of ``limits.max_total_pixels``; the
+    budget is checked from the header, before any pixel is decoded."""
     import warnings
 
     from PIL import Image, ImageOps
@@ -300,6 +314,9 @@ def decode_bytes(ref: ImageRef, raw: bytes, limits: ImageLimits) -> Any:
             width, height = image.size
             if width * height > limits.max_pixels:
                 raise _bad(ref, f"image is {width}x{height} pixels, over the {limits.max_pixels}-pixel limit")
+            if spent + width * height > limits.max_total_pixels:
+                raise _bad(ref, f"the request's images exceed the {limits.max_total_pixels}-pixel budget per "
+                                "request (--max-image-pixels)")
             image.seek(0)
             image.load()
             image = ImageOps.exif_transpose(image)
@@ -329,5 +346,19 @@ def load_image(ref: ImageRef, limits: ImageLimits | None = None) -> Any:
 
 
 def load_images(refs: Sequence[ImageRef], limits: ImageLimits | None = None) -> list[Any]:
-    """:func:`load_image` for each reference, in order."""
-    return [load_image(ref, limits) for ref in refs]
+    """:func:`load_image` for each reference, in order, within the per-request caps.
+
+    :raises InvalidRequest: more than ``limits.max_images`` references (before anything is
+        fetched), or images over ``limits.max_total_pixels`` together, naming the part.
+    """
+    limits = limits or ImageLimits()
+    if len(refs) > limits.max_images:
+        raise _bad(refs[limits.max_images], f"the request has {len(refs)} images, over the limit of "
+                                            f"{limits.max_images} per request (--max-images)")
+    images: list[Any] = []
+    spent = 0
+    for ref in refs:
+        image = decode_bytes(ref, _encoded(ref, limits), limits, spent)
+        spent += image.width * image.height
+        images.append(image)
+    return images

@@ -470,3 +470,58 @@ def test_without_an_adapter_dir_mounting_by_path_is_refused(adapter_roots, serve
     client = serve_app(adapter_roots["model"])
     resp = client.post("/v1/adapters", json={"id": "x", "path": str(adapter_roots["inside"])})
     assert resp.status_code == 400 and "--adapter-dir" in resp.json()["error"]["message"]
+
+
+# -- item 5 (images): a count cap and a pixel budget per request ------------------------------
+
+def _data_url(size=(100, 100)) -> str:
+    import base64
+    import io
+
+    from PIL import Image
+
+    out = io.BytesIO()
+    Image.new("RGB", size, (200, 10, 10)).save(out, "PNG")
+    return "data:image/png;base64," + base64.b64encode(out.getvalue()).decode()
+
+
+def test_image_count_is_capped_before_anything_is_fetched(web):
+    from mlxrt.errors import InvalidRequest
+    from mlxrt.images import ImageLimits, ImageRef, load_images
+
+    web["hits"].clear()
+    refs = [ImageRef(where=f"messages[0].content[{i}]", url=f"http://127.0.0.1:{web['victim']}/{i}.png")
+            for i in range(5)]
+    with pytest.raises(InvalidRequest, match=r"content\[4\]: the request has 5 images, over the limit of 4 "
+                                             r"per request \(--max-images\)"):
+        load_images(refs, ImageLimits(allow_private=True, max_images=4))
+    assert web["hits"] == []
+    assert len(load_images(refs[:4], ImageLimits(allow_private=True, max_images=4))) == 4
+
+
+def test_decoded_pixels_of_a_request_are_budgeted():
+    from mlxrt.errors import InvalidRequest
+    from mlxrt.images import ImageLimits, ImageRef, load_images
+
+    refs = [ImageRef(where=f"messages[0].content[{i}]", url=_data_url()) for i in range(3)]
+    assert len(load_images(refs, ImageLimits(max_total_pixels=30_000))) == 3
+    with pytest.raises(InvalidRequest, match=r"content\[2\]: the request's images exceed the 25000-pixel budget"):
+        load_images(refs, ImageLimits(max_total_pixels=25_000))
+
+
+def test_image_caps_and_odd_urls_through_the_server(tiny_models, serve_app):
+    client = openai_client(serve_app(tiny_models("gemma4"), options={"max_images": 2, "max_image_pixels": 25_000}))
+
+    def chat(*urls):
+        parts = [{"type": "text", "text": "describe"}] + [{"type": "image_url", "image_url": {"url": u}} for u in urls]
+        return client.chat.completions.create(model="m", max_tokens=2, temperature=0,
+                                              messages=[{"role": "user", "content": parts}])
+
+    for urls, why in (((_data_url(),) * 3, "over the limit of 2 per request (--max-images)"),
+                      ((_data_url(), _data_url((100, 200))), "25000-pixel budget per request"),
+                      (("http://127.0.0.1:1\\@evil.invalid/x.png",), "credentials"),
+                      (("http://%31%32%37.0.0.1:1/x.png",), "private or loopback")):
+        with pytest.raises(openai.BadRequestError) as err:
+            chat(*urls)
+        assert why in str(err.value.body), err.value.body
+    assert chat(_data_url(), _data_url()).choices[0].finish_reason  # within the caps: served
