@@ -67,6 +67,12 @@ def test_a_stored_response_is_bound_to_the_key_that_created_it(keyed):
     alice.responses.delete(created.id)
     with pytest.raises(openai.NotFoundError):
         alice.responses.retrieve(created.id)
+    # A streamed response is stored under its creator's key too.
+    events = list(alice.responses.create(model="m", input=SECRET, max_output_tokens=3, temperature=0, stream=True))
+    streamed = events[-1].response.id
+    assert alice.responses.retrieve(streamed).id == streamed
+    with pytest.raises(openai.NotFoundError):
+        bob.responses.retrieve(streamed)
 
 
 def test_without_a_key_the_unguessable_id_is_the_only_handle(qwen3_client):
