@@ -109,6 +109,7 @@ def web():
 
     body = _png()
     hits: list[str] = []
+    hosts: list[str] = []
 
     class Victim(http.server.BaseHTTPRequestHandler):
         def log_message(self, *args):
@@ -116,6 +117,7 @@ def web():
 
         def do_GET(self):  # noqa: N802
             hits.append(self.path)
+            hosts.append(self.headers.get("Host"))
             self.send_response(200)
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
@@ -137,7 +139,8 @@ def web():
     servers = [http.server.ThreadingHTTPServer(("127.0.0.1", 0), h) for h in (Victim, Site)]
     for server in servers:
         threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield {"victim": servers[0].server_address[1], "site": servers[1].server_address[1], "hits": hits}
+    yield {"victim": servers[0].server_address[1], "site": servers[1].server_address[1], "hits": hits,
+           "hosts": hosts}
     for server in servers:
         server.shutdown()
 
@@ -256,6 +259,9 @@ def test_allow_private_image_urls_still_fetches_and_redirects(web):
     hop = f"http://127.0.0.1:{web['site']}/go?to={target}"
     assert _load(hop, allow_private=True).size == (4, 4)
     assert web["hits"] == ["/ok.png", "/enc.png", "/hop.png"]
+    # Connected by the checked address, named as the URL names the host.
+    port = web["victim"]
+    assert web["hosts"][-3:] == [f"127.0.0.1:{port}", f"127.0.0.1:{port}", f"localhost:{port}"]
 
 
 def test_the_connection_goes_to_the_address_that_was_checked(monkeypatch):
@@ -396,6 +402,14 @@ def test_a_processor_raising_mid_decode_fails_only_its_own_row(batch4):
     assert rest == alone  # the other rows went on, unchanged, and saw no error
     assert batch4.get("/stats").json()["engine"]["served_by_lane"]["batch"] == served + 4
     assert _complete(batch4, PROMPTS[1]) == alone[0]  # and the lane keeps serving
+
+
+def test_in_the_serial_lane_a_raising_processor_fails_its_request_and_the_server_goes_on(tiny_models, serve_app):
+    client = serve_app(tiny_models("qwen3"), extra=[("exploding", Exploding())], options={"prompt_cache_size": 0})
+    alone = _complete(client, PROMPTS[1])
+    with pytest.raises(openai.InternalServerError, match="processor exploded for 2"):
+        _complete(client, PROMPTS[0], extra_body={"explode": 2})
+    assert _complete(client, PROMPTS[1]) == alone
 
 
 @pytest.mark.parametrize("field", ["presence_context_size", "frequency_context_size", "repetition_context_size",
