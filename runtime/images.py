@@ -187,7 +187,10 @@ def _target(ref: ImageRef, url: str, limits: ImageLimits) -> _Target:
     if parts.scheme not in ("http", "https") or not parts.netloc:
         raise _bad(ref, f"unsupported image url scheme: {url[:16]}")
     # The host is unquoted once, as an HTTP client would; whatever is left must be a plain host.
-    netloc = urllib.parse.unquote(parts.netloc, errors="strict") if "%" in parts.netloc else parts.netloc
+    try:
+        netloc = urllib.parse.unquote(parts.netloc, errors="strict")
+    except UnicodeDecodeError:
+        raise _bad(ref, "image URL is malformed") from None
     if "@" in netloc:
         raise _bad(ref, "image URL may not carry credentials (user@host)")
     if _BAD_URL_CHARS.search(netloc) or "\\" in url:

@@ -324,6 +324,9 @@ def test_network_failures_do_not_tell_open_from_closed_ports():
     ("http://example.com:http/x.png", "malformed"),
     ("http://exa mple.com/x.png", "malformed"),
     ("http://exa%00mple.com/x.png", "malformed"),
+    ("http://%ff%fe/x.png", "malformed"),
+    ("http://%5B::1/x.png", "malformed"),
+    ("http://[::1/x.png", "malformed"),
 ])
 def test_odd_urls_are_400s_before_any_lookup(url, why, monkeypatch):
     import mlxrt.images as images
@@ -545,3 +548,27 @@ def test_image_caps_and_odd_urls_through_the_server(tiny_models, serve_app):
             chat(*urls)
         assert why in str(err.value.body), err.value.body
     assert chat(_data_url(), _data_url()).choices[0].finish_reason  # within the caps: served
+
+
+def test_any_url_text_is_a_400_never_a_crash(monkeypatch):
+    import socket
+
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    import mlxrt.images as images
+    from mlxrt.errors import InvalidRequest
+
+    # Every name resolves to loopback here: nothing is fetched, every URL ends in a 400.
+    monkeypatch.setattr(images.socket, "getaddrinfo", lambda host, port, *a, **k: [
+        (socket.AF_INET, socket.SOCK_STREAM, 6, "", ("127.0.0.1", port))])
+
+    @settings(max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+    @given(rest=st.text(alphabet=st.characters(codec="utf-8"), max_size=40),
+           scheme=st.sampled_from(["http://", "https://", "HTTP://", "http:/", "http:"]))
+    def check(scheme, rest):
+        with pytest.raises(InvalidRequest) as err:
+            _load(scheme + rest)
+        assert err.value.status == 400
+
+    check()
