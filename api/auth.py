@@ -17,7 +17,7 @@ from litestar.handlers import BaseRouteHandler
 
 from mlxrt.errors import MlxrtError
 
-__all__ = ["Unauthorized", "api_key_guard", "read_keys"]
+__all__ = ["Unauthorized", "api_key_guard", "read_keys", "presented_key"]
 
 
 class Unauthorized(MlxrtError):
@@ -48,7 +48,8 @@ def read_keys(keys: Iterable[str], files: Iterable[str | Path] = ()) -> list[str
     return out
 
 
-def _presented(connection: ASGIConnection) -> str | None:
+def presented_key(connection: ASGIConnection) -> str | None:
+    """The API key a request presents (``Authorization: Bearer`` or ``x-api-key``), if any."""
     auth = connection.headers.get("authorization")
     if auth:
         scheme, _, token = auth.partition(" ")
@@ -65,7 +66,7 @@ def api_key_guard(keys: Sequence[str]):  # noqa: ANN201 - a Litestar guard
     def guard(connection: ASGIConnection, handler: BaseRouteHandler) -> None:
         if handler.opt.get("public") or connection.scope.get("method") == "OPTIONS":
             return
-        given = _presented(connection)
+        given = presented_key(connection)
         if given is None:
             raise Unauthorized("missing API key: send 'Authorization: Bearer <key>' or 'x-api-key: <key>'")
         candidate = given.encode()

@@ -19,6 +19,12 @@ registry's :class:`Selection`, set by the engine before each model call:
 An adapter that no running row selected is not computed at all; with nothing selected a
 wrapped layer costs one attribute check. A stacked set ``"a+b"`` adds both deltas.
 
+Mounting by path over HTTP (``POST /v1/adapters``) is confined to the operator's adapter
+roots (:meth:`AdapterRegistry.confine`: the ``--adapter-dir`` folders and the folder holding
+``--adapter``), symlinks resolved first; a path outside them is refused with one text whether
+or not it exists, so the route cannot be used to probe the server's disk. Without a root,
+adapters are mounted only at start.
+
 Mount and unmount change the model and run on the engine's worker, between decode steps;
 an unmounted adapter stops being selectable at once and its arrays are dropped when the
 last running row that chose it ends (no request is ever served with the wrong adapter).
@@ -274,6 +280,33 @@ class AdapterRegistry:
                     row.update(rank=None, scale=None, base_model=None, error=exc.message)
                 found.append(row)
         return found
+
+    def confine(self, path: str) -> Path:
+        """The folder ``path`` names (``~`` expanded, symlinks resolved), if it lies under one
+        of the adapter roots.
+
+        :raises InvalidRequest: a NUL byte, no root configured, or a folder outside every root
+            (one text for existing and missing paths alike).
+        """
+        if "\x00" in path:
+            raise InvalidRequest("adapter path may not contain a NUL byte", param="path", code="invalid_adapter")
+        if not self.dirs:
+            raise InvalidRequest("this server mounts adapters only at start: mounting by path needs --adapter-dir "
+                                 "(the folders adapters may be mounted from)", param="path",
+                                 code="adapter_path_not_allowed")
+        refused = InvalidRequest("adapter path is not inside an adapter folder of this server (--adapter-dir)",
+                                 param="path", code="adapter_path_not_allowed")
+        try:
+            folder = Path(path).expanduser().resolve()
+        except (OSError, RuntimeError, ValueError):  # a symlink loop, an unknown ~user
+            raise refused from None
+        for root in self.dirs:
+            try:
+                if folder.is_relative_to(root.resolve()):
+                    return folder
+            except (OSError, RuntimeError):
+                continue
+        raise refused
 
     # -- worker thread -----------------------------------------------------------------------
 

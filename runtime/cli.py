@@ -270,6 +270,10 @@ def build_cli(host: PluginHost) -> click.Group:
     @click.option("--allow-private-image-urls", is_flag=True,
                   help="Fetch image URLs on private/loopback addresses too (off: clients cannot make the "
                   "server probe its own network).")
+    @click.option("--max-images", type=click.IntRange(min=0), default=16, show_default=True,
+                  help="Images one request may carry; more gets 400.")
+    @click.option("--max-image-pixels", type=click.IntRange(min=1), default=50_000_000, show_default=True,
+                  help="Decoded pixels all images of one request may have together; more gets 400.")
     @click.option("--shutdown-grace", type=click.FloatRange(min=0), default=10.0,
                   help="Seconds running requests get to finish on SIGTERM/SIGINT before they are cancelled.")
     @click.option("--temp", type=float, default=None,
@@ -290,7 +294,8 @@ def build_cli(host: PluginHost) -> click.Group:
                   help="LoRA adapter folder (mlx-lm format) mounted at start, id = its folder name; the "
                        "default of requests that name no adapter.")
     @click.option("--adapter-dir", multiple=True, type=click.Path(file_okay=False),
-                  help="Folder of adapter folders GET /v1/adapters/available lists (repeatable).")
+                  help="Folder of adapter folders GET /v1/adapters/available lists and POST /v1/adapters may "
+                       "mount from (repeatable); without one, adapters mount only at start.")
     @click.option("--draft-model", default=None,
                   help="A small model with the same tokenizer for speculative decoding (greedy output is "
                   "unchanged). Every request then runs in the serial lane, whatever --batch says.")

@@ -457,8 +457,10 @@ class Engine:
         return done.result()
 
     async def mount_adapter(self, adapter_id: str, path: str) -> dict[str, Any]:
-        """Mount an adapter folder as ``adapter_id`` (on the worker, between decode steps)."""
-        adapter = await self.call(lambda loaded: self.adapters.mount(loaded.model, adapter_id, path))
+        """Mount an adapter folder as ``adapter_id`` (on the worker, between decode steps); the
+        folder must lie under an adapter root (:meth:`~mlxrt.adapters.AdapterRegistry.confine`)."""
+        adapter = await self.call(lambda loaded: self.adapters.mount(loaded.model, adapter_id,
+                                                                     self.adapters.confine(path)))
         return adapter.describe()
 
     async def unmount_adapter(self, adapter_id: str) -> dict[str, Any]:
@@ -771,13 +773,13 @@ class Engine:
         snippet = None
         if found.diverged_at is not None and found.status != "hit":
             snippet = self.loaded.tokenizer.decode(list(prompt[found.diverged_at:found.diverged_at + SNIPPET_TOKENS]))
-            self.last_miss = {"request_id": request.request_id, "status": found.status,
-                              "diverged_at": found.diverged_at, "prompt_tokens": len(prompt),
-                              "cached_tokens": found.reused, "snippet": snippet,
-                              "expected": self.loaded.tokenizer.decode(list(found.expected))}
+            # /stats is shared by every client: counts only. The text (the request's own) goes
+            # in its x-mlxrt-cache header; what the cache held there is another request's prompt.
+            self.last_miss = {"status": found.status, "diverged_at": found.diverged_at,
+                              "prompt_tokens": len(prompt), "cached_tokens": found.reused}
             log.debug("prompt cache %s for %s: diverged at token %d of %d: %r (cache held %r)",
                       found.status, request.request_id, found.diverged_at, len(prompt), snippet,
-                      self.last_miss["expected"])
+                      self.loaded.tokenizer.decode(list(found.expected)))
         report = CacheReport(found.status, found.reused, len(prompt), found.diverged_at, snippet)
         return report, found.cache, found.reused
 

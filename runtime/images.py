@@ -8,9 +8,16 @@ model is known to take images, so a text-only model answers "no vision input" wi
 touching the network.
 
 Accepted: ``data:<mime>;base64,<...>`` URLs, ``http(s)://`` URLs (fetched with a byte cap and a
-timeout; private, loopback and link-local addresses are refused unless the operator allows
-them, so a client cannot make the server probe its own network) and base64 data with a media
-type (Anthropic). Formats: PNG, JPEG, WebP, GIF (first frame), BMP, TIFF. EXIF orientation is
+timeout) and base64 data with a media type (Anthropic).
+
+The fetcher is an SSRF guard, so a client cannot make the server probe its own network: each
+URL (and each redirect hop, at most :data:`MAX_REDIRECTS`) is parsed once — the host unquoted
+once and IDNA-encoded, credentials, backslashes and leftover escapes refused — and resolved
+once; unless the operator allows private addresses (``--allow-private-image-urls``) every
+address must be a public unicast one, and the connection goes to the checked address (Host
+header and TLS server name as in the URL), so a DNS answer cannot change between check and
+use. Every network failure reads alike (:data:`FETCH_FAILED`), whether a port was closed,
+silent or refusing. Formats: PNG, JPEG, WebP, GIF (first frame), BMP, TIFF. EXIF orientation is
 applied; transparency is composited on white (as transformers' ``convert_rgb`` does). Every
 failure is an :class:`~mlxrt.errors.InvalidRequest` (400) naming the part.
 """
@@ -19,12 +26,14 @@ from __future__ import annotations
 
 import base64
 import binascii
+import http.client
 import io
 import ipaddress
+import re
 import socket
-import urllib.error
+import ssl
+import time
 import urllib.parse
-import urllib.request
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -39,6 +48,10 @@ FORMATS = frozenset({"PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF", "MPO"})
 DEFAULT_MAX_BYTES = 20 * 1024 * 1024
 DEFAULT_FETCH_TIMEOUT = 10.0
 DEFAULT_MAX_PIXELS = 40_000_000
+#: Per request: images at most, and decoded pixels of all its images together (about 150 MB
+#: of RGB), so one request cannot make the server hold gigabytes of pixels.
+DEFAULT_MAX_IMAGES = 16
+DEFAULT_MAX_TOTAL_PIXELS = 50_000_000
 
 
 @attrs.frozen
@@ -85,12 +98,17 @@ class ImageLimits:
     :ivar fetch_timeout: Seconds an ``http(s)`` fetch may take (``--image-fetch-timeout``).
     :ivar max_pixels: Decoded pixels one image may have (a decompression-bomb guard).
     :ivar allow_private: Fetch from private/loopback addresses too (``--allow-private-image-urls``).
+    :ivar max_images: Images one request may carry (``--max-images``).
+    :ivar max_total_pixels: Decoded pixels all images of one request may have together
+        (``--max-image-pixels``).
     """
 
     max_bytes: int = DEFAULT_MAX_BYTES
     fetch_timeout: float = DEFAULT_FETCH_TIMEOUT
     max_pixels: int = DEFAULT_MAX_PIXELS
     allow_private: bool = False
+    max_images: int = DEFAULT_MAX_IMAGES
+    max_total_pixels: int = DEFAULT_MAX_TOTAL_PIXELS
 
     @classmethod
     def from_options(cls, options: Mapping[str, Any]) -> ImageLimits:
@@ -100,7 +118,9 @@ class ImageLimits:
 
         return cls(max_bytes=int(given("max_image_bytes", DEFAULT_MAX_BYTES)),
                    fetch_timeout=float(given("image_fetch_timeout", DEFAULT_FETCH_TIMEOUT)),
-                   allow_private=bool(options.get("allow_private_image_urls")))
+                   allow_private=bool(options.get("allow_private_image_urls")),
+                   max_images=int(given("max_images", DEFAULT_MAX_IMAGES)),
+                   max_total_pixels=int(given("max_image_pixels", DEFAULT_MAX_TOTAL_PIXELS)))
 
 
 def _bad(ref: ImageRef, why: str) -> InvalidRequest:
@@ -130,65 +150,134 @@ def _data_url(ref: ImageRef, url: str, limits: ImageLimits) -> bytes:
     return _b64(ref, payload, limits)
 
 
-def _public(host: str) -> bool:
-    """Every address ``host`` resolves to is a public one."""
+#: Redirects followed at most (each hop is checked like the first URL).
+MAX_REDIRECTS = 5
+#: The one text for every network failure (refused, reset, timed out, unresolvable): an
+#: error must not tell a client which ports of which hosts are open.
+FETCH_FAILED = "image could not be fetched"
+_REDIRECTS = frozenset({301, 302, 303, 307, 308})
+_BAD_URL_CHARS = re.compile(r"[\\\x00-\x20\x7f%@]")
+
+
+def _public(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
+    """A globally routable unicast address (not private, loopback, link-local, shared, multicast,
+    reserved or unspecified; an IPv4-mapped IPv6 address is judged as its IPv4 address)."""
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        address = address.ipv4_mapped
+    return address.is_global and not address.is_multicast
+
+
+@attrs.frozen
+class _Target:
+    """One hop of a fetch, parsed and resolved once: what is connected to is what was checked."""
+
+    scheme: str
+    host: str  # ASCII (IDNA) host name or IP literal: the Host header and the TLS server name
+    port: int
+    path: str
+    address: str  # the checked IP address the connection goes to
+
+
+def _target(ref: ImageRef, url: str, limits: ImageLimits) -> _Target:
+    """Parse, normalise and resolve ``url``; refuse what the server must not fetch."""
     try:
-        infos = socket.getaddrinfo(host, None)
-    except OSError:
-        return True  # the fetch itself reports the resolution failure
-    for info in infos:
-        addr = ipaddress.ip_address(info[4][0].split("%")[0])
-        if addr.is_private or addr.is_loopback or addr.is_link_local or addr.is_reserved \
-                or addr.is_multicast or addr.is_unspecified:
-            return False
-    return True
-
-
-def _checked(ref: ImageRef, url: str, limits: ImageLimits) -> str:
-    parts = urllib.parse.urlsplit(url)
-    if parts.scheme not in ("http", "https") or not parts.hostname:
+        parts = urllib.parse.urlsplit(url)
+    except ValueError:
+        raise _bad(ref, "image URL is malformed") from None
+    if parts.scheme not in ("http", "https") or not parts.netloc:
         raise _bad(ref, f"unsupported image url scheme: {url[:16]}")
-    if not limits.allow_private and not _public(parts.hostname):
-        raise _bad(ref, f"image URL host {parts.hostname!r} is a private or loopback address "
+    # The host is unquoted once, as an HTTP client would; whatever is left must be a plain host.
+    try:
+        netloc = urllib.parse.unquote(parts.netloc, errors="strict")
+    except UnicodeDecodeError:
+        raise _bad(ref, "image URL is malformed") from None
+    if "@" in netloc:
+        raise _bad(ref, "image URL may not carry credentials (user@host)")
+    if _BAD_URL_CHARS.search(netloc) or "\\" in url:
+        raise _bad(ref, "image URL is malformed")
+    try:
+        hostinfo = urllib.parse.urlsplit(f"//{netloc}")
+        port = hostinfo.port if hostinfo.port is not None else (443 if parts.scheme == "https" else 80)
+        host = hostinfo.hostname or ""
+        if not (0 < port < 65536) or not host:
+            raise ValueError
+        ascii_host = host if ":" in host else host.encode("idna").decode("ascii")
+    except (ValueError, UnicodeError):
+        raise _bad(ref, "image URL is malformed") from None
+    try:
+        infos = socket.getaddrinfo(ascii_host, port, type=socket.SOCK_STREAM)
+        addresses = [ipaddress.ip_address(info[4][0].split("%")[0]) for info in infos]
+    except (OSError, UnicodeError, ValueError):
+        raise _bad(ref, FETCH_FAILED) from None
+    if not addresses:
+        raise _bad(ref, FETCH_FAILED)
+    if not limits.allow_private and not all(_public(a) for a in addresses):
+        raise _bad(ref, f"image URL host {ascii_host!r} is a private or loopback address "
                         "(the server fetches public URLs only; see --allow-private-image-urls)")
-    return url
+    path = parts.path or "/"
+    return _Target(parts.scheme, ascii_host, port, path + (f"?{parts.query}" if parts.query else ""),
+                   str(addresses[0]))
 
 
-class _Redirects(urllib.request.HTTPRedirectHandler):
-    """Checks every redirect target as the first URL was checked."""
+def _connection(target: _Target, timeout: float) -> http.client.HTTPConnection:
+    """An HTTP(S) connection to ``target.address`` that names ``target.host`` (Host, SNI)."""
+    address = target.address
 
-    def __init__(self, ref: ImageRef, limits: ImageLimits) -> None:
-        self.ref, self.limits = ref, limits
+    class Pinned(http.client.HTTPConnection):
+        def connect(self) -> None:
+            self.sock = socket.create_connection((address, self.port), self.timeout)
 
-    def redirect_request(self, req, fp, code, msg, headers, newurl):  # noqa: ANN001, ANN201
-        _checked(self.ref, newurl, self.limits)
-        return super().redirect_request(req, fp, code, msg, headers, newurl)
+    class PinnedTLS(http.client.HTTPSConnection):
+        def connect(self) -> None:
+            sock = socket.create_connection((address, self.port), self.timeout)
+            self.sock = self._context.wrap_socket(sock, server_hostname=self.host)
+
+    if target.scheme == "https":
+        return PinnedTLS(target.host, target.port, timeout=timeout, context=ssl.create_default_context())
+    return Pinned(target.host, target.port, timeout=timeout)
 
 
 def _fetch(ref: ImageRef, url: str, limits: ImageLimits) -> bytes:
-    _checked(ref, url, limits)
-    opener = urllib.request.build_opener(_Redirects(ref, limits))
-    request = urllib.request.Request(url, headers={"User-Agent": "mlxrt", "Accept": "image/*"})
-    try:
-        with opener.open(request, timeout=limits.fetch_timeout) as response:
-            length = response.headers.get("Content-Length")
+    """GET ``url``: every hop parsed, resolved and checked once, then connected to by the
+    checked address; redirects followed by hand (at most :data:`MAX_REDIRECTS`)."""
+    deadline = time.monotonic() + limits.fetch_timeout
+    for _hop in range(MAX_REDIRECTS + 1):
+        target = _target(ref, url, limits)
+        conn = _connection(target, max(deadline - time.monotonic(), 0.01))
+        try:
+            conn.request("GET", target.path, headers={"User-Agent": "mlxrt", "Accept": "image/*"})
+            response = conn.getresponse()
+            if response.status in _REDIRECTS:
+                location = response.getheader("Location")
+                if not location:
+                    raise _bad(ref, f"image fetch failed: {response.status} without a Location")
+                url = urllib.parse.urljoin(url, location)
+                continue
+            if response.status != 200:
+                raise _bad(ref, f"image fetch failed: {response.status}")
+            length = response.getheader("Content-Length")
             if length and length.isdigit() and int(length) > limits.max_bytes:
                 raise _bad(ref, f"image is larger than the {limits.max_bytes}-byte limit")
-            raw = response.read(limits.max_bytes + 1)
-    except InvalidRequest:
-        raise
-    except urllib.error.HTTPError as exc:
-        raise _bad(ref, f"image fetch failed: {exc.code} {url}") from None
-    except TimeoutError:
-        raise _bad(ref, f"image fetch timed out after {limits.fetch_timeout:g} s: {url}") from None
-    except (urllib.error.URLError, OSError, ValueError) as exc:
-        reason = getattr(exc, "reason", exc)
-        if isinstance(reason, TimeoutError):
-            raise _bad(ref, f"image fetch timed out after {limits.fetch_timeout:g} s: {url}") from None
-        raise _bad(ref, f"image fetch failed: {reason} {url}") from None
-    if len(raw) > limits.max_bytes:
-        raise _bad(ref, f"image is larger than the {limits.max_bytes}-byte limit")
-    return raw
+            chunks: list[bytes] = []
+            size = 0
+            while size <= limits.max_bytes:
+                if time.monotonic() > deadline:  # a server dripping bytes is a timeout too
+                    raise TimeoutError
+                chunk = response.read1(min(65536, limits.max_bytes + 1 - size))
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+            if size > limits.max_bytes:
+                raise _bad(ref, f"image is larger than the {limits.max_bytes}-byte limit")
+            return b"".join(chunks)
+        except InvalidRequest:
+            raise
+        except (OSError, http.client.HTTPException, ValueError):
+            raise _bad(ref, FETCH_FAILED) from None
+        finally:
+            conn.close()
+    raise _bad(ref, f"{FETCH_FAILED} (more than {MAX_REDIRECTS} redirects)")
 
 
 def _encoded(ref: ImageRef, limits: ImageLimits) -> bytes:
@@ -209,8 +298,11 @@ def _encoded(ref: ImageRef, limits: ImageLimits) -> bytes:
     return raw
 
 
-def decode_bytes(ref: ImageRef, raw: bytes, limits: ImageLimits) -> Any:
-    """Encoded bytes → an RGB image (EXIF orientation applied, first frame of animations)."""
+def decode_bytes(ref: ImageRef, raw: bytes, limits: ImageLimits, spent: int = 0) -> Any:
+    """Encoded bytes → an RGB image (EXIF orientation applied, first frame of animations).
+
+    ``spent``: pixels the request's earlier images took of ``limits.max_total_pixels``; the
+    budget is checked from the header, before any pixel is decoded."""
     import warnings
 
     from PIL import Image, ImageOps
@@ -225,6 +317,9 @@ def decode_bytes(ref: ImageRef, raw: bytes, limits: ImageLimits) -> Any:
             width, height = image.size
             if width * height > limits.max_pixels:
                 raise _bad(ref, f"image is {width}x{height} pixels, over the {limits.max_pixels}-pixel limit")
+            if spent + width * height > limits.max_total_pixels:
+                raise _bad(ref, f"the request's images exceed the {limits.max_total_pixels}-pixel budget per "
+                                "request (--max-image-pixels)")
             image.seek(0)
             image.load()
             image = ImageOps.exif_transpose(image)
@@ -254,5 +349,19 @@ def load_image(ref: ImageRef, limits: ImageLimits | None = None) -> Any:
 
 
 def load_images(refs: Sequence[ImageRef], limits: ImageLimits | None = None) -> list[Any]:
-    """:func:`load_image` for each reference, in order."""
-    return [load_image(ref, limits) for ref in refs]
+    """:func:`load_image` for each reference, in order, within the per-request caps.
+
+    :raises InvalidRequest: more than ``limits.max_images`` references (before anything is
+        fetched), or images over ``limits.max_total_pixels`` together, naming the part.
+    """
+    limits = limits or ImageLimits()
+    if len(refs) > limits.max_images:
+        raise _bad(refs[limits.max_images], f"the request has {len(refs)} images, over the limit of "
+                                            f"{limits.max_images} per request (--max-images)")
+    images: list[Any] = []
+    spent = 0
+    for ref in refs:
+        image = decode_bytes(ref, _encoded(ref, limits), limits, spent)
+        spent += image.width * image.height
+        images.append(image)
+    return images

@@ -16,6 +16,7 @@ its per-layer cache and the token ids that cache holds, for the prompt cache.
 from __future__ import annotations
 
 import contextlib
+import logging
 import sys
 import time
 from collections.abc import Callable, Sequence
@@ -24,7 +25,7 @@ from typing import Any
 import attrs
 
 from mlxrt.detokenize import Detokenizer
-from mlxrt.errors import MlxrtError
+from mlxrt.errors import EngineError, MlxrtError
 from mlxrt.records import (
     CacheReport,
     FinishEvent,
@@ -35,7 +36,9 @@ from mlxrt.records import (
 )
 from mlxrt.stops import StopMatcher
 
-__all__ = ["Job", "Row", "SerialLane", "BatchLane", "batchable", "RequestTimeout"]
+__all__ = ["Job", "Row", "SerialLane", "BatchLane", "batchable", "RequestTimeout", "isolate"]
+
+log = logging.getLogger("mlxrt.engine")
 
 
 class RequestTimeout(MlxrtError):
@@ -101,6 +104,8 @@ class Row:
 
     def on_token(self, token: int, logprobs: Any) -> FinishReason | None:
         """Account for one generated token and emit its text; the reason to stop, if any."""
+        if self.error is not None:  # its sampler chain failed (see isolate): the token is not its own
+            return FinishReason.CANCELLED
         self.produced += 1
         self.generated.append(token)
         if self.first_token_at is None:
@@ -155,6 +160,48 @@ def batchable(model: Any) -> bool:
         return all(hasattr(layer, "merge") for layer in make_prompt_cache(model))
     except Exception:  # a model without mlx-lm's cache protocol runs serially
         return False
+
+
+def isolate(row: Row) -> None:
+    """Make a failure of the row's sampler or logits processors fail that row only.
+
+    In a batch every row's callables run inside one decode step, so one raising (a plugin
+    bug, a size MLX cannot slice with) would end the step for every row. Wrapped, the failure
+    is kept as the row's own error (its text reaches only its own client), the step goes on
+    with the row's logits untouched and a greedy pick, and the lane ends the row on its next
+    token. mlx-lm's shared greedy sampler is left as it is: it keeps the batch's one batched
+    sampling call, and cannot fail on its own."""
+    from mlx_lm.sample_utils import greedy_sampler
+
+    def failed(what: str, exc: Exception) -> None:
+        log.warning("the %s of request %s failed; ending that request only", what, row.request.request_id,
+                    exc_info=True)
+        row.error = EngineError(f"{what} failed: {type(exc).__name__}: {exc}")
+
+    def guard_processor(processor: Any) -> Any:
+        def run(tokens: Any, logits: Any) -> Any:
+            if row.error is not None:
+                return logits
+            try:
+                return processor(tokens, logits)
+            except Exception as exc:
+                failed("logits processor", exc)
+                return logits
+
+        return run
+
+    sampler = row.sampler
+    if sampler is not None and sampler is not greedy_sampler:
+        def sample(logprobs: Any) -> Any:
+            if row.error is None:
+                try:
+                    return sampler(logprobs)
+                except Exception as exc:
+                    failed("sampler", exc)
+            return greedy_sampler(logprobs)
+
+        row.sampler = sample
+    row.processors = [guard_processor(p) for p in row.processors]
 
 
 def _with_prefix(processors: list[Any], prefix: Sequence[int]) -> list[Any]:
@@ -288,6 +335,7 @@ class BatchLane:
             self.done(row, FinishReason.LENGTH, row.cache, list(row.request.prompt_ids[:row.reused]))
             return
         prompt = list(row.request.prompt_ids)
+        isolate(row)
         (uid,) = self._gen.insert(
             prompts=[prompt[row.reused:]],
             max_tokens=[row.request.max_tokens],

@@ -248,7 +248,7 @@ class PromptCache:
             ``partial_hits``, ``misses``; ``hit_rate`` (hits and partial hits over lookups,
             0.0 before the first); ``tokens_reused`` (summed over lookups); ``last_miss``,
             the most recent lookup that was not a full hit, as ``{"diverged_at",
-            "prompt_tokens", "expected"}``, or ``None``.
+            "prompt_tokens"}`` (no token ids: the report is shared by every client), or ``None``.
         """
         reused = self._hits + self._partial_hits
         return {
@@ -275,11 +275,8 @@ class PromptCache:
             self._partial_hits += 1
         else:
             self._misses += 1
-        self._last_miss = {
-            "diverged_at": lookup.diverged_at,
-            "prompt_tokens": prompt_tokens,
-            "expected": lookup.expected,
-        }
+        # Positions and lengths only: the token ids would decode to another request's prompt.
+        self._last_miss = {"diverged_at": lookup.diverged_at, "prompt_tokens": prompt_tokens}
         return lookup
 
     def _drop(self, entry: _Entry) -> None:

@@ -160,13 +160,35 @@ def _number(value: Any) -> bool:
     return isinstance(value, (int, float)) and not isinstance(value, bool)
 
 
+#: The largest count that reaches MLX as a size or slice index (its indices are 32-bit: a
+#: larger one raises inside the decode step, where it would end every row of the batch).
+MAX_COUNT = 2**31 - 1
+_COUNTS = ("top_k", "repetition_context_size", "presence_context_size", "frequency_context_size")
+
+
+def _check_ranges(values: Mapping[str, Any]) -> None:
+    """Refuse, while the request is decoded, numbers the decode step cannot take."""
+    import math
+
+    from mlxrt.errors import InvalidRequest
+
+    for field, value in values.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise InvalidRequest(f"{field} must be a finite number", param=field)
+        if field in _COUNTS and not 0 <= value <= MAX_COUNT:
+            raise InvalidRequest(f"{field} must be between 0 and {MAX_COUNT}", param=field)
+
+
 def resolve_sampling(
     requested: Mapping[str, Any], options: Mapping[str, Any], generation_config: Mapping[str, Any],
     seed: int | None = None, logit_bias: Mapping[int, float] | None = None,
 ) -> SamplingParams:
     """Each field: the request → the server flag, if given → generation_config.json →
     mlx_lm.server's default (temperature 0, top_p 1, top_k 0, min_p 0, penalties off,
-    context sizes 20, XTC off with threshold 0.1)."""
+    context sizes 20, XTC off with threshold 0.1).
+
+    :raises InvalidRequest: a count (``top_k``, the context sizes) outside 0 to
+        :data:`MAX_COUNT`, or a non-finite number, naming the field."""
     values: dict[str, Any] = {}
     for field, (fallback, option, gen_key) in _CHAIN.items():
         candidates: Sequence[Any] = (
@@ -176,4 +198,5 @@ def resolve_sampling(
         )
         chosen = next((c for c in candidates if _number(c)), fallback)
         values[field] = type(fallback)(chosen)
+    _check_ranges(values)
     return SamplingParams(seed=seed, logit_bias=dict(logit_bias or {}), **values)

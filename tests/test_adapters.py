@@ -109,7 +109,7 @@ def test_an_adapter_changes_the_output_exactly_as_mlx_lm_loads_it(lora, serve_ap
 
 
 def test_stacked_adapters_equal_one_adapter_holding_the_sum(lora, serve_app):
-    client = serve_app(lora["model"])
+    client = serve_app(lora["model"], options={"adapter_dir": (str(lora["dirs"]), str(lora["ab"].parent))})
     for name in ("a", "b", "ab"):
         mounted = client.post("/v1/adapters", json={"id": name, "path": str(lora[name])})
         assert mounted.status_code == 200, mounted.text
@@ -120,7 +120,8 @@ def test_stacked_adapters_equal_one_adapter_holding_the_sum(lora, serve_app):
 
 
 def test_mount_list_unmount_and_the_errors_that_name_the_problem(lora, serve_app, tmp_path):
-    client = serve_app(lora["model"], options={"adapter_dir": (str(lora["dirs"]),)})
+    # tmp_path is a root too: the malformed folders below are made there.
+    client = serve_app(lora["model"], options={"adapter_dir": (str(lora["dirs"]), str(tmp_path))})
     available = client.get("/v1/adapters/available").json()["adapters"]
     assert sorted(r["id"] for r in available) == ["a", "b"] and all(r["error"] is None for r in available)
     assert client.get("/v1/adapters").json() == {"adapters": [], "default": None}
@@ -184,7 +185,7 @@ CHOICES = ["a", "b", "none", "a+b", "b", "a", "none", "a"]
 
 
 def test_requests_with_different_adapters_share_a_decode_batch(lora, batch_server, serve_app):
-    serial = serve_app(lora["model"], options={"prompt_cache_size": 0})
+    serial = serve_app(lora["model"], options={"prompt_cache_size": 0, "adapter_dir": (str(lora["dirs"]),)})
     for name in ("a", "b"):
         assert serial.post("/v1/adapters", json={"id": name, "path": str(lora[name])}).status_code == 200
     jobs = [(PROMPTS[i % 4], CHOICES[i]) for i in range(8)]

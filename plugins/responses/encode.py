@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
+import secrets
 import time
-import uuid
 from collections.abc import Callable
 from typing import Any
 
@@ -22,7 +22,9 @@ ROUTE_OPT = {"dialect": "responses", "render_error": openai_error_body}
 
 
 def new_id(prefix: str) -> str:
-    return f"{prefix}_{uuid.uuid4().hex[:24]}"
+    """``prefix_`` and 192 random bits: a stored response's id is the key to it on a server
+    without ``--api-key`` (docs/dialects.md), so it must not be guessable."""
+    return f"{prefix}_{secrets.token_hex(24)}"
 
 
 @attrs.frozen

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Mapping
 from typing import Any
 
@@ -10,6 +11,7 @@ import anyio
 from litestar import Request, Response, delete, get, post
 
 from mlxrt.api.app import claimed_fields
+from mlxrt.api.auth import presented_key
 from mlxrt.api.disconnect import closing_on_error, drain_until_disconnect, start_generation
 from mlxrt.api.generation import (
     assembled_stream,
@@ -42,7 +44,7 @@ from mlxrt.responses import ResponseAssembler
 from mlxrt.templating import RenderedPrompt, render_chat
 from mlxrt.vision import with_vision
 
-__all__ = ["ROUTES", "store_of"]
+__all__ = ["ROUTES", "store_of", "owner_of"]
 
 #: Like chat completions: room for reasoning traces; admission caps it to the context.
 RESPONSES_DEFAULT_MAX_TOKENS = 65536
@@ -60,6 +62,16 @@ def store_of(request: Request) -> ResponseStore:
     return store
 
 
+def owner_of(request: Request) -> str:
+    """Who a stored response belongs to: a digest of the API key the request authenticated
+    with (so each key sees only its own), or ``""`` on a server without ``--api-key``, where
+    the 192-bit id is the only key (it is never shown to anyone but its creator)."""
+    if not request.app.state.host.options.get("api_keys"):
+        return ""
+    key = presented_key(request) or ""
+    return hashlib.sha256(key.encode()).hexdigest()
+
+
 def _not_found(id: str, param: str | None = None) -> NotFound:
     code = "previous_response_not_found" if param else "response_not_found"
     return NotFound(f"response '{id}' not found or expired", param=param, code=code)
@@ -70,7 +82,7 @@ def _conversation(request: Request, decoded: DecodedResponse) -> tuple[Mapping[s
     prev_id = decoded.request.previous_response_id
     if prev_id is None:
         return decoded.input
-    prior = store_of(request).get(prev_id)
+    prior = store_of(request).get(prev_id, owner_of(request))
     if prior is None:
         raise _not_found(prev_id, "previous_response_id")
     return (*prior.input, *output_as_input(prior.body.get("output") or ()), *decoded.input)
@@ -127,12 +139,13 @@ async def create_response(request: Request) -> Response:
     assembler = ResponseAssembler(engine.profile, tools=decoded.tools, starts_in_thinking=rendered.starts_in_thinking)
     single = not decoded.request.parallel_tool_calls
     store = store_of(request) if decoded.request.store else None
+    owner = owner_of(request)
     gen, report = await start_generation(request, engine, generation)
     async with closing_on_error(gen):  # until a stream owns it
         headers = response_headers(decoded.headers, report)
         if decoded.request.stream:
             events = EventStream(frame, count_tokens=lambda text: _reasoning_tokens(engine, text),
-                                 on_done=(lambda body: store.put(id, items, body)) if store is not None else None)
+                                 on_done=(lambda body: store.put(id, items, body, owner)) if store is not None else None)
             return sse_response(guarded(assembled_stream(gen, assembler, events, single_call=single),
                                         events.error_frame), headers=headers)
     finish, _logprobs = await drain_until_disconnect(request, gen, assembler.feed)
@@ -142,14 +155,14 @@ async def create_response(request: Request) -> Response:
     output = output_items(reasoning=reasoning, content="".join(assembler.content), calls=calls)
     body = finished(frame, output, reason, finish, _reasoning_tokens(engine, reasoning))
     if store is not None:
-        store.put(id, items, body)
+        store.put(id, items, body, owner)
     return Response(content=body, status_code=200, headers=headers)
 
 
 @get("/v1/responses/{response_id:str}", opt=ROUTE_OPT, summary="Retrieve a stored response", tags=["responses"])
 async def get_response(request: Request) -> dict[str, Any]:
     response_id = request.path_params["response_id"]
-    stored = store_of(request).get(response_id)
+    stored = store_of(request).get(response_id, owner_of(request))
     if stored is None:
         raise _not_found(response_id)
     return dict(stored.body)
@@ -159,7 +172,7 @@ async def get_response(request: Request) -> dict[str, Any]:
         tags=["responses"])
 async def delete_response(request: Request) -> dict[str, Any]:
     response_id = request.path_params["response_id"]
-    if not store_of(request).delete(response_id):
+    if not store_of(request).delete(response_id, owner_of(request)):
         raise _not_found(response_id)
     return {"id": response_id, "object": "response.deleted", "deleted": True}
 

@@ -3,10 +3,15 @@
 Process-local, in memory: entries expire after a TTL (default 1 h) and the least recently
 used go first once the stored JSON exceeds a byte cap (default 32 MiB), as in mlx-bun.
 One store per app (``app.state``), never a module global.
+
+Every entry is bound to its creator's ``owner`` (a digest of the API key it was created with, or
+``""`` on a server without keys, where the unguessable id alone is the capability): a lookup
+under another owner finds nothing, exactly as if the id did not exist.
 """
 
 from __future__ import annotations
 
+import hmac
 import json
 import time
 from collections import OrderedDict
@@ -30,6 +35,7 @@ class StoredResponse:
     body: Mapping[str, Any]
     stored_at: float
     size: int
+    owner: str = ""
 
 
 class ResponseStore:
@@ -41,27 +47,30 @@ class ResponseStore:
         self.evicted = 0
         self.expired = 0
 
-    def put(self, id: str, input: tuple[Mapping[str, Any], ...], body: Mapping[str, Any]) -> None:
+    def put(self, id: str, input: tuple[Mapping[str, Any], ...], body: Mapping[str, Any], owner: str = "") -> None:
         self._expire()
         size = len(json.dumps(input, ensure_ascii=False)) + len(json.dumps(body, ensure_ascii=False))
         self._drop(id)
-        self._items[id] = StoredResponse(id=id, input=input, body=body, stored_at=self._clock(), size=size)
+        self._items[id] = StoredResponse(id=id, input=input, body=body, stored_at=self._clock(), size=size,
+                                         owner=owner)
         self.bytes += size
         while self.bytes > self.max_bytes and len(self._items) > 1:
             oldest = next(iter(self._items))
             self._drop(oldest)
             self.evicted += 1
 
-    def get(self, id: str) -> StoredResponse | None:
+    def get(self, id: str, owner: str = "") -> StoredResponse | None:
+        """The entry ``id`` if ``owner`` created it (``None`` when absent, expired or another's)."""
         self._expire()
         item = self._items.get(id)
-        if item is not None:
-            self._items.move_to_end(id)  # least recently used goes first
+        if item is None or not hmac.compare_digest(item.owner.encode(), owner.encode()):
+            return None
+        self._items.move_to_end(id)  # least recently used goes first
         return item
 
-    def delete(self, id: str) -> bool:
-        self._expire()
-        return self._drop(id)
+    def delete(self, id: str, owner: str = "") -> bool:
+        """Drop ``id`` if ``owner`` created it; whether it did."""
+        return self.get(id, owner) is not None and self._drop(id)
 
     def stats(self) -> dict[str, Any]:
         self._expire()
