@@ -9,7 +9,6 @@ every API.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import aclosing
 from typing import Any, Protocol
@@ -28,8 +27,6 @@ from mlxrt.records import (
 from mlxrt.responses import ResponseAssembler
 from mlxrt.sampling import resolve_sampling
 from mlxrt.templating import canonicalize
-
-log = logging.getLogger("mlxrt.plugins")
 
 __all__ = ["CACHE_HEADER", "response_headers", "plan_generation", "forced_openings", "guarded",
            "tool_input", "FrameWriter", "assembled_stream", "structured_output", "json_schema_output",
@@ -90,7 +87,8 @@ def turn_observer(host: Any, *, dialect: str, request_id: str,
     """The ``on_finish`` of a chat request's :class:`ResponseAssembler`: reports the answered
     turn to ``mlxrt_turn_finished`` observers (``None`` when no plugin observes turns).
 
-    An observer's failure is logged, never raised: the client's answer is already complete.
+    An observer's failure is logged, never raised (:meth:`mlxrt.host.PluginHost.notify`): the
+    client's answer is already complete.
     """
     if not host.pm.hook.mlxrt_turn_finished.get_hookimpls():
         return None
@@ -102,10 +100,7 @@ def turn_observer(host: Any, *, dialect: str, request_id: str,
                             messages=tuple(messages), content="".join(assembler.content),
                             reasoning="".join(assembler.reasoning), tool_calls=assembler.tool_calls,
                             finish_reason=reason)
-        try:
-            host.collect("mlxrt_turn_finished", turn=turn, host=host)
-        except MlxrtError as exc:
-            log.warning("%s", exc.message)
+        host.notify("mlxrt_turn_finished", turn=turn, host=host)
 
     return report
 

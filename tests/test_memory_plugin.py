@@ -125,6 +125,15 @@ def test_one_run_at_a_time_bad_query_and_api_key(tiny_models, serve_app, tmp_pat
         assert client.get("/v1/memory/status", headers=key).json()["running"] is True
     assert events_of(client.get("/v1/memory/synthesize?dry=1", headers=key).text)[-1] == "[DONE]"
 
+    git_dir = service.vault.root / ".git"  # a broken vault: the commit stage fails
+    subprocess.run(["rm", "-rf", str(git_dir)], check=True)
+    git_dir.write_text("not a repository")
+    failed = events_of(client.get("/v1/memory/synthesize", headers=key).text)
+    assert failed[-1]["type"] == "error" and failed[-1]["stage"] == "commit", failed[-1]
+    assert "git status failed" in failed[-1]["message"] and "[DONE]" not in failed
+    after = client.get("/v1/memory/status", headers=key).json()
+    assert after["running"] is False and after["counts"]["runs"] == 1  # the failed run is recorded
+
 
 class ScriptedEditor:
     """Entities are the two-word capitalised names in a segment; each sentence naming one is
