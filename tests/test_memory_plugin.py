@@ -205,34 +205,69 @@ def test_crash_mid_run_then_rerun_loses_and_duplicates_nothing(tmp_path):
         twice.close()
 
 
-def test_client_disconnect_stops_the_run_at_a_stage_boundary(tiny_models, server_process, tmp_path):
+def read_until(resp, wanted) -> None:
+    for line in resp.iter_lines():
+        if line.startswith("data: ") and line[6:] != "[DONE]" and wanted(json.loads(line[6:])):
+            return
+    raise AssertionError("the stream ended first")
+
+
+def test_killed_then_disconnected_then_finished(tiny_models, server_process, tmp_path):
+    """A server killed mid-extract, restarted; a client that leaves mid-extract; then a full
+    run: every turn ends up in the wiki once, and the vault is a sound repository."""
     folder = tmp_path / "memory"
-    server = server_process([str(tiny_models("qwen3")), "--memory-dir", str(folder)])
+    args = [str(tiny_models("qwen3")), "--memory-dir", str(folder)]
+    server = server_process(args)
     with httpx.Client(base_url=server.url, timeout=60) as http:
-        client = openai_client(http)
         for i in range(6):
-            client.chat.completions.create(model="m", max_tokens=4, messages=[
+            openai_client(http).chat.completions.create(model="m", max_tokens=4, messages=[
                 {"role": "user", "content": f"Note {i}: Grace Hopper wrote a compiler."}])
         wait_for(lambda: http.get("/v1/memory/status").json()["counts"]["turns"] == 6)
         with http.stream("GET", "/v1/memory/synthesize") as resp:
-            for line in resp.iter_lines():
-                if line.startswith("data: ") and json.loads(line[6:]) == {
-                        "type": "stage", "stage": "extract", "message": "running"}:
-                    break  # leave in the middle of extract (six model calls)
+            read_until(resp, lambda e: e["type"] == "log" and e["stage"] == "extract")  # one segment done
+            server.proc.kill()
+            server.proc.wait()
+
+    server = server_process(args)  # the same folder
+    with httpx.Client(base_url=server.url, timeout=60) as http:
+        with http.stream("GET", "/v1/memory/synthesize") as resp:
+            read_until(resp, lambda e: e == {"type": "stage", "stage": "extract", "message": "running"})
+        # the client left in the middle of extract (model calls): the run stops after it
         wait_for(lambda: not http.get("/v1/memory/status").json()["running"], timeout=60)
         db = sqlite3.connect(folder / "memory.sqlite3")
-        status, summary = db.execute("SELECT status, summary FROM runs").fetchone()
-        assert status == "stopped"
-        assert [s["stage"] for s in json.loads(summary)["stages"]] == ["ingest", "segment", "extract"]
+        runs = db.execute("SELECT status, summary FROM runs ORDER BY id").fetchall()
+        assert [status for status, _ in runs] == ["interrupted", "stopped"]
+        assert [s["stage"] for s in json.loads(runs[1][1])["stages"]] == ["ingest", "segment", "extract"]
         assert commits(folder / "vault") == 0 and not list((folder / "vault").glob("*.md"))
 
         out = subprocess.run([MLXRT_BIN, "memory", "synthesize", "--url", server.url], capture_output=True,
                              text=True, cwd="/", timeout=120)
         assert out.returncode == 0, out.stderr
         assert "done  commit" in out.stdout and '"status": "done"' in out.stdout
-        assert db.execute("SELECT COUNT(*) FROM documents").fetchone()[0] == 6
-        assert commits(folder / "vault") == 1
-        assert git(folder / "vault", "fsck", "--strict").returncode == 0
+    assert db.execute("SELECT COUNT(*), COUNT(DISTINCT turn_id) FROM documents").fetchone() == (6, 6)
+    assert db.execute("SELECT COUNT(*) FROM segments WHERE extracted = 0").fetchone() == (0,)
+    assert db.execute("SELECT COUNT(*) FROM facts WHERE patched = 0").fetchone() == (0,)
+    vault = folder / "vault"
+    assert commits(vault) == 1 and git(vault, "fsck", "--strict").returncode == 0
+    assert git(vault, "status", "--porcelain").stdout == ""
+    placed = 0  # each (article, fact) is one bullet of its article, never two
+    for page in vault.glob("*.md"):
+        bullets = [line for line in page.read_text().splitlines() if line.startswith("- ") and not line.startswith("- [")]
+        assert len(bullets) == len(set(bullets)), page.name
+        placed += len(bullets)
+    assert placed == db.execute("SELECT COUNT(*) FROM (SELECT DISTINCT slug, fact FROM facts)").fetchone()[0] > 0
+
+
+def test_one_server_per_memory_folder(tmp_path):
+    from mlxrt_memory.synthesis import MemoryFolderBusy
+
+    first = MemoryService.open(tmp_path)
+    try:
+        with pytest.raises(MemoryFolderBusy, match="in use by another mlxrt server"):
+            MemoryService.open(tmp_path)
+    finally:
+        first.close()
+    MemoryService.open(tmp_path).close()  # free again once closed
 
 
 GGUF = embedded_gguf_path()

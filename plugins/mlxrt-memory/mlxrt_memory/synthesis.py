@@ -9,6 +9,7 @@ so a stopped run never leaves the vault with uncommitted articles.
 
 from __future__ import annotations
 
+import fcntl
 import json
 import threading
 import time
@@ -24,7 +25,9 @@ from mlxrt_memory.stages import STAGES, StageContext
 from mlxrt_memory.store import MemoryStore
 from mlxrt_memory.vault import Vault
 
-__all__ = ["RunBusy", "MemoryService", "run_synthesis"]
+__all__ = ["RunBusy", "MemoryFolderBusy", "MemoryService", "run_synthesis"]
+
+LOCK_FILE = "memory.lock"
 
 Emit = Callable[[dict[str, Any]], None]
 
@@ -40,6 +43,10 @@ class RunBusy(MlxrtError):
                          code="synthesis_running")
 
 
+class MemoryFolderBusy(RuntimeError):
+    """Another process holds the memory folder."""
+
+
 @attrs.define
 class MemoryService:
     """What the plugin keeps per server: the store, the vault and the one-run lock."""
@@ -53,13 +60,33 @@ class MemoryService:
     #: The running run's ``(task, stop flag)``, so shutdown can stop it and wait.
     active: Any = None
 
+    #: The open lock file that makes this process the folder's only user.
+    owner: Any = None
+
     @classmethod
     def open(cls, folder: Path) -> MemoryService:
+        """Open (or create) the store and the vault in ``folder``, for this process alone.
+
+        :raises MemoryFolderBusy: another server already uses the folder.
+        """
         folder = folder.expanduser().resolve()
-        return cls(folder=folder, store=MemoryStore.open(folder), vault=Vault.open(folder))
+        folder.mkdir(parents=True, exist_ok=True)
+        owner = (folder / LOCK_FILE).open("a")
+        try:
+            fcntl.flock(owner, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            owner.close()
+            raise MemoryFolderBusy(f"{folder} is in use by another mlxrt server (one server per memory folder)") from None
+        store = MemoryStore.open(folder)
+        # A run still marked running was killed with its process: its finished items stay done.
+        store.write(lambda c: c.execute("UPDATE runs SET status = 'interrupted' WHERE status = 'running'"))
+        return cls(folder=folder, store=store, vault=Vault.open(folder), owner=owner)
 
     def close(self) -> None:
         self.store.close()
+        if self.owner is not None:
+            self.owner.close()  # releases the folder's lock
+            self.owner = None
 
     def running(self) -> bool:
         return self.lock.locked()

@@ -83,6 +83,11 @@ class Vault:
         vault.root.mkdir(parents=True, exist_ok=True)
         if not (vault.root / ".git").exists():
             vault.git("init", "--quiet")
+        # A git command killed with its process leaves its lock; the caller owns the folder
+        # (MemoryService holds its lock file), so no other git can be running here.
+        (vault.root / ".git" / "index.lock").unlink(missing_ok=True)
+        for partial in vault.root.glob(".*.partial"):
+            partial.unlink()
         return vault
 
     def git(self, *args: str) -> str:
