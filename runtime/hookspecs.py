@@ -28,6 +28,8 @@ Rules every hook follows:
   family hooks (the host walks the implementations itself to record which plugin answered).
 * **Collection hooks** return lists (or mappings) that the host concatenates, tagging each
   contribution with the plugin that gave it.
+* **Observer hooks** (``mlxrt_turn_finished``) watch work already done: every
+  implementation runs, and one that raises is logged and skipped.
 * An exception raised by a hook is reported as :class:`mlxrt.errors.PluginError` naming the
   plugin and the hook. At load time it fails the load with that message; per request it
   fails only that request.

@@ -122,9 +122,18 @@ class EngineEditor:
         return value["section"] if value else headings[-1]
 
     def _ask(self, system: str, prompt: str, schema: dict[str, Any], max_tokens: int) -> Any:
+        """The JSON answer, or ``None`` when this input can never be answered (it does not fit
+        the context or the memory budget): the item is skipped rather than failing every run.
+        Other failures (a full queue, an engine error) end the run, to be retried."""
         import anyio.from_thread
 
-        return anyio.from_thread.run(self._generate, system, prompt, schema, max_tokens)
+        from mlxrt.errors import InvalidRequest, OverBudget
+
+        try:
+            return anyio.from_thread.run(self._generate, system, prompt, schema, max_tokens)
+        except (InvalidRequest, OverBudget) as exc:
+            log.warning("memory: a model call was refused (%s); the item is skipped", exc.message)
+            return None
 
     async def _generate(self, system: str, prompt: str, schema: dict[str, Any], max_tokens: int) -> Any:
         """One constrained generation; ``None`` when the answer was cut before it closed."""
