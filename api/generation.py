@@ -17,6 +17,7 @@ from mlxrt.admission import plan_max_tokens
 from mlxrt.errors import InvalidRequest, MlxrtError
 from mlxrt.records import (
     CacheReport,
+    FinishedTurn,
     FinishEvent,
     FinishReason,
     GenerationRequest,
@@ -29,7 +30,7 @@ from mlxrt.templating import canonicalize
 
 __all__ = ["CACHE_HEADER", "response_headers", "plan_generation", "forced_openings", "guarded",
            "tool_input", "FrameWriter", "assembled_stream", "structured_output", "json_schema_output",
-           "prepare", "prepare_request"]
+           "prepare", "prepare_request", "turn_observer"]
 
 #: What the prompt cache did for the request (:meth:`mlxrt.records.CacheReport.header`).
 CACHE_HEADER = "x-mlxrt-cache"
@@ -79,6 +80,29 @@ def plan_generation(host: Any, *, dialect: str, request_id: str, prompt_ids: Seq
         adapters=registry.resolve(adapter) if (registry := getattr(engine, "adapters", None)) else (),
     )
     return canonicalize(host, gen, dialect)
+
+
+def turn_observer(host: Any, *, dialect: str, request_id: str,
+                  messages: Sequence[Mapping[str, Any]]) -> Callable[[ResponseAssembler, FinishReason], None] | None:
+    """The ``on_finish`` of a chat request's :class:`ResponseAssembler`: reports the answered
+    turn to ``mlxrt_turn_finished`` observers (``None`` when no plugin observes turns).
+
+    An observer's failure is logged, never raised (:meth:`mlxrt.host.PluginHost.notify`): the
+    client's answer is already complete.
+    """
+    if not host.pm.hook.mlxrt_turn_finished.get_hookimpls():
+        return None
+
+    def report(assembler: ResponseAssembler, reason: FinishReason) -> None:
+        if reason == FinishReason.CANCELLED:
+            return
+        turn = FinishedTurn(dialect=dialect, request_id=request_id, model=host.engine.info.model_id,
+                            messages=tuple(messages), content="".join(assembler.content),
+                            reasoning="".join(assembler.reasoning), tool_calls=assembler.tool_calls,
+                            finish_reason=reason)
+        host.notify("mlxrt_turn_finished", turn=turn, host=host)
+
+    return report
 
 
 def json_schema_output(schema: Any, *, param: str) -> StructuredOutput:

@@ -11,6 +11,7 @@ import pluggy
 
 from mlxrt.records import (
     FamilyProfile,
+    FinishedTurn,
     FinishEvent,
     FinishReason,
     GenerationRequest,
@@ -40,6 +41,7 @@ __all__ = [
     "hookimpl",
     "FamilyProfile",
     "FinishEvent",
+    "FinishedTurn",
     "FinishReason",
     "GenerationRequest",
     "LoadedModel",

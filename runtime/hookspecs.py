@@ -28,6 +28,8 @@ Rules every hook follows:
   family hooks (the host walks the implementations itself to record which plugin answered).
 * **Collection hooks** return lists (or mappings) that the host concatenates, tagging each
   contribution with the plugin that gave it.
+* **Observer hooks** (``mlxrt_turn_finished``) watch work already done: every
+  implementation runs, and one that raises is logged and skipped.
 * An exception raised by a hook is reported as :class:`mlxrt.errors.PluginError` naming the
   plugin and the hook. At load time it fails the load with that message; per request it
   fails only that request.
@@ -43,6 +45,7 @@ import pluggy
 if TYPE_CHECKING:
     from mlxrt.host import PluginHost
     from mlxrt.records import (
+        FinishedTurn,
         GenerationRequest,
         LoadedModel,
         LogitsProcessor,
@@ -256,6 +259,24 @@ def mlxrt_sampler(request: GenerationRequest, info: ModelInfo, host: PluginHost)
     Raise :class:`mlxrt.errors.InvalidRequest` for a client error in a claimed field (a 400).
 
     .. versionadded:: 0.1
+    """
+
+
+@hookspec
+def mlxrt_turn_finished(turn: FinishedTurn, host: PluginHost) -> None:
+    """Observe a chat turn that was answered in full (memory capture, audit logs).
+
+    :param turn: The conversation and the answer (:class:`mlxrt.FinishedTurn`).
+    :param host: The plugin host (``host.options`` holds your ``mlxrt_serve_options`` values).
+    :returns: ``None``.
+
+    Called once per chat-style request (OpenAI chat, Anthropic Messages, Responses), streamed
+    or not, when the dialect has assembled the whole answer; a request the client abandoned or
+    that failed is not reported. Runs **on the event loop**: hand slow work (disk, network) to
+    your own thread. An exception is logged with the plugin's name and never reaches the
+    client, whose answer is already complete.
+
+    .. versionadded:: 0.2
     """
 
 

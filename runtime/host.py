@@ -170,6 +170,20 @@ class PluginHost:
                 out.append((plugin, value))
         return out
 
+    def notify(self, hook_name: str, **kwargs: Any) -> None:
+        """Call an observer hook: every implementation runs, whatever the others do.
+
+        An observer's exception (typed or not) is logged as a :class:`PluginError` naming it
+        and skipped: observers watch work that is already done, so their faults never reach
+        the client nor silence the other observers.
+        """
+        caller = getattr(self.pm.hook, hook_name)
+        for impl in reversed(caller.get_hookimpls()):
+            try:
+                impl.function(**{arg: kwargs[arg] for arg in impl.argnames})
+            except Exception as exc:  # plugin boundary
+                log.warning("%s", PluginError(impl.plugin_name, hook_name, exc).message)
+
     def _answers(self, hook_name: str, kwargs: dict[str, Any]) -> Iterator[tuple[str, Any]]:
         """Each implementation's answer, lazily, in pluggy's call order (last registered first).
 

@@ -35,6 +35,7 @@ __all__ = [
     "TokenLogprob",
     "FinishEvent",
     "FinishReason",
+    "FinishedTurn",
     "CacheReport",
     "PluginRecord",
     "Sampler",
@@ -461,6 +462,31 @@ class FinishEvent:
     #: The stop string that ended the generation (``finish_reason`` ``stop``), if one did;
     #: ``None`` for an end-of-sequence token (Anthropic's ``stop_sequence`` vs ``end_turn``).
     stop_sequence: str | None = None
+
+
+@attrs.frozen
+class FinishedTurn:
+    """One chat turn a dialect answered in full (what ``mlxrt_turn_finished`` observers see).
+
+    :ivar dialect: The API that served it (``openai``, ``anthropic``, ``responses``).
+    :ivar request_id: The dialect's response id.
+    :ivar model: The served model's id.
+    :ivar messages: The conversation the model answered, OpenAI-shaped and dialect-neutral
+        (:attr:`mlxrt.templating.ChatInput.messages`).
+    :ivar content: The answer's text (reasoning and tool-call markup removed).
+    :ivar reasoning: The answer's reasoning text, if the model reasoned.
+    :ivar tool_calls: The tool calls the answer made.
+    :ivar finish_reason: Why generation ended.
+    """
+
+    dialect: str
+    request_id: str
+    model: str
+    messages: tuple[Mapping[str, Any], ...]
+    content: str
+    reasoning: str = ""
+    tool_calls: tuple[ToolCall, ...] = ()
+    finish_reason: FinishReason = FinishReason.STOP
 
 
 @attrs.frozen

@@ -33,7 +33,10 @@ class ResponseAssembler:
     """Feed event text; get content/reasoning deltas; at the end, tool calls and the reason."""
 
     def __init__(self, profile: FamilyProfile, *, tools: Sequence[Mapping[str, Any]] | None,
-                 starts_in_thinking: bool) -> None:
+                 starts_in_thinking: bool,
+                 on_finish: Callable[[ResponseAssembler, FinishReason], None] | None = None) -> None:
+        # on_finish sees the whole answer once; every dialect, streamed or not, ends here.
+        self._on_finish = on_finish
         mode = profile.tool_stream_mode_with_tools if tools else profile.tool_stream_mode
         self._split = ReasoningSplitter(profile.thinking_format, starts_in_thinking=starts_in_thinking)
         self._tools = ToolRouter(profile.tool_parser, tools, mode)
@@ -55,6 +58,8 @@ class ResponseAssembler:
         self.tool_calls, self.warning = routed.calls, routed.warning
         delta = self._record(Delta(content=content + routed.content, reasoning=r1 + r2))
         reason = FinishReason.TOOL_CALLS if self.tool_calls else event.finish_reason
+        if self._on_finish is not None:
+            self._on_finish(self, reason)
         return delta, reason
 
     def _record(self, delta: Delta) -> Delta:

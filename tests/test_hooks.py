@@ -314,3 +314,38 @@ def test_hook_mlxrt_prepare_request(tiny_models, serve_app):
     assert ok.status_code == 200 and seen and seen[-1] == ok.json()["id"]
     bad = client.post("/v1/chat/completions", json={"messages": msg, "max_tokens": 2, "stop": ["forbidden"]})
     assert bad.status_code == 400 and bad.json()["error"]["message"] == "forbidden stop string"
+
+
+def test_hook_mlxrt_turn_finished(tiny_models, serve_app):
+    turns = []
+
+    class Observer:
+        @hookimpl
+        def mlxrt_turn_finished(self, turn, host):
+            turns.append(turn)
+
+    class Faulty:
+        @hookimpl
+        def mlxrt_turn_finished(self, turn):
+            raise RuntimeError("observer broke")
+
+    client = serve_app(tiny_models("llama"), extra=[("scripted", Scripted()), ("observer", Observer()),
+                                                     ("faulty", Faulty())])
+    ask = [{"role": "user", "content": "Capital of France?"}]
+    assert chat(client, "Paris.", messages=ask)["choices"][0]["message"]["content"] == "Paris."
+    stream = client.post("/v1/chat/completions", json={"messages": ask, "max_tokens": 40, "stream": True,
+                                                       "script": "Lyon."})
+    assert stream.status_code == 200 and "data: [DONE]" in stream.text
+    anthropic = client.post("/v1/messages", json={"model": "m", "max_tokens": 40, "messages": ask,
+                                                  "script": "Nice.", "stream": True})
+    assert anthropic.status_code == 200 and "message_stop" in anthropic.text
+    responses = client.post("/v1/responses", json={"model": "m", "input": "Capital of France?",
+                                                   "script": "Lille."})
+    assert responses.status_code == 200, responses.text
+    # Text completions are not chat turns.
+    assert client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2}).status_code == 200
+    assert [(t.dialect, t.content, t.finish_reason) for t in turns] == [
+        ("openai", "Paris.", "stop"), ("openai", "Lyon.", "stop"), ("anthropic", "Nice.", "stop"),
+        ("responses", "Lille.", "stop")]
+    assert all(t.messages[-1]["content"] == "Capital of France?" for t in turns)
+    assert turns[0].request_id.startswith("chatcmpl-") and turns[0].model

@@ -19,6 +19,7 @@ from mlxrt.api.generation import (
     guarded,
     plan_generation,
     response_headers,
+    turn_observer,
 )
 from mlxrt.api.sse import sse_response
 from mlxrt.api.wire import parse_json_object
@@ -69,7 +70,9 @@ async def messages(request: Request) -> Response:
     engine = host.engine
     model = engine.info.model_id
     assembler = ResponseAssembler(engine.profile, tools=decoded.chat.tools,
-                                  starts_in_thinking=rendered.starts_in_thinking)
+                                  starts_in_thinking=rendered.starts_in_thinking,
+                                  on_finish=turn_observer(host, dialect="anthropic", request_id=generation.request_id,
+                                                          messages=decoded.chat.messages))
     single = bool(decoded.request.tool_choice and decoded.request.tool_choice.disable_parallel_tool_use)
     gen, report = await start_generation(request, engine, generation)
     async with closing_on_error(gen):  # until a stream owns it

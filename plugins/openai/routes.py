@@ -14,7 +14,7 @@ from litestar import Request, Response, post
 
 from mlxrt.api.app import claimed_fields
 from mlxrt.api.disconnect import closing_on_error, drain_until_disconnect, start_generation
-from mlxrt.api.generation import prepare
+from mlxrt.api.generation import prepare, turn_observer
 from mlxrt.api.sse import sse_data, sse_response
 from mlxrt.api.wire import parse_json_object
 from mlxrt.plugins.openai.completions import completions
@@ -70,7 +70,10 @@ async def chat_completions(request: Request) -> Response:
     model = engine.info.model_id
     created = int(time.time())
     assembler = ResponseAssembler(engine.profile, tools=decoded.chat.tools,
-                                  starts_in_thinking=rendered.starts_in_thinking)
+                                  starts_in_thinking=rendered.starts_in_thinking,
+                                  on_finish=turn_observer(_host(request), dialect="openai",
+                                                          request_id=generation.request_id,
+                                                          messages=decoded.chat.messages))
     # Admission errors (queue full, a failing sampler hook) surface here, as the status.
     gen, report = await start_generation(request, engine, generation)
     async with closing_on_error(gen):  # until a stream owns it

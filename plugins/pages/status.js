@@ -1,7 +1,10 @@
-// The status panel: /pages/status once (model, capabilities, plugins), /stats every 2 s.
+// The status panel: /pages/status once (model, capabilities, plugins), /stats every 2 s, and
+// /v1/memory/status every 2 s when the mlxrt-memory plugin is loaded (a run's live progress).
 "use strict";
 
 const STATS_EVERY_MS = 2000;
+const MEMORY_EVENTS_SHOWN = 8;
+let memoryLoaded = false;
 
 function facts(dl, rows) {
   dl.replaceChildren(...rows.flatMap(([k, v]) => [el("dt", { text: k }), el("dd", { text: v === null || v === undefined ? "—" : String(v) })]));
@@ -29,6 +32,26 @@ function showStatus(s) {
   plugins.replaceChildren(...s.plugins.map((p) => el("tr", { class: "plugin-" + p.status, title: p.error || p.hooks.join(", ") },
     el("td", { text: p.name }), el("td", { text: p.kind }),
     el("td", { class: p.status === "failed" ? "fail" : (p.status === "loaded" ? "pass" : "na"), text: p.status + (p.error ? ": " + p.error : "") }))));
+  memoryLoaded = s.plugins.some((p) => p.name === "memory" && p.status === "loaded");
+  document.getElementById("memory").hidden = !memoryLoaded;
+}
+
+async function refreshMemory() {
+  const state = document.getElementById("memory-state");
+  let m;
+  try {
+    m = await api("/v1/memory/status");
+  } catch (err) {
+    state.textContent = err.status === 404 ? "· off (start the server with --memory-dir)" : "· " + err.message;
+    return;
+  }
+  state.textContent = m.running ? "· synthesis running" : "· idle";
+  facts(document.getElementById("memory-facts"), [
+    ["folder", m.folder], ["turns", m.counts.turns + " (" + m.counts.turns_pending + " new)"],
+    ["facts", m.counts.facts], ["articles", m.counts.articles], ["links", m.counts.links], ["runs", m.counts.runs],
+  ]);
+  document.getElementById("memory-progress").replaceChildren(...m.progress.slice(-MEMORY_EVENTS_SHOWN).map((e) =>
+    el("li", { text: e.type + (e.stage ? " " + e.stage : "") + (e.message ? ": " + e.message : (e.status ? ": " + e.status : "")) })));
 }
 
 function showStats(st) {
@@ -54,6 +77,7 @@ async function refreshStats() {
   try {
     showStats(await api("/stats"));
     document.getElementById("status-error").textContent = "";
+    if (memoryLoaded) await refreshMemory();
   } catch (err) {
     document.getElementById("status-error").textContent = "stats: " + err.message;
   }

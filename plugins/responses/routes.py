@@ -20,6 +20,7 @@ from mlxrt.api.generation import (
     plan_generation,
     prepare_request,
     response_headers,
+    turn_observer,
 )
 from mlxrt.api.sse import sse_response
 from mlxrt.api.wire import parse_json_object
@@ -41,7 +42,7 @@ from mlxrt.plugins.responses.encode import (
 from mlxrt.plugins.responses.store import DEFAULT_MAX_BYTES, DEFAULT_TTL_S, ResponseStore
 from mlxrt.records import GenerationRequest
 from mlxrt.responses import ResponseAssembler
-from mlxrt.templating import RenderedPrompt, render_chat
+from mlxrt.templating import ChatInput, RenderedPrompt, render_chat
 from mlxrt.vision import with_vision
 
 __all__ = ["ROUTES", "store_of", "owner_of"]
@@ -89,7 +90,7 @@ def _conversation(request: Request, decoded: DecodedResponse) -> tuple[Mapping[s
 
 
 def _prepare_sync(host: Any, decoded: DecodedResponse, items: tuple[Mapping[str, Any], ...],
-                  id: str) -> tuple[RenderedPrompt, GenerationRequest]:
+                  id: str) -> tuple[RenderedPrompt, GenerationRequest, ChatInput]:
     engine = host.engine
     wire = decoded.request
     effort = wire.reasoning.effort if wire.reasoning else None
@@ -106,7 +107,7 @@ def _prepare_sync(host: Any, decoded: DecodedResponse, items: tuple[Mapping[str,
     )
     gen = with_vision(gen, rendered)
     prepare_request(host, gen)  # already on a worker thread
-    return rendered, gen
+    return rendered, gen, chat
 
 
 def _frame(decoded: DecodedResponse, id: str, model: str) -> ResponseFrame:
@@ -133,10 +134,12 @@ async def create_response(request: Request) -> Response:
                               strict=bool(host.options.get("strict")))
     items = _conversation(request, decoded)
     id = new_id("resp")
-    rendered, generation = await anyio.to_thread.run_sync(_prepare_sync, host, decoded, items, id)
+    rendered, generation, chat = await anyio.to_thread.run_sync(_prepare_sync, host, decoded, items, id)
     engine = host.engine
     frame = _frame(decoded, id, engine.info.model_id)
-    assembler = ResponseAssembler(engine.profile, tools=decoded.tools, starts_in_thinking=rendered.starts_in_thinking)
+    assembler = ResponseAssembler(engine.profile, tools=decoded.tools, starts_in_thinking=rendered.starts_in_thinking,
+                                  on_finish=turn_observer(host, dialect="responses", request_id=id,
+                                                          messages=chat.messages))
     single = not decoded.request.parallel_tool_calls
     store = store_of(request) if decoded.request.store else None
     owner = owner_of(request)

@@ -1,0 +1,86 @@
+"""mlxrt-memory: opt-in capture of finished chat turns and the memory-synthesis endpoint.
+
+Off unless ``mlxrt serve --memory-dir DIR``: then every finished chat turn is stored in
+``DIR/memory.sqlite3`` and ``GET /v1/memory/synthesize`` turns the store into a git-tracked
+Markdown wiki in ``DIR/vault`` (docs/memory.md). Built only on public hooks. This module
+stays light: the store, the stages and the routes are imported when first used.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from pathlib import Path
+from typing import Any
+
+from mlxrt import hookimpl
+
+log = logging.getLogger("mlxrt.memory")
+
+#: How long shutdown waits for a run to reach its next stage boundary.
+SHUTDOWN_WAIT_S = 30
+
+
+@hookimpl
+def mlxrt_serve_options() -> list[Any]:
+    import click
+
+    return [click.Option(["--memory-dir"], type=click.Path(file_okay=False), default=None,
+                         help="Capture finished chat turns into this folder's SQLite store and serve "
+                              "GET /v1/memory/synthesize, which writes a git-tracked Markdown wiki there "
+                              "(mlxrt-memory plugin). Off when not given.")]
+
+
+@hookimpl
+def mlxrt_startup(host: Any) -> None:
+    folder = host.options.get("memory_dir")
+    if not folder:
+        return
+    from mlxrt_memory.synthesis import MemoryService
+
+    service = host.plugin_state("memory", lambda: MemoryService.open(Path(folder)))
+    log.info("memory capture on: %s", service.folder)
+
+
+@hookimpl
+async def mlxrt_shutdown(host: Any) -> None:
+    service = host.plugin_states.get("memory")
+    if service is None:
+        return
+    if service.active is not None:
+        task, stop = service.active
+        stop.set()
+        try:
+            await asyncio.wait_for(asyncio.shield(task), SHUTDOWN_WAIT_S)
+        except (TimeoutError, Exception):  # noqa: BLE001 - shutting down regardless
+            log.warning("memory: the synthesis run did not stop in %d s", SHUTDOWN_WAIT_S)
+    service.close()
+
+
+@hookimpl
+def mlxrt_turn_finished(turn: Any, host: Any) -> None:
+    service = host.plugin_states.get("memory")
+    if service is None:  # no --memory-dir: nothing is ever stored
+        return
+    done = service.store.capture(dialect=turn.dialect, request_id=turn.request_id, model=turn.model,
+                                 messages=list(turn.messages), content=turn.content, reasoning=turn.reasoning)
+    done.add_done_callback(_report_failure)
+
+
+def _report_failure(done: Any) -> None:
+    if done.exception() is not None:
+        log.error("memory: a turn was not captured: %s", done.exception())
+
+
+@hookimpl
+def mlxrt_routes(host: Any) -> list[Any]:
+    from mlxrt_memory.routes import ROUTES
+
+    return list(ROUTES)
+
+
+@hookimpl
+def mlxrt_register_commands(cli: Any) -> None:
+    from mlxrt_memory.cli import register
+
+    register(cli)

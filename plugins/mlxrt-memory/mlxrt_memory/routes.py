@@ -1,0 +1,97 @@
+"""HTTP routes: ``GET /v1/memory/synthesize`` (SSE) and ``GET /v1/memory/status``.
+
+The run goes on a worker thread of its own task, not the response's: a client that leaves
+only sets the stop flag, and the run ends at its next stage boundary, releasing the one-run
+lock itself (so a new run cannot start while the old one still writes).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import AsyncIterator
+from typing import Any
+
+import anyio
+from litestar import Request, get
+from litestar.response import Stream
+
+from mlxrt.api.sse import sse_data, sse_response
+from mlxrt.errors import InvalidRequest, NotFound
+from mlxrt_memory.editor import EngineEditor
+from mlxrt_memory.synthesis import MemoryService, RunBusy, run_synthesis
+
+__all__ = ["ROUTES", "service_of"]
+
+#: How many events of the current run ``/v1/memory/status`` keeps for the status page.
+PROGRESS_KEPT = 50
+_FLAGS = {"1": True, "true": True, "0": False, "false": False}
+
+
+def service_of(host: Any) -> MemoryService:
+    service = host.plugin_states.get("memory")
+    if service is None:
+        raise NotFound("memory is off: start the server with --memory-dir DIR to capture turns and synthesize")
+    return service
+
+
+@get("/v1/memory/synthesize", summary="Run the memory-synthesis stages, streamed as server-sent events",
+     tags=["memory"])
+async def synthesize(request: Request) -> Stream:
+    raw = request.query_params.get("dry", "0")
+    if raw.lower() not in _FLAGS:
+        raise InvalidRequest(f"dry must be 0 or 1, got {raw!r}", param="dry")
+    dry = _FLAGS[raw.lower()]
+    host = request.app.state.host
+    service = service_of(host)
+    if not service.lock.acquire(blocking=False):
+        raise RunBusy()
+    loop = asyncio.get_running_loop()
+    events: asyncio.Queue[dict[str, Any] | None] = asyncio.Queue()
+    stop = threading.Event()
+    service.progress.clear()
+    stage: list[str | None] = [None]
+
+    def emit(event: dict[str, Any]) -> None:  # worker thread
+        if event.get("stage"):
+            stage[0] = event["stage"]
+        service.progress[:] = [*service.progress[-(PROGRESS_KEPT - 1):], event]
+        loop.call_soon_threadsafe(events.put_nowait, event)
+
+    def job() -> None:
+        try:
+            emit(run_synthesis(service, EngineEditor(host), dry=dry, emit=emit, stopped=stop.is_set))
+        except Exception as exc:  # noqa: BLE001 - reported to the client as the stream's error event
+            emit({"type": "error", "stage": stage[0], "message": f"{type(exc).__name__}: {exc}"})
+        finally:
+            service.lock.release()
+            loop.call_soon_threadsafe(events.put_nowait, None)
+
+    async def drive() -> None:
+        await anyio.to_thread.run_sync(job)
+
+    service.active = (asyncio.create_task(drive()), stop)
+
+    async def frames() -> AsyncIterator[bytes]:
+        try:
+            while (event := await events.get()) is not None:
+                yield sse_data(event)
+                if event["type"] == "error":
+                    return
+            yield sse_data("[DONE]")
+        finally:
+            stop.set()  # the client left (or the stream ended): stop at the next stage boundary
+
+    return sse_response(frames())
+
+
+@get("/v1/memory/status", summary="What the memory store holds and the current synthesis run's progress",
+     tags=["memory"])
+async def memory_status(request: Request) -> dict[str, Any]:
+    service = service_of(request.app.state.host)
+    counts = await anyio.to_thread.run_sync(service.store.counts)
+    return {"folder": str(service.folder), "vault": str(service.vault.root), "running": service.running(),
+            "counts": counts, "progress": list(service.progress)}
+
+
+ROUTES = [synthesize, memory_status]
