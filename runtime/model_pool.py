@@ -275,7 +275,8 @@ class ModelPool:
                 await anyio.to_thread.run_sync(self._load_blocking, slot)
             except BaseException as exc:
                 slot.state, slot.load_started = "unloaded", None
-                error = exc if isinstance(exc, MlxrtError) and exc.status < 500 else self._unavailable(slot, exc)
+                typed = isinstance(exc, MlxrtError) and (exc.status < 500 or isinstance(exc, ModelUnavailable))
+                error = exc if typed else self._unavailable(slot, exc)
                 slot.last_error = error.message if isinstance(error, MlxrtError) else str(error)
                 slot.loading.set_exception(error)
                 raise error from None
@@ -283,11 +284,12 @@ class ModelPool:
 
     def _unavailable(self, slot: Slot, exc: BaseException) -> MlxrtError:
         detail = exc.message if isinstance(exc, MlxrtError) else f"{type(exc).__name__}: {exc}"
+        over = isinstance(exc, MlxrtError) and exc.code == "over_budget"  # the engine's own memory plan
         return ModelUnavailable(f"cannot load model {slot.model_id!r}: {detail}; resident: {self._resident_text()}",
-                                code="model_load_failed")
+                                code="model_over_budget" if over else "model_load_failed")
 
     def _resident_text(self) -> str:
-        rows = [f"{s.model_id} ({s.engine.memory.weights / 1e9:.2f} GB weights)"
+        rows = [f"{s.model_id} ({_size(s.engine.memory.weights)} weights)"
                 if s.engine is not None and s.engine.memory is not None else s.model_id
                 for s in self._slots.values() if s.state == "ready"]
         return ", ".join(rows) or "none"
@@ -306,9 +308,9 @@ class ModelPool:
             return  # no safetensors to read ahead (GGUF conversions do have them; others fail at load)
         if needs > share * (1 - MARGIN):
             raise ModelUnavailable(
-                f"model {slot.model_id!r} cannot fit: its weights need {needs / 1e9:.2f} GB but each of the "
-                f"--max-models {self.settings.max_models} resident models gets {share / 1e9:.2f} GB of the "
-                f"{self.settings.memory_budget / 1e9:.2f} GB --memory-budget (less a {MARGIN:.0%} margin); "
+                f"model {slot.model_id!r} cannot fit: its weights need {_size(needs)} but each of the "
+                f"--max-models {self.settings.max_models} resident models gets {_size(share)} of the "
+                f"{_size(self.settings.memory_budget)} --memory-budget (less a {MARGIN:.0%} margin); "
                 f"resident: {self._resident_text()}", code="model_over_budget")
 
     async def _make_room(self, slot: Slot) -> None:
@@ -437,6 +439,13 @@ class ModelPool:
             gauge("mlxrt_model_running_rows", "Requests the model is generating.", None,
                   per_model("running_rows"), ("model",)),
         ]
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n} bytes"
 
 
 def releasing_leases(handler: Callable[..., Any]) -> Callable[..., Any]:

@@ -1,0 +1,206 @@
+"""Several models served by one process (issue 23): a request's ``model`` picks the engine.
+
+Three tiny checkpoints of different families (llama served, qwen3 and gemma4_text by path),
+through the official openai and anthropic clients: switching, LRU eviction, idle unload, one
+load for concurrent first requests, unknown models (404 per dialect), aliases, the memory
+budget, strict mode, and outputs equal to single-model servers'.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import anthropic
+import openai
+import pytest
+from support import MLXRT_BIN, anthropic_client, openai_client
+
+from mlxrt import hookimpl
+
+MULTI = {"model_fallback": False, "strict_model": False}
+HI = [{"role": "user", "content": "hi"}]
+
+
+@pytest.fixture(scope="module")
+def three(tmp_path_factory):
+    """Folders named for their family: the model id a server answers with."""
+    from mlxrt.testing import write_tiny_checkpoint
+
+    root = tmp_path_factory.mktemp("families")
+    return {name: write_tiny_checkpoint(root / name, name) for name in ("llama", "qwen3", "gemma4_text")}
+
+
+def chat(client, model, **kw):
+    return openai_client(client).chat.completions.create(model=model, messages=HI, max_tokens=6, temperature=0,
+                                                         **kw)
+
+
+def states(client) -> dict[str, str]:
+    return {m["id"]: m["state"] for m in client.get("/stats").json()["models"]["models"]}
+
+
+def loads(client) -> dict[str, int]:
+    return {m["id"]: m["loads"] for m in client.get("/stats").json()["models"]["models"]}
+
+
+def test_each_request_is_answered_by_the_model_it_names_bit_for_bit(three, serve_app):
+    """Switching between three families, by path, id and default; each answer equals the one
+    a server of that model alone gives (greedy, same prompt)."""
+    alone = {}
+    for name, path in three.items():
+        single = serve_app(path)
+        alone[name] = (chat(single, "default").choices[0].message.content,
+                       openai_client(single).completions.create(model="default", prompt="a b", max_tokens=5,
+                                                                temperature=0).choices[0].text)
+    multi = serve_app(three["llama"], options={**MULTI, "max_models": 3})
+    for _round in range(2):  # back and forth: resident engines keep answering the same
+        for name, path in three.items():
+            reply = chat(multi, str(path))
+            assert reply.model == name
+            assert reply.choices[0].message.content == alone[name][0]
+            text = openai_client(multi).completions.create(model=name, prompt="a b", max_tokens=5, temperature=0)
+            assert (text.model, text.choices[0].text) == (name, alone[name][1])
+    assert chat(multi, "default").model == "llama" and chat(multi, "").model == "llama"
+    message = anthropic_client(multi).messages.create(model="qwen3", messages=HI, max_tokens=6)
+    assert message.model == "qwen3" and message.content[0].text == alone["qwen3"][0]
+    assert states(multi) == {"llama": "ready", "qwen3": "ready", "gemma4_text": "ready"}
+    assert loads(multi) == {"llama": 1, "qwen3": 1, "gemma4_text": 1}
+    rows = {m["id"]: m for m in multi.get("/v1/models").json()["data"]}
+    assert rows["llama"]["loaded"] and rows["qwen3"]["loaded"] and rows["gemma4_text"]["loaded"]
+    metrics = multi.get("/metrics").text  # 2 rounds of chat + text, 1 message
+    assert 'mlxrt_model_loaded{model="gemma4_text"} 1' in metrics
+    assert 'mlxrt_model_requests_served_total{model="qwen3"} 5' in metrics
+
+
+def test_the_least_recently_used_idle_model_is_evicted(three, serve_app):
+    client = serve_app(three["llama"], options={**MULTI, "max_models": 2})
+    chat(client, str(three["qwen3"]))
+    chat(client, "llama")  # llama is now more recent than qwen3
+    chat(client, str(three["gemma4_text"]))
+    assert states(client) == {"llama": "ready", "qwen3": "unloaded", "gemma4_text": "ready"}
+    assert chat(client, "qwen3").model == "qwen3"  # known by id once seen; loaded again
+    assert states(client) == {"llama": "unloaded", "qwen3": "ready", "gemma4_text": "ready"}
+    assert loads(client) == {"llama": 1, "qwen3": 2, "gemma4_text": 1}
+    rows = {m["id"]: m["loaded"] for m in client.get("/v1/models").json()["data"]}
+    assert rows["llama"] is False and rows["qwen3"] is True
+    # the default is swapped back in, as mlx_lm.server swaps
+    assert chat(client, "default").model == "llama"
+
+
+def test_a_model_nobody_uses_is_unloaded_after_idle_unload(three, serve_app):
+    client = serve_app(three["llama"], options={**MULTI, "max_models": 2, "idle_unload": 0.3})
+    chat(client, str(three["qwen3"]))
+    assert states(client)["qwen3"] == "ready"
+    deadline = time.monotonic() + 10
+    while states(client) != {"llama": "unloaded", "qwen3": "unloaded"} and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert states(client) == {"llama": "unloaded", "qwen3": "unloaded"}
+    assert client.get("/health").status_code == 200
+    assert chat(client, "qwen3").model == "qwen3"  # and comes back on demand
+
+
+class SlowLoad:
+    """Loads take 0.5 s (then mlx-lm loads as usual), so first requests overlap the load."""
+
+    def __init__(self) -> None:
+        self.loaded: list[str] = []
+
+    @hookimpl
+    def mlxrt_load_model(self, info, host):
+        self.loaded.append(info.model_id)
+        time.sleep(0.5)
+
+
+def test_concurrent_first_requests_for_a_cold_model_wait_for_one_load(three, serve_app):
+    slow = SlowLoad()
+    client = serve_app(three["llama"], extra=[("slow-load", slow)], options={**MULTI, "max_models": 2})
+    results: list[str] = []
+
+    def ask() -> None:
+        results.append(chat(client, str(three["qwen3"])).model)
+
+    threads = [threading.Thread(target=ask) for _ in range(4)]
+    for t in threads:
+        t.start()
+    time.sleep(0.2)
+    row = next(m for m in client.get("/stats").json()["models"]["models"] if m["id"] == "qwen3")
+    assert row["state"] == "loading" and row["loading_for_seconds"] >= 0  # progress is visible
+    for t in threads:
+        t.join(30)
+    assert results == ["qwen3"] * 4
+    assert slow.loaded == ["llama", "qwen3"] and loads(client)["qwen3"] == 1
+
+
+def test_an_unknown_model_is_404_in_each_dialect_and_the_server_keeps_serving(three, serve_app):
+    client = serve_app(three["llama"], options=MULTI)
+    with pytest.raises(openai.NotFoundError) as caught:
+        chat(client, "nonexistent/x")
+    assert caught.value.body == {"message": "The model `nonexistent/x` does not exist or you do not have access "
+                                            "to it.", "type": "invalid_request_error", "param": None,
+                                 "code": "model_not_found"}
+    with pytest.raises(openai.NotFoundError):
+        openai_client(client).completions.create(model="gpt-3.5-turbo-instruct", prompt="a", max_tokens=2)
+    with pytest.raises(anthropic.NotFoundError) as caught:
+        anthropic_client(client).messages.create(model="claude-x", messages=HI, max_tokens=4)
+    assert caught.value.body == {"type": "error", "error": {
+        "type": "not_found_error", "message": "The model `claude-x` does not exist or you do not have access to it."}}
+    response = client.post("/v1/responses", json={"model": "nope", "input": "hi"})
+    assert response.status_code == 404 and response.json()["error"]["code"] == "model_not_found"
+    assert chat(client, "llama").model == "llama"
+    assert set(states(client)) == {"llama"}  # nothing was loaded or remembered for them
+
+
+def test_strict_mode_never_loads_a_model_not_named_at_start(three, serve_app):
+    client = serve_app(three["llama"], options={**MULTI, "strict_model": True, "max_models": 2,
+                                                "preload": [str(three["gemma4_text"])]})
+    assert states(client) == {"llama": "ready", "gemma4_text": "ready"}  # preloaded at start
+    with pytest.raises(openai.NotFoundError):
+        chat(client, str(three["qwen3"]))  # a real local model, but not named at start
+    assert "qwen3" not in states(client)
+    assert chat(client, "gemma4_text").model == "gemma4_text"
+    assert chat(client, str(three["gemma4_text"])).model == "gemma4_text"  # as the operator spelled it
+
+
+def test_aliases_map_client_names_to_local_models(three, serve_app):
+    client = serve_app(three["llama"], options={**MULTI, "strict_model": True, "max_models": 2,
+                                                "model_alias": [f"claude-haiku-4-5={three['qwen3']}"]})
+    message = anthropic_client(client).messages.create(model="claude-haiku-4-5", messages=HI, max_tokens=4)
+    assert message.model == "qwen3"
+    rows = {m["id"]: m for m in client.get("/v1/models").json()["data"]}
+    assert rows["claude-haiku-4-5"]["alias_of"] == "qwen3" and rows["claude-haiku-4-5"]["loaded"] is True
+    assert client.post("/v1/messages/count_tokens", json={"model": "claude-haiku-4-5", "messages": HI}).status_code \
+        == 200
+
+
+def test_a_model_that_cannot_fit_the_memory_budget_is_refused_with_the_numbers(three, serve_app):
+    # 2.5 MB shared by 2 models: llama (0.64 MB) fits its 1.25 MB share, gemma4_text (1.55 MB) cannot.
+    client = serve_app(three["llama"], options={**MULTI, "max_models": 2, "memory_budget": 0.0025})
+    with pytest.raises(openai.InternalServerError) as caught:
+        chat(client, str(three["gemma4_text"]))
+    error = caught.value.body
+    assert caught.value.status_code == 503 and error["code"] == "model_over_budget"
+    assert error["message"] == (
+        "model 'gemma4_text' cannot fit: its weights need 1.55 MB but each of the --max-models 2 resident models "
+        "gets 1.25 MB of the 2.50 MB --memory-budget (less a 10% margin); resident: llama (640.26 KB weights)")
+    assert states(client) == {"llama": "ready", "gemma4_text": "unloaded"}  # nothing evicted for it
+    assert chat(client, "llama").model == "llama"
+    assert client.get("/stats").json()["engine"]["admission"]["budget_bytes"] == 1_250_000
+
+
+def test_bad_flags_and_distributed_multi_model_are_refused(three):
+    import subprocess
+
+    out = subprocess.run([MLXRT_BIN, "serve", str(three["llama"]), "--model-alias", "no-equals-sign"],
+                         capture_output=True, text=True, timeout=120)
+    assert out.returncode == 2 and "'no-equals-sign' is not NAME=MODEL" in out.stderr
+    from mlxrt.distributed import refusals
+
+    assert any("several models" in why for why in refusals({"max_models": 2}))
+
+
+def test_model_fallback_answers_unknown_names_with_the_served_model(three, serve_app):
+    client = serve_app(three["llama"], options={"model_fallback": True, "strict_model": False})
+    assert chat(client, "gpt-4o").model == "llama"
+    assert chat(client, str(three["qwen3"])).model == "llama"  # nothing is loaded on demand
+    assert set(states(client)) == {"llama"}
