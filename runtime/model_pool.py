@@ -204,12 +204,16 @@ class ModelPool:
         for slot in wanted:
             if slot.state != "ready":
                 self._check_fits(slot)
-                self._load_blocking(slot)
+                self._installed(slot, self._start_engine(slot))
+
+    async def close(self) -> None:
+        """App shutdown: end the idle-unload task on its own loop."""
+        if self._reaper is not None:
+            self._reaper.cancel()
+            self._reaper = None
 
     def stop(self) -> None:
         """Stop every resident engine."""
-        if self._reaper is not None:
-            self._reaper.cancel()
         for slot in self._slots.values():
             if slot.engine is not None:
                 slot.engine.stop()
@@ -272,7 +276,8 @@ class ModelPool:
 
                 await anyio.to_thread.run_sync(self._check_fits, slot)  # before evicting anything for it
                 await self._make_room(slot)
-                await anyio.to_thread.run_sync(self._load_blocking, slot)
+                engine = await anyio.to_thread.run_sync(self._start_engine, slot)
+                self._installed(slot, engine)  # bookkeeping on the event loop, as every other change
             except BaseException as exc:
                 slot.state, slot.load_started = "unloaded", None
                 typed = isinstance(exc, MlxrtError) and (exc.status < 500 or isinstance(exc, ModelUnavailable))
@@ -331,17 +336,20 @@ class ModelPool:
                                 retry_after=5, code="models_busy")
             await asyncio.sleep(0.05)
 
-    def _load_blocking(self, slot: Slot) -> None:
+    def _start_engine(self, slot: Slot) -> Any:
+        """Load ``slot``'s model on a new engine (blocking: a worker thread or start-up)."""
         from mlxrt.loading import read_model_info
 
-        started = time.monotonic()
-        slot.load_started = slot.load_started or started
+        slot.load_started = slot.load_started or time.monotonic()
         log.info("loading model %s from %s", slot.model_id, slot.source.path)
-        engine = self._make_engine(slot.view, read_model_info(slot.source), slot.primary)
+        return self._make_engine(slot.view, read_model_info(slot.source), slot.primary)
+
+    def _installed(self, slot: Slot, engine: Any) -> None:
+        now = time.monotonic()
         slot.view.engine = slot.engine = engine
         slot.state, slot.loads = "ready", slot.loads + 1
-        slot.load_seconds, slot.load_started = time.monotonic() - started, None
-        slot.last_used, slot.last_error = time.monotonic(), None
+        slot.load_seconds, slot.load_started = now - (slot.load_started or now), None
+        slot.last_used, slot.last_error = now, None
         self._repoint()
         log.info("loaded model %s in %.2f s (%d resident)", slot.model_id, slot.load_seconds,
                  sum(s.state == "ready" for s in self._slots.values()))
