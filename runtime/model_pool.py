@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 import time
 from collections.abc import Callable, Iterable, MutableMapping
 from typing import Any
@@ -60,11 +61,20 @@ class ModelHost:
 
     Family hooks capture ``host.engine`` (gemma4's vision tower reads ``host.engine.loaded``)
     and request hooks read ``host.engine.tokenizer``; with several models each must see its own.
+    :meth:`plugin_state` is per model too: what plugins keep there is built for one model (the
+    structured-outputs plugin's grammars for its tokenizer) and would thrash if shared.
     """
 
     def __init__(self, host: Any, engine: Any = None) -> None:
-        self.__dict__["_host"] = host
-        self.__dict__["engine"] = engine
+        self.__dict__.update(_host=host, engine=engine, plugin_states={}, _state_lock=threading.Lock())
+
+    def plugin_state(self, name: str, make: Callable[[], Any]) -> Any:
+        """:meth:`mlxrt.host.PluginHost.plugin_state`, kept for this model."""
+        with self.__dict__["_state_lock"]:
+            states = self.__dict__["plugin_states"]
+            if name not in states:
+                states[name] = make()
+            return states[name]
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.__dict__["_host"], name)
@@ -244,7 +254,7 @@ class ModelPool:
             raise
         slot.last_used = time.monotonic()
         self._start_reaper()
-        return self.host if slot.engine is self.host.engine else slot.view
+        return slot.view
 
     async def _find(self, name: str) -> Slot:
         import anyio

@@ -73,6 +73,16 @@ def test_each_request_is_answered_by_the_model_it_names_bit_for_bit(three, serve
     assert 'mlxrt_model_requests_served_total{model="qwen3"} 5' in metrics
 
 
+def test_structured_outputs_follow_each_models_own_tokenizer(three, serve_app):
+    """Grammars are compiled per model (llama's and qwen3's generated vocabularies differ)."""
+    client = serve_app(three["llama"], options={**MULTI, "max_models": 2})
+    choice = {"type": "choice", "choices": ["yes", "no"]}
+    for model in ("qwen3", "llama", "qwen3", "llama"):
+        path = str(three[model])
+        reply = chat(client, path, response_format=choice)
+        assert reply.model == model and reply.choices[0].message.content in ("yes", "no")
+
+
 def test_the_least_recently_used_idle_model_is_evicted(three, serve_app):
     client = serve_app(three["llama"], options={**MULTI, "max_models": 2})
     chat(client, str(three["qwen3"]))
