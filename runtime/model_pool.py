@@ -119,7 +119,7 @@ class Slot:
     named: bool = False  # named at start (served, --preload, an alias target)
     state: str = "unloaded"  # unloaded | loading | ready
     engine: Any = None
-    loading: asyncio.Future[None] | None = None
+    loading: asyncio.Task[None] | None = None
     leases: int = 0
     last_used: float = 0.0
     load_started: float | None = None
@@ -275,27 +275,30 @@ class ModelPool:
 
     async def _ensure(self, slot: Slot) -> None:
         while slot.state != "ready":
-            if slot.state == "loading" and slot.loading is not None:
-                await asyncio.shield(slot.loading)  # one load for every waiter; its error is theirs
-                continue
-            slot.state, slot.load_started = "loading", time.monotonic()
-            slot.loading = asyncio.get_running_loop().create_future()
-            slot.loading.add_done_callback(lambda f: f.cancelled() or f.exception())  # retrieved: no warning
-            try:
-                import anyio
+            if slot.loading is None or slot.loading.done():
+                # The load is the pool's task, not the request's: a client that leaves while it
+                # waits does not cancel a load other requests wait for (or leak a half-made engine).
+                slot.loading = asyncio.get_running_loop().create_task(self._load(slot))
+                slot.loading.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved
+            await asyncio.shield(slot.loading)  # one load for every waiter; its error is theirs
 
-                await anyio.to_thread.run_sync(self._check_fits, slot)  # before evicting anything for it
-                await self._make_room(slot)
-                engine = await anyio.to_thread.run_sync(self._start_engine, slot)
-                self._installed(slot, engine)  # bookkeeping on the event loop, as every other change
-            except BaseException as exc:
-                slot.state, slot.load_started = "unloaded", None
-                typed = isinstance(exc, MlxrtError) and (exc.status < 500 or isinstance(exc, ModelUnavailable))
-                error = exc if typed else self._unavailable(slot, exc)
-                slot.last_error = error.message if isinstance(error, MlxrtError) else str(error)
-                slot.loading.set_exception(error)
-                raise error from None
-            slot.loading.set_result(None)
+    async def _load(self, slot: Slot) -> None:
+        import anyio
+
+        slot.state, slot.load_started = "loading", time.monotonic()
+        try:
+            await anyio.to_thread.run_sync(self._check_fits, slot)  # before evicting anything for it
+            await self._make_room(slot)
+            engine = await anyio.to_thread.run_sync(self._start_engine, slot)
+        except BaseException as exc:
+            slot.state, slot.load_started = "unloaded", None
+            if not isinstance(exc, Exception):
+                raise
+            typed = isinstance(exc, MlxrtError) and (exc.status < 500 or isinstance(exc, ModelUnavailable))
+            error = exc if typed else self._unavailable(slot, exc)
+            slot.last_error = error.message
+            raise error from None
+        self._installed(slot, engine)  # bookkeeping on the event loop, as every other change
 
     def _unavailable(self, slot: Slot, exc: BaseException) -> MlxrtError:
         detail = exc.message if isinstance(exc, MlxrtError) else f"{type(exc).__name__}: {exc}"
