@@ -212,3 +212,91 @@ def test_model_fallback_answers_unknown_names_with_the_served_model(three, serve
     assert chat(client, "gpt-4o").model == "llama"
     assert chat(client, str(three["qwen3"])).model == "llama"  # nothing is loaded on demand
     assert set(states(client)) == {"llama"}
+
+
+class Slow:
+    """Claims ``slow``: such a request samples token 5 every 50 ms (never EOS) until max_tokens;
+    and ``slow_prepare``: its preparation takes a second."""
+
+    @hookimpl
+    def mlxrt_request_fields(self, dialect):
+        return {"slow": bool, "slow_prepare": bool}
+
+    @hookimpl
+    def mlxrt_prepare_request(self, request, host):
+        if request.extra.get("slow_prepare"):
+            time.sleep(1.0)  # the model is chosen, nothing is queued on its engine yet
+
+    @hookimpl
+    def mlxrt_sampler(self, request, info):
+        if not request.extra.get("slow"):
+            return None
+        import mlx.core as mx
+
+        def sample(logprobs):
+            time.sleep(0.05)
+            return mx.array([5])
+
+        return sample
+
+
+def test_a_stream_holds_its_model_until_it_ends(three):
+    """Over a real socket: with --max-models 1, a request for another model waits while a
+    stream of the resident one is still being sent, then swaps it."""
+    import uvicorn
+    from support import free_port
+
+    from mlxrt.cli import build_server
+    from mlxrt.host import make_host
+
+    host = make_host(extra=[("slow", Slow())])
+    app = build_server(host, str(three["llama"]), {"host": "127.0.0.1", "port": 0, **MULTI})
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning"))
+    thread = threading.Thread(target=server.run, daemon=True)
+    thread.start()
+    try:
+        while not server.started:
+            time.sleep(0.05)
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="unused", max_retries=0)
+        stream = client.chat.completions.create(model="llama", messages=HI, max_tokens=30, stream=True,
+                                                extra_body={"slow": True})
+        next(iter(stream))  # the stream is open: llama is held
+        other: list[str] = []
+        waiting = threading.Thread(target=lambda: other.append(
+            client.chat.completions.create(model=str(three["qwen3"]), messages=HI, max_tokens=2).model))
+        waiting.start()
+        time.sleep(0.5)
+        models = {m["id"]: m for m in httpx_get(port, "/stats")["models"]["models"]}
+        assert models["llama"]["state"] == "ready" and models["llama"]["in_use"] == 1
+        assert models["qwen3"]["state"] == "loading" and not other
+        assert len(list(stream)) >= 20  # the stream finished whole, on the engine it started on
+        waiting.join(30)
+        assert other == ["qwen3"]
+        assert {m["id"]: m["state"] for m in httpx_get(port, "/stats")["models"]["models"]} == {
+            "llama": "unloaded", "qwen3": "ready"}
+    finally:
+        server.should_exit = True
+        thread.join(15)
+        host.models.stop()
+
+
+def httpx_get(port: int, path: str) -> dict:
+    import httpx
+
+    return httpx.get(f"http://127.0.0.1:{port}{path}", timeout=10).json()
+
+
+def test_a_request_holds_its_model_before_it_reaches_the_engine(three, serve_app):
+    """Between choosing the model and queueing on its engine (templating, grammar compiling) the
+    engine looks idle; the request's lease keeps another request from evicting it then."""
+    client = serve_app(three["llama"], extra=[("slow", Slow())], options=MULTI)
+    first: list[str] = []
+    held = threading.Thread(target=lambda: first.append(
+        chat(client, "llama", extra_body={"slow_prepare": True}).model))
+    held.start()
+    time.sleep(0.3)
+    assert chat(client, str(three["qwen3"])).model == "qwen3"  # waits for llama's request
+    held.join(30)
+    assert first == ["llama"]
+    assert loads(client) == {"llama": 1, "qwen3": 1}
