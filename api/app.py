@@ -217,5 +217,6 @@ def create_app(host: Any, *, cors_origins: list[str] | None = None, debug: bool 
         from mlxrt.model_pool import releasing_leases
 
         app.asgi_handler = releasing_leases(app.asgi_handler)
+        app.on_startup.append(host.models.open)
         app.on_shutdown.append(host.models.close)
     return app

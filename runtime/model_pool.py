@@ -26,6 +26,7 @@ event loop (no locks): loads and unloads run on worker threads and are awaited.
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import logging
 import threading
 import time
@@ -216,6 +217,10 @@ class ModelPool:
                 self._check_fits(slot)
                 self._installed(slot, self._start_engine(slot))
 
+    async def open(self) -> None:
+        """App startup: start the idle-unload task (models preloaded and never asked for count too)."""
+        self._start_reaper()
+
     async def close(self) -> None:
         """App shutdown: end the idle-unload task on its own loop."""
         if self._reaper is not None:
@@ -390,7 +395,8 @@ class ModelPool:
 
     def _start_reaper(self) -> None:
         if self.settings.idle_unload is not None and (self._reaper is None or self._reaper.done()):
-            self._reaper = asyncio.get_running_loop().create_task(self._reap())
+            # A fresh context: its log lines belong to no request (not to the one that started it).
+            self._reaper = asyncio.get_running_loop().create_task(self._reap(), context=contextvars.Context())
 
     async def _reap(self) -> None:
         limit = float(self.settings.idle_unload or 0)

@@ -110,6 +110,15 @@ def test_a_model_nobody_uses_is_unloaded_after_idle_unload(three, serve_app):
     assert chat(client, "qwen3").model == "qwen3"  # and comes back on demand
 
 
+def test_idle_unload_counts_from_start_for_a_model_nobody_asked_for(three, serve_app):
+    client = serve_app(three["llama"], options={**MULTI, "idle_unload": 0.3})
+    deadline = time.monotonic() + 10
+    while states(client) != {"llama": "unloaded"} and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert states(client) == {"llama": "unloaded"}
+    assert chat(client, "default").model == "llama"
+
+
 class SlowLoad:
     """Loads take 0.5 s (then mlx-lm loads as usual), so first requests overlap the load."""
 
