@@ -120,6 +120,7 @@ class Slot:
     named: bool = False  # named at start (served, --preload, an alias target)
     state: str = "unloaded"  # unloaded | loading | ready
     engine: Any = None
+    profile: Any = None  # the family profile of its last load (kept while unloaded)
     loading: asyncio.Task[None] | None = None
     leases: int = 0
     last_used: float = 0.0
@@ -365,6 +366,7 @@ class ModelPool:
     def _installed(self, slot: Slot, engine: Any) -> None:
         now = time.monotonic()
         slot.view.engine = slot.engine = engine
+        slot.profile = engine.profile
         slot.state, slot.loads = "ready", slot.loads + 1
         slot.load_seconds, slot.load_started = now - (slot.load_started or now), None
         slot.last_used, slot.last_error = now, None

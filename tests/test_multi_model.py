@@ -92,7 +92,9 @@ def test_the_least_recently_used_idle_model_is_evicted(three, serve_app):
     assert chat(client, "qwen3").model == "qwen3"  # known by id once seen; loaded again
     assert states(client) == {"llama": "unloaded", "qwen3": "ready", "gemma4_text": "ready"}
     assert loads(client) == {"llama": 1, "qwen3": 2, "gemma4_text": 1}
-    rows = {m["id"]: m["loaded"] for m in client.get("/v1/models").json()["data"]}
+    listed = client.get("/v1/models").json()["data"]
+    assert listed[0]["id"] == "llama"  # the served model stays first while swapped out
+    rows = {m["id"]: m["loaded"] for m in listed}
     assert rows["llama"] is False and rows["qwen3"] is True
     # the default is swapped back in, as mlx_lm.server swaps
     assert chat(client, "default").model == "llama"

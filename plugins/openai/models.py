@@ -70,20 +70,22 @@ def cached_model_rows(cache_dir: Path | None = None) -> list[dict[str, Any]]:
 
 def _served_row(request: Request) -> dict[str, Any]:
     host = request.app.state.host
-    engine = host.engine
-    info = engine.info
+    pool = getattr(host, "models", None)
+    # The served model's row, also while another model is swapped in (its profile outlives its engine).
+    profile = pool.primary.profile if pool is not None and pool.primary.profile is not None else host.engine.profile
+    info = profile.info
     return {
         "id": info.model_id,
         "object": "model",
         "created": int(host.options.get("started_at") or time.time()),
         "owned_by": "mlxrt",
         "context_window": info.context_window,
-        "reasoning": engine.profile.thinking_format is not None,
-        "vision": engine.profile.vision is not None,
-        "tools": engine.profile.tool_parser is not None,
-        "family": _family_name(engine.profile),
-        "tier": engine.profile.tier,
-        "self_test": dict(engine.profile.self_test),
+        "reasoning": profile.thinking_format is not None,
+        "vision": profile.vision is not None,
+        "tools": profile.tool_parser is not None,
+        "family": _family_name(profile),
+        "tier": profile.tier,
+        "self_test": dict(profile.self_test),
     }
 
 
