@@ -111,9 +111,9 @@ def _pool_rows(request: Request, served: dict[str, Any]) -> list[dict[str, Any]]
             continue
         row = {"id": slot.model_id, "object": "model", "created": created, "owned_by": "mlxrt",
                "loaded": slot.state == "ready"}
-        if slot.engine is not None:
-            row["context_window"] = slot.engine.info.context_window
-            row["family"] = _family_name(slot.engine.profile)
+        if slot.profile is not None:  # loaded at least once
+            row["context_window"] = slot.profile.info.context_window
+            row["family"] = _family_name(slot.profile)
         rows.append(row)
     for alias, model_id in pool.names().items():
         rows.append({"id": alias, "object": "model", "created": created, "owned_by": "mlxrt",
