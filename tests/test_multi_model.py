@@ -311,3 +311,21 @@ def test_a_request_holds_its_model_before_it_reaches_the_engine(three, serve_app
     held.join(30)
     assert first == ["llama"]
     assert loads(client) == {"llama": 1, "qwen3": 1}
+
+
+def test_local_hugging_face_models_by_repo_id_or_a_unique_part_of_one(three, serve_app, tmp_path, monkeypatch):
+    from test_library import install
+
+    hub = tmp_path / "hub"
+    install(hub, "acme/tiny-qwen3", three["qwen3"], "a" * 40)
+    install(hub, "acme/tiny-qwen3-instruct", three["qwen3"], "b" * 40)
+    install(hub, "other/smol-gemma", three["gemma4_text"], "c" * 40)
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub))
+    client = serve_app(three["llama"], options={**MULTI, "max_models": 3})
+    assert chat(client, "smol-gemma").model == "other/smol-gemma"
+    assert chat(client, "acme/tiny-qwen3").model == "acme/tiny-qwen3"  # an exact id wins over longer ones
+    with pytest.raises(openai.BadRequestError) as caught:
+        chat(client, "tiny-qwen3")
+    assert caught.value.body["code"] == "ambiguous_model" and "acme/tiny-qwen3-instruct" in caught.value.body["message"]
+    rows = {m["id"]: m["loaded"] for m in client.get("/v1/models").json()["data"]}
+    assert rows["other/smol-gemma"] is True and rows["acme/tiny-qwen3-instruct"] is False
