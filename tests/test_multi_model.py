@@ -183,6 +183,15 @@ def test_strict_mode_never_loads_a_model_not_named_at_start(three, serve_app):
     assert chat(client, str(three["gemma4_text"])).model == "gemma4_text"  # as the operator spelled it
 
 
+def test_a_server_bound_beyond_loopback_is_strict_by_default(three, serve_app):
+    exposed = serve_app(three["llama"], options={"host": "0.0.0.0", "model_fallback": False})
+    assert exposed.get("/stats").json()["models"]["strict"] is True
+    with pytest.raises(openai.NotFoundError):
+        chat(exposed, str(three["qwen3"]))
+    local = serve_app(three["llama"], options={"host": "127.0.0.1", "model_fallback": False})
+    assert local.get("/stats").json()["models"]["strict"] is False
+
+
 def test_aliases_map_client_names_to_local_models(three, serve_app):
     client = serve_app(three["llama"], options={**MULTI, "strict_model": True, "max_models": 2,
                                                 "model_alias": [f"claude-haiku-4-5={three['qwen3']}"]})
