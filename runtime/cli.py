@@ -243,10 +243,13 @@ def _model_pool(host: PluginHost, model: str | None, source: Any, opts: dict[str
         preload.append(resolve_model(item, allow_download=True))
         specs[item] = str(preload[-1].path)
     strict = opts.get("strict_model")
+    if strict is None:
+        # An exposed server must not load whatever path a request names, nor run the tokenizer
+        # code of one with --trust-remote-code (docs/operators.md#several-models).
+        strict = not _is_loopback(opts.get("host")) or bool(opts.get("trust_remote_code"))
     settings = PoolSettings(
         max_models=max(int(opts.get("max_models") or 1), 1), idle_unload=opts.get("idle_unload"),
-        # An exposed server must not load whatever path a request names (docs/operators.md).
-        strict=bool(opts.get("distributed")) or (not _is_loopback(opts.get("host")) if strict is None else strict),
+        strict=bool(opts.get("distributed")) or strict,
         fallback=bool(opts.get("model_fallback")),
         memory_budget=EngineConfig.from_options(opts).memory_budget)
     return ModelPool(host, source, settings, start_engine, aliases=aliases, preload=preload,
@@ -411,7 +414,8 @@ def build_cli(host: PluginHost) -> click.Group:
                   help="Also load MODEL at start (counts against --max-models); repeatable.")
     @click.option("--strict-model/--no-strict-model", default=None,
                   help="Serve only models named at start (MODEL, --preload, --model-alias): a request naming "
-                  "another is 404, never loaded. Default: strict unless bound to loopback.")
+                  "another is 404, never loaded. Default: strict unless bound to loopback (and always with "
+                  "--trust-remote-code).")
     @click.option("--model-fallback", is_flag=True,
                   help="Answer a request naming an unknown model with the served model instead of 404 "
                   "(clients that send a fixed model name); nothing is loaded on demand.")

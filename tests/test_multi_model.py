@@ -190,6 +190,25 @@ def test_a_server_bound_beyond_loopback_is_strict_by_default(three, serve_app):
         chat(exposed, str(three["qwen3"]))
     local = serve_app(three["llama"], options={"host": "127.0.0.1", "model_fallback": False})
     assert local.get("/stats").json()["models"]["strict"] is False
+    # a request must not make the server run any folder's tokenizer code
+    trusting = serve_app(three["llama"], options={"host": "127.0.0.1", "model_fallback": False,
+                                                  "trust_remote_code": True})
+    assert trusting.get("/stats").json()["models"]["strict"] is True
+
+
+def test_a_model_that_fails_to_load_is_503_and_the_server_keeps_serving(three, serve_app, tmp_path):
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "config.json").write_text('{"model_type": "llama"}')  # no weights, no tokenizer
+    client = serve_app(three["llama"], options={**MULTI, "max_models": 2})
+    with pytest.raises(openai.InternalServerError) as caught:
+        chat(client, str(broken))
+    assert caught.value.status_code == 503 and caught.value.body["code"] == "model_load_failed"
+    assert caught.value.body["message"].startswith("cannot load model 'broken': ")
+    assert caught.value.body["message"].endswith("; resident: llama (640.26 KB weights)")
+    row = next(m for m in client.get("/stats").json()["models"]["models"] if m["id"] == "broken")
+    assert row["state"] == "unloaded" and row["last_error"] == caught.value.body["message"]
+    assert chat(client, "llama").model == "llama"
 
 
 def test_aliases_map_client_names_to_local_models(three, serve_app):
