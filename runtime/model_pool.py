@@ -213,9 +213,8 @@ class ModelPool:
         if len(wanted) > self.settings.max_models:
             raise ModelLoadError(f"--preload names {len(wanted)} models with the served one, but --max-models is "
                                  f"{self.settings.max_models}")
-        for slot in wanted:
+        for slot in wanted:  # nothing serves yet: the engine's own memory plan refuses what cannot fit
             if slot.state != "ready":
-                self._check_fits(slot)
                 self._installed(slot, self._start_engine(slot))
 
     async def open(self) -> None:
