@@ -35,8 +35,8 @@ Rules every hook follows:
   fails only that request.
 * **Several models** (``--max-models``, ``--model-alias``): the ``host`` a family or request
   hook receives is that model's view of the host (:class:`mlxrt.model_pool.ModelHost`):
-  ``host.engine`` is the engine of the model being loaded or asked, and ``host.plugin_state``
-  is kept per model; everything else is the shared host's.
+  ``host.engine`` is the engine of the model being loaded or asked; everything else, plugin
+  state included, is the shared host's (key model-specific caches by ``host.engine``).
 """
 
 from __future__ import annotations

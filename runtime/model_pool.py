@@ -28,7 +28,6 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
-import threading
 import time
 from collections.abc import Callable, Iterable, MutableMapping
 from typing import Any
@@ -62,20 +61,11 @@ class ModelHost:
 
     Family hooks capture ``host.engine`` (gemma4's vision tower reads ``host.engine.loaded``)
     and request hooks read ``host.engine.tokenizer``; with several models each must see its own.
-    :meth:`plugin_state` is per model too: what plugins keep there is built for one model (the
-    structured-outputs plugin's grammars for its tokenizer) and would thrash if shared.
+    Plugin state stays the shared host's (a plugin keeps one service for the server's life).
     """
 
     def __init__(self, host: Any, engine: Any = None) -> None:
-        self.__dict__.update(_host=host, engine=engine, plugin_states={}, _state_lock=threading.Lock())
-
-    def plugin_state(self, name: str, make: Callable[[], Any]) -> Any:
-        """:meth:`mlxrt.host.PluginHost.plugin_state`, kept for this model."""
-        with self.__dict__["_state_lock"]:
-            states = self.__dict__["plugin_states"]
-            if name not in states:
-                states[name] = make()
-            return states[name]
+        self.__dict__.update(_host=host, engine=engine)
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.__dict__["_host"], name)
