@@ -69,6 +69,7 @@ async def stats(request: Request) -> dict[str, Any]:
                   "family": engine.profile.family, "tier": engine.profile.tier,
                   "self_test": dict(engine.profile.self_test), "provenance": dict(engine.profile.provenance)},
         "engine": engine.stats(),
+        **({"models": host.models.describe()} if getattr(host, "models", None) is not None else {}),
         **({"responses": request.app.state["response_store"].stats()}
            if "response_store" in request.app.state else {}),
         "plugins": {"loaded": [r.name for r in host.loaded()],
@@ -102,6 +103,8 @@ async def metrics(request: Request) -> Response:
         gauge("mlxrt_prompt_cache_tokens_reused_total", "Prompt tokens served from the cache.",
               cache["tokens_reused"]),
     ]
+    if getattr(request.app.state.host, "models", None) is not None:
+        families += request.app.state.host.models.metric_families()
     if stats.get("mlx_active_bytes") is not None:
         families.append(gauge("mlxrt_mlx_active_bytes", "MLX memory in use.", stats["mlx_active_bytes"]))
     return Response(content=render(families), media_type="text/plain; version=0.0.4; charset=utf-8")
@@ -210,4 +213,10 @@ def create_app(host: Any, *, cors_origins: list[str] | None = None, debug: bool 
     )
     # Outside routing, so unmatched paths and CORS preflights get an id and are counted too.
     app.asgi_handler = observe(app.asgi_handler, http_metrics)
+    if getattr(host, "models", None) is not None:  # a request holds its model until its response is sent
+        from mlxrt.model_pool import releasing_leases
+
+        app.asgi_handler = releasing_leases(app.asgi_handler)
+        app.on_startup.append(host.models.open)
+        app.on_shutdown.append(host.models.close)
     return app

@@ -15,6 +15,7 @@ import time
 from collections.abc import Sequence
 from typing import Any
 
+import attrs
 import click
 
 import mlxrt
@@ -117,6 +118,12 @@ def _serve(host: PluginHost, model: str | None, opts: dict[str, Any]) -> None:
         f"http://{opts['host']}:{opts['port']}",
         err=True,
     )
+    pool = host.models.settings
+    click.echo(f"models: up to {pool.max_models} resident; requests may name "
+               + ("any model (unknown names get the served one: --model-fallback)" if pool.fallback else
+                  "the models named at start only (--strict-model)" if pool.strict else
+                  "any local model, loaded on demand (--no-strict-model; pass --strict-model when exposed)"),
+               err=True)
     if not _is_loopback(opts["host"]) and not opts.get("api_keys"):
         click.echo(
             f"WARNING: binding {opts['host']} (reachable from other machines) WITHOUT an API key: anyone "
@@ -131,7 +138,7 @@ def _serve(host: PluginHost, model: str | None, opts: dict[str, Any]) -> None:
                                 timeout_graceful_shutdown=opts.get("shutdown_grace") or 10)
         _GracefulServer(config).run()
     finally:
-        engine.stop()
+        host.models.stop()
     log.info("shut down cleanly")
 
 
@@ -175,13 +182,12 @@ def build_server(host: PluginHost, model: str | None, opts: dict[str, Any]) -> A
     """Load the model, start the engine and build the app (also used by tests)."""
     from mlxrt.api.app import create_app
     from mlxrt.engine import Engine, EngineConfig
-    from mlxrt.loading import read_model_info, resolve_model
+    from mlxrt.loading import resolve_model
     from mlxrt.templating import DEFAULT_CHAT_TEMPLATE
 
     host.options.update(opts)
     host.options.setdefault("started_at", time.time())
     source = resolve_model(model, allow_download=True)
-    info = read_model_info(source)
     if opts.get("prompt_cache_bytes") is not None:
         from mlxrt.memory import parse_size
 
@@ -189,23 +195,65 @@ def build_server(host: PluginHost, model: str | None, opts: dict[str, Any]) -> A
             parse_size(opts["prompt_cache_bytes"])
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--prompt-cache-bytes") from None
-    if opts.get("distributed"):
-        from mlxrt.distributed import make_engine
+    def start_engine(view: Any, info: Any, primary: bool) -> Any:
+        config = EngineConfig.from_options(opts)
+        # --adapter and --draft-model belong to the served model; the budget is shared.
+        config = attrs.evolve(config, memory_budget=pool.settings.share,
+                              **({} if primary else {"adapter": None, "draft_model": None}))
+        if opts.get("distributed"):
+            from mlxrt.distributed import make_engine
 
-        engine = make_engine(host, EngineConfig.from_options(opts), opts)
-    else:
-        engine = Engine(host, EngineConfig.from_options(opts))
-    engine.load(info)
-    if opts.get("chat_template"):
-        engine.tokenizer.chat_template = opts["chat_template"]
-    elif opts.get("use_default_chat_template") and getattr(engine.tokenizer, "chat_template", None) is None:
-        engine.tokenizer.chat_template = DEFAULT_CHAT_TEMPLATE
-    host.engine = engine
+            engine = make_engine(view, config, opts)
+        else:
+            engine = Engine(view, config)
+        engine.load(info)
+        if opts.get("chat_template") and primary:
+            engine.tokenizer.chat_template = opts["chat_template"]
+        elif opts.get("use_default_chat_template") and getattr(engine.tokenizer, "chat_template", None) is None:
+            engine.tokenizer.chat_template = DEFAULT_CHAT_TEMPLATE
+        return engine
+
+    pool = _model_pool(host, model, source, opts, start_engine)
+    host.models = pool
     try:
+        pool.load_at_start()
         return create_app(host, cors_origins=_cors_origins(opts.get("allowed_origins"), opts.get("host")))
     except BaseException:
-        engine.stop()
+        pool.stop()
         raise
+
+
+def _model_pool(host: PluginHost, model: str | None, source: Any, opts: dict[str, Any], start_engine: Any) -> Any:
+    """The models this server may answer with (``--max-models``, ``--model-alias``,
+    ``--preload``, ``--strict-model``, ``--idle-unload``); see :mod:`mlxrt.model_pool`."""
+    from mlxrt.engine import EngineConfig
+    from mlxrt.loading import resolve_model
+    from mlxrt.model_pool import ModelPool, PoolSettings
+
+    specs = {model: str(source.path)} if model else {}
+    aliases = {}
+    for item in opts.get("model_alias") or ():
+        name, sep, target = str(item).partition("=")
+        if not sep or not name.strip() or not target.strip():
+            raise click.BadParameter(f"{item!r} is not NAME=MODEL", param_hint="--model-alias")
+        aliases[name.strip()] = resolve_model(target.strip(), allow_download=True)
+        specs[target.strip()] = str(aliases[name.strip()].path)
+    preload = []
+    for item in opts.get("preload") or ():
+        preload.append(resolve_model(item, allow_download=True))
+        specs[item] = str(preload[-1].path)
+    strict = opts.get("strict_model")
+    if strict is None:
+        # An exposed server must not load whatever path a request names, nor run the tokenizer
+        # code of one with --trust-remote-code (docs/operators.md#several-models).
+        strict = not _is_loopback(opts.get("host")) or bool(opts.get("trust_remote_code"))
+    settings = PoolSettings(
+        max_models=max(int(opts.get("max_models") or 1), 1), idle_unload=opts.get("idle_unload"),
+        strict=bool(opts.get("distributed")) or strict,
+        fallback=bool(opts.get("model_fallback")),
+        memory_budget=EngineConfig.from_options(opts).memory_budget)
+    return ModelPool(host, source, settings, start_engine, aliases=aliases, preload=preload,
+                     start_specs=specs, resolver=lambda name: resolve_model(name, allow_download=False))
 
 
 def _cors_origins(given: str | None, bind: str | None) -> list[str] | None:
@@ -354,6 +402,23 @@ def build_cli(host: PluginHost) -> click.Group:
     @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default=None,
                   help="Cast the weights to this dtype at load, dequantizing a quantized checkpoint. "
                   "float32 is the fast path on a Linux CPU with the system OpenBLAS (docs/performance.md).")
+    @click.option("--max-models", type=click.IntRange(min=1), default=1,
+                  help="Models resident at once; a request for another local model loads it, evicting the "
+                  "least recently used idle one (docs/operators.md#several-models).")
+    @click.option("--idle-unload", type=click.FloatRange(min=0, min_open=True), default=None,
+                  help="Unload a model nobody used for this many seconds (default: never).")
+    @click.option("--model-alias", multiple=True, metavar="NAME=MODEL",
+                  help="Answer requests naming NAME with MODEL (a folder, .gguf or repo id), loaded on demand; "
+                  "repeatable (e.g. Claude Code's model names).")
+    @click.option("--preload", multiple=True, metavar="MODEL",
+                  help="Also load MODEL at start (counts against --max-models); repeatable.")
+    @click.option("--strict-model/--no-strict-model", default=None,
+                  help="Serve only models named at start (MODEL, --preload, --model-alias): a request naming "
+                  "another is 404, never loaded. Default: strict unless bound to loopback (and always with "
+                  "--trust-remote-code).")
+    @click.option("--model-fallback", is_flag=True,
+                  help="Answer a request naming an unknown model with the served model instead of 404 "
+                  "(clients that send a fixed model name); nothing is loaded on demand.")
     @_NO_SYSTEM_BLAS
     def serve(model_arg: str | None, model: str | None, **opts: Any) -> None:
         """Serve MODEL over HTTP (OpenAI-compatible; a superset of mlx_lm.server)."""

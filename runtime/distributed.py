@@ -97,6 +97,10 @@ def refusals(options: dict[str, Any]) -> list[str]:
         why.append("--kv-quant / --kv-bits (quantized KV caches)")
     if options.get("draft_model"):
         why.append("--draft-model (speculative decoding)")
+    if (options.get("max_models") or 1) > 1 or options.get("preload") or options.get("model_alias") \
+            or options.get("idle_unload"):
+        why.append("several models (--max-models, --preload, --model-alias, --idle-unload): every rank holds "
+                   "a shard of the one served model")
     if options.get("prompt_cache_dir"):
         why.append("--prompt-cache-dir (the prompt cache is off when distributed)")
     return why

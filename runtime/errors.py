@@ -11,6 +11,8 @@ __all__ = [
     "MlxrtError",
     "InvalidRequest",
     "NotFound",
+    "ModelNotFound",
+    "ModelUnavailable",
     "OverBudget",
     "QueueFull",
     "ModelLoadError",
@@ -44,6 +46,30 @@ class NotFound(MlxrtError):
 
     status = 404
     type = "not_found_error"
+
+
+class ModelNotFound(NotFound):
+    """A request named a model this server does not serve and may not load (404).
+
+    OpenAI's exact text and type (``invalid_request_error``, code ``model_not_found``), so
+    clients that special-case it keep working; Anthropic's shape maps it by status to
+    ``not_found_error``."""
+
+    type = "invalid_request_error"
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"The model `{name}` does not exist or you do not have access to it.",
+                         code="model_not_found")
+        self.name = name
+
+
+class ModelUnavailable(MlxrtError):
+    """A served model could not be made resident for this request: its load failed or it
+    cannot fit the memory budget beside the resident models (503; the message says which
+    model, what it needs and what is resident)."""
+
+    status = 503
+    type = "model_unavailable"
 
 
 class OverBudget(MlxrtError):

@@ -61,7 +61,10 @@ class PluginHost:
     :ivar pm: The pluggy manager (project ``mlxrt``), hookspecs added.
     :ivar records: One :class:`PluginRecord` per plugin seen, in load order.
     :ivar options: Values of ``mlxrt serve`` options, by name (plugins read their own here).
-    :ivar engine: The running engine once the server started, else ``None``.
+    :ivar engine: The running engine once the server started, else ``None`` (with several
+        models: the served model's while resident, else the latest loaded; requests get theirs
+        from ``models``).
+    :ivar models: The :class:`mlxrt.model_pool.ModelPool` once the server started.
     :ivar route_conflicts: Routes skipped because another plugin claimed them first.
     :ivar field_claims: Request fields claimed by plugins, per dialect (see ``mlxrt_request_fields``).
     :ivar plugin_states: What plugins keep for the host's lifetime (see :meth:`plugin_state`).
@@ -71,6 +74,7 @@ class PluginHost:
     records: dict[str, PluginRecord] = attrs.field(factory=dict)
     options: dict[str, Any] = attrs.field(factory=dict)
     engine: Any = None
+    models: Any = None
     route_conflicts: list[str] = attrs.field(factory=list)
     field_claims: dict[str, dict[str, type]] = attrs.field(factory=dict)
     plugin_states: dict[str, Any] = attrs.field(factory=dict)

@@ -63,7 +63,9 @@ def serve_app():
 
     def start(model: str | Path, *, extra=(), options=None, disable=()):
         host = make_host(extra=extra, disable=disable)
-        app = build_server(host, str(model), {"host": "127.0.0.1", "port": 0, **(options or {})})
+        # model_fallback: tests send placeholder names ("m"); tests/test_multi_model.py turns it off.
+        app = build_server(host, str(model), {"host": "127.0.0.1", "port": 0, "model_fallback": True,
+                                              **(options or {})})
         client = TestClient(app)
         client.__enter__()
         clients.append((client, host))
@@ -72,7 +74,7 @@ def serve_app():
     yield start
     for client, host in clients:
         client.__exit__(None, None, None)
-        host.engine.stop()
+        host.models.stop()
 
 
 @pytest.fixture

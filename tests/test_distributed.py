@@ -251,6 +251,7 @@ def test_a_frozen_rank_fails_the_running_request_with_503_within_the_timeout(ran
 @pytest.mark.parametrize("args, message", [
     (["--distributed", "--batch", "4"], "--batch > 1"),
     (["--distributed", "--kv-quant", "8"], "quantized KV"),
+    (["--distributed", "--max-models", "2"], "several models"),
     (["--pipeline"], "needs --distributed"),
     (["--distributed"], "Start every rank with mlx.launch"),
 ])

@@ -21,6 +21,7 @@ from mlxrt.api.generation import (
     response_headers,
     turn_observer,
 )
+from mlxrt.api.models import host_for
 from mlxrt.api.sse import sse_response
 from mlxrt.api.wire import parse_json_object
 from mlxrt.plugins.anthropic.decode import DecodedMessages, decode_messages
@@ -66,6 +67,7 @@ async def messages(request: Request) -> Response:
     host = _host(request)
     decoded = decode_messages(parse_json_object(await request.body()), claimed_fields(host, "anthropic"),
                               strict=bool(host.options.get("strict")))
+    host = await host_for(request, decoded.request.model)
     rendered, generation = await anyio.to_thread.run_sync(_prepare_sync, host, decoded)
     engine = host.engine
     model = engine.info.model_id
@@ -96,6 +98,7 @@ async def count_tokens(request: Request) -> dict[str, int]:
     host = _host(request)
     decoded = decode_messages(parse_json_object(await request.body()), claimed_fields(host, "anthropic"),
                               strict=bool(host.options.get("strict")), count_only=True)
+    host = await host_for(request, decoded.request.model)
 
     def count() -> int:
         from mlxrt.templating import canonicalize

@@ -20,6 +20,7 @@ from litestar import Request, Response, post
 from mlxrt.api.app import claimed_fields
 from mlxrt.api.disconnect import closing_on_error, drain_until_disconnect, start_generation
 from mlxrt.api.generation import prepare
+from mlxrt.api.models import host_for
 from mlxrt.api.sse import sse_data, sse_response
 from mlxrt.api.wire import parse_json_object
 from mlxrt.plugins.openai.decode import build_generation, decode_completion
@@ -46,9 +47,10 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 512
       summary="Create a text completion", tags=["openai"])
 async def completions(request: Request) -> Response:
     host = request.app.state.host
-    engine = host.engine
     decoded = decode_completion(parse_json_object(await request.body()), claimed_fields(host, "openai"),
                                 strict=bool(host.options.get("strict")))
+    host = await host_for(request, decoded.request.model)
+    engine = host.engine
     ids = await anyio.to_thread.run_sync(encode_text, engine.tokenizer, decoded.prompt)
     generation = build_generation(host, decoded.options, ids, request_id=f"cmpl-{uuid.uuid4()}",
                                   default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS)

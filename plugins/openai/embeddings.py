@@ -8,12 +8,14 @@ answers in OpenAI's shape (``float`` lists or ``base64`` little-endian float32).
 from __future__ import annotations
 
 import base64
+import json
 from typing import Any
 
 import anyio
 import numpy as np
 from litestar import Request, Response, post
 
+from mlxrt.api.models import host_for
 from mlxrt.api.wire import FieldRule, check_fields, parse_json_object
 from mlxrt.embedding import (
     embed_ids,
@@ -56,16 +58,27 @@ def _encode(vector: np.ndarray, fmt: str) -> list[float] | str:
     return vector.tolist()
 
 
+def _named_model(raw: bytes) -> str | None:
+    """The body's ``model`` when the body is readable at all (it is checked in full later)."""
+    try:
+        body = json.loads(raw)
+    except ValueError:
+        return None
+    model = body.get("model") if isinstance(body, dict) else None
+    return model if isinstance(model, str) else None
+
+
 @post(["/v1/embeddings", "/embeddings"], status_code=200, opt=ROUTE_OPT, summary="Create embeddings",
       tags=["openai"])
 async def embeddings(request: Request) -> Response:
-    engine = request.app.state.host.engine
+    raw = await request.body()
+    engine = (await host_for(request, _named_model(raw))).engine
     info = engine.info
-    if not is_embedding_model(info):  # before the body, as mlx-bun: the route is the wrong one
+    if not is_embedding_model(info):  # before the body is checked, as mlx-bun: the route is the wrong one
         raise InvalidRequest(
             f'served model "{info.model_id}" is not an embedding model; serve an embedding model '
             f"(e.g. Qwen3-Embedding) to use /v1/embeddings")
-    body = parse_json_object(await request.body())
+    body = parse_json_object(raw)
     check_fields(body, _RULES)
     texts = _texts(body)
     fmt = body.get("encoding_format") or "float"

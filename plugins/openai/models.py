@@ -70,20 +70,22 @@ def cached_model_rows(cache_dir: Path | None = None) -> list[dict[str, Any]]:
 
 def _served_row(request: Request) -> dict[str, Any]:
     host = request.app.state.host
-    engine = host.engine
-    info = engine.info
+    pool = getattr(host, "models", None)
+    # The served model's row, also while another model is swapped in (its profile outlives its engine).
+    profile = pool.primary.profile if pool is not None and pool.primary.profile is not None else host.engine.profile
+    info = profile.info
     return {
         "id": info.model_id,
         "object": "model",
         "created": int(host.options.get("started_at") or time.time()),
         "owned_by": "mlxrt",
         "context_window": info.context_window,
-        "reasoning": engine.profile.thinking_format is not None,
-        "vision": engine.profile.vision is not None,
-        "tools": engine.profile.tool_parser is not None,
-        "family": _family_name(engine.profile),
-        "tier": engine.profile.tier,
-        "self_test": dict(engine.profile.self_test),
+        "reasoning": profile.thinking_format is not None,
+        "vision": profile.vision is not None,
+        "tools": profile.tool_parser is not None,
+        "family": _family_name(profile),
+        "tier": profile.tier,
+        "self_test": dict(profile.self_test),
     }
 
 
@@ -94,10 +96,37 @@ def _family_name(profile: Any) -> str:
     return prov.get("tool_parser") or prov.get("thinking_format") or prov.get("load_model", "mlx-lm")
 
 
+def _pool_rows(request: Request, served: dict[str, Any]) -> list[dict[str, Any]]:
+    """The served model's ``loaded`` flag set; rows for the other models the server knows
+    (resident, ``--preload``, ``--model-alias`` targets) and one per alias name."""
+    pool = getattr(request.app.state.host, "models", None)
+    if pool is None:
+        served["loaded"] = True
+        return []
+    served["loaded"] = pool.is_loaded(served["id"])
+    rows: list[dict[str, Any]] = []
+    created = served["created"]
+    for slot in pool.known():
+        if slot.model_id == served["id"]:
+            continue
+        row = {"id": slot.model_id, "object": "model", "created": created, "owned_by": "mlxrt",
+               "loaded": slot.state == "ready"}
+        if slot.profile is not None:  # loaded at least once
+            row["context_window"] = slot.profile.info.context_window
+            row["family"] = _family_name(slot.profile)
+        rows.append(row)
+    for alias, model_id in pool.names().items():
+        rows.append({"id": alias, "object": "model", "created": created, "owned_by": "mlxrt",
+                     "alias_of": model_id, "loaded": pool.is_loaded(model_id)})
+    return rows
+
+
 async def _model_rows(request: Request) -> list[dict[str, Any]]:
     served = _served_row(request)
+    known = _pool_rows(request, served)
     cached = await anyio.to_thread.run_sync(cached_model_rows)  # stats every cached file: off the loop
-    return [served, *(row for row in cached if row["id"] != served["id"])]
+    listed = {served["id"], *(row["id"] for row in known)}
+    return [served, *known, *({**row, "loaded": False} for row in cached if row["id"] not in listed)]
 
 
 @get(["/v1/models", "/models"], opt=ROUTE_OPT, summary="List models", tags=["openai"])
@@ -110,6 +139,7 @@ async def get_model(request: Request) -> dict[str, Any]:
     wanted = str(request.path_params["model_id"]).lstrip("/")
     served = _served_row(request)
     if served["id"] == wanted:  # no cache scan for the common case
+        _pool_rows(request, served)
         return served
     for row in await _model_rows(request):
         if row["id"] == wanted:

@@ -15,6 +15,7 @@ from litestar import Request, Response, post
 from mlxrt.api.app import claimed_fields
 from mlxrt.api.disconnect import closing_on_error, drain_until_disconnect, start_generation
 from mlxrt.api.generation import prepare, turn_observer
+from mlxrt.api.models import host_for
 from mlxrt.api.sse import sse_data, sse_response
 from mlxrt.api.wire import parse_json_object
 from mlxrt.plugins.openai.completions import completions
@@ -47,11 +48,12 @@ def _host(request: Request) -> Any:
     return request.app.state.host
 
 
-async def _prepare(request: Request) -> tuple[DecodedChat, RenderedPrompt, GenerationRequest]:
+async def _prepare(request: Request) -> tuple[Any, DecodedChat, RenderedPrompt, GenerationRequest]:
     host = _host(request)
-    engine = host.engine
     decoded = decode_chat(parse_json_object(await request.body()), claimed_fields(host, "openai"),
                           strict=bool(host.options.get("strict")))
+    host = await host_for(request, decoded.request.model)
+    engine = host.engine
     rendered = await anyio.to_thread.run_sync(
         render_chat, host, engine.tokenizer, engine.profile, decoded.chat
     )
@@ -59,19 +61,19 @@ async def _prepare(request: Request) -> tuple[DecodedChat, RenderedPrompt, Gener
                            default_max_tokens=CHAT_DEFAULT_MAX_TOKENS, tools=decoded.chat.tools)
     gen = with_vision(gen, rendered)
     await prepare(host, gen)
-    return decoded, rendered, gen
+    return host, decoded, rendered, gen
 
 
 @post(["/v1/chat/completions", "/chat/completions"], status_code=200, opt=ROUTE_OPT,
       summary="Create a chat completion", tags=["openai"])
 async def chat_completions(request: Request) -> Response:
-    decoded, rendered, generation = await _prepare(request)
-    engine = _host(request).engine
+    host, decoded, rendered, generation = await _prepare(request)
+    engine = host.engine
     model = engine.info.model_id
     created = int(time.time())
     assembler = ResponseAssembler(engine.profile, tools=decoded.chat.tools,
                                   starts_in_thinking=rendered.starts_in_thinking,
-                                  on_finish=turn_observer(_host(request), dialect="openai",
+                                  on_finish=turn_observer(host, dialect="openai",
                                                           request_id=generation.request_id,
                                                           messages=decoded.chat.messages))
     # Admission errors (queue full, a failing sampler hook) surface here, as the status.

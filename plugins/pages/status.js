@@ -68,6 +68,8 @@ function showStats(st) {
     ["memory budget", adm.budget_bytes ? fmtBytes(adm.budget_bytes) : "none"],
     ["weights", fmtBytes(adm.weight_bytes)], ["safe context", adm.safe_context],
     ["MLX active", fmtBytes(e.mlx_active_bytes)], ["BLAS", st.blas ? st.blas.text : "—"],
+    ["models", st.models ? st.models.models.map((m) => m.id + " (" + m.state
+      + (m.loading_for_seconds !== undefined ? " " + m.loading_for_seconds + " s" : "") + ")").join(", ") : "—"],
   ]);
   const failed = Object.keys(st.plugins.failed || {});
   document.getElementById("status-updated").textContent = "· updated " + new Date().toLocaleTimeString() + (failed.length ? " · failed plugins: " + failed.join(", ") : "");

@@ -22,6 +22,7 @@ from mlxrt.api.generation import (
     response_headers,
     turn_observer,
 )
+from mlxrt.api.models import host_for
 from mlxrt.api.sse import sse_response
 from mlxrt.api.wire import parse_json_object
 from mlxrt.errors import NotFound
@@ -133,6 +134,7 @@ async def create_response(request: Request) -> Response:
     decoded = decode_response(parse_json_object(await request.body()), claimed_fields(host, "responses"),
                               strict=bool(host.options.get("strict")))
     items = _conversation(request, decoded)
+    host = await host_for(request, decoded.request.model)
     id = new_id("resp")
     rendered, generation, chat = await anyio.to_thread.run_sync(_prepare_sync, host, decoded, items, id)
     engine = host.engine

@@ -18,13 +18,17 @@ from mlxrt.records import GenerationRequest, LogitsProcessor, ModelInfo
 __all__ = ["mlxrt_prepare_request", "mlxrt_logits_processors"]
 
 def _grammars(host: Any) -> Any:
-    """The host's grammar cache, for its served tokenizer (kept by the host, made on first use)."""
+    """The grammar cache of the model ``host.engine`` serves (kept by the host, one per engine:
+    a server may serve several models, and an unloaded model's grammars go with its engine)."""
+    from weakref import WeakKeyDictionary
+
     from mlxrt.plugins.structured.grammar import Grammars
 
-    tokenizer = host.engine.tokenizer
-    grammars = host.plugin_state("structured", lambda: Grammars(tokenizer))
-    if grammars.source is not tokenizer:  # the host serves another model now
-        grammars = host.plugin_states["structured"] = Grammars(tokenizer)
+    engine = host.engine
+    per_engine = host.plugin_state("structured", WeakKeyDictionary)
+    grammars = per_engine.get(engine)
+    if grammars is None:
+        grammars = per_engine[engine] = Grammars(engine.tokenizer)
     return grammars
 
 
