@@ -12,7 +12,10 @@ OpenAI chat (temperature 0):
   cold    the same shape on a system prompt of other notes (4 tokens): nothing to reuse.
 
 and the table gives the median TTFT of each, turn 2's cached tokens and the ratio turn 2 / cold
-(target: <= 0.2 for every family, never worse than mlx_lm.server's ratio).
+(target: <= 0.2 for every family, never worse than mlx_lm.server's ratio), and turn 2's TTFT of
+mlxrt over mlx_lm.server's. On a loaded machine the cold prefills of the two servers, measured
+minutes apart, swing by tens of percent, and so does the ratio of ratios; the last column
+compares the warm requests directly.
 
     python benchmarks/prompt_cache_families.py                     # all families, 3 repeats
     python benchmarks/prompt_cache_families.py --only gemma3_text --repeats 1
@@ -93,7 +96,7 @@ def main() -> None:
     load = [_loadavg()]
     rows = [["family", "mlxrt turn 2 ms", "mlxrt cold ms", "mlxrt cached / prompt", "mlxrt turn 2 / cold",
              "mlx_lm turn 2 ms", "mlx_lm cold ms", "mlx_lm cached / prompt", "mlx_lm turn 2 / cold",
-             "mlxrt <= 0.2", "mlxrt ratio / mlx_lm ratio"]]
+             "mlxrt <= 0.2", "mlxrt ratio / mlx_lm ratio", "turn 2 ms mlxrt / mlx_lm"]]
     with tempfile.TemporaryDirectory() as tmp:
         for family in args.only or FAMILIES:
             model = write_tiny_checkpoint(Path(tmp) / family, family, config_overrides=FAMILIES[family])
@@ -104,7 +107,8 @@ def main() -> None:
                 results[name] = measure(name, model, prompts, args.prefix, args.repeats, Path(tmp) / f"{family}-{name}.log")
             ours, theirs = results["mlxrt"], results["mlx_lm"]
             rows.append([family, *_cells(ours), *_cells(theirs),
-                         "yes" if ours["ratio"] <= 0.2 else "NO", f"{ours['ratio'] / theirs['ratio']:.2f}"])
+                         "yes" if ours["ratio"] <= 0.2 else "NO", f"{ours['ratio'] / theirs['ratio']:.2f}",
+                         f"{ours['turn2_ms'] / theirs['turn2_ms']:.2f}"])
     load.append(_loadavg())
     print("\n".join("| " + " | ".join(row) + " |" for row in [rows[0], ["---"] * len(rows[0]), *rows[1:]]))
     print(f"\nprefix {args.prefix} tokens, {args.repeats} repeats; load average {load[0]} -> {load[1]}")

@@ -158,10 +158,16 @@ def test_entries_survive_a_restart(checkpoints, family, tmp_path):
     assert stats["disk"]["restored"] == 1 and stats["disk"]["ignored"] == 0
 
 
-def test_sliding_window_with_a_lora_adapter(servers, checkpoints, tmp_path_factory):
-    adapter = write_random_adapter(tmp_path_factory.mktemp("lora") / "style", checkpoints["gemma3_text"],
-                                   seed=1, rank=4, scale=2.0)
-    http = servers("gemma3_text", adapter_path=str(adapter))
+@pytest.fixture(scope="module")
+def adapter(checkpoints, tmp_path_factory):
+    return write_random_adapter(tmp_path_factory.mktemp("lora") / "style", checkpoints["gemma3_text"],
+                                seed=1, rank=4, scale=2.0)
+
+
+@pytest.mark.parametrize("batch", [1, 2], ids=["serial", "batch"])
+def test_sliding_window_with_a_lora_adapter(servers, adapter, batch):
+    http = servers("gemma3_text", adapter_path=str(adapter), batch=batch)
+    assert http.get("/stats").json()["engine"]["adapters"]["default"] == ["style"]
     check_turns(http, "Which rule applies with the adapter?")
 
 
@@ -185,3 +191,25 @@ def test_a_rewritten_history_is_explained(servers, family, reason):
     stats = http.get("/stats").json()["engine"]["prompt_cache"]
     assert stats["last_miss"]["reason"] == reason
     assert cached(usage) < stats["last_miss"]["diverged_at"]
+
+
+def test_a_dropped_think_block_is_where_the_next_turn_diverges(tiny_models, serve_app):
+    """Qwen3's template renders an answered turn without its <think> block: the next turn
+    reuses the prompt up to there, and the header says where and why it stopped."""
+    from support import Scripted
+
+    http = serve_app(tiny_models("qwen3"), extra=[("scripted", Scripted())])
+    first, second = turns("Think first, then answer.")
+    reply = openai_client(http).chat.completions.with_raw_response.create(
+        model="m", messages=first, max_tokens=40, temperature=0,
+        extra_body={"script": "<think>\nweighing the rules\n</think>\n\nRule one."})
+    turn1 = reply.parse()
+    assert turn1.choices[0].message.content == "Rule one."
+    warm, usage, header = chat(http, second("Rule one."))
+    boundary = turn1.usage.prompt_tokens  # the cache went on with "<think>", the new prompt with "Rule one."
+    assert header == (f"partial; cached={boundary}; prompt={usage.prompt_tokens}; diverged_at={boundary}; "
+                      "reason=prompt diverged")
+    last_miss = http.get("/stats").json()["engine"]["prompt_cache"]["last_miss"]
+    assert (last_miss["diverged_at"], last_miss["reason"]) == (boundary, "prompt diverged")
+    forget(http)
+    assert chat(http, second("Rule one."))[0] == warm
