@@ -213,3 +213,19 @@ def test_a_dropped_think_block_is_where_the_next_turn_diverges(tiny_models, serv
     assert (last_miss["diverged_at"], last_miss["reason"]) == (boundary, "prompt diverged")
     forget(http)
     assert chat(http, second("Rule one."))[0] == warm
+
+
+@pytest.mark.parametrize("family, stored", [("gemma3_text", 3), ("qwen3_5", 3), ("llama", 1)])
+def test_snapshots_are_entries_counted_in_the_byte_cap(servers, family, stored):
+    """A model whose cache cannot be rewound stores its turn-boundary and last-token snapshots
+    beside the finished cache, each counted in entries and bytes; a plain KV cache only the
+    finished one (it can be trimmed back to either point)."""
+    http = servers(family)
+    forget(http)
+    first, _ = turns("How many entries does this leave?")
+    chat(http, first)
+    stats = http.get("/stats").json()["engine"]["prompt_cache"]
+    assert stats["entries"] == stored
+    engine = http.app.state.host.engine
+    held = engine.call_blocking(lambda _loaded: [e.nbytes for e in engine.prompt_cache._entries])
+    assert stats["bytes"] == sum(held) and min(held) > 0
