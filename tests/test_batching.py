@@ -226,4 +226,5 @@ def test_prompt_cache_reports_exact_cached_tokens(tiny_models, server_process, b
     assert stats["prompt_cache"]["last_miss"]["diverged_at"] == common
     # /stats is shared: counts only, never the prompt text or the request id.
     assert stats["prompt_cache"]["last_miss"] == {"status": "partial", "diverged_at": common,
-                                                  "prompt_tokens": len(ids2), "cached_tokens": common}
+                                                  "prompt_tokens": len(ids2), "cached_tokens": common,
+                                                  "reason": "prompt diverged"}
