@@ -45,7 +45,7 @@ from mlxrt.kv_quant import KVScheme, QuantizingModel, resolve_kv_scheme
 from mlxrt.lanes import BatchLane, Job, Row, SerialLane, batchable
 from mlxrt.loading import load_model
 from mlxrt.memory import MemoryPlan, measure_kv, plan_memory, weight_bytes
-from mlxrt.prompt_cache import PromptCache, keeps_snapshots
+from mlxrt.prompt_cache import PromptCache, snapshots_from
 from mlxrt.prompt_store import open_prompt_cache
 from mlxrt.records import (
     CacheReport,
@@ -153,13 +153,13 @@ class EngineConfig:
         )
 
 
-def _keeps_snapshots(model: Any) -> bool:
+def _snapshots_from(model: Any) -> int | None:
     from mlx_lm.models.cache import make_prompt_cache
 
     try:
-        return keeps_snapshots(make_prompt_cache(model))
+        return snapshots_from(make_prompt_cache(model))
     except Exception:  # a model outside mlx-lm's cache protocol: nothing is cached for it anyway
-        return False
+        return None
 
 
 def _active_memory() -> int | None:
@@ -326,8 +326,9 @@ class Engine:
         self._running: list[Row] = []  # rows admitted and not finished (either lane)
         self._reserved = 0
         self._eos: frozenset[int] = frozenset()
-        #: The model's cache cannot be rewound: rows keep prompt snapshots (:mod:`mlxrt.prompt_cache`).
-        self._snapshots = False
+        #: Context length from which rows keep prompt snapshots (the model's cache cannot be
+        #: rewound past it; :func:`mlxrt.prompt_cache.snapshots_from`), or None: never.
+        self._snapshots_from: int | None = None
         self._rate: collections.deque[list[int]] = collections.deque()  # [second, tokens]
         self._latency = 0.0  # EWMA of request durations, seconds
         self.last_miss: dict[str, Any] | None = None
@@ -367,7 +368,7 @@ class Engine:
     def keeps_snapshots(self) -> bool:
         """Whether requests keep prompt-cache snapshots (the model's cache cannot be rewound;
         see :mod:`mlxrt.prompt_cache`): templating then also finds each chat's turn boundary."""
-        return self._snapshots and self.prompt_cache.enabled
+        return self._snapshots_from is not None and self.prompt_cache.enabled
 
     @property
     def lane(self) -> str:
@@ -421,7 +422,8 @@ class Engine:
             self._queued += 1
         loop = asyncio.get_running_loop()
         job = Job(request, deliver=lambda _item: None, cancelled=threading.Event())
-        if self.keeps_snapshots and request.vision is None:
+        if self.keeps_snapshots and request.vision is None \
+                and len(request.prompt_ids) + request.max_tokens > self._snapshots_from:
             # copies of the prompt's KV held while it runs: at its last token, and at the turn boundary
             job.snapshot_tokens = len(request.prompt_ids) * (1 if request.turn_start is None else 2)
         if self.config.request_timeout is not None:
@@ -599,7 +601,7 @@ class Engine:
             models=[model] + ([spec.model] if spec else []), dtype=self.host.options.get("dtype"),
             kv=self.kv.describe() if self.kv is not None else None,
             draft_path=spec.info.path if spec else None, adapters=self.adapters)
-        self._snapshots = self.speculator is None and _keeps_snapshots(model)
+        self._snapshots_from = _snapshots_from(model) if self.speculator is None else None
         serial_model = QuantizingModel(model, self.kv) if self.kv is not None else model
         self._serial = SerialLane(serial_model, stream=self._stream, prefill_step_size=cfg.prefill_step_size,
                                   done=self._done, tick=self._tick, speculator=self.speculator)

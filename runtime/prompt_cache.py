@@ -60,7 +60,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import can_trim_prompt_cache
 
-__all__ = ["CacheLookup", "PromptCache", "keeps_snapshots"]
+__all__ = ["CacheLookup", "PromptCache", "keeps_snapshots", "snapshots_from"]
 
 #: How many of the closest entry's tokens after the divergence point a lookup reports.
 EXPECTED_TOKENS = 8
@@ -374,8 +374,21 @@ def keeps_snapshots(cache: list[Any]) -> bool:
     """Whether a model whose fresh cache is ``cache`` needs prompt snapshots (see the module
     docstring): some layer cannot be rewound, or is a sliding window that stops being
     rewindable once a prompt outgrows it. Plain (or quantized) KV caches never need them."""
-    return any(not layer.is_trimmable() or isinstance(getattr(layer, "max_size", None), int)
-               for layer in cache)
+    return snapshots_from(cache) is not None
+
+
+def snapshots_from(cache: list[Any]) -> int | None:
+    """Context length (prompt + generated tokens) from which a request on a model whose fresh
+    cache is ``cache`` needs snapshots: 0 with recurrent state (always), the smallest sliding
+    window otherwise (a cache that stays inside every window can still be trimmed), ``None``
+    when every layer can always be trimmed."""
+    windows = []
+    for layer in cache:
+        if not layer.is_trimmable():
+            return 0
+        if isinstance(getattr(layer, "max_size", None), int):
+            windows.append(layer.max_size)
+    return min(windows) if windows else None
 
 
 def _copy_trimmed(entry: _Entry, keep: int) -> list[Any] | None:

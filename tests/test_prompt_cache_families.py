@@ -31,8 +31,11 @@ GENERATION_PROMPT = 8
 @pytest.fixture(scope="module")
 def checkpoints(tmp_path_factory):
     root = tmp_path_factory.mktemp("families")
-    return {family: write_tiny_checkpoint(root / family, family, config_overrides=over)
+    made = {family: write_tiny_checkpoint(root / family, family, config_overrides=over)
             for family, over in FAMILIES.items()}
+    # Gemma 4 with its own 512-token window: the prompts below stay inside it.
+    made["gemma4_text_512"] = write_tiny_checkpoint(root / "gemma4_text_512", "gemma4_text")
+    return made
 
 
 @pytest.fixture(scope="module")
@@ -137,14 +140,15 @@ def test_claude_code_shaped_turns_over_the_anthropic_dialect(servers, family):
 
 
 @pytest.mark.parametrize("family", FAMILIES)
-def test_entries_survive_a_restart(checkpoints, family, tmp_path):
+@pytest.mark.parametrize("batch", [1, 2], ids=["serial", "batch"])
+def test_entries_survive_a_restart(checkpoints, family, batch, tmp_path):
     from litestar.testing import TestClient
 
     from mlxrt.cli import build_server
     from mlxrt.host import make_host
 
     first, _second = turns("What does rule three say?")
-    options = {"host": "127.0.0.1", "port": 0, "prompt_cache_dir": str(tmp_path)}
+    options = {"host": "127.0.0.1", "port": 0, "prompt_cache_dir": str(tmp_path), "batch": batch}
     answers = []
     for _run in range(2):
         host = make_host()
@@ -215,15 +219,19 @@ def test_a_dropped_think_block_is_where_the_next_turn_diverges(tiny_models, serv
     assert chat(http, second("Rule one."))[0] == warm
 
 
-@pytest.mark.parametrize("family, stored", [("gemma3_text", 3), ("qwen3_5", 3), ("llama", 1)])
+@pytest.mark.parametrize("family, stored", [("gemma3_text", 3), ("qwen3_5", 3), ("llama", 1), ("gemma4_text_512", 1)])
 def test_snapshots_are_entries_counted_in_the_byte_cap(servers, family, stored):
     """A model whose cache cannot be rewound stores its turn-boundary and last-token snapshots
-    beside the finished cache, each counted in entries and bytes; a plain KV cache only the
-    finished one (it can be trimmed back to either point)."""
+    beside the finished cache, each counted in entries and bytes; a plain KV cache, or a
+    sliding window the request stays inside, only the finished one (it can be trimmed back)."""
     http = servers(family)
     forget(http)
     first, _ = turns("How many entries does this leave?")
-    chat(http, first)
+    _answer, usage, _ = chat(http, first)
+    if family == "gemma4_text_512":
+        assert usage.prompt_tokens + MAX_TOKENS < 512
+        _again, usage2, _ = chat(http, first)  # reused by trimming the finished cache
+        assert cached(usage2) == usage.prompt_tokens - 1
     stats = http.get("/stats").json()["engine"]["prompt_cache"]
     assert stats["entries"] == stored
     engine = http.app.state.host.engine
