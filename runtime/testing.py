@@ -31,7 +31,8 @@ Families (`TINY_MODEL_TYPES`, the `model_type` written to config.json):
                attention (nested text_config); thinking opens by default.
   gemma3_text  Gemma3ForCausalLM: sliding-window layers (window 32, every other
                layer) + full attention, so short test prompts outgrow the window
-               (mlx-lm RotatingKVCache); the Gemma 4 generated tokenizer and template.
+               (mlx-lm RotatingKVCache); the Gemma 4 generated tokenizer and template
+               (or a real Gemma 3 tokenizer through `tokenizer_dir`).
   gemma4_text  Gemma4ForCausalLM: sliding + full layers, per-layer inputs,
                KV-shared layers; Gemma 4 tokens at their real ids.
   minicpm      MiniCPMForCausalLM (mlx-lm `minicpm`, untied lm_head) with the
@@ -89,7 +90,7 @@ _DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
 # Family end-of-turn tokens that go into generation_config.eos_token_id (if present).
 _EOS = {"llama": ["<|im_end|>"], "qwen3": ["<|im_end|>", "<|endoftext|>"],
         "qwen3_5": ["<|im_end|>", "<|endoftext|>"], "gemma4_text": ["<eos>", "<turn|>", "<|tool_response>"],
-        "gemma3_text": ["<eos>", "<turn|>", "<|tool_response>"],
+        "gemma3_text": ["<eos>", "<end_of_turn>", "<turn|>", "<|tool_response>"],  # a real Gemma 3 tokenizer, or ours
         "minicpm": ["</s>", "<|im_end|>"], "qwen3_embedding": ["<|endoftext|>", "<|im_end|>"]}
 
 

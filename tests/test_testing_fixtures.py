@@ -199,7 +199,7 @@ def test_rejects_unknown_arguments(tmp_path):
 
 
 @pytest.mark.parametrize("model_type,tokenizer", [("qwen3", "qwen3"), ("gemma4_text", "gemma3"),
-                                                  ("qwen3_5", "qwen3_5")])
+                                                  ("gemma3_text", "gemma3"), ("qwen3_5", "qwen3_5")])
 def test_real_tokenizers(tmp_path, model_type, tokenizer):
     src = SHARED_TOKENIZERS / tokenizer
     if not (src / "tokenizer.json").is_file():
