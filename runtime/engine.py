@@ -45,7 +45,7 @@ from mlxrt.kv_quant import KVScheme, QuantizingModel, resolve_kv_scheme
 from mlxrt.lanes import BatchLane, Job, Row, SerialLane, batchable
 from mlxrt.loading import load_model
 from mlxrt.memory import MemoryPlan, measure_kv, plan_memory, weight_bytes
-from mlxrt.prompt_cache import PromptCache
+from mlxrt.prompt_cache import PromptCache, snapshots_from
 from mlxrt.prompt_store import open_prompt_cache
 from mlxrt.records import (
     CacheReport,
@@ -151,6 +151,15 @@ class EngineConfig:
             prompt_cache_dir=options.get("prompt_cache_dir") or None,
             prompt_cache_dir_bytes=int(float(given("prompt_cache_dir_size", 10)) * 10**9),
         )
+
+
+def _snapshots_from(model: Any) -> int | None:
+    from mlx_lm.models.cache import make_prompt_cache
+
+    try:
+        return snapshots_from(make_prompt_cache(model))
+    except Exception:  # a model outside mlx-lm's cache protocol: nothing is cached for it anyway
+        return None
 
 
 def _active_memory() -> int | None:
@@ -317,6 +326,9 @@ class Engine:
         self._running: list[Row] = []  # rows admitted and not finished (either lane)
         self._reserved = 0
         self._eos: frozenset[int] = frozenset()
+        #: Context length from which rows keep prompt snapshots (the model's cache cannot be
+        #: rewound past it; :func:`mlxrt.prompt_cache.snapshots_from`), or None: never.
+        self._snapshots_from: int | None = None
         self._rate: collections.deque[list[int]] = collections.deque()  # [second, tokens]
         self._latency = 0.0  # EWMA of request durations, seconds
         self.last_miss: dict[str, Any] | None = None
@@ -351,6 +363,12 @@ class Engine:
         capped by the memory budget's safe context."""
         limits = [c for c in (self.info.context_window, self.safe_context) if c is not None]
         return min(limits) if limits else None
+
+    @property
+    def keeps_snapshots(self) -> bool:
+        """Whether requests keep prompt-cache snapshots (the model's cache cannot be rewound;
+        see :mod:`mlxrt.prompt_cache`): templating then also finds each chat's turn boundary."""
+        return self._snapshots_from is not None and self.prompt_cache.enabled
 
     @property
     def lane(self) -> str:
@@ -404,6 +422,10 @@ class Engine:
             self._queued += 1
         loop = asyncio.get_running_loop()
         job = Job(request, deliver=lambda _item: None, cancelled=threading.Event())
+        if self.keeps_snapshots and request.vision is None \
+                and len(request.prompt_ids) + request.max_tokens > self._snapshots_from:
+            # copies of the prompt's KV held while it runs: at its last token, and at the turn boundary
+            job.snapshot_tokens = len(request.prompt_ids) * (1 if request.turn_start is None else 2)
         if self.config.request_timeout is not None:
             job.deadline = job.submitted + self.config.request_timeout
 
@@ -579,6 +601,7 @@ class Engine:
             models=[model] + ([spec.model] if spec else []), dtype=self.host.options.get("dtype"),
             kv=self.kv.describe() if self.kv is not None else None,
             draft_path=spec.info.path if spec else None, adapters=self.adapters)
+        self._snapshots_from = _snapshots_from(model) if self.speculator is None else None
         serial_model = QuantizingModel(model, self.kv) if self.kv is not None else model
         self._serial = SerialLane(serial_model, stream=self._stream, prefill_step_size=cfg.prefill_step_size,
                                   done=self._done, tick=self._tick, speculator=self.speculator)
@@ -776,11 +799,13 @@ class Engine:
             # /stats is shared by every client: counts only. The text (the request's own) goes
             # in its x-mlxrt-cache header; what the cache held there is another request's prompt.
             self.last_miss = {"status": found.status, "diverged_at": found.diverged_at,
-                              "prompt_tokens": len(prompt), "cached_tokens": found.reused}
-            log.debug("prompt cache %s for %s: diverged at token %d of %d: %r (cache held %r)",
-                      found.status, request.request_id, found.diverged_at, len(prompt), snippet,
+                              "prompt_tokens": len(prompt), "cached_tokens": found.reused,
+                              "reason": found.reason}
+            log.debug("prompt cache %s for %s: diverged at token %d of %d (%s): %r (cache held %r)",
+                      found.status, request.request_id, found.diverged_at, len(prompt), found.reason, snippet,
                       self.loaded.tokenizer.decode(list(found.expected)))
-        report = CacheReport(found.status, found.reused, len(prompt), found.diverged_at, snippet)
+        report = CacheReport(found.status, found.reused, len(prompt), found.diverged_at, snippet,
+                             found.reason if found.status != "hit" else None)
         return report, found.cache, found.reused
 
     def _done(self, row: Row, reason: FinishReason, cache: list[Any] | None, tokens: Sequence[int]) -> None:
@@ -798,12 +823,15 @@ class Engine:
             self.ttft.observe(row.first_token_at - row.job.submitted)
         self.latency.observe(took)
         self._latency = took if not self._latency else 0.8 * self._latency + 0.2 * took
-        if cache is not None and tokens and self.prompt_cache.enabled and row.request.vision is None:
-            try:
-                self.prompt_cache.insert(tokens, cache, key=row.request.adapters)
-            except ValueError:
-                log.warning("prompt cache: %s's cache does not match its tokens; not stored",
-                            row.request.request_id, exc_info=True)
+        if not self.prompt_cache.enabled or row.request.vision is not None:
+            return
+        snapshots, row.snapshots = row.snapshots, []
+        try:
+            self.prompt_cache.insert_turn(tokens if cache is not None else (), cache, snapshots,
+                                          key=row.request.adapters)
+        except ValueError:
+            log.warning("prompt cache: %s's cache does not match its tokens; not stored",
+                        row.request.request_id, exc_info=True)
 
     def _tick(self, n: int) -> None:
         """``n`` tokens were generated (per-second buckets for the rate in /stats)."""

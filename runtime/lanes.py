@@ -10,12 +10,17 @@
   keeps its own sampler, seed stream, logits processors, max_tokens and stop matcher.
 
 Both lanes run on the engine's worker thread only, and both hand back, when a row ends,
-its per-layer cache and the token ids that cache holds, for the prompt cache.
+its per-layer cache and the token ids that cache holds, for the prompt cache. For a model
+whose cache cannot be rewound (sliding windows, recurrent state; see
+:func:`mlxrt.prompt_cache.keeps_snapshots`) both also keep ``Row.snapshots``: copies of the
+cache when it held the prompt up to the turn boundary (``GenerationRequest.turn_start``) and
+up to its last token, the points an exact repeat or the next turn can extend.
 """
 
 from __future__ import annotations
 
 import contextlib
+import copy
 import logging
 import sys
 import time
@@ -66,11 +71,13 @@ class Job:
     submitted: float = attrs.field(factory=time.monotonic)
     cancelled: Any = None  # threading.Event, set by the engine
     deadline: float | None = None
+    #: Tokens of prompt-cache snapshots the row may keep while it runs (admission counts them).
+    snapshot_tokens: int = 0
 
     @property
     def need(self) -> int:
-        """Tokens of context the request may occupy: prompt plus max_tokens."""
-        return len(self.request.prompt_ids) + max(self.request.max_tokens, 0)
+        """Tokens of context the request may occupy: prompt plus max_tokens (plus its snapshots)."""
+        return len(self.request.prompt_ids) + max(self.request.max_tokens, 0) + self.snapshot_tokens
 
 
 @attrs.define(eq=False)
@@ -97,6 +104,8 @@ class Row:
     ending: FinishReason | None = None
     started: float = attrs.field(factory=time.monotonic)
     first_token_at: float | None = None
+    #: ``(token ids, cache)`` copies taken inside the prompt, for the prompt cache.
+    snapshots: list[tuple[list[int], list[Any]]] = attrs.field(factory=list)
 
     @property
     def request(self) -> GenerationRequest:
@@ -219,6 +228,17 @@ def _with_prefix(processors: list[Any], prefix: Sequence[int]) -> list[Any]:
     return [wrap(p) for p in processors]
 
 
+def snapshot_points(row: Row) -> list[int]:
+    """Prompt lengths to snapshot the row's cache at, ascending: the turn boundary and the
+    prompt but its last token, past what the row reused. None unless the engine wants them
+    (``Job.snapshot_tokens``: the model's cache cannot be rewound) and the prompt is text."""
+    if row.job.snapshot_tokens <= 0 or row.request.vision is not None:
+        return []
+    last = len(row.request.prompt_ids) - 1
+    turn = row.request.turn_start
+    return sorted({p for p in (turn, last) if p is not None and row.reused < p <= last})
+
+
 def _cache_tokens(cache: list[Any], tokens: list[int]) -> list[int]:
     """The ids ``cache`` holds, out of ``tokens`` (everything that may have been fed)."""
     for layer in cache:
@@ -257,8 +277,14 @@ class SerialLane:
             cache = spec.make_cache(self.model) if spec is not None else make_prompt_cache(self.model)
         row.cache = None
         reason = FinishReason.LENGTH
+        points = snapshot_points(row) if spec is None and row.request.max_tokens > 0 else []
+        start = row.reused
+        if points and points[0] < len(prompt) - 1:  # the turn boundary: prefill up to it first
+            self._prefill(prompt[start:points[0]], cache)
+            start = points[0]
+            row.snapshots.append((prompt[:start], copy.deepcopy(cache)))
         vision = row.request.vision  # an image prompt: prefilled from its embeddings, never cached
-        fed = list(vision.feed_ids or vision.ids) if vision is not None else prompt[row.reused:]
+        fed = list(vision.feed_ids or vision.ids) if vision is not None else prompt[start:]
         step_size = self.prefill_step_size
         scope = contextlib.nullcontext()
         if vision is not None and vision.prefill is not None:  # one prefill pass, the family's masks
@@ -275,13 +301,19 @@ class SerialLane:
                 else:
                     if spec is not None:
                         spec.requests_plain += 1
+                    snapshot = None
+                    if points and points[-1] == len(prompt) - 1 > start:
+                        def snapshot(done: int, total: int, held: list[Any] = cache) -> None:
+                            if done == total - 1:  # the cache holds the prompt but its last token
+                                row.snapshots.append((prompt[:-1], copy.deepcopy(held)))
                     steps = generate_step(
                         mx.array(fed), self.model,
                         max_tokens=row.request.max_tokens, sampler=row.sampler,
-                        logits_processors=_with_prefix(row.processors, prompt[:row.reused]) or None,
+                        logits_processors=_with_prefix(row.processors, prompt[:start]) or None,
                         prompt_cache=cache if spec is None else cache[:spec.main_layers],
                         prefill_step_size=step_size, stream=self.stream,
                         input_embeddings=vision.embeddings if vision is not None else None,
+                        prompt_progress_callback=snapshot,
                     )
                 for token, logprobs in steps:
                     stop = self.agree(row.on_token(int(token), logprobs))
@@ -296,6 +328,15 @@ class SerialLane:
         else:
             held = _cache_tokens(cache, prompt + row.generated)
         self.done(row, reason, cache, held)
+
+    def _prefill(self, tokens: list[int], cache: list[Any]) -> None:
+        """Run ``tokens`` into ``cache`` in chunks, as ``generate_step`` prefills."""
+        import mlx.core as mx
+
+        with mx.stream(self.stream):
+            for at in range(0, len(tokens), self.prefill_step_size):
+                self.model(mx.array(tokens[at:at + self.prefill_step_size])[None], cache=cache)
+                mx.eval([layer.state for layer in cache])
 
     def agree(self, stop: FinishReason | None) -> FinishReason | None:
         """The decision after each token (the distributed lane shares it with the other ranks)."""
@@ -318,6 +359,7 @@ class BatchLane:
         self.served = 0
         if adapters is not None:
             model = RowAdapterModel(model, self, adapters)
+        self._snapshots: dict[int, set[int]] = {}  # uid -> prompt lengths still to snapshot at
         self._gen = BatchGenerator(
             model, completion_batch_size=size, prefill_batch_size=min(prefill_batch_size, size),
             prefill_step_size=prefill_step_size, stop_tokens=[[t] for t in eos], stream=stream,
@@ -336,21 +378,35 @@ class BatchLane:
             return
         prompt = list(row.request.prompt_ids)
         isolate(row)
-        (uid,) = self._gen.insert(
-            prompts=[prompt[row.reused:]],
+        # Segments end where snapshots are taken (the generator always ends one before the
+        # last token): it reports each end, and step() copies the row's cache there.
+        points = snapshot_points(row)
+        bounds = [row.reused] + [p for p in points if p < len(prompt) - 1] + [len(prompt)]
+        (uid,) = self._gen.insert_segments(
+            segments=[[prompt[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]],
             max_tokens=[row.request.max_tokens],
             caches=[row.cache] if row.cache is not None else None,
             all_tokens=[prompt[:row.reused]],
             samplers=[row.sampler],
             logits_processors=[row.processors],
         )
+        if points:
+            self._snapshots[uid] = set(points)
         row.cache = None  # the generator owns it now
         row.uid = uid
         self.rows[uid] = row
 
     def step(self) -> None:
         """One decode step for the running rows (and one prefill chunk for newcomers)."""
-        _prompts, responses = self._gen.next()
+        prompts, responses = self._gen.next()
+        for progress in prompts:  # a segment ended: the row's cache holds a snapshot point
+            row, wanted = self.rows.get(progress.uid), self._snapshots.get(progress.uid)
+            if row is None or not wanted or not progress.end_of_segment or progress.end_of_prompt:
+                continue
+            for cache, tokens in self._gen.extract_cache([progress.uid]).values():
+                if len(tokens) in wanted:
+                    wanted.discard(len(tokens))
+                    row.snapshots.append((list(tokens), cache))
         if responses:
             self.tick(len(responses))
         ended: list[int] = []
@@ -390,6 +446,7 @@ class BatchLane:
 
     def _end(self, row: Row, reason: FinishReason, cache: Any, tokens: Sequence[int] | None) -> None:
         self.rows.pop(row.uid, None)
+        self._snapshots.pop(row.uid, None)
         self.served += 1
         self.done(row, reason, cache, list(tokens or ()))
 

@@ -29,10 +29,21 @@ Policy:
 * **Redundancy.** Inserting the same tokens under the same key replaces the old entry. A
   trimmable entry also replaces same-key entries whose tokens are a prefix of its own: it
   can serve every prompt they could.
+* **Snapshots.** A cache that cannot be rewound (a sliding-window ``RotatingKVCache`` past its
+  window, the recurrent state of linear-attention layers) can only serve prompts that extend
+  it. The lanes therefore also hand back snapshots (:func:`keeps_snapshots` says for which
+  models) taken at the end of the prompt but its last token, a proper prefix of an exact
+  repeat and of a next turn that re-renders this prompt whole, and at the turn boundary
+  (``GenerationRequest.turn_start``: before the chat template's generation prompt, which the
+  next turn may render differently, e.g. without the ``<think>`` it opened). Snapshots are
+  ordinary entries (counted in the bounds); when the finished cache can be trimmed after all,
+  it covers them and they are not stored.
 * **Diagnostics.** Each lookup that falls short of a full hit reports where the prompt left
-  the closest entry (the one with the longest common prefix) and what that entry held
-  there, so a client that rewrites its history (a changed system prompt, a re-rendered
-  tool call) can be told why its prompt ran cold.
+  the closest entry (the one with the longest common prefix), what that entry held there and
+  why no more was reused (``reason``): ``prompt diverged``, ``sliding window`` or
+  ``recurrent state`` (the closest entry could not be rewound to the divergence point), or
+  ``no cached prompt``; so a client that rewrites its history (a changed system prompt, a
+  re-rendered tool call, a dropped ``<think>`` block) can be told why its prompt ran cold.
 
 The cache is used from the engine's worker thread only; it holds no locks.
 """
@@ -49,7 +60,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import can_trim_prompt_cache
 
-__all__ = ["CacheLookup", "PromptCache"]
+__all__ = ["CacheLookup", "PromptCache", "keeps_snapshots", "snapshots_from"]
 
 #: How many of the closest entry's tokens after the divergence point a lookup reports.
 EXPECTED_TOKENS = 8
@@ -74,6 +85,7 @@ class CacheLookup:
         status: ``"hit"`` when all usable tokens were reused (``len(tokens) - 1`` of them,
             or the whole entry when it is a prefix of the prompt), ``"partial"`` when some
             were reused but the prompt diverged from the entry, ``"miss"`` when none were.
+        reason: Why no more was reused (see the module docstring); ``None`` on a full hit.
     """
 
     cache: list[Any] | None
@@ -81,6 +93,7 @@ class CacheLookup:
     diverged_at: int | None
     expected: tuple[int, ...]
     status: str
+    reason: str | None = None
 
 
 @attrs.frozen(eq=False)
@@ -150,12 +163,16 @@ class PromptCache:
                 continue
             self._entries.remove(entry)
             self._entries.append(entry)
-            if usable == limit or usable == entry.tokens.size:
+            if usable == limit:
+                return self._record(CacheLookup(cache, usable, None, (), "hit"), prompt.size)
+            reason = _shortfall(closest, usable, limit)
+            if reason is None:  # the entry was a prefix of the prompt and nothing held more
                 return self._record(CacheLookup(cache, usable, None, (), "hit"), prompt.size)
             return self._record(
-                CacheLookup(cache, usable, *_divergence(closest), "partial"), prompt.size
+                CacheLookup(cache, usable, *_divergence(closest), "partial", reason), prompt.size
             )
-        return self._record(CacheLookup(None, 0, *_divergence(closest), "miss"), prompt.size)
+        return self._record(CacheLookup(None, 0, *_divergence(closest), "miss",
+                                        _shortfall(closest, 0, limit) or "prompt diverged"), prompt.size)
 
     def reusable(self, tokens: Sequence[int], key: Hashable = ()) -> int:
         """How many of ``tokens`` a :meth:`fetch` could reuse at most (nothing is copied,
@@ -226,6 +243,29 @@ class PromptCache:
             self._drop(self._entries[0])
         self.trim_to(self.max_bytes)
 
+    def insert_turn(self, tokens: Sequence[int], cache: list[Any] | None,
+                    snapshots: Sequence[tuple[Sequence[int], list[Any]]] = (), key: Hashable = ()) -> None:
+        """Store what a finished request leaves: its final ``cache`` holding ``tokens`` (if
+        any) and its prompt ``snapshots`` ``(tokens, cache)`` (see the module docstring). The
+        snapshots go in first (they are evicted first) and only when the final cache cannot be
+        trimmed back to them; everything is owned by the cache afterwards.
+
+        Raises:
+            ValueError: as :meth:`insert` (the others are still stored).
+        """
+        final = cache is not None and len(tokens) > 0
+        problem: ValueError | None = None
+        if not (final and can_trim_prompt_cache(cache)):
+            for held, layers in snapshots:
+                try:
+                    self.insert(held, layers, key)
+                except ValueError as exc:
+                    problem = exc
+        if final:
+            self.insert(tokens, cache, key)
+        if problem is not None:
+            raise problem
+
     def trim_to(self, max_bytes: int) -> None:
         """Evict least-recently-used entries until at most ``max_bytes`` bytes are held.
 
@@ -248,7 +288,8 @@ class PromptCache:
             ``partial_hits``, ``misses``; ``hit_rate`` (hits and partial hits over lookups,
             0.0 before the first); ``tokens_reused`` (summed over lookups); ``last_miss``,
             the most recent lookup that was not a full hit, as ``{"diverged_at",
-            "prompt_tokens"}`` (no token ids: the report is shared by every client), or ``None``.
+            "prompt_tokens", "reason"}`` (no token ids: the report is shared by every client), or
+            ``None``.
         """
         reused = self._hits + self._partial_hits
         return {
@@ -275,8 +316,9 @@ class PromptCache:
             self._partial_hits += 1
         else:
             self._misses += 1
-        # Positions and lengths only: the token ids would decode to another request's prompt.
-        self._last_miss = {"diverged_at": lookup.diverged_at, "prompt_tokens": prompt_tokens}
+        # Positions, lengths and reasons only: the token ids would decode to another request's prompt.
+        self._last_miss = {"diverged_at": lookup.diverged_at, "prompt_tokens": prompt_tokens,
+                           "reason": lookup.reason}
         return lookup
 
     def _drop(self, entry: _Entry) -> None:
@@ -303,6 +345,50 @@ def _divergence(closest: tuple[int, _Entry] | None) -> tuple[int | None, tuple[i
         return None, ()
     at, entry = closest
     return at, tuple(int(t) for t in entry.tokens[at : at + EXPECTED_TOKENS])
+
+
+def _shortfall(closest: tuple[int, _Entry] | None, reused: int, limit: int) -> str | None:
+    """Why a lookup that reused ``reused`` tokens got no more (None: nothing more was there)."""
+    if closest is None:
+        return "no cached prompt"
+    common, entry = closest
+    if min(common, limit) <= reused:
+        # The closest entry shares no more than was reused: the prompt went elsewhere, or it
+        # extends the entry (a prefix of the prompt reused whole is a full hit).
+        return None if common == entry.tokens.size or reused == limit else "prompt diverged"
+    return _rewind_blocker(entry.cache) or "prompt diverged"
+
+
+def _rewind_blocker(cache: list[Any]) -> str | None:
+    """What keeps ``cache`` from being rewound: recurrent state or a sliding window that has
+    rolled past its first tokens; None when every layer can be trimmed."""
+    for layer in cache:
+        if not layer.is_trimmable():
+            if isinstance(getattr(layer, "max_size", None), int):
+                return "sliding window"
+            return "recurrent state"
+    return None
+
+
+def keeps_snapshots(cache: list[Any]) -> bool:
+    """Whether a model whose fresh cache is ``cache`` needs prompt snapshots (see the module
+    docstring): some layer cannot be rewound, or is a sliding window that stops being
+    rewindable once a prompt outgrows it. Plain (or quantized) KV caches never need them."""
+    return snapshots_from(cache) is not None
+
+
+def snapshots_from(cache: list[Any]) -> int | None:
+    """Context length (prompt + generated tokens) from which a request on a model whose fresh
+    cache is ``cache`` needs snapshots: 0 with recurrent state (always), the smallest sliding
+    window otherwise (a cache that stays inside every window can still be trimmed), ``None``
+    when every layer can always be trimmed."""
+    windows = []
+    for layer in cache:
+        if not layer.is_trimmable():
+            return 0
+        if isinstance(getattr(layer, "max_size", None), int):
+            windows.append(layer.max_size)
+    return min(windows) if windows else None
 
 
 def _copy_trimmed(entry: _Entry, keep: int) -> list[Any] | None:

@@ -257,13 +257,15 @@ class PersistentPromptCache(PromptCache):
                     "0.mlxrt_trimmable": "1" if trimmable else "0", "2.0": ""}
         metadata.update({f"1.{i}": type(layer).__name__ for i, layer in enumerate(cache)})
         arrays = {}
-        # mlx-lm's layout: arrays by tree path; plain ints (a layer's offset) as 0-d arrays
-        # listed under "scalars" (metadata 2.*), which load_prompt_cache turns back into ints.
+        # mlx-lm's layout: arrays by tree path; plain ints (a layer's offset, a sliding window's
+        # size and position) as 0-d arrays and None (an unused slot of recurrent state) as an
+        # empty one, listed under "scalars" (metadata 2.*), which load_prompt_cache turns back.
         for name, value in tree_flatten([compact_state(layer) for layer in cache]):
-            if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
                 n = len([k for k in metadata if k.startswith("2.")]) // 2 + 1
-                metadata.update({f"2.{n}.0": name, f"2.{n}.1": "scalar"})
-                arrays[name] = ("I32", np.array(value, dtype=np.int32)) if isinstance(value, int) \
+                metadata.update({f"2.{n}.0": name, f"2.{n}.1": "none" if value is None else "scalar"})
+                arrays[name] = ("F32", np.zeros(0, dtype=np.float32)) if value is None \
+                    else ("I32", np.array(value, dtype=np.int32)) if isinstance(value, int) \
                     else ("F32", np.array(value, dtype=np.float32))
             elif hasattr(value, "dtype") and str(value.dtype).removeprefix("mlx.core.") in DTYPES:
                 arrays[name] = host_copy(value)

@@ -370,6 +370,10 @@ class GenerationRequest:
     #: Tokens the draft model proposes per step (``--draft-model``); ``None``: the server's
     #: ``--num-draft-tokens``; ``0``: decode without the draft. No effect without a draft.
     num_draft_tokens: int | None = None
+    #: Prompt tokens before the chat template's generation prompt (where the last message
+    #: ends): the next turn re-renders the prompt up to here, so a model whose cache cannot
+    #: be rewound keeps a prompt-cache snapshot at it. ``None`` when unknown (completions).
+    turn_start: int | None = None
 
 
 @attrs.frozen
@@ -403,6 +407,9 @@ class CacheReport:
     :ivar diverged_at: On a miss or partial hit, the token index where the prompt first differs
         from the closest cached entry; ``None`` when no entry was close or on a full hit.
     :ivar snippet: The prompt's text from ``diverged_at`` (a few tokens, decoded), for debugging.
+    :ivar reason: On a miss or partial hit, why no more was reused: ``prompt diverged``,
+        ``sliding window`` or ``recurrent state`` (the closest entry could not be rewound to
+        where the prompt left it), ``no cached prompt``; ``None`` otherwise.
     """
 
     status: str
@@ -410,13 +417,16 @@ class CacheReport:
     prompt_tokens: int
     diverged_at: int | None = None
     snippet: str | None = None
+    reason: str | None = None
 
     def header(self) -> str:
         """The ``x-mlxrt-cache`` response header value, e.g. ``partial; cached=812; prompt=900;
-        diverged_at=812``."""
+        diverged_at=812; reason=prompt diverged``."""
         parts = [self.status, f"cached={self.cached_tokens}", f"prompt={self.prompt_tokens}"]
         if self.diverged_at is not None:
             parts.append(f"diverged_at={self.diverged_at}")
+        if self.reason is not None:
+            parts.append(f"reason={self.reason}")
         return "; ".join(parts)
 
 

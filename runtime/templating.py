@@ -10,13 +10,13 @@ import attrs
 
 from mlxrt.errors import InvalidRequest
 from mlxrt.reasoning import prompt_opens_thinking
-from mlxrt.records import FamilyProfile
+from mlxrt.records import FamilyProfile, GenerationRequest
 
 if TYPE_CHECKING:
     from mlxrt.host import PluginHost
 
 __all__ = ["ChatInput", "RenderedPrompt", "render_chat", "canonicalize", "DEFAULT_CHAT_TEMPLATE",
-           "thinking_switch", "thinking_kwargs"]
+           "thinking_switch", "thinking_kwargs", "rendered_request"]
 
 #: ChatML, for ``--use-default-chat-template`` on a model that ships no template.
 DEFAULT_CHAT_TEMPLATE = (
@@ -51,6 +51,8 @@ class RenderedPrompt:
     starts_in_thinking: bool
     #: The prompt with its images spliced in (``ids`` are then ``vision.ids``), or ``None``.
     vision: Any = attrs.field(default=None, eq=False, repr=False)
+    #: Tokens before the generation prompt (``GenerationRequest.turn_start``), or ``None``.
+    turn_start: int | None = None
 
 
 def render_chat(host: PluginHost, tokenizer: Any, profile: FamilyProfile, chat: ChatInput) -> RenderedPrompt:
@@ -91,10 +93,14 @@ def render_chat(host: PluginHost, tokenizer: Any, profile: FamilyProfile, chat: 
     # The template writes BOS itself where the model wants it; HF tokenizes templated text
     # without adding special tokens again.
     ids = tokenizer.encode(text, add_special_tokens=False)
+    turn_start = None
+    if getattr(getattr(host, "engine", None), "keeps_snapshots", False) and not chat.images:
+        turn_start = _turn_start(tokenizer, chat, kwargs, text, ids)
     rendered = RenderedPrompt(
         text=text,
         ids=tuple(ids),
         starts_in_thinking=prompt_opens_thinking(text, profile.thinking_format),
+        turn_start=turn_start,
     )
     if chat.images:
         from mlxrt.vision import splice_images
@@ -102,6 +108,36 @@ def render_chat(host: PluginHost, tokenizer: Any, profile: FamilyProfile, chat: 
         vision = splice_images(host, profile, rendered.ids, chat.images)
         rendered = attrs.evolve(rendered, ids=vision.ids, vision=vision)
     return rendered
+
+
+def _turn_start(tokenizer: Any, chat: ChatInput, kwargs: Mapping[str, Any], text: str,
+                ids: Sequence[int]) -> int | None:
+    """How many of ``ids`` precede the generation prompt: the template rendered without it
+    must be a prefix of ``text``, and the rest must tokenize to the tail of ``ids`` (a
+    template that re-renders earlier turns differently, or a token spanning the seam, gives
+    ``None``). Only the short tail is tokenized again."""
+    try:
+        head = tokenizer.apply_chat_template(
+            [dict(m) for m in chat.messages], tools=[dict(t) for t in chat.tools] if chat.tools else None,
+            add_generation_prompt=False, tokenize=False, **kwargs)
+    except Exception:  # a template that insists on the generation prompt: no boundary
+        return None
+    if not isinstance(head, str) or not text.startswith(head) or len(head) == len(text):
+        return None
+    tail = list(tokenizer.encode(text[len(head):], add_special_tokens=False))
+    if not tail or len(tail) >= len(ids) or list(ids[-len(tail):]) != tail:
+        return None
+    return len(ids) - len(tail)
+
+
+def rendered_request(request: GenerationRequest, rendered: RenderedPrompt) -> GenerationRequest:
+    """``request`` carrying what rendering learned besides the ids: the spliced images
+    (:func:`mlxrt.vision.with_vision`) and the turn boundary (``turn_start``)."""
+    from mlxrt.vision import with_vision
+
+    if rendered.turn_start is not None:
+        request = attrs.evolve(request, turn_start=rendered.turn_start)
+    return with_vision(request, rendered)
 
 
 def thinking_switch(chat: ChatInput, options: Mapping[str, Any] | None = None,

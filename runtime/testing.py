@@ -29,6 +29,10 @@ Families (`TINY_MODEL_TYPES`, the `model_type` written to config.json):
   qwen3        Qwen3ForCausalLM (q/k norm, tied); Qwen3 template, <think>, JSON tools.
   qwen3_5      Qwen3_5ForConditionalGeneration: gated-DeltaNet + gated full
                attention (nested text_config); thinking opens by default.
+  gemma3_text  Gemma3ForCausalLM: sliding-window layers (window 32, every other
+               layer) + full attention, so short test prompts outgrow the window
+               (mlx-lm RotatingKVCache); the Gemma 4 generated tokenizer and template
+               (or a real Gemma 3 tokenizer through `tokenizer_dir`).
   gemma4_text  Gemma4ForCausalLM: sliding + full layers, per-layer inputs,
                KV-shared layers; Gemma 4 tokens at their real ids.
   minicpm      MiniCPMForCausalLM (mlx-lm `minicpm`, untied lm_head) with the
@@ -75,7 +79,7 @@ from mlxrt._tokenizer_factory import CHAT_TEMPLATES, generated_tokenizer
 __all__ = ["TINY_MODEL_TYPES", "TINY_VARIANTS", "TINY_FAMILY_TYPES", "write_tiny_checkpoint",
            "write_random_adapter"]
 
-TINY_MODEL_TYPES: tuple[str, ...] = ("llama", "qwen3", "qwen3_5", "gemma4_text", "minicpm")
+TINY_MODEL_TYPES: tuple[str, ...] = ("llama", "qwen3", "qwen3_5", "gemma3_text", "gemma4_text", "minicpm")
 #: Layout variants: variant -> the model_type its config.json says.
 TINY_VARIANTS: dict[str, str] = {"qwen3_embedding": "qwen3", "gemma4": "gemma4"}
 #: Checkpoints mlx-lm cannot load (their family plugin does), with their own writers.
@@ -86,6 +90,7 @@ _DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
 # Family end-of-turn tokens that go into generation_config.eos_token_id (if present).
 _EOS = {"llama": ["<|im_end|>"], "qwen3": ["<|im_end|>", "<|endoftext|>"],
         "qwen3_5": ["<|im_end|>", "<|endoftext|>"], "gemma4_text": ["<eos>", "<turn|>", "<|tool_response>"],
+        "gemma3_text": ["<eos>", "<end_of_turn>", "<turn|>", "<|tool_response>"],  # a real Gemma 3 tokenizer, or ours
         "minicpm": ["</s>", "<|im_end|>"], "qwen3_embedding": ["<|endoftext|>", "<|im_end|>"]}
 
 
@@ -124,7 +129,7 @@ def write_tiny_checkpoint(
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
     if tokenizer_dir is None:
-        num_tokens, ids, tcfg = _write_generated_tokenizer(out, model_type)
+        num_tokens, ids, tcfg = _write_generated_tokenizer(out, _TOKENIZER_FAMILY.get(model_type, model_type))
         if variant == "qwen3_embedding":
             tcfg = _embedding_tokenizer(out, ids, tcfg)
     else:
@@ -333,6 +338,20 @@ def _gemma4_config(vocab: int, t: dict, dtype: str) -> dict:
     }
 
 
+def _gemma3_config(vocab: int, t: dict, dtype: str) -> dict:
+    return {
+        "architectures": ["Gemma3ForCausalLM"], "model_type": "gemma3_text", "vocab_size": vocab,
+        "hidden_size": 64, "intermediate_size": 128, "num_hidden_layers": 4, "num_attention_heads": 4,
+        "num_key_value_heads": 2, "head_dim": 32, "query_pre_attn_scalar": 32, "hidden_activation": "gelu_pytorch_tanh",
+        "max_position_embeddings": 32768, "rms_norm_eps": 1e-6, "sliding_window": 32, "sliding_window_pattern": 2,
+        "layer_types": ["sliding_attention", "full_attention", "sliding_attention", "full_attention"],
+        "rope_theta": 1000000.0, "rope_local_base_freq": 10000.0, "rope_scaling": None,
+        "attention_bias": False, "attention_dropout": 0.0, "tie_word_embeddings": True,
+        "pad_token_id": t["pad"], "bos_token_id": t["bos"], "eos_token_id": t["eos"],
+        "dtype": dtype, "transformers_version": "4.50.0",
+    }
+
+
 def _minicpm_config(vocab: int, t: dict, dtype: str) -> dict:
     return {
         "architectures": ["MiniCPMForCausalLM"], "model_type": "minicpm", "bos_token_id": t["bos"],
@@ -346,7 +365,9 @@ def _minicpm_config(vocab: int, t: dict, dtype: str) -> dict:
 
 
 _CONFIGS = {"llama": _llama_config, "qwen3": _qwen3_config, "qwen3_5": _qwen3_5_config,
-            "gemma4_text": _gemma4_config, "minicpm": _minicpm_config}
+            "gemma3_text": _gemma3_config, "gemma4_text": _gemma4_config, "minicpm": _minicpm_config}
+#: Model types that borrow another family's generated tokenizer (and chat template).
+_TOKENIZER_FAMILY = {"gemma3_text": "gemma4_text"}
 
 
 # --------------------------------------------------------------------------- weights
@@ -462,6 +483,30 @@ def _qwen3_5_weights(c: dict, rng) -> _W:
     return w
 
 
+def _gemma3_weights(c: dict, rng) -> _W:
+    w = _W(rng)
+    H, L, V, nh, nkv, hd, ffn = (c["hidden_size"], c["num_hidden_layers"], c["vocab_size"],
+                                 c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"],
+                                 c["intermediate_size"])
+    w.normal("model.embed_tokens.weight", (V, H), H**-0.5)  # the model multiplies by sqrt(hidden)
+    for i in range(L):
+        p = f"model.layers.{i}"
+        w.linear(f"{p}.self_attn.q_proj.weight", nh * hd, H)
+        w.linear(f"{p}.self_attn.k_proj.weight", nkv * hd, H)
+        w.linear(f"{p}.self_attn.v_proj.weight", nkv * hd, H)
+        w.linear(f"{p}.self_attn.o_proj.weight", H, nh * hd)
+        w.norm(f"{p}.self_attn.q_norm.weight", hd, center=0.0)  # Gemma 3 norms are x*(1+w)
+        w.norm(f"{p}.self_attn.k_norm.weight", hd, center=0.0)
+        w.linear(f"{p}.mlp.gate_proj.weight", ffn, H)
+        w.linear(f"{p}.mlp.up_proj.weight", ffn, H)
+        w.linear(f"{p}.mlp.down_proj.weight", H, ffn)
+        for n in ("input_layernorm", "post_attention_layernorm", "pre_feedforward_layernorm",
+                  "post_feedforward_layernorm"):
+            w.norm(f"{p}.{n}.weight", H, center=0.0)
+    w.norm("model.norm.weight", H, center=0.0)
+    return w
+
+
 def _gemma4_weights(c: dict, rng) -> _W:
     w = _W(rng)
     H, L, V, nh, nkv, ffn, ple = (c["hidden_size"], c["num_hidden_layers"], c["vocab_size"],
@@ -500,6 +545,7 @@ _WEIGHTS = {
     "llama": lambda c, rng: _dense_decoder(c, rng, qk_norm=False),
     "qwen3": lambda c, rng: _dense_decoder(c, rng, qk_norm=True),
     "qwen3_5": _qwen3_5_weights,
+    "gemma3_text": _gemma3_weights,
     "gemma4_text": _gemma4_weights,
     "minicpm": lambda c, rng: _dense_decoder(c, rng, qk_norm=False),
 }

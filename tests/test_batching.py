@@ -221,9 +221,10 @@ def test_prompt_cache_reports_exact_cached_tokens(tiny_models, server_process, b
     usage, header = complete(second)  # diverges inside the first prompt
     assert usage["prompt_tokens"] == len(ids2)
     assert usage["prompt_tokens_details"]["cached_tokens"] == common
-    assert header == f"partial; cached={common}; prompt={len(ids2)}; diverged_at={common}"
+    assert header == f"partial; cached={common}; prompt={len(ids2)}; diverged_at={common}; reason=prompt diverged"
     stats = _stats(server)
     assert stats["prompt_cache"]["last_miss"]["diverged_at"] == common
     # /stats is shared: counts only, never the prompt text or the request id.
     assert stats["prompt_cache"]["last_miss"] == {"status": "partial", "diverged_at": common,
-                                                  "prompt_tokens": len(ids2), "cached_tokens": common}
+                                                  "prompt_tokens": len(ids2), "cached_tokens": common,
+                                                  "reason": "prompt diverged"}

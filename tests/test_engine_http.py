@@ -15,7 +15,7 @@ from mlxrt import hookimpl
 from mlxrt.errors import QueueFull
 
 MSG = [{"role": "user", "content": "Tell me about the sea."}]
-CACHE = re.compile(r"^(hit|partial|miss|off); cached=(\d+); prompt=(\d+)(; diverged_at=\d+)?$")
+CACHE = re.compile(r"^(hit|partial|miss|off); cached=(\d+); prompt=(\d+)(; diverged_at=\d+)?(; reason=[a-z ]+)?$")
 
 
 def _cache(headers: httpx.Headers) -> tuple[str, int, int]:

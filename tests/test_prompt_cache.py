@@ -241,7 +241,8 @@ def test_miss_and_partial_report_where_the_prompt_diverged():
     miss = pc.fetch([99] + entry)
     assert (miss.status, miss.reused, miss.cache) == ("miss", 0, None)
     assert (miss.diverged_at, miss.expected) == (0, tuple(range(10, 18)))
-    assert pc.stats()["last_miss"] == {"diverged_at": 0, "prompt_tokens": 21}  # no token ids (shared)
+    assert pc.stats()["last_miss"] == {"diverged_at": 0, "prompt_tokens": 21,  # no token ids (shared)
+                                       "reason": "prompt diverged"}
     partial = pc.fetch(entry[:15] + [1, 2, 3])
     assert (partial.status, partial.reused, partial.diverged_at) == ("partial", 15, 15)
     assert partial.expected == (25, 26, 27, 28, 29)  # fewer than 8 left in the entry
@@ -271,7 +272,7 @@ def test_stats_count_lookups():
     s = pc.stats()
     assert (s["lookups"], s["hits"], s["partial_hits"], s["misses"]) == (4, 1, 1, 2)
     assert (s["hit_rate"], s["tokens_reused"], s["entries"], s["bytes"]) == (0.5, 6, 1, 16)
-    assert s["last_miss"] == {"diverged_at": 0, "prompt_tokens": 2}
+    assert s["last_miss"] == {"diverged_at": 0, "prompt_tokens": 2, "reason": "prompt diverged"}
 
 
 # -- caches that cannot be rewound ------------------------------------------------------------
@@ -294,11 +295,38 @@ def test_non_trimmable_cache_is_only_reused_as_a_proper_prefix(mixed):
     assert mx.array_equal(pc._entries[0].cache[-1][0], mx.zeros((1, 4))).item()
     exact = pc.fetch([1, 2, 3, 4])  # would need rewinding one token
     assert (exact.status, exact.reused, exact.diverged_at, exact.expected) == ("miss", 0, 4, ())
+    assert exact.reason == "recurrent state"
     diverged = pc.fetch([1, 2, 3, 9, 9])
     assert (diverged.status, diverged.reused, diverged.diverged_at) == ("miss", 0, 3)
-    assert diverged.expected == (4,)
+    assert diverged.expected == (4,) and diverged.reason == "recurrent state"
+    assert pc.fetch([7, 7]).reason == "prompt diverged" and pc.fetch([1, 2], key="other").reason == "no cached prompt"
     shorter = pc.fetch([1, 2, 3])
     assert (shorter.status, shorter.diverged_at, shorter.expected) == ("miss", 3, (4,))
+
+
+def test_a_snapshot_serves_what_a_rolled_sliding_window_cannot(model):
+    """A RotatingKVCache past its window cannot be trimmed: the finished request's cache only
+    serves prompts that extend it, the snapshot at the prompt's last token serves the repeat."""
+    from mlx_lm.models.cache import RotatingKVCache
+
+    def rolled(n):
+        layer = RotatingKVCache(max_size=4)
+        layer.update_and_fetch(mx.zeros((1, 1, n, 8)), mx.zeros((1, 1, n, 8)))
+        return [layer]
+
+    prompt = list(range(1, 11))
+    pc = PromptCache()
+    pc.insert_turn(prompt + [50, 51], rolled(12), [(prompt[:-1], rolled(9))])
+    assert pc.entries == 2
+    repeat = pc.fetch(prompt)
+    assert (repeat.status, repeat.reused) == ("hit", 9)
+    edited = pc.fetch(prompt + [50, 99])  # left the finished entry midway: only the snapshot fits
+    assert (edited.status, edited.reused, edited.diverged_at, edited.reason) == ("partial", 9, 11, "sliding window")
+    # A finished cache that can still be trimmed covers the snapshot: it is not stored.
+    kv = PromptCache()
+    kv.insert_turn([1, 2, 3, 4], filled(model, [1, 2, 3, 4]), [([1, 2], filled(model, [1, 2]))])
+    assert kv.entries == 1
+    assert (kv.fetch([1, 2, 3]).reused, kv.fetch([1, 2, 3, 4, 5]).reused) == (2, 4)
 
 
 def test_a_layer_that_cannot_rewind_far_enough_is_not_reused():

@@ -38,7 +38,10 @@ def test_stats_and_metrics_show_no_prompt_text_and_no_ids_of_other_requests(keye
     metrics = keyed.get("/metrics", headers=headers)
     assert stats.status_code == 200 and metrics.status_code == 200
     last_miss = stats.json()["engine"]["prompt_cache"]["last_miss"]
-    assert last_miss is not None and set(last_miss) == {"status", "diverged_at", "prompt_tokens", "cached_tokens"}
+    assert last_miss is not None
+    assert set(last_miss) == {"status", "diverged_at", "prompt_tokens", "cached_tokens", "reason"}
+    # the reason is one of a fixed few words, never text from a prompt
+    assert last_miss["reason"] in ("prompt diverged", "sliding window", "recurrent state", "no cached prompt")
     for text in (stats.text, metrics.text):
         assert created.id not in text
         assert "zebra" not in text and "vault" not in text and "resp_" not in text

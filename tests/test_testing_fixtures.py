@@ -28,6 +28,9 @@ EXPECTED_NAMES = {
                 "model.language_model.layers.1.self_attn.q_proj.weight", "model.language_model.layers.1.self_attn.q_norm.weight",
                 "model.language_model.norm.weight", "model.visual.patch_embed.proj.weight",
                 "model.visual.merger.linear_fc2.weight"],
+    "gemma3_text": ["model.embed_tokens.weight", "model.layers.0.self_attn.q_norm.weight",
+                    "model.layers.1.self_attn.k_proj.weight", "model.layers.3.pre_feedforward_layernorm.weight",
+                    "model.norm.weight"],
     "gemma4_text": ["model.embed_tokens.weight", "model.embed_tokens_per_layer.weight",
                     "model.per_layer_model_projection.weight", "model.layers.0.self_attn.q_norm.weight",
                     "model.layers.0.self_attn.k_proj.weight", "model.layers.0.per_layer_input_gate.weight",
@@ -37,6 +40,7 @@ EXPECTED_NAMES = {
 }
 NOT_EXPECTED = {
     "llama": ["lm_head.weight"], "qwen3": ["lm_head.weight"], "qwen3_5": ["lm_head.weight"],
+    "gemma3_text": ["lm_head.weight"],
     # layers 2 and 3 are KV-shared: no K/V projections, as in the real E2B/E4B checkpoints
     "gemma4_text": ["model.layers.2.self_attn.k_proj.weight", "model.layers.3.self_attn.v_proj.weight"],
     "minicpm": [],
@@ -47,9 +51,11 @@ RENDERED = {
     "qwen3": "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n",
     "qwen3_5": "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n",
     "gemma4_text": "<bos><|turn>user\nhi<turn|>\n<|turn>model\n<|channel>thought\n<channel|>",
+    "gemma3_text": "<bos><|turn>user\nhi<turn|>\n<|turn>model\n<|channel>thought\n<channel|>",
     "minicpm": "<s><|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n<think>\n\n</think>\n\n",
 }
 TOOL_PARSER = {"llama": None, "qwen3": "json_tools", "qwen3_5": "qwen3_coder", "gemma4_text": "gemma4",
+               "gemma3_text": "gemma4",
                "minicpm": "minicpm5"}
 
 
@@ -193,7 +199,7 @@ def test_rejects_unknown_arguments(tmp_path):
 
 
 @pytest.mark.parametrize("model_type,tokenizer", [("qwen3", "qwen3"), ("gemma4_text", "gemma3"),
-                                                  ("qwen3_5", "qwen3_5")])
+                                                  ("gemma3_text", "gemma3"), ("qwen3_5", "qwen3_5")])
 def test_real_tokenizers(tmp_path, model_type, tokenizer):
     src = SHARED_TOKENIZERS / tokenizer
     if not (src / "tokenizer.json").is_file():

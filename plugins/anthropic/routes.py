@@ -34,8 +34,7 @@ from mlxrt.plugins.anthropic.encode import (
 )
 from mlxrt.records import GenerationRequest
 from mlxrt.responses import ResponseAssembler
-from mlxrt.templating import RenderedPrompt, render_chat
-from mlxrt.vision import with_vision
+from mlxrt.templating import RenderedPrompt, render_chat, rendered_request
 
 __all__ = ["ROUTES"]
 
@@ -58,7 +57,7 @@ def _prepare_sync(host: Any, decoded: DecodedMessages) -> tuple[RenderedPrompt, 
         stop=decoded.stop, extra=decoded.extra, forced_prefixes=forced, adapter=decoded.adapter,
         structured=structured,
     )
-    return rendered, with_vision(gen, rendered)
+    return rendered, rendered_request(gen, rendered)
 
 
 @post("/v1/messages", status_code=200, opt=ROUTE_OPT, summary="Create a message (Anthropic Messages)",

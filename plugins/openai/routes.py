@@ -34,8 +34,7 @@ from mlxrt.plugins.openai.encode import (
 from mlxrt.plugins.openai.models import get_model, list_models
 from mlxrt.records import FinishEvent, GenerationRequest, TokenEvent
 from mlxrt.responses import LogprobTrail, ResponseAssembler
-from mlxrt.templating import RenderedPrompt, render_chat
-from mlxrt.vision import with_vision
+from mlxrt.templating import RenderedPrompt, render_chat, rendered_request
 
 __all__ = ["ROUTES"]
 
@@ -59,7 +58,7 @@ async def _prepare(request: Request) -> tuple[Any, DecodedChat, RenderedPrompt, 
     )
     gen = build_generation(host, decoded.options, rendered.ids, request_id=f"chatcmpl-{uuid.uuid4()}",
                            default_max_tokens=CHAT_DEFAULT_MAX_TOKENS, tools=decoded.chat.tools)
-    gen = with_vision(gen, rendered)
+    gen = rendered_request(gen, rendered)
     await prepare(host, gen)
     return host, decoded, rendered, gen
 

@@ -43,8 +43,7 @@ from mlxrt.plugins.responses.encode import (
 from mlxrt.plugins.responses.store import DEFAULT_MAX_BYTES, DEFAULT_TTL_S, ResponseStore
 from mlxrt.records import GenerationRequest
 from mlxrt.responses import ResponseAssembler
-from mlxrt.templating import ChatInput, RenderedPrompt, render_chat
-from mlxrt.vision import with_vision
+from mlxrt.templating import ChatInput, RenderedPrompt, render_chat, rendered_request
 
 __all__ = ["ROUTES", "store_of", "owner_of"]
 
@@ -106,7 +105,7 @@ def _prepare_sync(host: Any, decoded: DecodedResponse, items: tuple[Mapping[str,
         extra=decoded.extra, forced_prefixes=forced, structured=structured,
         adapter=decoded.adapter,
     )
-    gen = with_vision(gen, rendered)
+    gen = rendered_request(gen, rendered)
     prepare_request(host, gen)  # already on a worker thread
     return rendered, gen, chat
 
