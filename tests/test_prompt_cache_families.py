@@ -52,7 +52,8 @@ def servers(checkpoints):
         key = (family, tuple(sorted(options.items())))
         if key not in made:
             host = make_host()
-            app = build_server(host, str(checkpoints[family]), {"host": "127.0.0.1", "port": 0, **options})
+            app = build_server(host, str(checkpoints[family]),
+                               {"host": "127.0.0.1", "port": 0, "model_fallback": True, **options})
             client = TestClient(app)
             client.__enter__()
             made[key] = (client, host)
@@ -148,7 +149,8 @@ def test_entries_survive_a_restart(checkpoints, family, batch, tmp_path):
     from mlxrt.host import make_host
 
     first, _second = turns("What does rule three say?")
-    options = {"host": "127.0.0.1", "port": 0, "prompt_cache_dir": str(tmp_path), "batch": batch}
+    options = {"host": "127.0.0.1", "port": 0, "prompt_cache_dir": str(tmp_path), "batch": batch,
+               "model_fallback": True}
     answers = []
     for _run in range(2):
         host = make_host()
