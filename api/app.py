@@ -29,6 +29,9 @@ __all__ = ["create_app", "claimed_fields"]
 log = logging.getLogger("mlxrt.api")
 
 HEALTH_BODY = b'{"status": "ok"}'
+#: Default request-body cap (``--max-body-size 32MiB``): a base64 image at --max-image-bytes'
+#: default (20 MiB → 27 MiB) plus its prompt; text that long is refused before tokenizing.
+DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 
 
 @get("/health", summary="Liveness", tags=["server"], include_in_schema=True, opt={"public": True})
@@ -221,7 +224,7 @@ def create_app(host: Any, *, cors_origins: list[str] | None = None, debug: bool 
         openapi_config=OpenAPIConfig(title="mlxrt", version=mlxrt.__version__, path="/schema"),
         on_startup=[startup],
         on_shutdown=[shutdown],
-        request_max_body_size=host.options.get("max_body_bytes") or 64 * 1024 * 1024,
+        request_max_body_size=host.options.get("max_body_bytes") or DEFAULT_MAX_BODY_BYTES,
         debug=debug,
         logging_config=None,  # mlxrt configures logging (request ids, text or JSON), not Litestar
     )
