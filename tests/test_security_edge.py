@@ -20,7 +20,7 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from support import MLXRT_BIN, anthropic_client, openai_client
+from support import MLXRT_BIN, anthropic_client, free_port, openai_client
 
 from mlxrt import hookimpl
 
@@ -186,6 +186,51 @@ def test_slow_header_sockets_do_not_starve_health(llama, server_process):
             s.close()
     assert httpx.get(f"{server.url}/health", timeout=3).status_code == 200
 
+
+
+def test_a_client_leaving_during_templating_queues_nothing(llama, monkeypatch):
+    """The prompt is still being templated (slowly, here) when the client hangs up: the
+    request ends there and never reaches the engine (before, it queued and generated)."""
+    import asyncio
+
+    import uvicorn
+
+    import mlxrt.plugins.openai.routes as chat_routes
+    from mlxrt.cli import build_server
+    from mlxrt.host import make_host
+
+    real, entered = chat_routes.render_chat, threading.Event()
+
+    def slow_render(*args):
+        entered.set()
+        time.sleep(1.5)
+        return real(*args)
+
+    monkeypatch.setattr(chat_routes, "render_chat", slow_render)
+    host = make_host()
+    app = build_server(host, str(llama), {"host": "127.0.0.1", "port": 0})
+    port = free_port()
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, access_log=False))
+    thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 30
+        while not server.started and time.monotonic() < deadline:
+            time.sleep(0.05)
+        body = json.dumps({"messages": MSG, "max_tokens": 50}).encode()
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+                      + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
+            assert entered.wait(10)
+        time.sleep(3)  # the templating thread finishes meanwhile; its result must go nowhere
+        stats = host.engine.stats()
+        assert stats["requests_served"] == 0 and stats["requests_cancelled"] == 0, stats
+        ok = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=CHAT, timeout=30)
+        assert ok.status_code == 200 and host.engine.stats()["requests_served"] == 1
+    finally:
+        server.should_exit = True
+        thread.join(timeout=15)
+        host.engine.stop()
 
 # -- item 6: SIGTERM --------------------------------------------------------------------------
 
