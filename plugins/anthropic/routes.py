@@ -8,7 +8,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import anyio
 from litestar import Request, Response, post
 
 from mlxrt.api.app import claimed_fields
@@ -114,7 +113,7 @@ async def count_tokens(request: Request) -> dict[str, int]:
         probe = GenerationRequest(request_id="count", prompt_ids=rendered.ids, max_tokens=1, dialect="anthropic")
         return len(canonicalize(host, probe, "anthropic").prompt_ids)
 
-    return {"input_tokens": await anyio.to_thread.run_sync(count)}
+    return {"input_tokens": await off_loop(request, count)}
 
 
 ROUTES = [messages, count_tokens]
