@@ -17,7 +17,8 @@ things keep those pages from using it (issue 22, docs/operators.md "Security mod
   the key).
 
 Routes opt out with ``opt={"json_body": False}`` (a route that reads another body type) and
-``opt={"state_changing": False}`` (a non-GET route that changes nothing). The checks are a
+``opt={"state_changing": False}`` (a non-GET route that changes nothing); a GET that acts
+(starts a job) opts in with ``opt={"state_changing": True}``. The checks are a
 Litestar guard: a few header lookups per request, nothing per streamed chunk, and a refusal is
 a typed error rendered in the route's dialect.
 """
@@ -155,10 +156,10 @@ def is_loopback(bind: str | None) -> bool:
 
 
 def _state_changing(method: str, opt: dict[str, Any]) -> bool:
+    if "state_changing" in opt:  # a route's own word wins (a GET that starts a job says so)
+        return bool(opt["state_changing"]) and method != "OPTIONS"
     if method in _SAFE_METHODS:
         return False
-    if "state_changing" in opt:
-        return bool(opt["state_changing"])
     # Inference POSTs (a dialect route) read and answer; DELETE/PUT/PATCH and other POSTs act.
     return method != "POST" or "dialect" not in opt
 

@@ -298,7 +298,7 @@ def mlxrt_routes(host: PluginHost) -> Sequence[Any]:
         The edge checks (``mlxrt.api.edge``) treat a POST/PUT/PATCH as a JSON route (415
         unless ``Content-Type`` is JSON; ``opt={"json_body": False}`` opts out) and every
         non-GET route but a dialect's POST as state-changing (refused from other origins on a
-        key-less server; ``opt={"state_changing": False}`` opts out).
+        key-less server; ``opt={"state_changing": False}`` opts out, ``True`` opts a GET in).
 
     Called once when the app is built, on the event loop's thread. Results are concatenated;
     a route whose path and method another plugin already claimed is reported and skipped. A
