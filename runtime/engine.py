@@ -465,7 +465,15 @@ class Engine:
             self._drain_until = time.monotonic() + grace
         for row in list(self._running):  # a row admitted after this sees _drain_until in _admit
             _end_by(row.job, self._drain_until)
-        self._inbox.put(_WAKE)  # the worker refuses the waiting requests now
+        # Waiting requests are answered from here, not by the worker: in the serial lane it is
+        # busy with the running request for up to `grace`. Cancelled, the worker drops them.
+        with self._inbox.mutex:
+            waiting = [item for item in self._inbox.queue if isinstance(item, Job)]
+        for job in [*waiting, *list(self._waiting)]:  # list(deque) copies without yielding the GIL
+            if not job.cancelled.is_set():
+                job.deliver(_shutting_down())
+                job.cancelled.set()
+        self._inbox.put(_WAKE)
 
     def _queue_is_full(self) -> bool:
         # Only requests beyond the lane's free rows wait, so only those count against

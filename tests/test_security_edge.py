@@ -292,6 +292,41 @@ def test_sigterm_ends_running_streams_with_a_final_frame_and_refuses_queued(llam
     assert "Traceback" not in log
 
 
+def test_sigterm_answers_queued_requests_at_once_in_the_serial_lane(llama, server_process):
+    """The serial lane's worker is busy with the running request for up to the grace period;
+    a request waiting behind it gets its 503 when the signal comes, not when that one ends."""
+    server = server_process([str(llama), "--shutdown-grace", "30"])
+    body = {"model": "m", "messages": [{"role": "user", "content": "Tell me a long story."}], "temperature": 0}
+    ended: dict[str, float] = {}
+    running = threading.Event()
+
+    def stream() -> None:
+        with httpx.Client(base_url=server.url, timeout=60) as http, \
+                http.stream("POST", "/v1/chat/completions", json={**body, "stream": True}) as resp:
+            for line in resp.iter_lines():
+                running.set()
+                if line == "data: [DONE]":
+                    ended["stream"] = time.monotonic()
+
+    def queued() -> None:
+        with httpx.Client(base_url=server.url, timeout=60) as http:
+            ended["status"] = http.post("/v1/chat/completions", json=body).status_code
+            ended["queued"] = time.monotonic()
+
+    first = threading.Thread(target=stream, daemon=True)
+    first.start()
+    assert running.wait(30)
+    second = threading.Thread(target=queued, daemon=True)
+    second.start()
+    time.sleep(0.3)
+    server.proc.send_signal(signal.SIGTERM)
+    first.join(timeout=60)
+    second.join(timeout=60)
+    server.proc.wait(timeout=60)
+    assert ended["status"] == 503
+    # The running stream (about 8,000 tokens) was allowed to finish; the 503 came before it did.
+    assert ended["queued"] < ended["stream"], ended
+
 # -- item 7: plugins failing at start ---------------------------------------------------------
 
 
