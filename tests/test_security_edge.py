@@ -146,7 +146,10 @@ def test_body_cap_and_early_length_refusal(app_client, monkeypatch):
 def test_slow_header_sockets_do_not_starve_health(llama, server_process):
     """A slowloris from loopback: more sockets than --max-connections, each sending its
     headers a byte at a time; fresh clients are still served and the slow ones are reclaimed."""
-    server = server_process([str(llama), "--max-connections", "40", "--header-timeout", "2"])
+    server = server_process([str(llama), "--max-connections", "40", "--header-timeout", "2",
+                             "--allowed-hosts", "127.0.0.1,good.example", "--allowed-hosts", "other.example"])
+    for name, status in (("good.example", 200), ("other.example:80", 200), ("localhost", 421)):
+        assert httpx.get(f"{server.url}/v1/models", headers={"host": name}).status_code == status, name
     slow: list[socket.socket] = []
     head = b"GET /health HTTP/1.1\r\nHost: 127.0.0.1\r\nX-Slow: " + b"a" * 200
     try:
