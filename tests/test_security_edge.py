@@ -45,7 +45,7 @@ def app_client(llama):
     from mlxrt.host import make_host
 
     host = make_host()
-    app = build_server(host, str(llama), {"host": "127.0.0.1", "port": 0})
+    app = build_server(host, str(llama), {"host": "127.0.0.1", "port": 0, "model_fallback": True})
     with TestClient(app, base_url="http://127.0.0.1") as client:
         yield client
     host.engine.stop()
@@ -211,7 +211,7 @@ def test_a_client_leaving_during_templating_queues_nothing(llama, monkeypatch):
 
     monkeypatch.setattr(chat_routes, "render_chat", slow_render)
     host = make_host()
-    app = build_server(host, str(llama), {"host": "127.0.0.1", "port": 0})
+    app = build_server(host, str(llama), {"host": "127.0.0.1", "port": 0, "model_fallback": True})
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_config=None, access_log=False))
     thread = threading.Thread(target=lambda: asyncio.run(server.serve()), daemon=True)
@@ -241,7 +241,7 @@ def test_a_client_leaving_during_templating_queues_nothing(llama, monkeypatch):
 def test_sigterm_ends_running_streams_with_a_final_frame_and_refuses_queued(llama, server_process):
     # Grace 0: the tiny model writes its whole context in about a second, so a stream must be
     # ended by the shutdown, not left to finish.
-    server = server_process([str(llama), "--batch", "2", "--shutdown-grace", "0"])
+    server = server_process([str(llama), "--batch", "2", "--shutdown-grace", "0", "--model-fallback"])
     long = {"model": "m", "messages": [{"role": "user", "content": "Tell me a long story."}], "stream": True,
             "temperature": 0}  # greedy: this tiny checkpoint never picks its end token for this prompt
     frames: dict[str, list[str]] = {"openai": [], "anthropic": []}
@@ -298,7 +298,7 @@ def test_sigterm_ends_running_streams_with_a_final_frame_and_refuses_queued(llam
 def test_sigterm_answers_queued_requests_at_once_in_the_serial_lane(llama, server_process):
     """The serial lane's worker is busy with the running request for up to the grace period;
     a request waiting behind it gets its 503 when the signal comes, not when that one ends."""
-    server = server_process([str(llama), "--shutdown-grace", "30"])
+    server = server_process([str(llama), "--shutdown-grace", "30", "--model-fallback"])
     body = {"model": "m", "messages": [{"role": "user", "content": "Tell me a long story."}], "temperature": 0}
     ended: dict[str, float] = {}
     running = threading.Event()

@@ -17,11 +17,16 @@ from typing import Any
 from litestar import Request, Response, post
 
 from mlxrt.api.app import claimed_fields
-from mlxrt.api.disconnect import closing_on_error, drain_until_disconnect, off_loop, start_generation
+from mlxrt.api.disconnect import (
+    closing_on_error,
+    drain_until_disconnect,
+    off_loop,
+    start_generation,
+)
 from mlxrt.api.generation import prepare, refuse_overlong_text
 from mlxrt.api.models import host_for
-from mlxrt.api.wire import parse_json_object
 from mlxrt.api.sse import sse_data, sse_response
+from mlxrt.api.wire import parse_json_object
 from mlxrt.plugins.openai.decode import build_generation, decode_completion
 from mlxrt.plugins.openai.encode import (
     ROUTE_OPT,

@@ -12,11 +12,16 @@ from typing import Any
 from litestar import Request, Response, post
 
 from mlxrt.api.app import claimed_fields
-from mlxrt.api.disconnect import closing_on_error, drain_until_disconnect, off_loop, start_generation
+from mlxrt.api.disconnect import (
+    closing_on_error,
+    drain_until_disconnect,
+    off_loop,
+    start_generation,
+)
 from mlxrt.api.generation import prepare, refuse_overlong_text, turn_observer
 from mlxrt.api.models import host_for
-from mlxrt.api.wire import parse_json_object
 from mlxrt.api.sse import sse_data, sse_response
+from mlxrt.api.wire import parse_json_object
 from mlxrt.plugins.openai.completions import completions
 from mlxrt.plugins.openai.decode import DecodedChat, build_generation, decode_chat
 from mlxrt.plugins.openai.embeddings import embeddings

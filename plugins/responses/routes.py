@@ -29,6 +29,7 @@ from mlxrt.api.generation import (
 )
 from mlxrt.api.models import host_for
 from mlxrt.api.sse import sse_response
+from mlxrt.api.wire import parse_json_object
 from mlxrt.errors import NotFound
 from mlxrt.plugins.responses.decode import (
     DecodedResponse,
