@@ -29,6 +29,9 @@ __all__ = ["create_app", "claimed_fields"]
 log = logging.getLogger("mlxrt.api")
 
 HEALTH_BODY = b'{"status": "ok"}'
+#: Default request-body cap (``--max-body-size 32MiB``): a base64 image at --max-image-bytes'
+#: default (20 MiB → 27 MiB) plus its prompt; text that long is refused before tokenizing.
+DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 
 
 @get("/health", summary="Liveness", tags=["server"], include_in_schema=True, opt={"public": True})
@@ -139,13 +142,14 @@ def _claims(item: Any) -> list[tuple[str, str]]:
     return []
 
 
-def collect_routes(host: Any) -> list[Any]:
-    """Every plugin's routes, in plugin call order, minus conflicting ones (reported)."""
+def collect_routes(host: Any) -> list[tuple[str, Any]]:
+    """Every plugin's routes as ``(plugin, route)``, in plugin call order, minus conflicting
+    ones (reported) and those of plugins whose ``mlxrt_routes`` raised (marked failed)."""
     taken: dict[tuple[str, str], str] = {
         (m, p): "mlxrt" for h in CORE_ROUTES for p in h.paths for m in h.http_methods
     }
-    accepted: list[Any] = []
-    for plugin, item in host.collect("mlxrt_routes", host=host):
+    accepted: list[tuple[str, Any]] = []
+    for plugin, item in host.collect_at_start("mlxrt_routes", host=host):
         claims = _claims(item)
         clash = next(((c, taken[c]) for c in claims if c in taken), None)
         if clash is not None:
@@ -154,7 +158,7 @@ def collect_routes(host: Any) -> list[Any]:
             host.route_conflicts.append(f"{plugin}: {method} {path} (taken by {owner})")
             continue
         taken.update({c: plugin for c in claims})
-        accepted.append(item)
+        accepted.append((plugin, item))
     return accepted
 
 
@@ -179,35 +183,48 @@ def claimed_fields(host: Any, dialect: str) -> dict[str, type]:
 
 def create_app(host: Any, *, cors_origins: list[str] | None = None, debug: bool = False) -> Litestar:
     """Build the HTTP app for ``host`` (whose ``engine`` serves the model)."""
-    routes = [*CORE_ROUTES, *collect_routes(host)]
-    for dialect in {getattr(r, "opt", {}).get("dialect") for r in routes} - {None}:
+    contributed = collect_routes(host)
+    for dialect in {getattr(r, "opt", {}).get("dialect") for _plugin, r in contributed} - {None}:
         claimed_fields(host, dialect)  # a conflicting claim fails here, at build time
+    routes = [*CORE_ROUTES, *(r for _plugin, r in contributed)]
+    # Who serves each (method, path): if that plugin fails at start, the edge guard answers 503.
+    owners = {claim: plugin for plugin, r in contributed for claim in _claims(r)}
 
     async def startup() -> None:
-        for _plugin, result in host.collect("mlxrt_startup", host=host):
+        # A plugin that raises here is marked failed and its routes answer 503; the server
+        # starts without it (MLXRT_STRICT_PLUGINS=1 makes it a start-up error instead).
+        for plugin, result in host.collect_at_start("mlxrt_startup", host=host):
             if inspect.isawaitable(result):
-                await result
+                try:
+                    await result
+                except Exception as exc:  # plugin boundary
+                    host.fail_at_start(plugin, "mlxrt_startup", exc)
 
     async def shutdown() -> None:
-        for _plugin, result in host.collect("mlxrt_shutdown", host=host):
+        for plugin, result in host.collect_at_start("mlxrt_shutdown", host=host):
             if inspect.isawaitable(result):
-                await result
+                try:
+                    await result
+                except Exception as exc:  # plugin boundary: the others still shut down
+                    host.fail_at_start(plugin, "mlxrt_shutdown", exc)
 
     from mlxrt.api.auth import api_key_guard
+    from mlxrt.api.edge import EdgePolicy, edge_guard
     from mlxrt.api.observe import HttpMetrics, observe
 
     keys = list(host.options.get("api_keys") or ())
+    policy = EdgePolicy.from_options({**host.options, "cors_origins": cors_origins})
     http_metrics = HttpMetrics()
     app = Litestar(
         route_handlers=routes,
-        guards=[api_key_guard(keys)] if keys else None,
+        guards=[edge_guard(policy, host, owners), *([api_key_guard(keys)] if keys else [])],
         state=State({"host": host, "http_metrics": http_metrics}),
         exception_handlers=exception_handlers(),
         cors_config=CORSConfig(allow_origins=cors_origins) if cors_origins else None,
         openapi_config=OpenAPIConfig(title="mlxrt", version=mlxrt.__version__, path="/schema"),
         on_startup=[startup],
         on_shutdown=[shutdown],
-        request_max_body_size=host.options.get("max_body_bytes") or 64 * 1024 * 1024,
+        request_max_body_size=host.options.get("max_body_bytes") or DEFAULT_MAX_BODY_BYTES,
         debug=debug,
         logging_config=None,  # mlxrt configures logging (request ids, text or JSON), not Litestar
     )

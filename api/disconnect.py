@@ -23,7 +23,7 @@ from mlxrt.errors import MlxrtError
 from mlxrt.records import CacheReport, FinishEvent, GenerationRequest, TokenEvent
 from mlxrt.responses import drain
 
-__all__ = ["ClientDisconnected", "until_disconnect", "start_generation", "closing_on_error",
+__all__ = ["ClientDisconnected", "until_disconnect", "off_loop", "start_generation", "closing_on_error",
            "drain_until_disconnect"]
 
 T = TypeVar("T")
@@ -65,6 +65,13 @@ async def until_disconnect(request: Request, awaitable: Awaitable[T]) -> T:
         finally:
             watcher.cancel()
     raise ClientDisconnected()  # reached only when the watcher cancelled the scope
+
+
+async def off_loop(request: Request, fn: Callable[..., T], *args: Any) -> T:
+    """``fn(*args)`` on a worker thread (templating, tokenizing), abandoned when the client
+    leaves: the handler stops at once with :class:`ClientDisconnected` and nothing is queued;
+    the thread's result, when it comes, is dropped."""
+    return await until_disconnect(request, anyio.to_thread.run_sync(fn, *args, abandon_on_cancel=True))
 
 
 @asynccontextmanager

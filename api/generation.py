@@ -14,7 +14,7 @@ from contextlib import aclosing
 from typing import Any, Protocol
 
 from mlxrt.admission import plan_max_tokens
-from mlxrt.errors import InvalidRequest, MlxrtError
+from mlxrt.errors import InvalidRequest, MlxrtError, OverBudget
 from mlxrt.records import (
     CacheReport,
     FinishedTurn,
@@ -30,7 +30,8 @@ from mlxrt.templating import canonicalize
 
 __all__ = ["CACHE_HEADER", "response_headers", "plan_generation", "forced_openings", "guarded",
            "tool_input", "FrameWriter", "assembled_stream", "structured_output", "json_schema_output",
-           "prepare", "prepare_request", "turn_observer"]
+           "prepare", "prepare_request", "turn_observer", "refuse_overlong_text", "check_text_length",
+           "MAX_CHARS_PER_TOKEN"]
 
 #: What the prompt cache did for the request (:meth:`mlxrt.records.CacheReport.header`).
 CACHE_HEADER = "x-mlxrt-cache"
@@ -39,6 +40,42 @@ CACHE_HEADER = "x-mlxrt-cache"
 def response_headers(headers: Mapping[str, str], report: CacheReport) -> dict[str, str]:
     """A completion's headers: the decoder's (``x-mlxrt-ignored`` ...) plus the cache report."""
     return {**headers, CACHE_HEADER: report.header()}
+
+
+#: Characters one token covers at most, generously (tokens of long whitespace runs reach a
+#: few dozen): a body with more prompt text than ``context_ceiling`` × this cannot fit, so it
+#: is refused before templating and tokenizing it (a 50 MB body took a minute and gigabytes).
+MAX_CHARS_PER_TOKEN = 32
+
+
+async def refuse_overlong_text(request: Any, body: Any, host: Any) -> None:
+    """Refuse (400, the context-length error) a generation body whose text alone is too long
+    for the context of the model that would serve it (``host``), before anything templates or
+    tokenizes it."""
+    ceiling = host.engine.context_ceiling
+    if ceiling is not None and len(await request.body()) > ceiling * MAX_CHARS_PER_TOKEN:  # else none can be
+        check_text_length(body, ceiling)
+
+
+def check_text_length(body: Any, ceiling: int) -> None:
+    """Raise :class:`OverBudget` when the strings of ``body`` (inline ``data:`` URLs, images
+    and files, left out) hold more than ``ceiling`` tokens can cover."""
+    total, stack = 0, [body]
+    while stack:  # iterative: bodies may nest as deep as the JSON parser allowed
+        item = stack.pop()
+        if isinstance(item, str):
+            if not item.startswith("data:"):
+                total += len(item)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    if total > ceiling * MAX_CHARS_PER_TOKEN:
+        raise OverBudget(
+            f"request needs more than {ceiling} tokens of context (its text is {total} characters, at most "
+            f"{MAX_CHARS_PER_TOKEN} per token) but the context holds {ceiling} — shorten the prompt",
+            code="context_over_budget",
+        )
 
 
 def plan_generation(host: Any, *, dialect: str, request_id: str, prompt_ids: Sequence[int],

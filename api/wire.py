@@ -13,6 +13,7 @@ Two steps, both strict:
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any, TypeVar
 
@@ -34,14 +35,42 @@ def _no_constants(name: str) -> Any:
 
 
 def parse_json_object(raw: bytes) -> dict[str, Any]:
-    """Decode a request body that must be a JSON object."""
+    """Decode a request body that must be a JSON object (no NaN, no lone surrogates)."""
     try:
         body = json.loads(raw, parse_constant=_no_constants)
+    except RecursionError:
+        # Python's parser recurses per nesting level; ~1,000 levels exhaust the stack.
+        raise InvalidRequest("invalid JSON body: nested too deeply") from None
     except (UnicodeDecodeError, ValueError):
         raise InvalidRequest("invalid JSON body") from None
     if not isinstance(body, dict):
         raise InvalidRequest("Request should be a JSON dictionary")
+    # A "\ud800" escape decodes to a lone surrogate no tokenizer or encoder accepts; only a
+    # body that holds a \uD8xx-\uDFxx escape can carry one, so the walk is rarely needed.
+    if _SURROGATE_ESCAPE.search(raw) is not None:
+        _refuse_lone_surrogates(body)
     return body
+
+
+_SURROGATE_ESCAPE = re.compile(rb"\\u[dD][89a-fA-F]")
+
+
+def _refuse_lone_surrogates(value: Any) -> None:
+    stack = [value]
+    while stack:  # iterative: the body may be nested as deep as the parser allowed
+        item = stack.pop()
+        if isinstance(item, str):
+            try:
+                item.encode("utf-8")
+            except UnicodeEncodeError as exc:
+                bad = item[exc.start]
+                raise InvalidRequest(f"invalid JSON body: lone surrogate \\u{ord(bad):04x} in a string "
+                                     "(not valid Unicode)") from None
+        elif isinstance(item, dict):
+            stack.extend(item.keys())
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
 
 
 @attrs.frozen

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import logging
+import math
 import os
 import sys
 import time
@@ -133,21 +134,36 @@ def _serve(host: PluginHost, model: str | None, opts: dict[str, Any]) -> None:
     try:
         # log_config=None: uvicorn's records go through mlxrt's handlers (request ids, JSON);
         # the access log is mlxrt's own (mlxrt.access), so uvicorn's is off.
+        from mlxrt.api.connections import default_max_connections, guarded_protocol
+
+        grace = opts.get("shutdown_grace")
+        grace = 10.0 if grace is None else grace
+        protocol = guarded_protocol(opts.get("max_connections") or default_max_connections(),
+                                    opts.get("header_timeout") or 10.0)
+        # uvicorn cancels handlers still running after its own timeout (a text/plain 500 or a
+        # cut stream): the engine ends running requests at `grace` with an error frame, and
+        # uvicorn waits a little longer so that frame is written before it cancels anything.
         config = uvicorn.Config(server, host=opts["host"], port=opts["port"], log_level=opts["log_level"].lower(),
-                                log_config=None, access_log=False,
-                                timeout_graceful_shutdown=opts.get("shutdown_grace") or 10)
-        _GracefulServer(config).run()
+                                log_config=None, access_log=False, http=protocol,
+                                timeout_graceful_shutdown=math.ceil(grace) + _FINAL_FRAME_SECONDS)
+        _GracefulServer(config, host.models, grace).run()
     finally:
         host.models.stop()
     log.info("shut down cleanly")
 
 
-class _GracefulServer:
-    """uvicorn's server, except that a SIGTERM/SIGINT it shut down for gracefully ends the
-    process with status 0 (uvicorn re-raises the signal after shutting down, which makes the
-    exit status say "killed" to supervisors that treat that as a crash)."""
+#: Seconds uvicorn waits past --shutdown-grace for the requests the engine ended to answer.
+_FINAL_FRAME_SECONDS = 2
 
-    def __new__(cls, config: Any) -> Any:
+
+class _GracefulServer:
+    """uvicorn's server, except that on SIGTERM/SIGINT the engine drains first (waiting
+    requests get 503 at once, running ones get ``grace`` seconds, then an error frame) and a
+    graceful shutdown ends the process with status 0 (uvicorn re-raises the signal after
+    shutting down, which makes the exit status say "killed" to supervisors that treat that as
+    a crash)."""
+
+    def __new__(cls, config: Any, models: Any, grace: float) -> Any:
         import uvicorn
 
         class Server(uvicorn.Server):
@@ -157,11 +173,18 @@ class _GracefulServer:
                 if isinstance(captured, list):
                     captured.clear()
 
+            async def shutdown(self, sockets: Any = None) -> None:
+                # On the event loop, not in the signal handler: drain takes the engine's locks.
+                models.drain(grace)
+                await super().shutdown(sockets)
+
         return Server(config)
 
 
 def _is_loopback(bind: str | None) -> bool:
-    return bind in (None, "localhost", "::1") or str(bind).startswith("127.")
+    from mlxrt.api.edge import is_loopback
+
+    return is_loopback(bind)
 
 
 def _setup_logging(level: str, fmt: str) -> None:
@@ -217,7 +240,7 @@ def build_server(host: PluginHost, model: str | None, opts: dict[str, Any]) -> A
     host.models = pool
     try:
         pool.load_at_start()
-        return create_app(host, cors_origins=_cors_origins(opts.get("allowed_origins"), opts.get("host")))
+        return create_app(host, cors_origins=_cors_origins(opts.get("allowed_origins")))
     except BaseException:
         pool.stop()
         raise
@@ -256,12 +279,11 @@ def _model_pool(host: PluginHost, model: str | None, source: Any, opts: dict[str
                      start_specs=specs, resolver=lambda name: resolve_model(name, allow_download=False))
 
 
-def _cors_origins(given: str | None, bind: str | None) -> list[str] | None:
-    """mlx_lm.server allows ``*``; mlxrt does so only on loopback unless told otherwise."""
-    if given is not None:
-        origins = [o.strip() for o in given.split(",") if o.strip()]
-        return origins or None
-    return ["*"] if _is_loopback(bind) else None
+def _cors_origins(given: str | None) -> list[str] | None:
+    """CORS is off unless ``--allowed-origins`` lists origins (mlx_lm.server allows ``*``:
+    any web page could then read a key-less server's answers)."""
+    origins = [o.strip() for o in (given or "").split(",") if o.strip()]
+    return origins or None
 
 
 def build_cli(host: PluginHost) -> click.Group:
@@ -280,6 +302,8 @@ def build_cli(host: PluginHost) -> click.Group:
         """List installed plugins: name, version, kind, hooks implemented, status."""
         import attrs
 
+        # Collecting routes runs no server: a plugin whose mlxrt_routes raises shows failed here.
+        host.collect_at_start("mlxrt_routes", host=host)
         records = [attrs.asdict(r) for r in host.records.values()]
         served = _model_report(host, model) if model else None
         if as_json:
@@ -291,7 +315,7 @@ def build_cli(host: PluginHost) -> click.Group:
             for capability, result in served["self_test"].items():
                 click.echo(f"  self-test {capability}: {result}")
 
-    serve_options = [opt for _plugin, opt in host.collect("mlxrt_serve_options")]
+    serve_options = [opt for _plugin, opt in host.collect_at_start("mlxrt_serve_options")]
 
     @cli.command("serve", context_settings={"show_default": True})
     @click.argument("model_arg", metavar="[MODEL]", required=False)
@@ -302,7 +326,12 @@ def build_cli(host: PluginHost) -> click.Group:
     @click.option("--log-level", default="INFO",
                   type=click.Choice(["DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL"], case_sensitive=False))
     @click.option("--allowed-origins", default=None,
-                  help="CORS origins, comma-separated. Default: * when bound to loopback, none otherwise.")
+                  help="CORS origins, comma-separated (* for any). Default: none (CORS off); listed origins "
+                  "may also call state-changing routes without an API key.")
+    @click.option("--allowed-hosts", multiple=True,
+                  help="Host header names served (repeatable or comma list; * turns the check off). Default on "
+                  "loopback: localhost, 127.0.0.1, ::1 and the bound address; elsewhere: not checked. "
+                  "Other names get 421 (DNS-rebinding guard).")
     @click.option("--disable-plugin", multiple=True, help="Do not load this plugin (repeatable).")
     @click.option("--api-key", multiple=True, help="Require this API key on every API route "
                   "(Authorization: Bearer KEY or x-api-key: KEY); repeatable. /health stays open.")
@@ -310,7 +339,12 @@ def build_cli(host: PluginHost) -> click.Group:
                   help="Read API keys from a file, one per line (# comments); repeatable.")
     @click.option("--log-format", type=click.Choice(["text", "json"]), default="text",
                   help="Log lines as text or as one JSON object per line (with request_id).")
-    @click.option("--max-body-size", default="64MiB", help="Largest request body accepted; larger gets 413.")
+    @click.option("--max-body-size", default="32MiB", help="Largest request body accepted; larger gets 413.")
+    @click.option("--max-connections", type=click.IntRange(min=1), default=None,
+                  help="Open client connections at most; past it a new one closes the oldest idle one. "
+                  "Default: 1024, or fewer under a lower open-file limit.")
+    @click.option("--header-timeout", type=click.FloatRange(min=0, min_open=True), default=10.0,
+                  help="Seconds a new connection may take to send its request headers before it is closed.")
     @click.option("--max-image-bytes", default="20MiB",
                   help="Largest image (encoded) a request may send or make the server fetch; larger gets 400.")
     @click.option("--image-fetch-timeout", type=click.FloatRange(min=0, min_open=True), default=10.0,
@@ -432,6 +466,9 @@ def build_cli(host: PluginHost) -> click.Group:
             opts["api_keys"] = read_keys(opts.pop("api_key"), opts.pop("api_key_file"))
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--api-key-file") from None
+        from mlxrt.api.edge import parse_hosts
+
+        opts["allowed_hosts"] = parse_hosts(opts["allowed_hosts"])
         try:
             opts["max_body_bytes"] = parse_size(opts.pop("max_body_size"))
         except ValueError as exc:
@@ -456,7 +493,7 @@ def build_cli(host: PluginHost) -> click.Group:
     from mlxrt.launch import register as register_launch
 
     register_launch(cli)
-    for _plugin, _none in host.collect("mlxrt_register_commands", cli=cli):
+    for _plugin, _none in host.collect_at_start("mlxrt_register_commands", cli=cli):
         pass
     return cli
 

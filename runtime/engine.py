@@ -40,7 +40,7 @@ import attrs
 
 from mlxrt.adapters import AdapterRegistry, adapter_id_for
 from mlxrt.detokenize import Detokenizer
-from mlxrt.errors import EngineError, MlxrtError, QueueFull
+from mlxrt.errors import EngineError, MlxrtError, QueueFull, ShuttingDown
 from mlxrt.kv_quant import KVScheme, QuantizingModel, resolve_kv_scheme
 from mlxrt.lanes import BatchLane, Job, Row, SerialLane, batchable
 from mlxrt.loading import load_model
@@ -160,6 +160,17 @@ def _snapshots_from(model: Any) -> int | None:
         return snapshots_from(make_prompt_cache(model))
     except Exception:  # a model outside mlx-lm's cache protocol: nothing is cached for it anyway
         return None
+
+
+def _shutting_down() -> ShuttingDown:
+    return ShuttingDown("the server is shutting down; retry on another instance or after it restarts")
+
+
+def _end_by(job: Job, until: float) -> None:
+    """Make ``job`` end with :class:`ShuttingDown` at ``until`` unless it finishes before."""
+    job.deadline_error = _shutting_down()  # before the deadline: the worker reads them in that order
+    if job.deadline is None or job.deadline > until:
+        job.deadline = until
 
 
 def _active_memory() -> int | None:
@@ -318,6 +329,7 @@ class Engine:
         self._thread: threading.Thread | None = None
         self._lock = threading.Lock()
         self._queued = 0  # submitted, not yet admitted or dropped (guarded by _lock)
+        self._drain_until: float | None = None  # set once by drain() (shutdown)
         self._outboxes: dict[asyncio.AbstractEventLoop, _Outbox] = {}  # one per event loop
         # Worker-only state.
         self._waiting: collections.deque[Job] = collections.deque()
@@ -414,6 +426,8 @@ class Engine:
         if self._thread is None:
             raise EngineError("the engine has no model loaded")
         with self._lock:
+            if self._drain_until is not None:
+                raise _shutting_down()
             if self._queue_is_full():
                 self.requests_rejected += 1
                 raise QueueFull(
@@ -440,6 +454,26 @@ class Engine:
         job.deliver = lambda item: outbox.put(handle, item)
         self._inbox.put(job)
         return handle
+
+    def drain(self, grace: float) -> None:
+        """Shutdown began: refuse new and waiting requests (503 :class:`ShuttingDown`) and give
+        running ones ``grace`` seconds, after which each ends with that error (a stream's error
+        frame). Called once, on the event loop, by the server's shutdown."""
+        with self._lock:
+            if self._drain_until is not None:
+                return
+            self._drain_until = time.monotonic() + grace
+        for row in list(self._running):  # a row admitted after this sees _drain_until in _admit
+            _end_by(row.job, self._drain_until)
+        # Waiting requests are answered from here, not by the worker: in the serial lane it is
+        # busy with the running request for up to `grace`. Cancelled, the worker drops them.
+        with self._inbox.mutex:
+            waiting = [item for item in self._inbox.queue if isinstance(item, Job)]
+        for job in [*waiting, *list(self._waiting)]:  # list(deque) copies without yielding the GIL
+            if not job.cancelled.is_set():
+                job.deliver(_shutting_down())
+                job.cancelled.set()
+        self._inbox.put(_WAKE)
 
     def _queue_is_full(self) -> bool:
         # Only requests beyond the lane's free rows wait, so only those count against
@@ -680,6 +714,10 @@ class Engine:
             if job.cancelled.is_set():
                 self._dequeue(job)
                 self.requests_cancelled += 1
+            elif self._drain_until is not None:
+                self._dequeue(job)
+                self.requests_rejected += 1
+                job.deliver(_shutting_down())
             elif job.deadline is not None and now > job.deadline:
                 self._dequeue(job)
                 self.requests_rejected += 1
@@ -720,6 +758,8 @@ class Engine:
                 continue
             self._running.append(row)
             self._reserved += job.need
+            if self._drain_until is not None:  # drain() ran while this row was being prepared
+                _end_by(job, self._drain_until)
             if not serial:
                 self._batch.add(row)
             else:

@@ -18,6 +18,7 @@ __all__ = [
     "ModelLoadError",
     "PluginError",
     "EngineError",
+    "ShuttingDown",
 ]
 
 
@@ -116,3 +117,15 @@ class PluginError(MlxrtError):
         self.plugin = plugin
         self.hook = hook
         self.cause = cause
+
+
+class ShuttingDown(MlxrtError):
+    """The server is shutting down (SIGTERM): a waiting request is refused at once, a running
+    one that does not finish within ``--shutdown-grace`` is ended with this error (503)."""
+
+    status = 503
+    type = "service_unavailable"
+
+    def __init__(self, message: str) -> None:
+        super().__init__(message, code="shutting_down")
+        self.retry_after = 1  # another instance (or this one, restarted) can take the retry

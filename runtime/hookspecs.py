@@ -295,9 +295,15 @@ def mlxrt_routes(host: PluginHost) -> Sequence[Any]:
         handlers through it.
     :returns: A list of Litestar ``ControllerRouterHandler`` objects. Tag a handler with
         ``opt={"dialect": "<name>"}`` so errors it raises render in that dialect's shape.
+        The edge checks (``mlxrt.api.edge``) treat a POST/PUT/PATCH as a JSON route (415
+        unless ``Content-Type`` is JSON; ``opt={"json_body": False}`` opts out) and every
+        non-GET route but a dialect's POST as state-changing (refused from other origins on a
+        key-less server; ``opt={"state_changing": False}`` opts out, ``True`` opts a GET in).
 
     Called once when the app is built, on the event loop's thread. Results are concatenated;
-    a route whose path and method another plugin already claimed is reported and skipped.
+    a route whose path and method another plugin already claimed is reported and skipped. A
+    plugin whose implementation raises is marked failed and the server starts without it
+    (``MLXRT_STRICT_PLUGINS=1``: a start-up error).
 
     .. versionadded:: 0.1
     """
@@ -350,7 +356,9 @@ def mlxrt_startup(host: PluginHost) -> Any:
     :param host: The plugin host.
     :returns: ``None`` or an awaitable, which the server awaits.
 
-    Called once in the app's lifespan, on the event loop.
+    Called once in the app's lifespan, on the event loop. A plugin that raises here (or whose
+    awaitable raises) is marked failed (``/stats``), its hooks stop running and its routes
+    answer 503; the server starts without it (``MLXRT_STRICT_PLUGINS=1``: a start-up error).
 
     .. versionadded:: 0.1
     """
@@ -363,7 +371,9 @@ def mlxrt_shutdown(host: PluginHost) -> Any:
     :param host: The plugin host.
     :returns: ``None`` or an awaitable, which the server awaits.
 
-    Called once in the app's lifespan, on the event loop.
+    Called once in the app's lifespan, on the event loop. A plugin that raises here (or whose
+    awaitable raises) is marked failed (``/stats``), its hooks stop running and its routes
+    answer 503; the server starts without it (``MLXRT_STRICT_PLUGINS=1``: a start-up error).
 
     .. versionadded:: 0.1
     """

@@ -68,6 +68,7 @@ class PluginHost:
     :ivar route_conflicts: Routes skipped because another plugin claimed them first.
     :ivar field_claims: Request fields claimed by plugins, per dialect (see ``mlxrt_request_fields``).
     :ivar plugin_states: What plugins keep for the host's lifetime (see :meth:`plugin_state`).
+    :ivar strict: ``MLXRT_STRICT_PLUGINS=1``: a plugin failure is an error, not a skipped plugin.
     """
 
     pm: pluggy.PluginManager
@@ -78,6 +79,7 @@ class PluginHost:
     route_conflicts: list[str] = attrs.field(factory=list)
     field_claims: dict[str, dict[str, type]] = attrs.field(factory=dict)
     plugin_states: dict[str, Any] = attrs.field(factory=dict)
+    strict: bool = False
     _state_lock: threading.Lock = attrs.field(factory=threading.Lock, repr=False)
 
     def plugin_state(self, name: str, make: Callable[[], Any]) -> Any:
@@ -188,6 +190,37 @@ class PluginHost:
             except Exception as exc:  # plugin boundary
                 log.warning("%s", PluginError(impl.plugin_name, hook_name, exc).message)
 
+    def collect_at_start(self, hook_name: str, **kwargs: Any) -> list[tuple[str, Any]]:
+        """:meth:`collect` for the hooks called while the server starts (routes, start-up,
+        serve options, commands): a plugin whose implementation raises is marked failed
+        (:meth:`fail_at_start`) and left out, so the server starts without it."""
+        out: list[tuple[str, Any]] = []
+        for impl in reversed(getattr(self.pm.hook, hook_name).get_hookimpls()):
+            try:
+                value = _call(impl, hook_name, kwargs)
+            except MlxrtError as exc:
+                self.fail_at_start(impl.plugin_name, hook_name, exc)
+                continue
+            if isinstance(value, (list, tuple)):
+                out.extend((impl.plugin_name, item) for item in value)
+            elif value is not None:
+                out.append((impl.plugin_name, value))
+        return out
+
+    def fail_at_start(self, name: str, hook_name: str, exc: BaseException) -> None:
+        """Plugin ``name`` raised in a start-time hook: record it failed (``mlxrt plugins``,
+        ``/stats``) and unregister it, so none of its hooks runs again. Under
+        ``MLXRT_STRICT_PLUGINS=1`` the failure is raised as a :class:`PluginError` instead."""
+        error = exc if isinstance(exc, PluginError) else PluginError(name, hook_name, exc)
+        if self.strict:
+            raise error
+        log.error("plugin %s failed at start and is skipped: %s", name, error.message)
+        record = self.records.get(name)
+        if record is not None:
+            self.records[name] = attrs.evolve(record, status="failed", error=error.message)
+        if self.pm.get_plugin(name) is not None:
+            self.pm.unregister(name=name)
+
     def _answers(self, hook_name: str, kwargs: dict[str, Any]) -> Iterator[tuple[str, Any]]:
         """Each implementation's answer, lazily, in pluggy's call order (last registered first).
 
@@ -197,13 +230,17 @@ class PluginHost:
         """
         caller = getattr(self.pm.hook, hook_name)
         for impl in reversed(caller.get_hookimpls()):
-            try:
-                value = impl.function(**{arg: kwargs[arg] for arg in impl.argnames})
-            except MlxrtError:
-                raise
-            except Exception as exc:  # plugin boundary
-                raise PluginError(impl.plugin_name, hook_name, exc) from exc
-            yield impl.plugin_name, value
+            yield impl.plugin_name, _call(impl, hook_name, kwargs)
+
+
+def _call(impl: Any, hook_name: str, kwargs: dict[str, Any]) -> Any:
+    """One implementation of ``hook_name`` with the arguments it names; see ``_answers``."""
+    try:
+        return impl.function(**{arg: kwargs[arg] for arg in impl.argnames})
+    except MlxrtError:
+        raise
+    except Exception as exc:  # plugin boundary
+        raise PluginError(impl.plugin_name, hook_name, exc) from exc
 
 
 def _kind_of(plugin: object, hooks: Iterable[str]) -> str:
@@ -258,12 +295,12 @@ def make_host(
     """
     pm = pluggy.PluginManager(hookspecs.PROJECT)
     pm.add_hookspecs(hookspecs)
-    host = PluginHost(pm=pm, options=dict(options or {}))
+    strict = os.environ.get("MLXRT_STRICT_PLUGINS") == "1"
+    host = PluginHost(pm=pm, options=dict(options or {}), strict=strict)
     blocked = set(disable) | set(_env_list("MLXRT_DISABLE_PLUGINS") or ())
     env_only = _env_list("MLXRT_LOAD_PLUGINS")
     if only is None and env_only is not None:
         only = env_only
-    strict = os.environ.get("MLXRT_STRICT_PLUGINS") == "1"
     if os.environ.get("MLXRT_TRACE_HOOKS") == "1":
         pm.add_hookcall_monitoring(
             lambda name, impls, kw: log.debug("hook %s → %s", name, [i.plugin_name for i in impls]),

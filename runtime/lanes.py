@@ -73,6 +73,8 @@ class Job:
     deadline: float | None = None
     #: Tokens of prompt-cache snapshots the row may keep while it runs (admission counts them).
     snapshot_tokens: int = 0
+    #: What a job past its deadline ends with, when not the request timeout (shutdown).
+    deadline_error: MlxrtError | None = None
 
     @property
     def need(self) -> int:
@@ -134,7 +136,7 @@ class Row:
         if self.job.cancelled.is_set():
             return FinishReason.CANCELLED
         if self.job.deadline is not None and time.monotonic() > self.job.deadline:
-            self.error = RequestTimeout(self.timeout or 0.0)
+            self.error = self.job.deadline_error or RequestTimeout(self.timeout or 0.0)
             return FinishReason.CANCELLED
         return None
 
@@ -432,7 +434,7 @@ class BatchLane:
         for uid in gone:
             row = self.rows[uid]
             if not row.job.cancelled.is_set():
-                row.error = RequestTimeout(row.timeout or 0.0)
+                row.error = row.job.deadline_error or RequestTimeout(row.timeout or 0.0)
             row.ending = FinishReason.CANCELLED
         if gone:
             self._remove(gone)

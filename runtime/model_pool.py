@@ -217,6 +217,13 @@ class ModelPool:
             self._reaper.cancel()
             self._reaper = None
 
+    def drain(self, grace: float) -> None:
+        """Shutdown began: every resident engine refuses waiting requests (503) and ends its
+        running ones after ``grace`` seconds (:meth:`mlxrt.engine.Engine.drain`)."""
+        for slot in list(self._slots.values()):
+            if slot.engine is not None:
+                slot.engine.drain(grace)
+
     def stop(self) -> None:
         """Stop every resident engine."""
         for slot in self._slots.values():

@@ -19,11 +19,14 @@ from typing import Any
 import numpy as np
 
 __all__ = ["FORMAT", "DTYPES", "fingerprint_folder", "model_fingerprint", "compact_state", "signature",
-           "host_copy", "write_safetensors", "read_metadata"]
+           "host_copy", "write_safetensors", "read_metadata", "private_folder", "PRIVATE_FILE"]
 
 #: Bumped when the file layout changes: files of another format are another fingerprint.
 FORMAT = 1
 _SAMPLE = 1 << 20
+#: Entries hold token ids that decode to whole prompts: only the server's user may read them.
+PRIVATE_FILE = 0o600
+_PRIVATE_FOLDER = 0o700
 _WEIGHTS = (".safetensors", ".npz", ".gguf", ".bin")
 #: MLX dtype names → safetensors dtype tags.
 DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "int32": "I32", "uint32": "U32",
@@ -100,7 +103,9 @@ def write_safetensors(path: Path, arrays: dict[str, tuple[str, np.ndarray]], met
     raw += b" " * (-len(raw) % 8)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
-        with tmp.open("wb") as f:
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_FILE)
+        os.fchmod(fd, PRIVATE_FILE)  # a leftover temporary file keeps its old mode through O_CREAT
+        with os.fdopen(fd, "wb") as f:
             f.write(struct.pack("<Q", len(raw)) + raw)
             for _dtype, array in arrays.values():
                 f.write(np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<"), copy=False).tobytes())
@@ -127,3 +132,17 @@ def read_metadata(path: Path) -> dict[str, str]:
     if not isinstance(meta, dict):
         raise ValueError("no mlxrt prompt-cache metadata")
     return meta
+
+
+def private_folder(root: str | os.PathLike, name: str) -> Path:
+    """``root/name``, made 0700: ``name`` is ours and is tightened even when it exists; the
+    folders up to ``root`` are created 0700 where missing, an existing one is the user's and
+    left as it is."""
+    root = Path(root).expanduser()
+    missing = [p for p in (root, *root.parents) if not p.exists()]
+    for folder in reversed(missing):
+        folder.mkdir(mode=_PRIVATE_FOLDER, exist_ok=True)
+    folder = root / name
+    folder.mkdir(mode=_PRIVATE_FOLDER, exist_ok=True)
+    os.chmod(folder, _PRIVATE_FOLDER)
+    return folder

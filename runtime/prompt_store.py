@@ -46,10 +46,12 @@ import numpy as np
 from mlxrt.prompt_cache import PromptCache, _common_prefix, _token_array
 from mlxrt.prompt_files import (
     DTYPES,
+    PRIVATE_FILE,
     compact_state,
     fingerprint_folder,
     host_copy,
     model_fingerprint,
+    private_folder,
     read_metadata,
     signature,
     write_safetensors,
@@ -96,8 +98,7 @@ class PersistentPromptCache(PromptCache):
                  check_shapes: bool = True, max_entries: int = 10, max_bytes: int = 1 << 62) -> None:
         super().__init__(max_entries=max_entries, max_bytes=max_bytes)
         self.fingerprint = fingerprint
-        self.folder = Path(directory).expanduser() / fingerprint
-        self.folder.mkdir(parents=True, exist_ok=True)
+        self.folder = private_folder(directory, fingerprint)
         self.max_disk_bytes = max_disk_bytes
         self._identity = adapter_identity
         self._signature = [signature(layer) for layer in reference] if check_shapes else None
@@ -152,6 +153,7 @@ class PersistentPromptCache(PromptCache):
             stale.unlink(missing_ok=True)
         for path in sorted(self.folder.glob("*.safetensors")):
             try:
+                os.chmod(path, PRIVATE_FILE)  # entries written before files were made private
                 meta = read_metadata(path)
                 if meta.get("0.mlxrt_fingerprint") != self.fingerprint:
                     raise ValueError(f"it belongs to another model (fingerprint "

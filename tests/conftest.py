@@ -66,7 +66,7 @@ def serve_app():
         # model_fallback: tests send placeholder names ("m"); tests/test_multi_model.py turns it off.
         app = build_server(host, str(model), {"host": "127.0.0.1", "port": 0, "model_fallback": True,
                                               **(options or {})})
-        client = TestClient(app)
+        client = TestClient(app, base_url="http://127.0.0.1")  # a Host the loopback server serves
         client.__enter__()
         clients.append((client, host))
         return client

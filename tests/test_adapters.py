@@ -158,7 +158,7 @@ def test_mount_list_unmount_and_the_errors_that_name_the_problem(lora, serve_app
     assert unknown.status_code == 400
     assert "model.layers.9.self_attn.q_proj: unknown layer key" in unknown.json()["error"]["message"]
     assert mount({"id": "a+b", "path": str(lora["a"])}).status_code == 400
-    assert client.post("/v1/adapters", content=b"{nope").status_code == 400
+    assert client.post("/v1/adapters", content=b"{nope", headers={"content-type": "application/json"}).status_code == 400
 
     assert mount({"id": "a", "path": str(lora["a"])}).status_code == 200
     assert mount({"id": "a", "path": str(lora["a"])}).status_code == 400  # already mounted

@@ -56,5 +56,6 @@ def test_real_server_stream_and_non_stream(tiny_models, server_process):
         assert chunks[-1].choices[0].finish_reason == whole.choices[0].finish_reason
         assert http.get("/health").content == b'{"status": "ok"}'
         # HTTP/1.1 keep-alive: both requests above reused one connection pool.
-        assert http.post("/v1/chat/completions", content=b"{oops").status_code == 400
+        assert http.post("/v1/chat/completions", content=b"{oops",
+                         headers={"content-type": "application/json"}).status_code == 400
         assert client.chat.completions.create(model="m", messages=msg, max_tokens=2).choices

@@ -134,7 +134,7 @@ def reference(model):
     host = make_host()
     app = build_server(host, str(model), {"host": "127.0.0.1", "port": 0})
     try:
-        with TestClient(app) as client:
+        with TestClient(app, base_url="http://127.0.0.1") as client:
             return _outputs(str(client.base_url), client)
     finally:
         host.engine.stop()

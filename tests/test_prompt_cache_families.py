@@ -54,7 +54,7 @@ def servers(checkpoints):
             host = make_host()
             app = build_server(host, str(checkpoints[family]),
                                {"host": "127.0.0.1", "port": 0, "model_fallback": True, **options})
-            client = TestClient(app)
+            client = TestClient(app, base_url="http://127.0.0.1")  # a Host the loopback server serves
             client.__enter__()
             made[key] = (client, host)
         return made[key][0]
@@ -154,7 +154,7 @@ def test_entries_survive_a_restart(checkpoints, family, batch, tmp_path):
     answers = []
     for _run in range(2):
         host = make_host()
-        with TestClient(build_server(host, str(checkpoints[family]), options)) as http:
+        with TestClient(build_server(host, str(checkpoints[family]), options), base_url="http://127.0.0.1") as http:
             answers.append(chat(http, first))
             stats = http.get("/stats").json()["engine"]["prompt_cache"]
         host.engine.stop()  # finishes the queued writes

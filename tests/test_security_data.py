@@ -378,7 +378,7 @@ def batch4(tiny_models, tmp_path_factory):
     host = make_host(extra=[("exploding", Exploding())])
     app = build_server(host, str(tiny_models("qwen3")), {"host": "127.0.0.1", "port": 0, "batch": 4,
                                                            "prompt_cache_size": 0, "model_fallback": True})
-    with TestClient(app) as client:
+    with TestClient(app, base_url="http://127.0.0.1") as client:  # a Host the loopback server serves
         yield client
     host.engine.stop()
 

@@ -6,8 +6,12 @@ import json
 import shutil
 
 
-def test_cors_allows_any_origin_on_loopback(tiny_models, serve_app):
-    client = serve_app(tiny_models("llama"), options={"host": "127.0.0.1"})
+def test_cors_is_off_by_default_and_star_must_be_asked_for(tiny_models, serve_app):
+    # mlx_lm.server answers every origin with *; mlxrt does so only when told (issue 22: any web
+    # page could otherwise read a key-less server's answers).
+    closed = serve_app(tiny_models("llama"), options={"host": "127.0.0.1"})
+    assert "access-control-allow-origin" not in closed.get("/v1/models", headers={"origin": "http://x.test"}).headers
+    client = serve_app(tiny_models("llama"), options={"host": "127.0.0.1", "allowed_origins": "*"})
     resp = client.get("/v1/models", headers={"origin": "http://example.test"})
     assert resp.headers["access-control-allow-origin"] == "*"
     pre = client.options("/v1/chat/completions", headers={

@@ -49,7 +49,7 @@ async def mount_adapter(request: Request) -> dict[str, Any]:
     engine = _engine(request)
     try:
         body = json.loads(await request.body())
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: nested too deeply for the parser
         raise InvalidRequest("invalid JSON body") from None
     if not isinstance(body, dict):
         raise InvalidRequest("the body must be a JSON object {\"id\", \"path\"}")

@@ -8,16 +8,21 @@ from __future__ import annotations
 
 from typing import Any
 
-import anyio
 from litestar import Request, Response, post
 
 from mlxrt.api.app import claimed_fields
-from mlxrt.api.disconnect import closing_on_error, drain_until_disconnect, start_generation
+from mlxrt.api.disconnect import (
+    closing_on_error,
+    drain_until_disconnect,
+    off_loop,
+    start_generation,
+)
 from mlxrt.api.generation import (
     assembled_stream,
     forced_tool_call,
     guarded,
     plan_generation,
+    refuse_overlong_text,
     response_headers,
     turn_observer,
 )
@@ -64,10 +69,11 @@ def _prepare_sync(host: Any, decoded: DecodedMessages) -> tuple[RenderedPrompt, 
       tags=["anthropic"])
 async def messages(request: Request) -> Response:
     host = _host(request)
-    decoded = decode_messages(parse_json_object(await request.body()), claimed_fields(host, "anthropic"),
-                              strict=bool(host.options.get("strict")))
+    body = parse_json_object(await request.body())
+    decoded = decode_messages(body, claimed_fields(host, "anthropic"), strict=bool(host.options.get("strict")))
     host = await host_for(request, decoded.request.model)
-    rendered, generation = await anyio.to_thread.run_sync(_prepare_sync, host, decoded)
+    await refuse_overlong_text(request, body, host)
+    rendered, generation = await off_loop(request, _prepare_sync, host, decoded)
     engine = host.engine
     model = engine.info.model_id
     assembler = ResponseAssembler(engine.profile, tools=decoded.chat.tools,
@@ -107,7 +113,7 @@ async def count_tokens(request: Request) -> dict[str, int]:
         probe = GenerationRequest(request_id="count", prompt_ids=rendered.ids, max_tokens=1, dialect="anthropic")
         return len(canonicalize(host, probe, "anthropic").prompt_ids)
 
-    return {"input_tokens": await anyio.to_thread.run_sync(count)}
+    return {"input_tokens": await off_loop(request, count)}
 
 
 ROUTES = [messages, count_tokens]

@@ -14,12 +14,16 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
-import anyio
 from litestar import Request, Response, post
 
 from mlxrt.api.app import claimed_fields
-from mlxrt.api.disconnect import closing_on_error, drain_until_disconnect, start_generation
-from mlxrt.api.generation import prepare
+from mlxrt.api.disconnect import (
+    closing_on_error,
+    drain_until_disconnect,
+    off_loop,
+    start_generation,
+)
+from mlxrt.api.generation import prepare, refuse_overlong_text
 from mlxrt.api.models import host_for
 from mlxrt.api.sse import sse_data, sse_response
 from mlxrt.api.wire import parse_json_object
@@ -47,11 +51,12 @@ COMPLETIONS_DEFAULT_MAX_TOKENS = 512
       summary="Create a text completion", tags=["openai"])
 async def completions(request: Request) -> Response:
     host = request.app.state.host
-    decoded = decode_completion(parse_json_object(await request.body()), claimed_fields(host, "openai"),
-                                strict=bool(host.options.get("strict")))
+    body = parse_json_object(await request.body())
+    decoded = decode_completion(body, claimed_fields(host, "openai"), strict=bool(host.options.get("strict")))
     host = await host_for(request, decoded.request.model)
+    await refuse_overlong_text(request, body, host)
     engine = host.engine
-    ids = await anyio.to_thread.run_sync(encode_text, engine.tokenizer, decoded.prompt)
+    ids = await off_loop(request, encode_text, engine.tokenizer, decoded.prompt)
     generation = build_generation(host, decoded.options, ids, request_id=f"cmpl-{uuid.uuid4()}",
                                   default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS)
     await prepare(host, generation)

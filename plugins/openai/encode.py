@@ -173,10 +173,12 @@ def text_completion_chunk(*, id: str, created: int, model: str, text: str, finis
 
 
 def _error_frame(exc: MlxrtError) -> bytes:
-    return sse_data(openai_error_body(exc.status, exc.type, exc.message, exc.param, exc.code))
+    # Then [DONE], as every OpenAI stream ends: clients that wait for it (rather than for the
+    # connection to close) stop reading instead of hanging.
+    return sse_data(openai_error_body(exc.status, exc.type, exc.message, exc.param, exc.code)) + sse_data("[DONE]")
 
 
 def guarded(frames: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """Pass SSE frames through; an error mid-stream becomes an OpenAI error frame, and the
-    stream closes without ``[DONE]`` (:func:`mlxrt.api.generation.guarded`)."""
+    """Pass SSE frames through; an error mid-stream becomes an OpenAI error frame followed by
+    ``[DONE]`` (:func:`mlxrt.api.generation.guarded`)."""
     return generation.guarded(frames, _error_frame)

@@ -9,12 +9,16 @@ from collections.abc import AsyncIterator
 from contextlib import aclosing
 from typing import Any
 
-import anyio
 from litestar import Request, Response, post
 
 from mlxrt.api.app import claimed_fields
-from mlxrt.api.disconnect import closing_on_error, drain_until_disconnect, start_generation
-from mlxrt.api.generation import prepare, turn_observer
+from mlxrt.api.disconnect import (
+    closing_on_error,
+    drain_until_disconnect,
+    off_loop,
+    start_generation,
+)
+from mlxrt.api.generation import prepare, refuse_overlong_text, turn_observer
 from mlxrt.api.models import host_for
 from mlxrt.api.sse import sse_data, sse_response
 from mlxrt.api.wire import parse_json_object
@@ -49,13 +53,12 @@ def _host(request: Request) -> Any:
 
 async def _prepare(request: Request) -> tuple[Any, DecodedChat, RenderedPrompt, GenerationRequest]:
     host = _host(request)
-    decoded = decode_chat(parse_json_object(await request.body()), claimed_fields(host, "openai"),
-                          strict=bool(host.options.get("strict")))
+    body = parse_json_object(await request.body())
+    decoded = decode_chat(body, claimed_fields(host, "openai"), strict=bool(host.options.get("strict")))
     host = await host_for(request, decoded.request.model)
+    await refuse_overlong_text(request, body, host)
     engine = host.engine
-    rendered = await anyio.to_thread.run_sync(
-        render_chat, host, engine.tokenizer, engine.profile, decoded.chat
-    )
+    rendered = await off_loop(request, render_chat, host, engine.tokenizer, engine.profile, decoded.chat)
     gen = build_generation(host, decoded.options, rendered.ids, request_id=f"chatcmpl-{uuid.uuid4()}",
                            default_max_tokens=CHAT_DEFAULT_MAX_TOKENS, tools=decoded.chat.tools)
     gen = rendered_request(gen, rendered)

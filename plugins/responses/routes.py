@@ -7,18 +7,23 @@ import hashlib
 from collections.abc import Mapping
 from typing import Any
 
-import anyio
 from litestar import Request, Response, delete, get, post
 
 from mlxrt.api.app import claimed_fields
 from mlxrt.api.auth import presented_key
-from mlxrt.api.disconnect import closing_on_error, drain_until_disconnect, start_generation
+from mlxrt.api.disconnect import (
+    closing_on_error,
+    drain_until_disconnect,
+    off_loop,
+    start_generation,
+)
 from mlxrt.api.generation import (
     assembled_stream,
     forced_tool_call,
     guarded,
     plan_generation,
     prepare_request,
+    refuse_overlong_text,
     response_headers,
     turn_observer,
 )
@@ -130,12 +135,13 @@ def _reasoning_tokens(engine: Any, reasoning: str) -> int:
       tags=["responses"])
 async def create_response(request: Request) -> Response:
     host = request.app.state.host
-    decoded = decode_response(parse_json_object(await request.body()), claimed_fields(host, "responses"),
-                              strict=bool(host.options.get("strict")))
+    body = parse_json_object(await request.body())
+    decoded = decode_response(body, claimed_fields(host, "responses"), strict=bool(host.options.get("strict")))
     items = _conversation(request, decoded)
     host = await host_for(request, decoded.request.model)
+    await refuse_overlong_text(request, body, host)
     id = new_id("resp")
-    rendered, generation, chat = await anyio.to_thread.run_sync(_prepare_sync, host, decoded, items, id)
+    rendered, generation, chat = await off_loop(request, _prepare_sync, host, decoded, items, id)
     engine = host.engine
     frame = _frame(decoded, id, engine.info.model_id)
     assembler = ResponseAssembler(engine.profile, tools=decoded.tools, starts_in_thinking=rendered.starts_in_thinking,

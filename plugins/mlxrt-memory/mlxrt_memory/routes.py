@@ -35,8 +35,10 @@ def service_of(host: Any) -> MemoryService:
     return service
 
 
+# A GET (EventSource can only GET) that writes the vault: marked state-changing so that, on a
+# key-less server, a page of another origin cannot start a run (mlxrt.api.edge).
 @get("/v1/memory/synthesize", summary="Run the memory-synthesis stages, streamed as server-sent events",
-     tags=["memory"])
+     tags=["memory"], opt={"state_changing": True})
 async def synthesize(request: Request) -> Stream:
     raw = request.query_params.get("dry", "0")
     if raw.lower() not in _FLAGS:
