@@ -598,7 +598,8 @@ class Engine:
         self.prompt_cache = open_prompt_cache(
             cfg.prompt_cache_dir, max_entries=cfg.prompt_cache_size, max_bytes=self.memory.prompt_cache_bytes,
             max_disk_bytes=cfg.prompt_cache_dir_bytes, model_path=self.info.path,
-            models=[model] + ([spec.model] if spec else []), dtype=self.host.options.get("dtype"),
+            models=[model] + ([spec.model] if spec else []),
+            dtype=self.loaded.dtype.cast if self.loaded.dtype is not None else None,
             kv=self.kv.describe() if self.kv is not None else None,
             draft_path=spec.info.path if spec else None, adapters=self.adapters)
         self._snapshots_from = _snapshots_from(model) if self.speculator is None else None
