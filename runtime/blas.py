@@ -54,11 +54,13 @@ _DEBIAN_PATHS = (
 _FALLBACK_ENV = "MLXRT_BLAS_FALLBACK"
 #: What ``MLXRT_BLAS`` may force.
 SOURCES = ("openblas", "mkl", "bundled")
-#: MKL's threading layer unless ``MKL_THREADING_LAYER`` says otherwise. GNU (libgomp) measured
-#: fastest here (2 cores, load ~3): 576×1536 fp32 matmuls at 1 / 8 / 128 rows took 50 / 85 /
-#: 730 µs against 213 / 265 / 1590 µs with SEQUENTIAL; INTEL (libiomp5) matched GNU on large
-#: matmuls but was ~4× slower on the one-row (decode) shape.
-MKL_THREADING_DEFAULT = "GNU"
+#: MKL's threading layer unless ``MKL_THREADING_LAYER`` (or a thread count) says otherwise.
+#: Measured on 2 shared cores (load 4-6), `mlxrt serve` SmolLM2 fp32, lone-stream decode:
+#: SEQUENTIAL 14.6 tok/s, INTEL 13.0, GNU 1.8 (libgomp's spinning workers starve the engine
+#: thread; 13.8 with OMP_WAIT_POLICY=PASSIVE); tiny model: SEQUENTIAL 570 tok/s, GNU 243.
+#: Threads only pay on big prefill matmuls of an idle machine: ask for them with
+#: MKL_NUM_THREADS / OMP_NUM_THREADS (or MKL_THREADING_LAYER).
+MKL_THREADING_DEFAULT = "SEQUENTIAL"
 
 
 @attrs.frozen
@@ -168,17 +170,21 @@ def _load(path: Path) -> None:
 
 
 def _mkl_threading(env: Mapping[str, str]) -> str:
-    """The layer MKL will use: ``MKL_THREADING_LAYER`` when set, else GNU when libgomp loads
-    (MKL aborts at its first call when the layer's runtime is missing), else INTEL (libiomp5,
-    which the ``mkl`` wheel brings through ``intel-openmp``). The thread count stays MKL's own
-    reading of ``MKL_NUM_THREADS`` / ``OMP_NUM_THREADS`` (default: all cores)."""
+    """The layer MKL will use: ``MKL_THREADING_LAYER`` when set; a threaded one when
+    ``MKL_NUM_THREADS`` or ``OMP_NUM_THREADS`` asks for more than one thread (MKL then reads
+    the count itself): GNU when libgomp loads (MKL aborts at its first call when the layer's
+    runtime is missing), else INTEL (libiomp5, which the ``mkl`` wheel brings through
+    ``intel-openmp``); else :data:`MKL_THREADING_DEFAULT`."""
     if env.get("MKL_THREADING_LAYER"):
         return env["MKL_THREADING_LAYER"].upper()
+    counts = [env.get(name, "").strip() for name in ("MKL_NUM_THREADS", "OMP_NUM_THREADS")]
+    if not any(c.isdigit() and int(c) > 1 for c in counts):
+        return MKL_THREADING_DEFAULT
     try:
         ctypes.CDLL("libgomp.so.1")
     except OSError:
         return "INTEL"
-    return MKL_THREADING_DEFAULT
+    return "GNU"
 
 
 def _restart_without_system_blas(reason: str) -> None:

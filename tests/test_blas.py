@@ -67,8 +67,8 @@ def test_openblas_comes_before_mkl_and_mlxrt_blas_forces_either(monkeypatch):
     loaded: list = []
     assert _decide_with(monkeypatch, {}, openblas=ob, mkl=mkl, loaded=loaded).kind == "openblas"
     status = _decide_with(monkeypatch, {}, openblas=None, mkl=mkl, loaded=loaded)
-    assert (status.kind, status.path, status.threading) == ("mkl", str(mkl), "GNU")
-    assert str(status) == f"MKL ({mkl}, GNU threading)" and status.fast
+    assert (status.kind, status.path, status.threading) == ("mkl", str(mkl), "SEQUENTIAL")
+    assert str(status) == f"MKL ({mkl}, SEQUENTIAL threading)" and status.fast
     assert _decide_with(monkeypatch, {"MLXRT_BLAS": "mkl"}, openblas=ob, mkl=mkl, loaded=loaded).kind == "mkl"
     assert _decide_with(monkeypatch, {"MLXRT_BLAS": "openblas"}, openblas=ob, mkl=mkl, loaded=loaded).kind == "openblas"
     assert loaded == [ob, mkl, mkl, ob]
@@ -102,7 +102,12 @@ def test_mkl_threading_layer_follows_the_environment(monkeypatch):
     assert status.threading == "SEQUENTIAL"
     assert blas.os.environ.get("MKL_THREADING_LAYER") is None  # the user's choice is left to MKL as given
     status = _decide_with(monkeypatch, {}, openblas=None, mkl=mkl, loaded=loaded)
-    assert status.threading == "GNU" and blas.os.environ["MKL_THREADING_LAYER"] == "GNU"
+    assert status.threading == "SEQUENTIAL" and blas.os.environ["MKL_THREADING_LAYER"] == "SEQUENTIAL"
+    # a thread count asks for a threaded layer; MKL reads the count itself
+    status = _decide_with(monkeypatch, {"MKL_NUM_THREADS": "2"}, openblas=None, mkl=mkl, loaded=loaded)
+    assert status.threading in ("GNU", "INTEL") and blas.os.environ["MKL_THREADING_LAYER"] == status.threading
+    status = _decide_with(monkeypatch, {"OMP_NUM_THREADS": "1"}, openblas=None, mkl=mkl, loaded=loaded)
+    assert status.threading == "SEQUENTIAL"
 
 
 @needs_blas
@@ -155,13 +160,13 @@ def test_version_names_the_system_blas():
 
 @needs_mkl
 def test_version_names_mkl_when_forced():
-    out = _version(env={"MLXRT_BLAS": "mkl", "MKL_THREADING_LAYER": ""})
-    assert f"BLAS: MKL ({MKL}, GNU threading)" in out
+    out = _version(env={"MLXRT_BLAS": "mkl", "MKL_THREADING_LAYER": "", "MKL_NUM_THREADS": "", "OMP_NUM_THREADS": ""})
+    assert f"BLAS: MKL ({MKL}, SEQUENTIAL threading)" in out
 
 
 @needs_mkl
 def test_version_respects_mkl_threading_layer():
-    assert "SEQUENTIAL threading)" in _version(env={"MLXRT_BLAS": "mkl", "MKL_THREADING_LAYER": "SEQUENTIAL"})
+    assert "INTEL threading)" in _version(env={"MLXRT_BLAS": "mkl", "MKL_THREADING_LAYER": "INTEL"})
 
 
 def test_version_with_no_system_blas_says_bundled():
