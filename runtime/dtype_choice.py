@@ -9,7 +9,7 @@ of these hold, and keeps the stored dtype otherwise:
 * the float32 weights plus the float32 KV cache of one request at the default context
   (:data:`mlxrt.fit.DEFAULT_CONTEXT` tokens, capped at the model's context window) fit in the
   usable memory budget: ``--memory-budget`` (or :func:`mlxrt.fit.machine_budget`, a share of
-  physical memory) less :data:`mlxrt.memory.MARGIN`;
+  physical memory), divided among ``--max-models``, less :data:`mlxrt.memory.MARGIN`;
 * every quantized layer is of a kind mlx-lm can dequantize, and the weights are not loaded
   lazily for ``--distributed`` (casting would read every shard on every rank).
 
@@ -103,9 +103,10 @@ def _gb(n: int) -> str:
 
 
 def choose_dtype(requested: str, model: Any, info: ModelInfo, *, budget: int | None, blas_fast: bool,
-                 blas_name: str, on_cpu: bool, lazy: bool = False) -> DtypeChoice:
+                 blas_name: str, on_cpu: bool, lazy: bool = False, models: int = 1) -> DtypeChoice:
     """What ``--dtype requested`` means for this loaded ``model`` (see the module docstring);
-    ``budget`` is ``--memory-budget`` in bytes (``None``: a share of physical memory)."""
+    ``budget`` is ``--memory-budget`` in bytes (``None``: a share of physical memory), shared by
+    ``models`` resident models (``--max-models``) as the model pool shares it."""
     stored = stored_dtype(model)
     if requested in ("float32", "bfloat16", "float16"):
         return DtypeChoice(requested, stored, requested, f"--dtype {requested}")
@@ -135,7 +136,9 @@ def choose_dtype(requested: str, model: Any, info: ModelInfo, *, budget: int | N
         kv_bytes = 0
     weights = float32_bytes(model)
     source = "--memory-budget" if budget is not None else "a share of RAM"
-    usable = int((budget if budget is not None else machine_budget()) * (1 - MARGIN))
+    if models > 1:
+        source += f" / --max-models {models}"
+    usable = int((budget if budget is not None else machine_budget()) // max(models, 1) * (1 - MARGIN))
     need = f"float32 weights {_gb(weights)} + KV for {ctx} tokens {_gb(kv_bytes)}"
     if weights + kv_bytes > usable:
         return DtypeChoice(requested, stored, None, f"{keep}: {need} exceed {_gb(usable)} ({source})")

@@ -326,7 +326,8 @@ def _choose_dtype(loaded: LoadedModel, info: ModelInfo, host: PluginHost, *, laz
     return choose_dtype(host.options.get("dtype") or "auto", loaded.model, info,
                         budget=parse_size(budget, default_unit="GB") if budget is not None else None,
                         blas_fast=blas.fast, blas_name={"openblas": "OpenBLAS", "mkl": "MKL"}.get(blas.kind, "bundled"),
-                        on_cpu=mx.default_device() == mx.cpu, lazy=lazy)
+                        on_cpu=mx.default_device() == mx.cpu, lazy=lazy,
+                        models=int(host.options.get("max_models") or 1))
 
 
 def load_model(info: ModelInfo, host: PluginHost) -> tuple[LoadedModel, FamilyProfile]:

@@ -53,6 +53,10 @@ def test_auto_casts_to_float32_on_a_cpu_with_a_fast_blas_when_it_fits():
     tight = _choose(model, budget=int(need / 0.9) - 1000)
     assert tight.cast is None and tight.served == "quantized 4-bit"
     assert "exceed" in tight.reason and "(--memory-budget)" in tight.reason
+    # --max-models shares the budget: each model gets its part
+    shared = choose_dtype("auto", model, INFO, budget=int(need / 0.9) + 1000, blas_fast=True, blas_name="MKL",
+                          on_cpu=True, models=2)
+    assert shared.cast is None and "(--memory-budget / --max-models 2)" in shared.reason
 
 
 @pytest.mark.parametrize(("kwargs", "reason"), [
