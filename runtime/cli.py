@@ -32,7 +32,8 @@ log = logging.getLogger("mlxrt")
 #: mlx.core is imported); declared so click accepts it before or after the command name.
 _NO_SYSTEM_BLAS = click.option(
     "--no-system-blas", is_flag=True, expose_value=False,
-    help="Keep the BLAS bundled with MLX instead of loading the system OpenBLAS (env MLXRT_NO_SYSTEM_BLAS=1).")
+    help="Keep the BLAS bundled with MLX instead of loading the system OpenBLAS or MKL "
+    "(env MLXRT_NO_SYSTEM_BLAS=1; MLXRT_BLAS=openblas|mkl|bundled forces one).")
 
 
 def _disabled_from_argv(argv: Sequence[str]) -> list[str]:
@@ -111,11 +112,12 @@ def _serve(host: PluginHost, model: str | None, opts: dict[str, Any]) -> None:
     from mlxrt.blas import current as current_blas
 
     engine = host.engine
+    dtype = getattr(getattr(engine, "loaded", None), "dtype", None)
     click.echo(
         f"mlxrt {mlxrt.__version__} serving {engine.info.model_id} ({engine.info.model_type}, family "
         f"{engine.profile.family}, {engine.lane} lane"
         f"{f', draft model {engine.speculator.info.model_id}' if engine.speculator is not None else ''}, "
-        f"BLAS: {current_blas()}) on "
+        f"BLAS: {current_blas()}{f', dtype: {dtype}' if dtype is not None else ''}) on "
         f"http://{opts['host']}:{opts['port']}",
         err=True,
     )
@@ -433,9 +435,10 @@ def build_cli(host: PluginHost) -> click.Group:
                   default="any", help="mlx.distributed backend to join.")
     @click.option("--distributed-timeout", type=click.FloatRange(min=0, min_open=True), default=10.0,
                   help="Seconds a collective may take before the other ranks count as lost (then 503).")
-    @click.option("--dtype", type=click.Choice(["float32", "bfloat16", "float16"]), default=None,
-                  help="Cast the weights to this dtype at load, dequantizing a quantized checkpoint. "
-                  "float32 is the fast path on a Linux CPU with the system OpenBLAS (docs/performance.md).")
+    @click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16", "stored"]), default="auto",
+                  help="Cast the weights to this dtype at load, dequantizing a quantized checkpoint; stored keeps "
+                  "the checkpoint's. auto: float32 on a CPU with a fast BLAS (system OpenBLAS or MKL) when it fits "
+                  "the memory budget, else stored (docs/performance.md).")
     @click.option("--max-models", type=click.IntRange(min=1), default=1,
                   help="Models resident at once; a request for another local model loads it, evicting the "
                   "least recently used idle one (docs/operators.md#several-models).")

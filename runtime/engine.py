@@ -632,7 +632,8 @@ class Engine:
         self.prompt_cache = open_prompt_cache(
             cfg.prompt_cache_dir, max_entries=cfg.prompt_cache_size, max_bytes=self.memory.prompt_cache_bytes,
             max_disk_bytes=cfg.prompt_cache_dir_bytes, model_path=self.info.path,
-            models=[model] + ([spec.model] if spec else []), dtype=self.host.options.get("dtype"),
+            models=[model] + ([spec.model] if spec else []),
+            dtype=self.loaded.dtype.cast if self.loaded.dtype is not None else None,
             kv=self.kv.describe() if self.kv is not None else None,
             draft_path=spec.info.path if spec else None, adapters=self.adapters)
         self._snapshots_from = _snapshots_from(model) if self.speculator is None else None
@@ -751,6 +752,10 @@ class Engine:
                     return
             elif self._running:
                 return
+            # A lone stream decodes in the serial lane's tight loop (mlx-lm's batch generator costs
+            # a single row up to a third of its speed) and joins the batch when another arrives.
+            # Not with logits processors: their state (a grammar) has seen the token the batch refeeds.
+            lone = not serial and not self._running and len(self._waiting) == 1
             self._waiting.popleft()
             self._dequeue(job)
             row = self._prepare(job)
@@ -760,20 +765,28 @@ class Engine:
             self._reserved += job.need
             if self._drain_until is not None:  # drain() ran while this row was being prepared
                 _end_by(job, self._drain_until)
-            if not serial:
+            if lone and not row.processors:
+                if self._run_serial(row, handoff=self._work_arrived):
+                    self._batch.resume(row)
+            elif not serial:
                 self._batch.add(row)
             else:
                 self._run_serial(row)
 
-    def _run_serial(self, row: Row) -> None:
+    def _work_arrived(self) -> bool:
+        return not self._inbox.empty()
+
+    def _run_serial(self, row: Row, handoff: Callable[[], bool] | None = None) -> bool:
+        """Run ``row`` in the serial lane; True when it stopped early for the batch (``handoff``)."""
         try:
             with self.adapters.select(row.adapters):
-                self._serial.run(row)
+                return bool(self._serial.run(row, handoff=handoff) if handoff is not None else self._serial.run(row))
         except MlxrtError as exc:
             self._abandon(row, exc)
         except Exception as exc:  # keep serving: one failed generation must not kill the worker
             log.exception("generation %s failed", row.request.request_id)
             self._abandon(row, EngineError(f"generation failed: {type(exc).__name__}: {exc}"))
+        return False
 
     def _fail_batch(self, exc: Exception) -> None:
         log.exception("batch step failed; failing its %d rows", len(self._batch.rows))

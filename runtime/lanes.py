@@ -266,10 +266,14 @@ class SerialLane:
         #: A :class:`mlxrt.speculative.Speculator` (``--draft-model``): caches are combined.
         self.speculator = speculator
 
-    def run(self, row: Row) -> None:
+    def run(self, row: Row, handoff: Callable[[], bool] | None = None) -> bool:
+        """Generate ``row`` to its end, or, when ``handoff()`` turns true between two tokens
+        (another request arrived), stop early and return True with ``row.cache`` holding the
+        prompt and every generated token but the last: :meth:`BatchLane.resume` goes on from
+        there. ``--batch N`` runs a lone stream this way, at the serial lane's speed."""
         import mlx.core as mx
         from mlx_lm.generate import generate_step
-        from mlx_lm.models.cache import make_prompt_cache
+        from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 
         prompt = list(row.request.prompt_ids)
         spec = self.speculator
@@ -285,6 +289,9 @@ class SerialLane:
             self._prefill(prompt[start:points[0]], cache)
             start = points[0]
             row.snapshots.append((prompt[:start], copy.deepcopy(cache)))
+        handed = False
+        if handoff is not None and (spec is not None or not can_trim_prompt_cache(cache)):
+            handoff = None
         vision = row.request.vision  # an image prompt: prefilled from its embeddings, never cached
         fed = list(vision.feed_ids or vision.ids) if vision is not None else prompt[start:]
         step_size = self.prefill_step_size
@@ -323,13 +330,25 @@ class SerialLane:
                     if stop is not None:
                         reason = stop
                         break
+                    if handoff is not None and len(row.generated) < row.request.max_tokens and handoff():
+                        handed = True
+                        break
                 steps.close()  # the speculative loop rewinds rejected drafts when it closes
+        if handed:
+            # generate_step already fed the last token and sampled the next (its step is queued):
+            # drop that token from the cache and that draw from a seeded sampler, so that the batch
+            # feeds the token again and draws the same next one.
+            trim_prompt_cache(cache, 1)
+            getattr(row.sampler, "rewind", lambda n: None)(1)
+            row.cache = cache
+            return True
         self.served += 1
         if spec is not None and vision is None:
             cache, held = spec.align(cache, prompt + row.generated)
         else:
             held = _cache_tokens(cache, prompt + row.generated)
         self.done(row, reason, cache, held)
+        return False
 
     def _prefill(self, tokens: list[int], cache: list[Any]) -> None:
         """Run ``tokens`` into ``cache`` in chunks, as ``generate_step`` prefills."""
@@ -395,6 +414,23 @@ class BatchLane:
         if points:
             self._snapshots[uid] = set(points)
         row.cache = None  # the generator owns it now
+        row.uid = uid
+        self.rows[uid] = row
+
+    def resume(self, row: Row) -> None:
+        """Take over a row the serial lane started (see :meth:`SerialLane.run`'s ``handoff``):
+        its cache holds the prompt and all generated tokens but the last, which is fed next."""
+        isolate(row)  # from here a failing sampler must end this row only, as for add()
+        prompt = list(row.request.prompt_ids)
+        (uid,) = self._gen.insert(
+            prompts=[row.generated[-1:]],
+            max_tokens=[row.request.max_tokens - len(row.generated)],
+            caches=[row.cache],
+            all_tokens=[prompt + row.generated[:-1]],
+            samplers=[row.sampler],
+            logits_processors=[row.processors],
+        )
+        row.cache = None
         row.uid = uid
         self.rows[uid] = row
 

@@ -250,8 +250,8 @@ def cast_weights(model: Any, dtype: str, *, model_id: str = "model") -> None:
     """``--dtype``: dequantize ``model``'s quantized layers, then cast every floating weight
     to ``dtype`` (``float32``, ``bfloat16`` or ``float16``), in place.
 
-    On a Linux CPU with the system OpenBLAS, float32 is the fast path: only fp32 matmuls go
-    through BLAS (docs/performance.md).
+    On a Linux CPU with a fast BLAS (system OpenBLAS or MKL), float32 is the fast path: only
+    fp32 matmuls go through BLAS (docs/performance.md); ``--dtype auto`` picks it there.
 
     :raises ModelLoadError: A quantized layer mlx-lm cannot dequantize is left.
     """
@@ -298,15 +298,36 @@ def resolve_profile(info: ModelInfo, host: PluginHost) -> FamilyProfile:
 
 
 def load_weights(info: ModelInfo, host: PluginHost) -> tuple[LoadedModel, str | None]:
-    """The model and tokenizer through the family hooks (mlx-lm when none answers), cast to
-    ``--dtype``; with the name of the plugin that loaded it (``None``: mlx-lm)."""
+    """The model and tokenizer through the family hooks (mlx-lm when none answers), cast as
+    ``--dtype`` says (default ``auto``, :mod:`mlxrt.dtype_choice`); with the name of the plugin
+    that loaded it (``None``: mlx-lm)."""
     plugin, loaded = host.first_answer("mlxrt_load_model", info=info, host=host)
+    lazy = bool(host.options.get("distributed"))
     if loaded is None:
-        loaded = mlx_lm_load(info, trust_remote_code=bool(host.options.get("trust_remote_code")),
-                             lazy=bool(host.options.get("distributed")))
-    if host.options.get("dtype"):
-        cast_weights(loaded.model, host.options["dtype"], model_id=info.model_id)
-    return loaded, plugin
+        loaded = mlx_lm_load(info, trust_remote_code=bool(host.options.get("trust_remote_code")), lazy=lazy)
+    choice = _choose_dtype(loaded, info, host, lazy=lazy)
+    if choice is not None and choice.cast:
+        cast_weights(loaded.model, choice.cast, model_id=info.model_id)
+    return attrs.evolve(loaded, dtype=choice), plugin
+
+
+def _choose_dtype(loaded: LoadedModel, info: ModelInfo, host: PluginHost, *, lazy: bool) -> Any:
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    from mlxrt.blas import current
+    from mlxrt.dtype_choice import choose_dtype
+    from mlxrt.memory import parse_size
+
+    if not isinstance(loaded.model, nn.Module):  # a plugin's own model object: nothing to cast
+        return None
+    budget = host.options.get("memory_budget")
+    blas = current()
+    return choose_dtype(host.options.get("dtype") or "auto", loaded.model, info,
+                        budget=parse_size(budget, default_unit="GB") if budget is not None else None,
+                        blas_fast=blas.fast, blas_name={"openblas": "OpenBLAS", "mkl": "MKL"}.get(blas.kind, "bundled"),
+                        on_cpu=mx.default_device() == mx.cpu, lazy=lazy,
+                        models=int(host.options.get("max_models") or 1))
 
 
 def load_model(info: ModelInfo, host: PluginHost) -> tuple[LoadedModel, FamilyProfile]:

@@ -105,12 +105,15 @@ class LoadedModel:
         decode token by token. A ``denoising`` model must supply ``denoiser``; the engine runs it
         on the serial lane (:mod:`mlxrt.denoising_lane`), with no prompt cache and no batching.
     :ivar denoiser: The generator of a ``denoising`` model (see :class:`Denoiser`).
+    :ivar dtype: Set by the runtime after the load, not by plugins: the dtype the weights are
+        served in and why (a :class:`mlxrt.dtype_choice.DtypeChoice`; ``--dtype``).
     """
 
     model: Any
     tokenizer: Any
     engine: str = "autoregressive"
     denoiser: Denoiser | None = None
+    dtype: Any = None
 
 
 class ThinkingKind(enum.StrEnum):

@@ -71,7 +71,13 @@ def seeded(sampler: Sampler, seed: int) -> Sampler:
         step += 1
         return sampler(logprobs)
 
+    def rewind(n: int) -> None:
+        """Forget the last ``n`` draws (a lane that discards sampled tokens redraws them)."""
+        nonlocal step
+        step -= n
+
     sample.inner = sampler  # type: ignore[attr-defined]  # what it wraps (speculative decoding asks)
+    sample.rewind = rewind  # type: ignore[attr-defined]
     return sample
 
 

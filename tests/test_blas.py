@@ -16,6 +16,8 @@ from mlxrt.testing import write_tiny_checkpoint
 SYSTEM_BLAS = blas.find_system_blas(environ={})
 needs_blas = pytest.mark.skipif(SYSTEM_BLAS is None or sys.platform != "linux",
                                 reason="no system OpenBLAS (apt-get install libopenblas0-pthread)")
+MKL = blas.find_mkl()
+needs_mkl = pytest.mark.skipif(MKL is None or sys.platform != "linux", reason="no MKL (pip install 'mlxrt[mkl]')")
 
 
 def _version(*args: str, env: dict[str, str] | None = None) -> str:
@@ -33,6 +35,79 @@ def test_candidates_follow_the_override_then_the_debian_paths():
     assert "/usr/lib/aarch64-linux-gnu/openblas-pthread/libopenblas.so.0" in paths
     assert "/usr/lib/aarch64-linux-gnu/openblas-pthread/libblas.so.3" in paths
     assert str(blas.find_system_blas({"MLXRT_BLAS_PATH": "/nowhere/libx.so"})) == "/nowhere/libx.so"
+
+
+def test_mkl_is_found_in_the_environment_lib_folder(tmp_path):
+    empty, lib = tmp_path / "empty", tmp_path / "lib"
+    empty.mkdir()
+    lib.mkdir()
+    for name in ("libmkl_rt.so.2", "libmkl_rt.so.3", "libmkl_core.so.3"):
+        (lib / name).write_bytes(b"")
+    assert blas.find_mkl([empty, lib]) == lib / "libmkl_rt.so.3"
+    assert blas.find_mkl([empty]) is None
+
+
+def _decide_with(monkeypatch, env, *, openblas, mkl, loaded):
+    """activate() with the libraries faked: which one it loads and what it reports."""
+    monkeypatch.setattr(blas, "_status", None)
+    monkeypatch.setattr(blas, "_mlx_imported", lambda: False)
+    monkeypatch.setattr(blas, "find_system_blas", lambda environ: openblas)
+    monkeypatch.setattr(blas, "find_mkl", lambda: mkl)
+    monkeypatch.setattr(blas, "_load", loaded.append)
+    monkeypatch.setattr(blas, "matmul_matches", lambda: True)
+    monkeypatch.setenv("MKL_THREADING_LAYER", "")  # so that monkeypatch restores what activate() sets
+    monkeypatch.delenv("MKL_THREADING_LAYER")
+    return blas.activate([], env)
+
+
+def test_openblas_comes_before_mkl_and_mlxrt_blas_forces_either(monkeypatch):
+    from pathlib import Path
+
+    ob, mkl = Path("/usr/lib/x/libopenblas.so.0"), Path("/venv/lib/libmkl_rt.so.3")
+    loaded: list = []
+    assert _decide_with(monkeypatch, {}, openblas=ob, mkl=mkl, loaded=loaded).kind == "openblas"
+    status = _decide_with(monkeypatch, {}, openblas=None, mkl=mkl, loaded=loaded)
+    assert (status.kind, status.path, status.threading) == ("mkl", str(mkl), "SEQUENTIAL")
+    assert str(status) == f"MKL ({mkl}, SEQUENTIAL threading)" and status.fast
+    assert _decide_with(monkeypatch, {"MLXRT_BLAS": "mkl"}, openblas=ob, mkl=mkl, loaded=loaded).kind == "mkl"
+    assert _decide_with(monkeypatch, {"MLXRT_BLAS": "openblas"}, openblas=ob, mkl=mkl, loaded=loaded).kind == "openblas"
+    assert loaded == [ob, mkl, mkl, ob]
+    bundled = _decide_with(monkeypatch, {"MLXRT_BLAS": "bundled"}, openblas=ob, mkl=mkl, loaded=loaded)
+    assert str(bundled) == "bundled (MLXRT_BLAS=bundled)" and not bundled.fast
+    assert len(loaded) == 4
+
+
+def test_a_forced_source_that_is_missing_is_reported_not_replaced(monkeypatch):
+    from pathlib import Path
+
+    loaded: list = []
+    ob, mkl = Path("/usr/lib/x/libopenblas.so.0"), Path("/venv/lib/libmkl_rt.so.3")
+    status = _decide_with(monkeypatch, {"MLXRT_BLAS": "mkl"}, openblas=ob, mkl=None, loaded=loaded)
+    assert str(status) == "bundled (MLXRT_BLAS=mkl but no MKL found; pip install 'mlxrt[mkl]')"
+    status = _decide_with(monkeypatch, {"MLXRT_BLAS": "openblas"}, openblas=None, mkl=mkl, loaded=loaded)
+    assert status.kind == "bundled" and "apt-get install libopenblas0-pthread" in status.reason
+    status = _decide_with(monkeypatch, {"MLXRT_BLAS": "fast"}, openblas=ob, mkl=mkl, loaded=loaded)
+    assert status.reason == "MLXRT_BLAS=fast is not one of openblas, mkl, bundled"
+    status = _decide_with(monkeypatch, {}, openblas=None, mkl=None, loaded=loaded)
+    assert "pip install 'mlxrt[mkl]'" in status.reason and "libopenblas0-pthread" in status.reason
+    assert loaded == []
+
+
+def test_mkl_threading_layer_follows_the_environment(monkeypatch):
+    from pathlib import Path
+
+    loaded: list = []
+    mkl = Path("/venv/lib/libmkl_rt.so.3")
+    status = _decide_with(monkeypatch, {"MKL_THREADING_LAYER": "sequential"}, openblas=None, mkl=mkl, loaded=loaded)
+    assert status.threading == "SEQUENTIAL"
+    assert blas.os.environ.get("MKL_THREADING_LAYER") is None  # the user's choice is left to MKL as given
+    status = _decide_with(monkeypatch, {}, openblas=None, mkl=mkl, loaded=loaded)
+    assert status.threading == "SEQUENTIAL" and blas.os.environ["MKL_THREADING_LAYER"] == "SEQUENTIAL"
+    # a thread count asks for a threaded layer; MKL reads the count itself
+    status = _decide_with(monkeypatch, {"MKL_NUM_THREADS": "2"}, openblas=None, mkl=mkl, loaded=loaded)
+    assert status.threading in ("GNU", "INTEL") and blas.os.environ["MKL_THREADING_LAYER"] == status.threading
+    status = _decide_with(monkeypatch, {"OMP_NUM_THREADS": "1"}, openblas=None, mkl=mkl, loaded=loaded)
+    assert status.threading == "SEQUENTIAL"
 
 
 @needs_blas
@@ -81,6 +156,17 @@ def test_no_system_blas_flag_and_env(monkeypatch):
 @needs_blas
 def test_version_names_the_system_blas():
     assert f"BLAS: system OpenBLAS ({SYSTEM_BLAS})" in _version()
+
+
+@needs_mkl
+def test_version_names_mkl_when_forced():
+    out = _version(env={"MLXRT_BLAS": "mkl", "MKL_THREADING_LAYER": "", "MKL_NUM_THREADS": "", "OMP_NUM_THREADS": ""})
+    assert f"BLAS: MKL ({MKL}, SEQUENTIAL threading)" in out
+
+
+@needs_mkl
+def test_version_respects_mkl_threading_layer():
+    assert "INTEL threading)" in _version(env={"MLXRT_BLAS": "mkl", "MKL_THREADING_LAYER": "INTEL"})
 
 
 def test_version_with_no_system_blas_says_bundled():
@@ -132,4 +218,18 @@ def test_served_completion_is_identical_with_and_without_system_blas(tmp_path, s
     assert "BLAS: system OpenBLAS" in log
     bundled = server_process([str(model), "--no-system-blas"])
     assert httpx.get(f"{bundled.url}/stats", timeout=30).json()["blas"]["active"] == "bundled"
+    assert _completion(bundled.url) == tokens
+
+
+@needs_mkl
+def test_served_completion_is_identical_with_mkl_and_bundled(tmp_path, server_process):
+    model = write_tiny_checkpoint(tmp_path / "llama", "llama", dtype="float32")
+    with_mkl = server_process([str(model)], env={"MLXRT_BLAS": "mkl"})
+    stats = httpx.get(f"{with_mkl.url}/stats", timeout=30).json()
+    assert stats["blas"]["active"] == "mkl" and stats["blas"]["path"] == str(MKL)
+    tokens = _completion(with_mkl.url)
+    assert tokens[1] > 4
+    assert "BLAS: MKL (" in with_mkl.stop()
+    bundled = server_process([str(model)], env={"MLXRT_BLAS": "bundled"})
+    assert httpx.get(f"{bundled.url}/stats", timeout=30).json()["blas"]["text"] == "bundled (MLXRT_BLAS=bundled)"
     assert _completion(bundled.url) == tokens
