@@ -7,6 +7,8 @@ with --prompt-cache-dir. Each warm answer is compared with a cold run of the sam
 
 from __future__ import annotations
 
+import time
+
 import pytest
 from support import anthropic_client, openai_client
 
@@ -234,7 +236,14 @@ def test_snapshots_are_entries_counted_in_the_byte_cap(servers, family, stored):
         assert usage.prompt_tokens + MAX_TOKENS < 512
         _again, usage2, _ = chat(http, first)  # reused by trimming the finished cache
         assert cached(usage2) == usage.prompt_tokens - 1
-    stats = http.get("/stats").json()["engine"]["prompt_cache"]
+    # The worker stores a finished request's entries after its last event reaches the client:
+    # wait (briefly) for them rather than race the response (seen once under load).
+    deadline = time.monotonic() + 10
+    while True:
+        stats = http.get("/stats").json()["engine"]["prompt_cache"]
+        if stats["entries"] >= stored or time.monotonic() > deadline:
+            break
+        time.sleep(0.05)
     assert stats["entries"] == stored
     engine = http.app.state.host.engine
     held = engine.call_blocking(lambda _loaded: [e.nbytes for e in engine.prompt_cache._entries])
