@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from mlxrt.errors import InvalidRequest
-from mlxrt.reasoning import prompt_opens_thinking
 from mlxrt.records import FamilyProfile, GenerationRequest
+from mlxrt.text.reasoning import prompt_opens_thinking
 
 if TYPE_CHECKING:
     from mlxrt.host import PluginHost
@@ -103,7 +103,7 @@ def render_chat(host: PluginHost, tokenizer: Any, profile: FamilyProfile, chat: 
         turn_start=turn_start,
     )
     if chat.images:
-        from mlxrt.vision import splice_images
+        from mlxrt.engine.vision import splice_images
 
         vision = splice_images(host, profile, rendered.ids, chat.images)
         rendered = attrs.evolve(rendered, ids=vision.ids, vision=vision)
@@ -132,8 +132,8 @@ def _turn_start(tokenizer: Any, chat: ChatInput, kwargs: Mapping[str, Any], text
 
 def rendered_request(request: GenerationRequest, rendered: RenderedPrompt) -> GenerationRequest:
     """``request`` carrying what rendering learned besides the ids: the spliced images
-    (:func:`mlxrt.vision.with_vision`) and the turn boundary (``turn_start``)."""
-    from mlxrt.vision import with_vision
+    (:func:`mlxrt.engine.vision.with_vision`) and the turn boundary (``turn_start``)."""
+    from mlxrt.engine.vision import with_vision
 
     if rendered.turn_start is not None:
         request = attrs.evolve(request, turn_start=rendered.turn_start)
