@@ -49,6 +49,7 @@ import pluggy
 if TYPE_CHECKING:
     from mlxrt.host import PluginHost
     from mlxrt.records import (
+        ChatInput,
         FinishedTurn,
         GenerationRequest,
         LoadedModel,
@@ -60,7 +61,6 @@ if TYPE_CHECKING:
         ToolStreamMode,
         VisionAdapter,
     )
-    from mlxrt.templating import ChatInput
 
 __all__ = ["hookspec", "PROJECT"]
 

@@ -15,6 +15,7 @@ from typing import Any, Protocol, runtime_checkable
 import attrs
 
 __all__ = [
+    "ChatInput",
     "ModelInfo",
     "LoadedModel",
     "ThinkingFormat",
@@ -333,6 +334,25 @@ class FinishReason(enum.StrEnum):
 
 
 @attrs.frozen
+class ChatInput:
+    """A dialect-neutral chat turn to render.
+
+    :ivar messages: OpenAI-shaped messages (role, content, tool_calls, …), already validated.
+    :ivar tools: OpenAI function tools, or ``None``.
+    :ivar template_kwargs: The client's ``chat_template_kwargs``.
+    :ivar reasoning_effort: The client's ``reasoning_effort``, if given.
+    :ivar images: The messages' images in prompt order (:class:`mlxrt.images.ImageRef`); a
+        message with images has list content where each image is a ``{"type": "image"}`` part.
+    """
+
+    messages: tuple[Mapping[str, Any], ...]
+    tools: tuple[Mapping[str, Any], ...] | None = None
+    template_kwargs: Mapping[str, Any] = attrs.field(factory=dict)
+    reasoning_effort: str | None = None
+    images: tuple[Any, ...] = ()
+
+
+@attrs.frozen
 class GenerationRequest:
     """What a dialect hands the engine: token ids and how to continue them.
 
@@ -485,7 +505,7 @@ class FinishedTurn:
     :ivar request_id: The dialect's response id.
     :ivar model: The served model's id.
     :ivar messages: The conversation the model answered, OpenAI-shaped and dialect-neutral
-        (:attr:`mlxrt.templating.ChatInput.messages`).
+        (:attr:`mlxrt.records.ChatInput.messages`).
     :ivar content: The answer's text (reasoning and tool-call markup removed).
     :ivar reasoning: The answer's reasoning text, if the model reasoned.
     :ivar tool_calls: The tool calls the answer made.

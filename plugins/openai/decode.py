@@ -37,8 +37,8 @@ from mlxrt.plugins.openai.wire import (
     CompletionRequest,
     GenerationFields,
 )
-from mlxrt.records import GenerationRequest, StructuredOutput
-from mlxrt.templating import ChatInput, canonicalize
+from mlxrt.records import ChatInput, GenerationRequest, StructuredOutput
+from mlxrt.templating import canonicalize
 
 __all__ = [
     "DecodedOptions", "DecodedChat", "DecodedCompletion",
