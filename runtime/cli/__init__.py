@@ -206,7 +206,8 @@ def _setup_logging(level: str, fmt: str) -> None:
 def build_server(host: PluginHost, model: str | None, opts: dict[str, Any]) -> Any:
     """Load the model, start the engine and build the app (also used by tests)."""
     from mlxrt.api.app import create_app
-    from mlxrt.engine.engine import Engine, EngineConfig
+    from mlxrt.engine.config import EngineConfig
+    from mlxrt.engine.engine import Engine
     from mlxrt.loading import resolve_model
     from mlxrt.templating import DEFAULT_CHAT_TEMPLATE
 
@@ -251,7 +252,7 @@ def build_server(host: PluginHost, model: str | None, opts: dict[str, Any]) -> A
 def _model_pool(host: PluginHost, model: str | None, source: Any, opts: dict[str, Any], start_engine: Any) -> Any:
     """The models this server may answer with (``--max-models``, ``--model-alias``,
     ``--preload``, ``--strict-model``, ``--idle-unload``); see :mod:`mlxrt.engine.model_pool`."""
-    from mlxrt.engine.engine import EngineConfig
+    from mlxrt.engine.config import EngineConfig
     from mlxrt.engine.model_pool import ModelPool, PoolSettings
     from mlxrt.loading import resolve_model
 

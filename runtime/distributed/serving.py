@@ -36,7 +36,8 @@ from mlxrt.distributed.lockstep import (
     RankLost,
     WorkItem,
 )
-from mlxrt.engine.engine import Engine, EngineConfig
+from mlxrt.engine.config import EngineConfig
+from mlxrt.engine.engine import Engine
 from mlxrt.engine.lanes import Job
 from mlxrt.errors import InvalidRequest, MlxrtError, ModelLoadError
 

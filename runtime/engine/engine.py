@@ -31,7 +31,7 @@ import math
 import queue
 import threading
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -41,6 +41,8 @@ import attrs
 from mlxrt.cache.prompt_cache import PromptCache, snapshots_from
 from mlxrt.cache.prompt_store import open_prompt_cache
 from mlxrt.engine.adapters import AdapterRegistry, adapter_id_for
+from mlxrt.engine.bridge import WAKE, Call, Generation, Outbox
+from mlxrt.engine.config import EngineConfig
 from mlxrt.engine.kv_quant import KVScheme, QuantizingModel, resolve_kv_scheme
 from mlxrt.engine.lanes import BatchLane, Job, Row, SerialLane, batchable
 from mlxrt.engine.memory import MemoryPlan, measure_kv, plan_memory, weight_bytes
@@ -51,12 +53,10 @@ from mlxrt.loading import load_model
 from mlxrt.records import (
     CacheReport,
     FamilyProfile,
-    FinishEvent,
     FinishReason,
     GenerationRequest,
     LoadedModel,
     ModelInfo,
-    TokenEvent,
 )
 from mlxrt.text.detokenize import Detokenizer
 from mlxrt.text.stops import StopMatcher
@@ -64,93 +64,14 @@ from mlxrt.text.stops import StopMatcher
 if TYPE_CHECKING:
     from mlxrt.host import PluginHost
 
-__all__ = ["Engine", "EngineConfig", "Generation"]
+__all__ = ["Engine"]
 
 log = logging.getLogger("mlxrt.engine.engine")
 
-Event = TokenEvent | FinishEvent
 #: Prompt tokens decoded into a cache miss's snippet.
 SNIPPET_TOKENS = 8
 #: Seconds over which ``/stats`` reports tokens per second.
 RATE_WINDOW = 10.0
-
-
-@attrs.frozen
-class EngineConfig:
-    """The engine's knobs (``mlxrt serve`` flags of the same names).
-
-    :ivar batch: Rows decoded together; 1 runs every request in the serial lane.
-    :ivar prompt_concurrency: Newcomers prefilled together in the batch lane.
-    :ivar prefill_step_size: Prompt tokens per prefill chunk.
-    :ivar max_queue: Requests that may wait for admission; past it, 429.
-    :ivar request_timeout: Seconds a request may take from submission to its last token
-        (waiting past it: 429; running past it: 504); ``None`` for no limit.
-    :ivar memory_budget: Bytes the model may use in all, or ``None`` for no budget.
-    :ivar prompt_cache_size: Prompt-cache entries at most (0 disables the cache).
-    :ivar prompt_cache_bytes: Prompt-cache bytes at most; ``None`` sizes it from the budget.
-    :ivar adapter: An adapter folder mounted at start (id: its base name), the default of
-        requests that name none (``--adapter`` / ``--adapter-path``).
-    :ivar adapter_dirs: Folders ``GET /v1/adapters/available`` scans (``--adapter-dir``).
-    :ivar kv_quant: ``off``, ``4``, ``8`` or ``None`` (the model's kv_config.json if any).
-    :ivar kv_bits: mlx_lm.server's ``--kv-bits`` (from ``quantized_kv_start`` tokens).
-    :ivar draft_model: ``--draft-model``: a draft for speculative decoding (serial lane only;
-        see :mod:`mlxrt.engine.speculative`), or ``None``.
-    :ivar num_draft_tokens: ``--num-draft-tokens``: tokens drafted per step by default.
-    :ivar prompt_cache_dir: ``--prompt-cache-dir``: prompt-cache entries also kept there, restored
-        after a restart (see :mod:`mlxrt.cache.prompt_store`), or ``None``.
-    :ivar prompt_cache_dir_bytes: ``--prompt-cache-dir-size``: bytes that folder may hold.
-    """
-
-    batch: int = 1
-    prompt_concurrency: int = 8
-    prefill_step_size: int = 2048
-    max_queue: int = 256
-    request_timeout: float | None = None
-    memory_budget: int | None = None
-    prompt_cache_size: int = 10
-    prompt_cache_bytes: int | None = None
-    adapter: str | None = None
-    adapter_dirs: tuple[str, ...] = ()
-    kv_quant: str | None = None
-    kv_bits: int | None = None
-    kv_group_size: int = 64
-    quantized_kv_start: int | None = None
-    draft_model: str | None = None
-    num_draft_tokens: int = 3
-    prompt_cache_dir: str | None = None
-    prompt_cache_dir_bytes: int = 10 * 10**9
-
-    @classmethod
-    def from_options(cls, options: dict[str, Any]) -> EngineConfig:
-        """From ``mlxrt serve``'s parsed options (missing ones take the defaults)."""
-        from mlxrt.engine.memory import parse_size
-
-        def given(name: str, default: Any) -> Any:
-            value = options.get(name)
-            return default if value is None else value
-
-        budget = options.get("memory_budget")
-        cache_bytes = options.get("prompt_cache_bytes")
-        return cls(
-            batch=max(int(given("batch", 1)), 1),
-            prompt_concurrency=max(int(given("prompt_concurrency", 8)), 1),
-            prefill_step_size=max(int(given("prefill_step_size", 2048)), 1),
-            max_queue=max(int(given("max_queue", 256)), 0),
-            request_timeout=float(options["request_timeout"]) if options.get("request_timeout") else None,
-            memory_budget=parse_size(budget, default_unit="GB") if budget is not None else None,
-            prompt_cache_size=max(int(given("prompt_cache_size", 10)), 0),
-            prompt_cache_bytes=parse_size(cache_bytes) if cache_bytes is not None else None,
-            adapter=options.get("adapter_path") or None,
-            adapter_dirs=tuple(options.get("adapter_dir") or ()),
-            kv_quant=options.get("kv_quant"),
-            kv_bits=options.get("kv_bits"),
-            kv_group_size=int(given("kv_group_size", 64)),
-            quantized_kv_start=options.get("quantized_kv_start"),
-            draft_model=options.get("draft_model") or None,
-            num_draft_tokens=max(int(given("num_draft_tokens", 3)), 0),
-            prompt_cache_dir=options.get("prompt_cache_dir") or None,
-            prompt_cache_dir_bytes=int(float(given("prompt_cache_dir_size", 10)) * 10**9),
-        )
 
 
 def _snapshots_from(model: Any) -> int | None:
@@ -180,124 +101,6 @@ def _active_memory() -> int | None:
         return int(mx.get_active_memory())
     except Exception:  # an MLX build without memory counters
         return None
-
-
-class Generation:
-    """The HTTP side's handle on one submitted request (an async iterator of events).
-
-    Items arrive from the worker through the event loop (``call_soon_threadsafe``), in order:
-    the :class:`CacheReport` (resolving :meth:`started`), then token events, then one
-    finish event, or an exception at any point.
-    """
-
-    def __init__(self, loop: asyncio.AbstractEventLoop, cancel: Callable[[], None]) -> None:
-        self._events: asyncio.Queue[Event | BaseException] = asyncio.Queue()
-        self._started: asyncio.Future[CacheReport] = loop.create_future()
-        # An error before admission is raised from started() and from iteration; whichever
-        # the caller uses, the other must not warn that the exception went unretrieved.
-        self._started.add_done_callback(lambda f: f.cancelled() or f.exception())
-        self._cancel = cancel
-        self._finished = False
-        self._held: BaseException | None = None
-
-    def _deliver(self, item: Any) -> None:  # on the event loop
-        if isinstance(item, CacheReport):
-            if not self._started.done():
-                self._started.set_result(item)
-            return
-        if isinstance(item, BaseException) and not self._started.done():
-            self._started.set_exception(item)
-        self._events.put_nowait(item)
-
-    async def started(self) -> CacheReport:
-        """Wait until the request is admitted; its prompt-cache report.
-
-        Raises what kept it out: ``QueueFull`` (waited past the timeout), a plugin's error
-        from building its sampler chain, ``EngineError``.
-        """
-        return await asyncio.shield(self._started)
-
-    def __aiter__(self) -> Generation:
-        return self
-
-    async def __anext__(self) -> Event:
-        if self._finished:
-            raise StopAsyncIteration
-        item = self._held if self._held is not None else await self._events.get()
-        self._held = None
-        if isinstance(item, BaseException):
-            self._finished = True
-            raise item
-        if isinstance(item, FinishEvent):
-            self._finished = True
-        return item
-
-    async def batches(self) -> AsyncIterator[list[Event]]:
-        """The events in runs: each run is one event plus every event that is already
-        waiting behind it. A stream that writes one frame per run sends fewer, fuller frames
-        when it falls behind the engine (and one frame per token when it keeps up)."""
-        while not self._finished:
-            run = [await self.__anext__()]
-            while not self._finished and not self._events.empty():
-                item = self._events.get_nowait()
-                if isinstance(item, BaseException):
-                    self._held = item  # raised by the next call, after this run is handled
-                    break
-                run.append(item)
-                if isinstance(item, FinishEvent):
-                    self._finished = True
-            yield run
-
-    async def aclose(self) -> None:
-        """Cancel the request if it has not finished (idempotent)."""
-        if not self._finished:
-            self._finished = True
-            self._cancel()
-
-
-@attrs.define(eq=False)
-class _Call:
-    """A raw forward (embeddings, the curve designer) run exclusively on the worker."""
-
-    fn: Callable[[LoadedModel], Any]
-    done: asyncio.Future[Any] | Future[Any]
-    loop: asyncio.AbstractEventLoop | None  # None: ``done`` is a thread-safe Future
-
-
-_WAKE = object()
-
-
-class _Outbox:
-    """Hands items from the worker to handles on one event loop, one wake-up per burst.
-
-    ``call_soon_threadsafe`` writes to the loop's self-pipe on every call; a decode step of
-    a batch produces an event per row, so items are queued here and a single drain is
-    scheduled until the loop has run it.
-    """
-
-    def __init__(self, loop: asyncio.AbstractEventLoop) -> None:
-        self.loop = loop
-        self._items: list[tuple[Generation, Any]] = []
-        self._lock = threading.Lock()
-        self._scheduled = False
-
-    def put(self, handle: Generation, item: Any) -> None:  # worker thread
-        with self._lock:
-            self._items.append((handle, item))
-            if self._scheduled:
-                return
-            self._scheduled = True
-        try:
-            self.loop.call_soon_threadsafe(self._drain)
-        except RuntimeError:  # the loop is closed: nobody is listening any more
-            pass
-
-    def _drain(self) -> None:  # event loop
-        with self._lock:
-            items, self._items = self._items, []
-            self._scheduled = False
-        for handle, item in items:
-            handle._deliver(item)
 
 
 class Engine:
@@ -330,7 +133,7 @@ class Engine:
         self._lock = threading.Lock()
         self._queued = 0  # submitted, not yet admitted or dropped (guarded by _lock)
         self._drain_until: float | None = None  # set once by drain() (shutdown)
-        self._outboxes: dict[asyncio.AbstractEventLoop, _Outbox] = {}  # one per event loop
+        self._outboxes: dict[asyncio.AbstractEventLoop, Outbox] = {}  # one per event loop
         # Worker-only state.
         self._waiting: collections.deque[Job] = collections.deque()
         self._serial: SerialLane | None = None
@@ -445,12 +248,12 @@ class Engine:
 
         def cancel() -> None:
             job.cancelled.set()
-            self._inbox.put(_WAKE)
+            self._inbox.put(WAKE)
 
         handle = Generation(loop, cancel)
         outbox = self._outboxes.get(loop)
         if outbox is None:
-            outbox = self._outboxes[loop] = _Outbox(loop)
+            outbox = self._outboxes[loop] = Outbox(loop)
         job.deliver = lambda item: outbox.put(handle, item)
         self._inbox.put(job)
         return handle
@@ -473,7 +276,7 @@ class Engine:
             if not job.cancelled.is_set():
                 job.deliver(_shutting_down())
                 job.cancelled.set()
-        self._inbox.put(_WAKE)
+        self._inbox.put(WAKE)
 
     def _queue_is_full(self) -> bool:
         # Only requests beyond the lane's free rows wait, so only those count against
@@ -498,7 +301,7 @@ class Engine:
             raise EngineError("the engine has no model loaded")
         loop = asyncio.get_running_loop()
         done: asyncio.Future[Any] = loop.create_future()
-        self._inbox.put(_Call(fn, done, loop))
+        self._inbox.put(Call(fn, done, loop))
         return await done
 
     def call_blocking(self, fn: Callable[[LoadedModel], Any]) -> Any:
@@ -509,7 +312,7 @@ class Engine:
         if threading.current_thread() is self._thread:
             return fn(self.loaded)
         done: Future[Any] = Future()
-        self._inbox.put(_Call(fn, done, None))
+        self._inbox.put(Call(fn, done, None))
         return done.result()
 
     async def mount_adapter(self, adapter_id: str, path: str) -> dict[str, Any]:
@@ -701,7 +504,7 @@ class Engine:
             block = False
             if item is None:
                 return False
-            if isinstance(item, _Call):
+            if isinstance(item, Call):
                 self._run_call(item)
             elif isinstance(item, Job):
                 self._waiting.append(item)
@@ -904,10 +707,10 @@ class Engine:
                 item = self._inbox.get_nowait()
             except queue.Empty:
                 return
-            if isinstance(item, _Call) and item.loop is None:
+            if isinstance(item, Call) and item.loop is None:
                 item.done.set_exception(EngineError("the engine stopped"))
 
-    def _run_call(self, call: _Call) -> None:
+    def _run_call(self, call: Call) -> None:
         def settle(setter: Callable[[Any], None], value: Any) -> None:
             if not call.done.done():
                 setter(value)
