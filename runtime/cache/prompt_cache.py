@@ -60,7 +60,7 @@ import numpy as np
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import can_trim_prompt_cache
 
-__all__ = ["CacheLookup", "PromptCache", "keeps_snapshots", "snapshots_from"]
+__all__ = ["CacheLookup", "PromptCache", "common_prefix", "keeps_snapshots", "snapshots_from", "token_array"]
 
 #: How many of the closest entry's tokens after the divergence point a lookup reports.
 EXPECTED_TOKENS = 8
@@ -154,7 +154,7 @@ class PromptCache:
             A :class:`CacheLookup`; run ``tokens[lookup.reused:]`` through
             ``lookup.cache`` (or through a fresh cache when it is ``None``).
         """
-        prompt = _token_array(tokens)
+        prompt = token_array(tokens)
         limit = prompt.size - 1
         closest, candidates = self._candidates(prompt, key)
         for usable, entry in candidates:
@@ -177,7 +177,7 @@ class PromptCache:
     def reusable(self, tokens: Sequence[int], key: Hashable = ()) -> int:
         """How many of ``tokens`` a :meth:`fetch` could reuse at most (nothing is copied,
         no counter moves): for a second tier (:mod:`mlxrt.cache.prompt_store`) to know if it can do better."""
-        _closest, candidates = self._candidates(_token_array(tokens), key)
+        _closest, candidates = self._candidates(token_array(tokens), key)
         return candidates[0][0] if candidates else 0
 
     def close(self) -> None:
@@ -193,7 +193,7 @@ class PromptCache:
         for entry in reversed(self._entries):
             if entry.key != key:
                 continue
-            common = _common_prefix(entry.tokens, prompt)
+            common = common_prefix(entry.tokens, prompt)
             if closest is None or common > closest[0]:
                 closest = (common, entry)
             usable = min(common, limit)
@@ -214,7 +214,7 @@ class PromptCache:
         Raises:
             ValueError: a layer's ``offset`` says it holds a different number of tokens.
         """
-        stored = _token_array(tokens)
+        stored = token_array(tokens)
         if not self.enabled or stored.size == 0:
             return
         for layer in cache:
@@ -233,7 +233,7 @@ class PromptCache:
         for old in list(self._entries):
             if old.key != key or old.tokens.size > stored.size:
                 continue
-            if _common_prefix(old.tokens, stored) == old.tokens.size and (
+            if common_prefix(old.tokens, stored) == old.tokens.size and (
                 old.tokens.size == stored.size or entry.trimmable
             ):
                 self._drop(old)
@@ -326,7 +326,7 @@ class PromptCache:
         self._nbytes -= entry.nbytes
 
 
-def _token_array(tokens: Sequence[int]) -> np.ndarray:
+def token_array(tokens: Sequence[int]) -> np.ndarray:
     # np.array copies, so a caller's list or array can change later without touching us.
     array = np.array(tokens, dtype=np.int32)
     if array.ndim != 1:
@@ -334,7 +334,7 @@ def _token_array(tokens: Sequence[int]) -> np.ndarray:
     return array
 
 
-def _common_prefix(a: np.ndarray, b: np.ndarray) -> int:
+def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
     n = min(a.size, b.size)
     differ = np.flatnonzero(a[:n] != b[:n])
     return int(differ[0]) if differ.size else n

@@ -43,7 +43,7 @@ from typing import Any
 import attrs
 import numpy as np
 
-from mlxrt.cache.prompt_cache import PromptCache, _common_prefix, _token_array
+from mlxrt.cache.prompt_cache import PromptCache, common_prefix, token_array
 from mlxrt.cache.prompt_files import (
     DTYPES,
     PRIVATE_FILE,
@@ -119,7 +119,7 @@ class PersistentPromptCache(PromptCache):
 
     def fetch(self, tokens: Sequence[int], key: Hashable = ()) -> Any:
         if self._files and self.enabled:
-            self._restore_better(_token_array(tokens), key)
+            self._restore_better(token_array(tokens), key)
         return super().fetch(tokens, key)
 
     def insert(self, tokens: Sequence[int], cache: list[Any], key: Hashable = ()) -> None:
@@ -128,7 +128,7 @@ class PersistentPromptCache(PromptCache):
             return
         identity = self._identity(key)
         if identity is not None:
-            self._persist(_token_array(tokens), cache, key, identity)
+            self._persist(token_array(tokens), cache, key, identity)
 
     def close(self) -> None:
         """Finish the writes already queued (the engine calls it when it stops)."""
@@ -188,7 +188,7 @@ class PersistentPromptCache(PromptCache):
         for entry in files:
             if entry.key != key:
                 continue
-            usable = min(_common_prefix(entry.tokens, prompt), limit)
+            usable = min(common_prefix(entry.tokens, prompt), limit)
             if usable > floor and (usable == entry.tokens.size or entry.trimmable):
                 if identity is None:
                     identity = self._identity(key) or ""
@@ -250,7 +250,7 @@ class PersistentPromptCache(PromptCache):
         with self._lock:
             for old in self._files:
                 if old.key == key and old.adapters == identity and old.tokens.size >= tokens.size \
-                        and _common_prefix(old.tokens, tokens) == tokens.size \
+                        and common_prefix(old.tokens, tokens) == tokens.size \
                         and (old.tokens.size == tokens.size or old.trimmable):
                     return  # a file on disk already serves every prompt this entry could
         started = time.perf_counter()
@@ -302,7 +302,7 @@ class PersistentPromptCache(PromptCache):
             for old in list(self._files):
                 covered = (old.key == new.key and old.adapters == new.adapters and old.path != new.path
                            and old.tokens.size <= new.tokens.size
-                           and _common_prefix(old.tokens, new.tokens) == old.tokens.size
+                           and common_prefix(old.tokens, new.tokens) == old.tokens.size
                            and (old.tokens.size == new.tokens.size or new.trimmable))
                 if covered or old.path == new.path:
                     self._files.remove(old)
