@@ -21,7 +21,7 @@ from litestar.router import Router
 
 import mlxrt
 from mlxrt.api.errors import exception_handlers
-from mlxrt.blas import current as current_blas
+from mlxrt.engine.blas import current as current_blas
 from mlxrt.errors import PluginError
 
 __all__ = ["create_app", "claimed_fields"]
@@ -237,7 +237,7 @@ def create_app(host: Any, *, cors_origins: list[str] | None = None, debug: bool 
     # Outside routing, so unmatched paths and CORS preflights get an id and are counted too.
     app.asgi_handler = observe(app.asgi_handler, http_metrics)
     if getattr(host, "models", None) is not None:  # a request holds its model until its response is sent
-        from mlxrt.model_pool import releasing_leases
+        from mlxrt.engine.model_pool import releasing_leases
 
         app.asgi_handler = releasing_leases(app.asgi_handler)
         app.on_startup.append(host.models.open)

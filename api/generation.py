@@ -13,7 +13,8 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import aclosing
 from typing import Any, Protocol
 
-from mlxrt.admission import plan_max_tokens
+from mlxrt.engine.admission import plan_max_tokens
+from mlxrt.engine.sampling import resolve_sampling
 from mlxrt.errors import InvalidRequest, MlxrtError, OverBudget
 from mlxrt.records import (
     CacheReport,
@@ -25,7 +26,6 @@ from mlxrt.records import (
     ToolCall,
 )
 from mlxrt.responses import ResponseAssembler
-from mlxrt.sampling import resolve_sampling
 from mlxrt.templating import canonicalize
 
 __all__ = ["CACHE_HEADER", "response_headers", "plan_generation", "forced_openings", "guarded",
@@ -94,7 +94,7 @@ def plan_generation(host: Any, *, dialect: str, request_id: str, prompt_ids: Seq
     is refused, unless ``max_tokens_is_ceiling`` (Anthropic, whose clients must send one and
     send large ones): then it is capped to what fits like a default. ``sampling`` holds the client's sampling fields by
     :class:`~mlxrt.records.SamplingParams` name (``None`` = not given), resolved through
-    :func:`mlxrt.sampling.resolve_sampling`'s chain. ``adapter`` is the request's ``adapter``
+    :func:`mlxrt.engine.sampling.resolve_sampling`'s chain. ``adapter`` is the request's ``adapter``
     field (unknown ids: 400), ``None`` the server's default adapter set.
     """
     engine = host.engine
@@ -217,10 +217,10 @@ def forced_openings(engine: Any, names: Sequence[str], prompt_ids: Sequence[int]
                     param: str) -> tuple[tuple[int, ...], ...]:
     """Token openings that force the answer to start with a call to one of ``names``: the
     family parser's ``opening(name)``, after the reasoning close marker when the prompt left
-    a think block open (:func:`mlxrt.tool_calls.tool_choice_prefixes`, shared by every
+    a think block open (:func:`mlxrt.text.tool_calls.tool_choice_prefixes`, shared by every
     dialect). A parser without ``opening`` cannot enforce the choice: the client's 400.
     """
-    from mlxrt.tool_calls import tool_choice_prefixes
+    from mlxrt.text.tool_calls import tool_choice_prefixes
 
     return tool_choice_prefixes(engine.profile, engine.tokenizer, names, prompt_ids, param=param)
 
@@ -233,15 +233,15 @@ def forced_tool_call(host: Any, names: Sequence[str], tools: Sequence[Mapping[st
     ``(forced_prefixes, structured)`` for its :class:`~mlxrt.records.GenerationRequest`.
 
     By grammar when the family's parser describes its calls (``call_grammar``, see
-    :mod:`mlxrt.tool_grammar`) and the structured-outputs plugin is installed: the whole call,
+    :mod:`mlxrt.text.tool_grammar`) and the structured-outputs plugin is installed: the whole call,
     markup and schema-valid arguments, is enforced. Otherwise the call's opening is forced
     (:func:`forced_openings`) and the model writes the arguments. A forced call cannot also
     follow another constraint (``response_format``): the client's 400.
     """
     if not names:
         return (), structured
-    from mlxrt.tool_calls import reasoning_lead
-    from mlxrt.tool_grammar import tool_call_constraint
+    from mlxrt.text.tool_calls import reasoning_lead
+    from mlxrt.text.tool_grammar import tool_call_constraint
 
     engine = host.engine
     if host.pm.hook.mlxrt_prepare_request.get_hookimpls():

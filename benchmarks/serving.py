@@ -541,8 +541,7 @@ CONFIG_PLANS = {"tiny": ConfigPlan(128, 8, 16, 32), "smollm2": ConfigPlan(48, 4,
 
 def mlxrt_configs() -> list[tuple[str, dict[str, str], list[str]]]:
     """(label, environment, extra args) of each mlxrt configuration present on this machine."""
-    from mlxrt import blas
-
+    from mlxrt.engine import blas
     batch = ["--batch", str(BATCH)]
     configs = [("mlxrt (defaults)", {}, batch)]
     if blas.find_mkl() is not None:
@@ -650,7 +649,7 @@ def main() -> None:
         if args.model:
             folder = str(Path(args.model).resolve())
         else:
-            from mlxrt.embedded import embedded_model_dir
+            from mlxrt.sources.embedded import embedded_model_dir
 
             folder = str(embedded_model_dir())
         models.append(("smollm2", Path(folder).name if args.model else "SmolLM2", folder))

@@ -123,10 +123,16 @@ def write_diffusion_gemma(out: Path, *, seed: int = 0, dtype: str = "float32", v
     ``config_overrides`` merges into config.json (put text fields under ``text_config``);
     ``generation_config`` keys in it go to generation_config.json instead.
     """
-    from mlxrt.testing import _W, _merge, _save_safetensors, _write_generated_tokenizer, _write_json
+    from mlxrt._checkpoint_files import (
+        Weights,
+        merge,
+        save_safetensors,
+        write_generated_tokenizer,
+        write_json,
+    )
 
     out.mkdir(parents=True, exist_ok=True)
-    num_tokens, ids, tcfg = _write_generated_tokenizer(out, "gemma4_text")
+    num_tokens, ids, tcfg = write_generated_tokenizer(out, "gemma4_text")
     vocab = -(-num_tokens // 64) * 64
     overrides = dict(config_overrides or {})
     gen_over = overrides.pop("generation_config", {})
@@ -138,23 +144,23 @@ def write_diffusion_gemma(out: Path, *, seed: int = 0, dtype: str = "float32", v
     }
     if vision:
         config["vision_config"] = dict(VISION_CONFIG)
-    config = _merge(config, overrides)
-    w = _W(np.random.default_rng(seed))
+    config = merge(config, overrides)
+    w = Weights(np.random.default_rng(seed))
     unused = [i for tok, i in ids.items() if tok.startswith("<unused")]
     _text_weights(w, config["text_config"], num_tokens, unused)
     if vision:
         _vision_weights(w, config["vision_config"], config["text_config"]["hidden_size"])
-    _save_safetensors(out / "model.safetensors", w, dtype)
-    _write_json(out / "config.json", config)
+    save_safetensors(out / "model.safetensors", w, dtype)
+    write_json(out / "config.json", config)
     eos = [ids[t] for t in ("<eos>", "<turn|>", "<|tool_response>")]
     gen = {"bos_token_id": ids["<bos>"], "eos_token_id": eos, "pad_token_id": ids["<pad>"],
            "max_new_tokens": 256, "max_denoising_steps": 16, "t_min": 0.4, "t_max": 0.8,
            "stability_threshold": 1, "confidence_threshold": 0.005,
            "sampler_config": {"entropy_bound": 0.1, "_cls_name": "EntropyBoundSamplerConfig"},
            "transformers_version": "5.24.0", **gen_over}
-    _write_json(out / "generation_config.json", gen)
+    write_json(out / "generation_config.json", gen)
     if vision:
-        _write_json(out / "processor_config.json", {
+        write_json(out / "processor_config.json", {
             "processor_class": "Gemma4Processor", "image_seq_length": 280,
             "image_processor": {"image_processor_type": "Gemma4ImageProcessor", "do_convert_rgb": True,
                                 "do_resize": True, "resample": 3, "do_rescale": True, "rescale_factor": 1 / 255,

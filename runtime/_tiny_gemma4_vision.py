@@ -72,20 +72,21 @@ def write_tiny_gemma4_vision(path: Path, *, seed: int = 0, dtype: str = "float32
     """Write the multimodal checkpoint into ``path``; return it."""
     from safetensors.numpy import load_file
 
-    from mlxrt.testing import _save_safetensors, _write_json, write_tiny_checkpoint
+    from mlxrt._checkpoint_files import save_safetensors, write_json
+    from mlxrt.testing import write_tiny_checkpoint
 
     out = write_tiny_checkpoint(path, "gemma4_text", seed=seed, dtype="float32", **text_kwargs)
     text = json.loads((out / "config.json").read_text())
     tensors = {name.replace("model.", "model.language_model.", 1): t
                for name, t in load_file(str(out / "model.safetensors")).items()}
     tensors.update(_vision_weights(np.random.default_rng(seed + 1), VISION_CONFIG, text["hidden_size"]))
-    _save_safetensors(out / "model.safetensors", tensors, dtype)
+    save_safetensors(out / "model.safetensors", tensors, dtype)
     tokenizer = json.loads((out / "tokenizer.json").read_text())
     ids = {t["content"]: t["id"] for t in tokenizer.get("added_tokens", [])}
     text.pop("architectures", None)
     text.pop("transformers_version", None)
     text.pop("dtype", None)
-    _write_json(out / "config.json", {
+    write_json(out / "config.json", {
         "architectures": ["Gemma4ForConditionalGeneration"], "model_type": "gemma4",
         "vocab_size": text["vocab_size"], "text_config": text, "vision_config": VISION_CONFIG,
         "audio_config": None, "boi_token_id": ids["<|image>"], "eoi_token_id": ids["<image|>"],
@@ -94,7 +95,7 @@ def write_tiny_gemma4_vision(path: Path, *, seed: int = 0, dtype: str = "float32
         "audio_token_id": ids.get("<|audio|>"), "initializer_range": 0.02, "tie_word_embeddings": True,
         "dtype": dtype, "transformers_version": "5.24.0",
     })
-    _write_json(out / "processor_config.json", {
+    write_json(out / "processor_config.json", {
         "processor_class": "Gemma4Processor", "image_seq_length": 280, "image_processor": IMAGE_PROCESSOR,
     })
     return out

@@ -11,7 +11,6 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
-import os
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -19,6 +18,7 @@ import attrs
 
 from mlxrt.errors import ModelLoadError
 from mlxrt.records import FamilyProfile, LoadedModel, ModelInfo, ToolStreamMode
+from mlxrt.sources.paths import MODEL_FILE_PATTERNS, hf_cache_dir, mlxrt_home
 
 if TYPE_CHECKING:
     from mlxrt.host import PluginHost
@@ -32,24 +32,11 @@ __all__ = [
     "mlx_lm_load",
     "resolve_profile",
     "cast_weights",
-    "mlxrt_home",
-    "hf_cache_dir",
     "local_repo_ids",
     "match_local_repo",
-    "MODEL_FILE_PATTERNS",
 ]
 
 log = logging.getLogger("mlxrt.loading")
-
-#: The files of a repo a model needs: what a serve-time download and `mlxrt get` fetch.
-MODEL_FILE_PATTERNS = ["*.json", "*.safetensors", "*.jinja", "*.txt", "tokenizer.model", "*.tiktoken"]
-
-
-def mlxrt_home() -> Path:
-    """mlxrt's own cache root: ``$MLXRT_HOME``, default ``~/.cache/mlxrt``."""
-    home = os.environ.get("MLXRT_HOME")
-    return Path(home).expanduser() if home else Path.home() / ".cache" / "mlxrt"
-
 
 @attrs.frozen
 class ModelSource:
@@ -73,7 +60,11 @@ def resolve_model(spec: str | None, *, allow_download: bool = True) -> ModelSour
     :raises ModelLoadError: With a message saying what was tried and what to do.
     """
     if spec is None:
-        from mlxrt.embedded import EMBEDDED_MODEL_ID, EmbeddedModelMissing, embedded_model_dir
+        from mlxrt.sources.embedded import (
+            EMBEDDED_MODEL_ID,
+            EmbeddedModelMissing,
+            embedded_model_dir,
+        )
 
         try:
             return ModelSource(embedded_model_dir(), EMBEDDED_MODEL_ID, "embedded")
@@ -99,18 +90,6 @@ def resolve_model(spec: str | None, *, allow_download: bool = True) -> ModelSour
         raise ModelLoadError(f"model {spec!r} not found: not a local folder, a .gguf file, a Hugging Face repo id "
                              "or part of the id of a model in the local Hugging Face cache (see `mlxrt ls`)")
     return ModelSource(_from_hf_cache(spec, allow_download), spec, "hf-cache")
-
-
-def hf_cache_dir() -> Path:
-    """The Hugging Face hub cache, from the environment as it is now (huggingface_hub reads it
-    once, at import): ``HF_HUB_CACHE``, ``HUGGINGFACE_HUB_CACHE``, ``HF_HOME/hub``, else
-    ``$XDG_CACHE_HOME/huggingface/hub`` (default ``~/.cache/huggingface/hub``)."""
-    env = os.environ
-    cache = env.get("HF_HUB_CACHE") or env.get("HUGGINGFACE_HUB_CACHE")
-    if not cache:
-        home = env.get("HF_HOME") or os.path.join(env.get("XDG_CACHE_HOME") or "~/.cache", "huggingface")
-        cache = os.path.join(home, "hub")
-    return Path(os.path.expandvars(cache)).expanduser()
 
 
 def local_repo_ids(cache_dir: Path | None = None) -> list[str]:
@@ -162,7 +141,7 @@ def _from_hf_cache(repo_id: str, allow_download: bool) -> Path:
             raise ModelLoadError(
                 f"model {repo_id!r} is not in the Hugging Face cache and downloads are off"
             ) from None
-    from mlxrt.downloads import download  # recorded, so GET /downloads shows it
+    from mlxrt.sources.downloads import download  # recorded, so GET /downloads shows it
 
     try:
         return download(repo_id)
@@ -175,7 +154,7 @@ def _from_hf_cache(repo_id: str, allow_download: bool) -> Path:
 
 
 def _convert_gguf_cached(gguf: Path) -> Path:
-    from mlxrt.gguf import UnsupportedGGUF, convert_gguf
+    from mlxrt.sources.gguf import UnsupportedGGUF, convert_gguf
 
     stat = gguf.stat()
     key = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
@@ -299,7 +278,7 @@ def resolve_profile(info: ModelInfo, host: PluginHost) -> FamilyProfile:
 
 def load_weights(info: ModelInfo, host: PluginHost) -> tuple[LoadedModel, str | None]:
     """The model and tokenizer through the family hooks (mlx-lm when none answers), cast as
-    ``--dtype`` says (default ``auto``, :mod:`mlxrt.dtype_choice`); with the name of the plugin
+    ``--dtype`` says (default ``auto``, :mod:`mlxrt.sources.dtype_choice`); with the name of the plugin
     that loaded it (``None``: mlx-lm)."""
     plugin, loaded = host.first_answer("mlxrt_load_model", info=info, host=host)
     lazy = bool(host.options.get("distributed"))
@@ -315,9 +294,9 @@ def _choose_dtype(loaded: LoadedModel, info: ModelInfo, host: PluginHost, *, laz
     import mlx.core as mx
     import mlx.nn as nn
 
-    from mlxrt.blas import current
-    from mlxrt.dtype_choice import choose_dtype
-    from mlxrt.memory import parse_size
+    from mlxrt.engine.blas import current
+    from mlxrt.engine.memory import parse_size
+    from mlxrt.sources.dtype_choice import choose_dtype
 
     if not isinstance(loaded.model, nn.Module):  # a plugin's own model object: nothing to cast
         return None
@@ -335,7 +314,7 @@ def load_model(info: ModelInfo, host: PluginHost) -> tuple[LoadedModel, FamilyPr
     loaded, plugin = load_weights(info, host)
     profile = resolve_profile(info, host)
     profile = attrs.evolve(profile, provenance={"load_model": plugin or "mlx-lm", **profile.provenance})
-    from mlxrt.self_test import run_self_test
+    from mlxrt.sources.self_test import run_self_test
 
     return loaded, attrs.evolve(profile, self_test=run_self_test(profile, loaded.tokenizer))
 

@@ -15,6 +15,7 @@ from typing import Any, Protocol, runtime_checkable
 import attrs
 
 __all__ = [
+    "ChatInput",
     "ModelInfo",
     "LoadedModel",
     "ThinkingFormat",
@@ -103,10 +104,10 @@ class LoadedModel:
     :ivar tokenizer: An ``mlx_lm.tokenizer_utils.TokenizerWrapper``.
     :ivar engine: ``autoregressive`` (the default) or ``denoising``: a model that does not
         decode token by token. A ``denoising`` model must supply ``denoiser``; the engine runs it
-        on the serial lane (:mod:`mlxrt.denoising_lane`), with no prompt cache and no batching.
+        on the serial lane (:mod:`mlxrt.engine.denoising_lane`), with no prompt cache and no batching.
     :ivar denoiser: The generator of a ``denoising`` model (see :class:`Denoiser`).
     :ivar dtype: Set by the runtime after the load, not by plugins: the dtype the weights are
-        served in and why (a :class:`mlxrt.dtype_choice.DtypeChoice`; ``--dtype``).
+        served in and why (a :class:`mlxrt.sources.dtype_choice.DtypeChoice`; ``--dtype``).
     """
 
     model: Any
@@ -220,7 +221,7 @@ class ToolCallGrammar(Protocol):
 
     ``call_grammar(name, parameters, g)`` returns one call (markup and arguments valid under
     the tool's JSON-schema ``parameters``) as an expression built with ``g``, a
-    :class:`mlxrt.tool_grammar.CallGrammar` (``g.literal(text)``, ``g.json(schema)``,
+    :class:`mlxrt.text.tool_grammar.CallGrammar` (``g.literal(text)``, ``g.json(schema)``,
     ``g.regex(pattern)``; combine with spaces, ``|``, ``( )*``), or ``None`` when it cannot
     describe that call. ``tool_choice`` ``"required"`` and a named choice are then enforced by
     grammar (the structured-outputs plugin masks every step), not only by the opening.
@@ -284,7 +285,7 @@ class FamilyProfile:
     vision: VisionAdapter | None = None
     provenance: Mapping[str, str] = attrs.field(factory=dict)
     #: The load-time self-test: capability (``template``, ``tools``, ``tool_result``,
-    #: ``thinking``) → ``"pass"``, ``"fail: why"`` or ``"n/a"`` (see :mod:`mlxrt.self_test`).
+    #: ``thinking``) → ``"pass"``, ``"fail: why"`` or ``"n/a"`` (see :mod:`mlxrt.sources.self_test`).
     self_test: Mapping[str, str] = attrs.field(factory=dict)
 
     @property
@@ -333,6 +334,25 @@ class FinishReason(enum.StrEnum):
 
 
 @attrs.frozen
+class ChatInput:
+    """A dialect-neutral chat turn to render.
+
+    :ivar messages: OpenAI-shaped messages (role, content, tool_calls, …), already validated.
+    :ivar tools: OpenAI function tools, or ``None``.
+    :ivar template_kwargs: The client's ``chat_template_kwargs``.
+    :ivar reasoning_effort: The client's ``reasoning_effort``, if given.
+    :ivar images: The messages' images in prompt order (:class:`mlxrt.images.ImageRef`); a
+        message with images has list content where each image is a ``{"type": "image"}`` part.
+    """
+
+    messages: tuple[Mapping[str, Any], ...]
+    tools: tuple[Mapping[str, Any], ...] | None = None
+    template_kwargs: Mapping[str, Any] = attrs.field(factory=dict)
+    reasoning_effort: str | None = None
+    images: tuple[Any, ...] = ()
+
+
+@attrs.frozen
 class GenerationRequest:
     """What a dialect hands the engine: token ids and how to continue them.
 
@@ -361,7 +381,7 @@ class GenerationRequest:
     adapters: tuple[str, ...] = ()
     #: ``tool_choice`` enforcement: the answer must begin with one of these token sequences
     #: (the tool-call opening and name of each allowed tool); ``()`` is unconstrained. Family
-    #: plugins apply it with :func:`mlxrt.tool_calls.tool_choice_processors`.
+    #: plugins apply it with :func:`mlxrt.text.tool_calls.tool_choice_processors`.
     forced_prefixes: tuple[tuple[int, ...], ...] = ()
     #: Structured output the answer must follow (a JSON schema, any JSON object, a regex or
     #: a choice list), enforced by a grammar; ``None`` leaves the text free.
@@ -385,7 +405,7 @@ class StructuredOutput:
     library that enforces it (the ``structured`` plugin).
 
     :ivar kind: ``json_schema``, ``json_object``, ``regex``, ``choice`` or ``lark`` (a whole grammar in
-        llguidance's Lark dialect: a forced tool call, see :mod:`mlxrt.tool_grammar`).
+        llguidance's Lark dialect: a forced tool call, see :mod:`mlxrt.text.tool_grammar`).
     :ivar spec: The canonical text of the constraint: the schema as compact JSON (the client's key order,
         which is the generated object's), the
         regex, or the choices as a JSON list. With ``kind`` it keys the compiled-grammar cache.
@@ -485,7 +505,7 @@ class FinishedTurn:
     :ivar request_id: The dialect's response id.
     :ivar model: The served model's id.
     :ivar messages: The conversation the model answered, OpenAI-shaped and dialect-neutral
-        (:attr:`mlxrt.templating.ChatInput.messages`).
+        (:attr:`mlxrt.records.ChatInput.messages`).
     :ivar content: The answer's text (reasoning and tool-call markup removed).
     :ivar reasoning: The answer's reasoning text, if the model reasoned.
     :ivar tool_calls: The tool calls the answer made.

@@ -13,9 +13,9 @@ from typing import Any
 
 import attrs
 
-from mlxrt.reasoning import ReasoningSplitter
 from mlxrt.records import FamilyProfile, FinishEvent, FinishReason, TokenEvent, ToolCall
-from mlxrt.tool_calls import ToolRouter
+from mlxrt.text.reasoning import ReasoningSplitter
+from mlxrt.text.tool_calls import ToolRouter
 
 __all__ = ["Delta", "ResponseAssembler", "LogprobTrail", "drain"]
 

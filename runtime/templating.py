@@ -9,13 +9,13 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from mlxrt.errors import InvalidRequest
-from mlxrt.reasoning import prompt_opens_thinking
-from mlxrt.records import FamilyProfile, GenerationRequest
+from mlxrt.records import ChatInput, FamilyProfile, GenerationRequest
+from mlxrt.text.reasoning import prompt_opens_thinking
 
 if TYPE_CHECKING:
     from mlxrt.host import PluginHost
 
-__all__ = ["ChatInput", "RenderedPrompt", "render_chat", "canonicalize", "DEFAULT_CHAT_TEMPLATE",
+__all__ = ["RenderedPrompt", "render_chat", "canonicalize", "DEFAULT_CHAT_TEMPLATE",
            "thinking_switch", "thinking_kwargs", "rendered_request"]
 
 #: ChatML, for ``--use-default-chat-template`` on a model that ships no template.
@@ -23,25 +23,6 @@ DEFAULT_CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n{{ message['content'] }}<|im_end|>\n"
     "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
-
-
-@attrs.frozen
-class ChatInput:
-    """A dialect-neutral chat turn to render.
-
-    :ivar messages: OpenAI-shaped messages (role, content, tool_calls, …), already validated.
-    :ivar tools: OpenAI function tools, or ``None``.
-    :ivar template_kwargs: The client's ``chat_template_kwargs``.
-    :ivar reasoning_effort: The client's ``reasoning_effort``, if given.
-    :ivar images: The messages' images in prompt order (:class:`mlxrt.images.ImageRef`); a
-        message with images has list content where each image is a ``{"type": "image"}`` part.
-    """
-
-    messages: tuple[Mapping[str, Any], ...]
-    tools: tuple[Mapping[str, Any], ...] | None = None
-    template_kwargs: Mapping[str, Any] = attrs.field(factory=dict)
-    reasoning_effort: str | None = None
-    images: tuple[Any, ...] = ()
 
 
 @attrs.frozen
@@ -103,7 +84,7 @@ def render_chat(host: PluginHost, tokenizer: Any, profile: FamilyProfile, chat: 
         turn_start=turn_start,
     )
     if chat.images:
-        from mlxrt.vision import splice_images
+        from mlxrt.engine.vision import splice_images
 
         vision = splice_images(host, profile, rendered.ids, chat.images)
         rendered = attrs.evolve(rendered, ids=vision.ids, vision=vision)
@@ -132,8 +113,8 @@ def _turn_start(tokenizer: Any, chat: ChatInput, kwargs: Mapping[str, Any], text
 
 def rendered_request(request: GenerationRequest, rendered: RenderedPrompt) -> GenerationRequest:
     """``request`` carrying what rendering learned besides the ids: the spliced images
-    (:func:`mlxrt.vision.with_vision`) and the turn boundary (``turn_start``)."""
-    from mlxrt.vision import with_vision
+    (:func:`mlxrt.engine.vision.with_vision`) and the turn boundary (``turn_start``)."""
+    from mlxrt.engine.vision import with_vision
 
     if rendered.turn_start is not None:
         request = attrs.evolve(request, turn_start=rendered.turn_start)

@@ -68,13 +68,20 @@ import functools
 import json
 import os
 import shutil
-import struct
 from collections.abc import Mapping
 from pathlib import Path
 
 import numpy as np
 
-from mlxrt._tokenizer_factory import CHAT_TEMPLATES, generated_tokenizer
+from mlxrt._checkpoint_files import (
+    DTYPES,
+    Weights,
+    merge,
+    save_safetensors,
+    write_generated_tokenizer,
+    write_json,
+)
+from mlxrt._tokenizer_factory import CHAT_TEMPLATES
 
 __all__ = ["TINY_MODEL_TYPES", "TINY_VARIANTS", "TINY_FAMILY_TYPES", "write_tiny_checkpoint",
            "write_random_adapter"]
@@ -86,7 +93,6 @@ TINY_VARIANTS: dict[str, str] = {"qwen3_embedding": "qwen3", "gemma4": "gemma4"}
 TINY_FAMILY_TYPES: dict[str, str] = {"diffusion_gemma": "diffusion_gemma",
                                      "diffusion_gemma_no_vision": "diffusion_gemma"}
 
-_DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16"}
 # Family end-of-turn tokens that go into generation_config.eos_token_id (if present).
 _EOS = {"llama": ["<|im_end|>"], "qwen3": ["<|im_end|>", "<|endoftext|>"],
         "qwen3_5": ["<|im_end|>", "<|endoftext|>"], "gemma4_text": ["<eos>", "<turn|>", "<|tool_response>"],
@@ -124,12 +130,12 @@ def write_tiny_checkpoint(
         raise ValueError(f"model_type must be one of {TINY_MODEL_TYPES + tuple(TINY_VARIANTS)}, "
                          f"not {model_type!r}")
     variant, model_type = model_type, TINY_VARIANTS.get(model_type, model_type)
-    if dtype not in _DTYPES:
-        raise ValueError(f"dtype must be one of {tuple(_DTYPES)}, not {dtype!r}")
+    if dtype not in DTYPES:
+        raise ValueError(f"dtype must be one of {tuple(DTYPES)}, not {dtype!r}")
     out = Path(path)
     out.mkdir(parents=True, exist_ok=True)
     if tokenizer_dir is None:
-        num_tokens, ids, tcfg = _write_generated_tokenizer(out, _TOKENIZER_FAMILY.get(model_type, model_type))
+        num_tokens, ids, tcfg = write_generated_tokenizer(out, _TOKENIZER_FAMILY.get(model_type, model_type))
         if variant == "qwen3_embedding":
             tcfg = _embedding_tokenizer(out, ids, tcfg)
     else:
@@ -147,7 +153,7 @@ def write_tiny_checkpoint(
         raise ValueError(f"the tokenizer has no EOS token for {model_type}")
     tok_ids = {"bos": tid("bos_token"), "eos": eos, "pad": tid("pad_token"), "ids": ids}
     vocab = -(-num_tokens // 64) * 64
-    config = _merge(_CONFIGS[model_type](vocab, tok_ids, dtype), dict(config_overrides or {}))
+    config = merge(_CONFIGS[model_type](vocab, tok_ids, dtype), dict(config_overrides or {}))
     tensors = _WEIGHTS[model_type](config, np.random.default_rng(seed))
     for name, t in tensors.items():  # rows past the tokenizer: logits ~0, never sampled
         if name.endswith(("embed_tokens.weight", "lm_head.weight")) and t.shape[0] > num_tokens:
@@ -155,25 +161,15 @@ def write_tiny_checkpoint(
     if variant == "qwen3_embedding":  # as Qwen3Model saves them: no "model." prefix
         tensors = {name.removeprefix("model."): t for name, t in tensors.items()}
         _write_sentence_transformers(out, config["hidden_size"])
-    _save_safetensors(out / "model.safetensors", tensors, dtype)
-    _write_json(out / "config.json", config)
+    save_safetensors(out / "model.safetensors", tensors, dtype)
+    write_json(out / "config.json", config)
     gen = {"bos_token_id": tok_ids["bos"], "eos_token_id": eos if len(eos) > 1 else eos[0],
            "pad_token_id": tok_ids["pad"]}
-    _write_json(out / "generation_config.json", {k: v for k, v in gen.items() if v is not None})
+    write_json(out / "generation_config.json", {k: v for k, v in gen.items() if v is not None})
     return out
 
 
 # --------------------------------------------------------------------------- tokenizer
-
-
-def _write_generated_tokenizer(out: Path, family: str) -> tuple[int, dict, dict]:
-    g = generated_tokenizer(family)
-    for stale in ("chat_template.jinja", "added_tokens.json"):  # left by an earlier tokenizer_dir write
-        (out / stale).unlink(missing_ok=True)
-    (out / "tokenizer.json").write_text(g.tokenizer_json, encoding="utf-8")
-    (out / "tokenizer_config.json").write_text(g.tokenizer_config, encoding="utf-8")
-    (out / "special_tokens_map.json").write_text(g.special_tokens_map, encoding="utf-8")
-    return g.num_tokens, dict(g.ids), json.loads(g.tokenizer_config)
 
 
 def _copy_tokenizer(out: Path, family: str, src: Path) -> tuple[int, dict, dict]:
@@ -196,7 +192,7 @@ def _copy_tokenizer(out: Path, family: str, src: Path) -> tuple[int, dict, dict]
         shutil.copyfile(src / "tokenizer_config.json", out / "tokenizer_config.json")
     else:
         tcfg["chat_template"] = CHAT_TEMPLATES[family]
-        _write_json(out / "tokenizer_config.json", tcfg)
+        write_json(out / "tokenizer_config.json", tcfg)
     return num_tokens, dict(added), tcfg
 
 
@@ -215,31 +211,31 @@ def _embedding_tokenizer(out: Path, ids: Mapping[str, int], tcfg: dict) -> dict:
     }
     (out / "tokenizer.json").write_text(json.dumps(tj, ensure_ascii=False, indent=2) + "\n", encoding="utf-8")
     tcfg = {**tcfg, "eos_token": eot, "padding_side": "left"}
-    _write_json(out / "tokenizer_config.json", tcfg)
+    write_json(out / "tokenizer_config.json", tcfg)
     stm = json.loads((out / "special_tokens_map.json").read_text(encoding="utf-8"))
-    _write_json(out / "special_tokens_map.json", {**stm, "eos_token": eot})
+    write_json(out / "special_tokens_map.json", {**stm, "eos_token": eot})
     return tcfg
 
 
 def _write_sentence_transformers(out: Path, hidden: int) -> None:
     """modules.json (Transformer -> last-token Pooling -> Normalize) and its module configs."""
-    _write_json(out / "modules.json", [
+    write_json(out / "modules.json", [
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
         {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
         {"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"},
     ])
     (out / "1_Pooling").mkdir(exist_ok=True)
-    _write_json(out / "1_Pooling" / "config.json", {
+    write_json(out / "1_Pooling" / "config.json", {
         "word_embedding_dimension": hidden, "pooling_mode_cls_token": False, "pooling_mode_mean_tokens": False,
         "pooling_mode_max_tokens": False, "pooling_mode_mean_sqrt_len_tokens": False,
         "pooling_mode_weightedmean_tokens": False, "pooling_mode_lasttoken": True, "include_prompt": True,
     })
-    _write_json(out / "config_sentence_transformers.json", {
+    write_json(out / "config_sentence_transformers.json", {
         "prompts": {"query": "Instruct: Given a web search query, retrieve relevant passages that answer the query"
                              "\nQuery:", "document": ""},
         "default_prompt_name": None, "similarity_fn_name": "cosine",
     })
-    _write_json(out / "sentence_bert_config.json", {"max_seq_length": 32768, "do_lower_case": False})
+    write_json(out / "sentence_bert_config.json", {"max_seq_length": 32768, "do_lower_case": False})
 
 
 @functools.lru_cache(maxsize=8)
@@ -256,12 +252,6 @@ def _read_tokenizer_json(path: str, mtime_ns: int, size: int) -> tuple[int, dict
 
 
 # --------------------------------------------------------------------------- configs
-
-
-def _merge(base: dict, over: Mapping) -> dict:
-    for k, v in over.items():
-        base[k] = _merge(dict(base[k]), v) if isinstance(v, Mapping) and isinstance(base.get(k), dict) else v
-    return base
 
 
 def _llama_config(vocab: int, t: dict, dtype: str) -> dict:
@@ -373,24 +363,6 @@ _TOKENIZER_FAMILY = {"gemma3_text": "gemma4_text"}
 # --------------------------------------------------------------------------- weights
 
 
-class _W(dict):
-    """Named float32 tensors drawn from one generator, in call order."""
-
-    def __init__(self, rng: np.random.Generator):
-        super().__init__()
-        self.rng = rng
-
-    def normal(self, name: str, shape, std: float, mean: float = 0.0) -> None:
-        self[name] = self.rng.standard_normal(shape, dtype=np.float32) * np.float32(std) + np.float32(mean)
-
-    def linear(self, name: str, out_f: int, in_f: int) -> None:
-        self.normal(name, (out_f, in_f), in_f**-0.5)
-
-    def norm(self, name: str, d: int, center: float = 1.0) -> None:
-        """RMSNorm scale: center 1 for x*w norms, 0 for x*(1+w) norms."""
-        self.normal(name, (d,), 0.1, center)
-
-
 # A tied embedding of std 1 makes the logits (h . E) so peaked that a random
 # model repeats its last input token whatever the context; std 1/sqrt(hidden)
 # (logits of std ~1) gave distinct greedy outputs for different prompts across
@@ -398,9 +370,9 @@ class _W(dict):
 _TIED_STD = 1.0
 
 
-def _dense_decoder(c: dict, rng, qk_norm: bool) -> _W:
+def _dense_decoder(c: dict, rng, qk_norm: bool) -> Weights:
     """Llama / Qwen3 / MiniCPM: model.embed_tokens, model.layers.N.{self_attn,mlp}.*, model.norm."""
-    w = _W(rng)
+    w = Weights(rng)
     H, L, V, nh, nkv = (c["hidden_size"], c["num_hidden_layers"], c["vocab_size"],
                         c["num_attention_heads"], c["num_key_value_heads"])
     hd, ffn, tied = c.get("head_dim") or H // nh, c["intermediate_size"], c.get("tie_word_embeddings", True)
@@ -425,8 +397,8 @@ def _dense_decoder(c: dict, rng, qk_norm: bool) -> _W:
     return w
 
 
-def _qwen3_5_weights(c: dict, rng) -> _W:
-    w, t, v = _W(rng), c["text_config"], c["vision_config"]
+def _qwen3_5_weights(c: dict, rng) -> Weights:
+    w, t, v = Weights(rng), c["text_config"], c["vision_config"]
     H, ffn, V, nh, nkv, hd = (t["hidden_size"], t["intermediate_size"], t["vocab_size"],
                               t["num_attention_heads"], t["num_key_value_heads"], t["head_dim"])
     lk, lv, dk, dv, K = (t["linear_num_key_heads"], t["linear_num_value_heads"], t["linear_key_head_dim"],
@@ -483,8 +455,8 @@ def _qwen3_5_weights(c: dict, rng) -> _W:
     return w
 
 
-def _gemma3_weights(c: dict, rng) -> _W:
-    w = _W(rng)
+def _gemma3_weights(c: dict, rng) -> Weights:
+    w = Weights(rng)
     H, L, V, nh, nkv, hd, ffn = (c["hidden_size"], c["num_hidden_layers"], c["vocab_size"],
                                  c["num_attention_heads"], c["num_key_value_heads"], c["head_dim"],
                                  c["intermediate_size"])
@@ -507,8 +479,8 @@ def _gemma3_weights(c: dict, rng) -> _W:
     return w
 
 
-def _gemma4_weights(c: dict, rng) -> _W:
-    w = _W(rng)
+def _gemma4_weights(c: dict, rng) -> Weights:
+    w = Weights(rng)
     H, L, V, nh, nkv, ffn, ple = (c["hidden_size"], c["num_hidden_layers"], c["vocab_size"],
                                   c["num_attention_heads"], c["num_key_value_heads"], c["intermediate_size"],
                                   c["hidden_size_per_layer_input"])
@@ -554,38 +526,6 @@ _WEIGHTS = {
 # --------------------------------------------------------------------------- files
 
 
-def _bf16_bits(a: np.ndarray) -> np.ndarray:
-    """float32 -> bfloat16 bit patterns, round to nearest even."""
-    bits = np.ascontiguousarray(a, dtype=np.float32).view(np.uint32).astype(np.uint64)
-    return ((bits + (((bits >> 16) & 1) + 0x7FFF)) >> 16).astype(np.uint16)
-
-
-def _save_safetensors(path: Path, tensors: Mapping[str, np.ndarray], dtype: str) -> None:
-    """Write a safetensors file: u64 header length, JSON header, raw little-endian data."""
-    header: dict = {"__metadata__": {"format": "pt"}}
-    blobs, offset = [], 0
-    for name in sorted(tensors):
-        a = tensors[name]
-        if dtype == "bfloat16":
-            raw = _bf16_bits(a).tobytes()
-        else:
-            raw = np.ascontiguousarray(a, dtype="<f2" if dtype == "float16" else "<f4").tobytes()
-        header[name] = {"dtype": _DTYPES[dtype], "shape": list(a.shape), "data_offsets": [offset, offset + len(raw)]}
-        blobs.append(raw)
-        offset += len(raw)
-    h = json.dumps(header, separators=(",", ":")).encode()
-    h += b" " * (-len(h) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(h)))
-        f.write(h)
-        for b in blobs:
-            f.write(b)
-
-
-def _write_json(path: Path, obj: object) -> None:
-    path.write_text(json.dumps(obj, indent=2, ensure_ascii=False) + "\n", encoding="utf-8")
-
-
 def write_random_adapter(path: Path, model_path: Path, *, seed: int = 0, rank: int = 4, scale: float = 2.0,
                          keys: tuple[str, ...] = ("self_attn.q_proj", "self_attn.v_proj", "mlp.down_proj"),
                          std: float = 0.3, num_layers: int | None = None) -> Path:
@@ -621,7 +561,7 @@ def write_random_adapter(path: Path, model_path: Path, *, seed: int = 0, rank: i
     path = Path(path)
     path.mkdir(parents=True, exist_ok=True)
     save_file(tensors, str(path / "adapters.safetensors"), metadata={"format": "mlx"})
-    _write_json(path / "adapter_config.json", {
+    write_json(path / "adapter_config.json", {
         "fine_tune_type": "lora", "num_layers": layers - max(first, 0), "model": str(model_path),
         "lora_parameters": {"rank": rank, "scale": scale, "dropout": 0.0, "keys": list(keys)}})
     return path

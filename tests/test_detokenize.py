@@ -2,7 +2,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from tokenizers import Tokenizer, decoders, models, pre_tokenizers
 
-from mlxrt.detokenize import Detokenizer
+from mlxrt.text.detokenize import Detokenizer
 
 
 def _byte_tokenizer():

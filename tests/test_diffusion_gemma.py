@@ -340,11 +340,11 @@ class _Blocks:
 def _run_lane(denoiser, *, max_tokens=64, stop=(), deadline=None):
     import threading
 
-    from mlxrt.denoising_lane import DenoisingLane
-    from mlxrt.detokenize import Detokenizer
-    from mlxrt.lanes import Job, Row
+    from mlxrt.engine.denoising_lane import DenoisingLane
+    from mlxrt.engine.lanes import Job, Row
     from mlxrt.records import CacheReport, GenerationRequest
-    from mlxrt.stops import StopMatcher
+    from mlxrt.text.detokenize import Detokenizer
+    from mlxrt.text.stops import StopMatcher
 
     events, ended = [], []
     job = Job(GenerationRequest("r", (1, 2, 3), max_tokens=max_tokens, stop=tuple(stop)), deliver=events.append,
@@ -392,7 +392,7 @@ def test_lane_cancel_between_blocks_closes_the_generator():
 def test_lane_timeout_is_a_504():
     import time
 
-    from mlxrt.lanes import RequestTimeout
+    from mlxrt.engine.lanes import RequestTimeout
     from mlxrt.records import FinishReason
 
     lane, row, _job, events, ended = _run_lane(_Blocks([[1], [2]]), deadline=time.monotonic() - 1)

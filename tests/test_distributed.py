@@ -264,7 +264,7 @@ def test_unsupported_combinations_are_refused_at_start_up(model, args, message):
 
 
 def test_launch_builds_the_mlx_launch_command():
-    from mlxrt.launch import launch_command
+    from mlxrt.distributed.launch import launch_command
 
     argv = launch_command(["--", "serve", "M", "--port", "9"], hosts="10.0.0.1,10.0.0.2", hostfile=None,
                           backend="ring", starting_port=5000, python="/venv/bin/python")
@@ -304,9 +304,9 @@ class Exploding:
 def one_rank(model, serve_app, monkeypatch):
     """Rank 0's engine in this process, on a group of one (every collective is the identity):
     the protocol's rank-0 side without a second process."""
-    import mlxrt.distributed
+    import mlxrt.distributed.serving
 
-    monkeypatch.setattr(mlxrt.distributed, "_join", lambda settings: mx.distributed.init())
+    monkeypatch.setattr(mlxrt.distributed.serving, "_join", lambda settings: mx.distributed.init())
     return serve_app(model, extra=[Exploding()], options={"distributed": True})
 
 

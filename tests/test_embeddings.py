@@ -12,7 +12,13 @@ from hypothesis import given
 from hypothesis import strategies as st
 from support import openai_client
 
-from mlxrt.embedding import embed_ids, encode_inputs, is_embedding_model, plan_batches, query_text
+from mlxrt.engine.embedding import (
+    embed_ids,
+    encode_inputs,
+    is_embedding_model,
+    plan_batches,
+    query_text,
+)
 from mlxrt.loading import ModelSource, read_model_info
 
 TEXTS = ["The sea is blue.", "A cat sat on the mat and looked at the birds outside the window.", "hi",

@@ -1,4 +1,4 @@
-"""The static memory contract (mlxrt.fit) against what the engine measures at load."""
+"""The static memory contract (mlxrt.sources.fit) against what the engine measures at load."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import subprocess
 import pytest
 from support import MLXRT_BIN
 
-from mlxrt.fit import assess, read_safetensors_header, static_kv, weights_summary
-from mlxrt.memory import MARGIN, plan_memory
+from mlxrt.engine.memory import MARGIN, plan_memory
+from mlxrt.sources.fit import assess, read_safetensors_header, static_kv, weights_summary
 
 
 @pytest.mark.parametrize("model_type,dtype", [
@@ -21,7 +21,7 @@ from mlxrt.memory import MARGIN, plan_memory
 def test_static_estimate_agrees_with_the_engine_measurement(tmp_path, model_type, dtype):
     from mlx_lm.utils import load_model
 
-    from mlxrt.memory import measure_kv, weight_bytes
+    from mlxrt.engine.memory import measure_kv, weight_bytes
     from mlxrt.testing import write_tiny_checkpoint
 
     folder = write_tiny_checkpoint(tmp_path / model_type, model_type, dtype=dtype)

@@ -9,8 +9,8 @@ import shutil
 
 import pytest
 
+from mlxrt.engine.kv_quant import KVScheme, resolve_kv_scheme
 from mlxrt.errors import ModelLoadError
-from mlxrt.kv_quant import KVScheme, resolve_kv_scheme
 
 PROMPT = "the quick brown fox jumps over the lazy dog and then"
 

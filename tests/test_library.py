@@ -150,7 +150,7 @@ def test_get_offline_is_a_clear_error(hub, tmp_path):
                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert out.returncode == 1 and "cannot download acme/not-downloaded: offline" in out.stderr
     assert "Traceback" not in out.stderr
-    from mlxrt.downloads import recent_downloads
+    from mlxrt.sources.downloads import recent_downloads
 
     [status] = [d for d in recent_downloads() if d.repo_id == "acme/not-downloaded"]
     assert status.state == "error" and "offline" in status.error
@@ -178,7 +178,7 @@ def fake_snapshot_download(fail_after: int | None = None):
 
 
 def test_download_progress_is_recorded_for_every_process(tmp_path):
-    from mlxrt.downloads import download, recent_downloads
+    from mlxrt.sources.downloads import download, recent_downloads
 
     path = download("acme/fake", fetch=fake_snapshot_download())
     assert path.name == "0"
@@ -193,7 +193,7 @@ def test_download_progress_is_recorded_for_every_process(tmp_path):
 
 
 def test_a_download_whose_process_died_is_interrupted(tmp_path):
-    from mlxrt.downloads import DownloadStatus, recent_downloads
+    from mlxrt.sources.downloads import DownloadStatus, recent_downloads
 
     dead = subprocess.Popen(["true"])
     dead.wait()
@@ -202,7 +202,7 @@ def test_a_download_whose_process_died_is_interrupted(tmp_path):
 
 
 def test_library_fit_and_downloads_endpoints(hub, serve_app):
-    from mlxrt.downloads import download
+    from mlxrt.sources.downloads import download
 
     download("acme/fake", fetch=fake_snapshot_download())
     client = serve_app("smol", options={"memory_budget": 0.02})

@@ -4,8 +4,15 @@ from __future__ import annotations
 
 import pytest
 
+from mlxrt.engine.memory import (
+    MARGIN,
+    MIN_SAFE_CONTEXT,
+    KVCost,
+    measure_kv,
+    parse_size,
+    plan_memory,
+)
 from mlxrt.errors import ModelLoadError
-from mlxrt.memory import MARGIN, MIN_SAFE_CONTEXT, KVCost, measure_kv, parse_size, plan_memory
 
 
 @pytest.mark.parametrize(("text", "expected"), [
@@ -68,7 +75,7 @@ def test_seeded_sampler_depends_only_on_seed_and_step():
     import mlx.core as mx
     from mlx_lm.sample_utils import make_sampler
 
-    from mlxrt.sampling import seeded
+    from mlxrt.engine.sampling import seeded
 
     logprobs = mx.log(mx.softmax(mx.random.normal((1, 64)), axis=-1))
     draws = lambda seed: [seeded(make_sampler(temp=1.0), seed)(logprobs).item() for _ in range(1)]  # noqa: E731

@@ -10,7 +10,7 @@ from hypothesis import strategies as st
 from mlx_lm.models import llama
 from mlx_lm.models.cache import ArraysCache, ChunkedKVCache, KVCache, make_prompt_cache
 
-from mlxrt.prompt_cache import PromptCache
+from mlxrt.cache.prompt_cache import PromptCache
 
 PROMPT = [5, 17, 3, 99, 42, 8, 8, 61, 23, 7, 110, 4, 19, 33, 2, 71, 90, 12, 6, 50]
 

@@ -11,7 +11,7 @@ import pytest
 from mlx_lm.models import llama
 from mlx_lm.models.cache import make_prompt_cache
 
-from mlxrt.prompt_store import PersistentPromptCache, _reference_cache
+from mlxrt.cache.prompt_store import PersistentPromptCache, _reference_cache
 from mlxrt.testing import write_tiny_checkpoint
 
 SYSTEM = "You are a careful assistant. " + " ".join(f"rule {i}: be brief." for i in range(40))

@@ -2,7 +2,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from mlxrt import ThinkingFormat
-from mlxrt.reasoning import ReasoningSplitter, prompt_opens_thinking
+from mlxrt.text.reasoning import ReasoningSplitter, prompt_opens_thinking
 
 FMT = ThinkingFormat(open="<think>", close="</think>")
 

@@ -8,14 +8,14 @@ import pytest
 from support import openai_client
 from tokenizers import Tokenizer
 
-from mlxrt.host import make_host
-from mlxrt.records import GenerationRequest, ModelInfo, SamplingParams
-from mlxrt.sampling import (
+from mlxrt.engine.sampling import (
     build_logits_processors,
     build_sampler,
     resolve_sampling,
     xtc_special_tokens,
 )
+from mlxrt.host import make_host
+from mlxrt.records import GenerationRequest, ModelInfo, SamplingParams
 
 MSG = [{"role": "user", "content": "Tell me about the sea."}]
 

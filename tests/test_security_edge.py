@@ -447,7 +447,7 @@ def test_prompt_cache_files_are_private(llama, serve_app, tmp_path):
 
 
 def test_existing_prompt_cache_folder_and_files_are_tightened(tmp_path):
-    from mlxrt.prompt_files import private_folder, write_safetensors
+    from mlxrt.cache.prompt_files import private_folder, write_safetensors
 
     root = tmp_path / "cache"
     ours = root / "fingerprint"

@@ -1,7 +1,7 @@
 from hypothesis import given
 from hypothesis import strategies as st
 
-from mlxrt.stops import StopMatcher
+from mlxrt.text.stops import StopMatcher
 
 
 def run(stops, pieces):

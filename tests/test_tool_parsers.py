@@ -4,7 +4,7 @@ import pytest
 
 from mlxrt import ToolStreamMode
 from mlxrt.families.qwen.tools import Qwen3JsonParser, Qwen3XmlParser
-from mlxrt.tool_calls import ToolRouter
+from mlxrt.text.tool_calls import ToolRouter
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
     "type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"},
@@ -91,7 +91,7 @@ def test_gemma4_malformed_raises():
 
 
 def test_typed_arguments_follow_the_schema():
-    from mlxrt.tool_calls import typed_arguments
+    from mlxrt.text.tool_calls import typed_arguments
 
     args = {"city": 42, "days": "3", "metric": "false"}
     assert json.loads(typed_arguments("get_weather", args, TOOLS)) == {"city": "42", "days": 3, "metric": False}
@@ -113,7 +113,7 @@ def test_sentinel_mode_routes_like_buffered_text():
 def test_forced_prefix_masks_all_but_the_allowed_branches():
     import mlx.core as mx
 
-    from mlxrt.tool_calls import ForcedPrefix
+    from mlxrt.text.tool_calls import ForcedPrefix
 
     proc = ForcedPrefix([(5, 6, 7), (5, 8)])
     history = [1, 2, 3]

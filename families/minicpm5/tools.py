@@ -12,8 +12,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mlxrt import ToolCall
-from mlxrt.tool_calls import typed_arguments
-from mlxrt.tool_grammar import CallGrammar, schema_properties, value_regex
+from mlxrt.text.tool_calls import typed_arguments
+from mlxrt.text.tool_grammar import CallGrammar, schema_properties, value_regex
 
 __all__ = ["MiniCPM5Parser"]
 

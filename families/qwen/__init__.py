@@ -1,7 +1,7 @@
 """The Qwen family plugin: Qwen3, Qwen3-MoE, Qwen3.5 and Qwen3-Embedding.
 
 mlx-lm has these architectures, so this plugin loads only two kinds of model itself:
-Qwen3-Embedding checkpoints (see :mod:`mlxrt.embedding`), whose weights lack mlx-lm's
+Qwen3-Embedding checkpoints (see :mod:`mlxrt.engine.embedding`), whose weights lack mlx-lm's
 ``model.`` prefix, and text-only ``qwen3_5_text`` checkpoints, which mlx-lm has no module
 for (its ``qwen3_5`` model reads their flat config and weight names). It answers the family
 hooks for its own models and returns ``None`` for every other model.
@@ -50,7 +50,7 @@ def mlxrt_load_model(info, host):  # noqa: ANN001, ANN201
     # Qwen3-Embedding: the prefix-less Qwen3Model layout (mlx-lm rejects it as it stands).
     if info.model_type != "qwen3":
         return None
-    from mlxrt.embedding import is_embedding_model
+    from mlxrt.engine.embedding import is_embedding_model
 
     if not is_embedding_model(info):
         return None

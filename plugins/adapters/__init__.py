@@ -4,7 +4,7 @@
 A built-in endpoint plugin, registered through the ``mlxrt`` entry point ``adapters`` like a
 third-party one (``--disable-plugin adapters`` turns the endpoints off; requests may still
 select adapters mounted with ``--adapter``). The route module imports Litestar, so it loads
-only when the app is built. The adapters themselves live in :mod:`mlxrt.adapters`.
+only when the app is built. The adapters themselves live in :mod:`mlxrt.engine.adapters`.
 """
 
 from __future__ import annotations

@@ -58,7 +58,7 @@ async def mount_adapter(request: Request) -> dict[str, Any]:
         raise InvalidRequest("path (an adapter folder, a string) is required", param="path")
     adapter_id = body.get("id")
     if adapter_id is None:
-        from mlxrt.adapters import adapter_id_for
+        from mlxrt.engine.adapters import adapter_id_for
 
         adapter_id = adapter_id_for(path)
     if not isinstance(adapter_id, str):

@@ -1,5 +1,5 @@
 """Decoding Anthropic Messages bodies: raw JSON → validated wire request and a dialect-neutral
-:class:`~mlxrt.templating.ChatInput` (OpenAI-shaped messages, which every chat template reads).
+:class:`~mlxrt.records.ChatInput` (OpenAI-shaped messages, which every chat template reads).
 
 Blocks map as Anthropic's own OpenAI compatibility layer does: ``text`` blocks join into the
 message's content, an assistant's ``tool_use`` blocks become its ``tool_calls``, a user's
@@ -33,7 +33,7 @@ from mlxrt.plugins.anthropic.wire import (
     MessagesRequest,
     ThinkingConfig,
 )
-from mlxrt.templating import ChatInput
+from mlxrt.records import ChatInput
 
 __all__ = ["DecodedMessages", "decode_messages", "reasoning_effort"]
 

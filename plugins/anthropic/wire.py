@@ -54,7 +54,7 @@ class ToolChoice:
 @attrs.frozen
 class MessagesRequest:
     """The scalar fields mlxrt reads from a Messages body (messages, system and tools are
-    decoded apart: they become a :class:`mlxrt.templating.ChatInput`)."""
+    decoded apart: they become a :class:`mlxrt.records.ChatInput`)."""
 
     model: str | None = None
     max_tokens: int | None = None

@@ -2,7 +2,7 @@
 
 ``/fit`` and ``/library`` assess with the served engine's own settings (``--memory-budget``,
 ``--prompt-cache-bytes``, ``--batch``) unless the query gives a budget; without any budget
-they assume :func:`mlxrt.fit.machine_budget`. File reads run off the event loop.
+they assume :func:`mlxrt.sources.fit.machine_budget`. File reads run off the event loop.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ from litestar import Request, get
 from litestar.params import Parameter
 
 from mlxrt.errors import InvalidRequest, ModelLoadError, NotFound
-from mlxrt.fit import DEFAULT_CONTEXT, FitReport, assess
+from mlxrt.sources.fit import DEFAULT_CONTEXT, FitReport, assess
 
 __all__ = ["ROUTES", "fit", "library", "downloads"]
 
@@ -91,7 +91,7 @@ async def fit(
 
 
 def _library_rows(host: Any, ctx: int, settings: dict[str, Any]) -> list[dict[str, Any]]:
-    from mlxrt.library import describe_snapshot, scan_library
+    from mlxrt.sources.library import describe_snapshot, scan_library
 
     served = _served(host)
     models = scan_library(host).models
@@ -140,7 +140,7 @@ async def downloads() -> dict[str, Any]:
     """The newest downloads of any mlxrt process on this machine (``mlxrt get``, serve-time)."""
     import attrs
 
-    from mlxrt.downloads import recent_downloads
+    from mlxrt.sources.downloads import recent_downloads
 
     found = await anyio.to_thread.run_sync(recent_downloads)
     return {"downloads": [attrs.asdict(d) for d in found]}

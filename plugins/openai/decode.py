@@ -14,7 +14,6 @@ from typing import Any, TypeVar
 
 import attrs
 
-from mlxrt.admission import plan_max_tokens
 from mlxrt.api.generation import forced_tool_call, structured_output
 from mlxrt.api.wire import (
     FieldRule,
@@ -25,6 +24,8 @@ from mlxrt.api.wire import (
     strict_converter,
     structure,
 )
+from mlxrt.engine.admission import plan_max_tokens
+from mlxrt.engine.sampling import resolve_sampling
 from mlxrt.errors import InvalidRequest
 from mlxrt.images import ImageRef, content_parts, url_ref
 from mlxrt.plugins.openai.wire import (
@@ -36,9 +37,8 @@ from mlxrt.plugins.openai.wire import (
     CompletionRequest,
     GenerationFields,
 )
-from mlxrt.records import GenerationRequest, StructuredOutput
-from mlxrt.sampling import resolve_sampling
-from mlxrt.templating import ChatInput, canonicalize
+from mlxrt.records import ChatInput, GenerationRequest, StructuredOutput
+from mlxrt.templating import canonicalize
 
 __all__ = [
     "DecodedOptions", "DecodedChat", "DecodedCompletion",

@@ -1,6 +1,6 @@
 """OpenAI ``POST /v1/embeddings``, served when the model is an embedding model.
 
-The pooling and the model-side rules are :mod:`mlxrt.embedding`'s; this module validates the
+The pooling and the model-side rules are :mod:`mlxrt.engine.embedding`'s; this module validates the
 request, tokenizes off the event loop, runs one raw forward job on the engine worker and
 answers in OpenAI's shape (``float`` lists or ``base64`` little-endian float32).
 """
@@ -17,7 +17,7 @@ from litestar import Request, Response, post
 
 from mlxrt.api.models import host_for
 from mlxrt.api.wire import FieldRule, check_fields, parse_json_object
-from mlxrt.embedding import (
+from mlxrt.engine.embedding import (
     embed_ids,
     encode_inputs,
     end_token_id,

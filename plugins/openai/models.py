@@ -20,8 +20,8 @@ import anyio
 from litestar import Request, get
 
 from mlxrt.errors import NotFound
-from mlxrt.loading import hf_cache_dir
 from mlxrt.plugins.openai.encode import ROUTE_OPT
+from mlxrt.sources.paths import hf_cache_dir
 
 __all__ = ["list_models", "get_model", "cached_model_rows"]
 

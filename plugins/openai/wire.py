@@ -15,7 +15,7 @@ __all__ = [
 
 ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 
-#: Request fields that go through :func:`mlxrt.sampling.resolve_sampling` unchanged.
+#: Request fields that go through :func:`mlxrt.engine.sampling.resolve_sampling` unchanged.
 SAMPLING_FIELDS = (
     "temperature", "top_p", "top_k", "min_p",
     "repetition_penalty", "repetition_context_size",

@@ -287,8 +287,8 @@ def run_design(loaded: Any, request: DesignRequest) -> DesignResult:
     import mlx.core as mx
     from mlx_lm.sample_utils import make_sampler
 
+    from mlxrt.engine.sampling import seeded
     from mlxrt.plugins.curve.spline import apply_curve, make_curve_sampler
-    from mlxrt.sampling import seeded
 
     decoder = _Decoder(loaded, request.prompt_ids)
     logprobs = decoder.next_logprobs()

@@ -93,7 +93,8 @@ def _tokenizer(engine: Any, host: Any) -> Any:
     def tokenize(prompt: str, chat: bool) -> list[int]:
         if not chat:
             return list(engine.tokenizer.encode(prompt, add_special_tokens=True))
-        from mlxrt.templating import ChatInput, render_chat
+        from mlxrt.records import ChatInput
+        from mlxrt.templating import render_chat
 
         chat_input = ChatInput(messages=({"role": "user", "content": prompt},))
         return list(render_chat(host, engine.tokenizer, engine.profile, chat_input).ids)

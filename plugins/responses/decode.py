@@ -1,5 +1,5 @@
 """Decoding OpenAI Responses bodies: raw JSON → validated wire request, input items and a
-dialect-neutral :class:`~mlxrt.templating.ChatInput`.
+dialect-neutral :class:`~mlxrt.records.ChatInput`.
 
 Items map onto chat messages: ``message`` items by role; ``function_call`` items become the
 assistant's ``tool_calls`` (consecutive calls join one assistant turn); ``function_call_output``
@@ -29,8 +29,7 @@ from mlxrt.api.wire import (
 from mlxrt.errors import InvalidRequest
 from mlxrt.images import ImageRef, content_parts, url_ref
 from mlxrt.plugins.responses.wire import RESPONSES_RULES, ResponsesRequest
-from mlxrt.records import StructuredOutput
-from mlxrt.templating import ChatInput
+from mlxrt.records import ChatInput, StructuredOutput
 
 __all__ = ["DecodedResponse", "decode_response", "input_items", "chat_input", "output_as_input"]
 

@@ -56,7 +56,7 @@ def _thinking_window(request: GenerationRequest, host: Any) -> Any:
     An answer that would open its own block (Qwen3) is held to the format from its first token:
     letting it open one would let a model that never closes it escape the format."""
     from mlxrt.plugins.structured.grammar import ThinkingWindow
-    from mlxrt.tool_calls import reasoning_lead
+    from mlxrt.text.tool_calls import reasoning_lead
 
     engine = host.engine
     fmt = engine.profile.thinking_format

@@ -41,7 +41,7 @@ def grammar_text(structured: StructuredOutput) -> str:
             return llguidance.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=_JSON_OPTIONS)
         if structured.kind == "regex":
             return llguidance.LLMatcher.grammar_from_regex(structured.spec)
-        if structured.kind == "lark":  # a whole grammar (a forced tool call: mlxrt.tool_grammar)
+        if structured.kind == "lark":  # a whole grammar (a forced tool call: mlxrt.text.tool_grammar)
             return llguidance.LLMatcher.grammar_from_lark(structured.spec)
         if structured.kind == "choice":
             # Lark string literals take JSON escapes: each choice is matched literally.

@@ -140,8 +140,9 @@ class EngineEditor:
         import anyio
 
         from mlxrt.api.generation import json_schema_output, plan_generation, prepare
+        from mlxrt.records import ChatInput
         from mlxrt.responses import ResponseAssembler, drain
-        from mlxrt.templating import ChatInput, render_chat
+        from mlxrt.templating import render_chat
 
         host, engine = self.host, self.host.engine
         chat = ChatInput(messages=({"role": "system", "content": system}, {"role": "user", "content": prompt}),

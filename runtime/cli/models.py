@@ -1,0 +1,177 @@
+"""Model management commands: ``mlxrt get``, ``ls``, ``scan``, ``rm`` and ``fit``.
+
+Everything works on the standard Hugging Face cache through huggingface-hub (``HF_HUB_CACHE``
+or ``HF_HOME`` choose it). A MODEL argument is a local folder, or a repo id of the cache, or
+any part of one that names a single repo.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import TYPE_CHECKING, Any
+
+import click
+
+if TYPE_CHECKING:
+    from mlxrt.host import PluginHost
+
+__all__ = ["register", "human_bytes", "human_count"]
+
+
+def human_bytes(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit, size in (("TB", 1e12), ("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f} {unit}"
+    return f"{n} B"
+
+
+def human_count(n: int | None) -> str:
+    if not n:
+        return "-"
+    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f}{unit}"
+    return str(n)
+
+
+def _table(rows: list[tuple[str, ...]]) -> str:
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+    return "\n".join("  ".join(c.ljust(widths[i]) for i, c in enumerate(r)).rstrip() for r in rows)
+
+
+def _fail(exc: Any) -> click.ClickException:
+    return click.ClickException(getattr(exc, "message", str(exc)))
+
+
+def register(cli: click.Group, host: PluginHost) -> None:
+    """Add the model management commands to ``cli``; ``host`` answers the family hooks."""
+    from mlxrt.errors import ModelLoadError
+
+    @cli.command("get")
+    @click.argument("repo")
+    @click.option("--revision", default=None, help="Branch, tag or commit (default: main).")
+    @click.option("--all-files", is_flag=True, help="Every file of the repo, not only what serving needs.")
+    def get_cmd(repo: str, revision: str | None, all_files: bool) -> None:
+        """Download REPO (ORG/NAME) into the Hugging Face cache, resuming a partial download."""
+        from mlxrt.sources.downloads import download
+
+        try:
+            path = download(repo, revision=revision, all_files=all_files)
+        except ModelLoadError as exc:
+            raise _fail(exc) from None
+        size = sum(p.stat().st_size for p in path.iterdir() if p.is_file())
+        click.echo(f"{repo}: {human_bytes(size)} in {path}")
+
+    @cli.command("ls")
+    @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
+    def ls_cmd(as_json: bool) -> None:
+        """List the models of the Hugging Face cache, one row per repo."""
+        from mlxrt.sources.library import scan_library
+
+        scan = scan_library(host)
+        if as_json:
+            click.echo(json.dumps([m.describe() for m in scan.models], indent=2))
+            return
+        if not scan.models:
+            click.echo(f"no models in {scan.root} — download one with `mlxrt get ORG/NAME`")
+            return
+        rows = [("REPO", "SIZE", "PARAMS", "BITS", "ARCH", "FAMILY", "TIER", "VISION")]
+        for m in scan.models:
+            tier = m.support_tier if m.problem is None else "broken"
+            rows.append((m.repo_id, human_bytes(m.size_bytes), human_count(m.params),
+                         str(m.quant_bits) if m.quant_bits else "-", m.model_type or "-", m.family or "-",
+                         tier or "-", "yes" if m.vision else "no"))
+        click.echo(_table(rows))
+
+    @cli.command("scan")
+    @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+    def scan_cmd(as_json: bool) -> None:
+        """Check every repo of the Hugging Face cache: servable, or why not."""
+        from mlxrt.sources.library import scan_library
+
+        scan = scan_library(host)
+        if as_json:
+            click.echo(json.dumps({"cache": str(scan.root), "models": [m.describe() for m in scan.models],
+                                   "warnings": scan.warnings}, indent=2))
+            return
+        for m in scan.models:
+            verdict = "ok" if m.servable else (m.problem or f"unsupported architecture {m.model_type}")
+            click.echo(f"{m.repo_id}: {verdict}")
+        for warning in scan.warnings:
+            click.echo(f"warning: {warning}", err=True)
+        total = sum(m.size_bytes for m in scan.models)
+        ok = sum(m.servable for m in scan.models)
+        click.echo(f"{len(scan.models)} repos ({ok} servable), {human_bytes(total)} in {scan.root}")
+
+    @cli.command("rm")
+    @click.argument("model")
+    @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
+    def rm_cmd(model: str, yes: bool) -> None:
+        """Delete MODEL (a repo id or a unique part of one) from the Hugging Face cache."""
+        from mlxrt.sources.library import delete_repo, find_local, scan_library
+
+        try:
+            target = find_local(model, scan_library(None).models)
+        except ModelLoadError as exc:
+            raise _fail(exc) from None
+        if not yes:
+            click.confirm(f"delete {target.repo_id} ({human_bytes(target.size_bytes)}, "
+                          f"{target.revisions} revision(s))?", abort=True)
+        freed = delete_repo(target.repo_id)
+        click.echo(f"deleted {target.repo_id} ({human_bytes(freed)} freed)")
+
+    @cli.command("fit")
+    @click.argument("model")
+    @click.option("--ctx", type=click.IntRange(min=1), default=8192, show_default=True,
+                  help="Tokens of context to assess.")
+    @click.option("--memory-budget", default=None,
+                  help="GB (10^9 bytes) the model may use in all, as for `serve`, or a size such as "
+                  "24GB or 512MiB. Default: 75% of this machine's memory.")
+    @click.option("--prompt-cache-bytes", default=None,
+                  help="Prompt cache cap, as for `serve` (default: a quarter of what the weights leave).")
+    @click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True,
+                  help="Rows decoded together, as for `serve` (each pays the fixed per-request state).")
+    @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+    def fit_cmd(model: str, ctx: int, memory_budget: str | None, prompt_cache_bytes: str | None, batch: int,
+                as_json: bool) -> None:
+        """Will MODEL serve CTX tokens of context within the memory budget? (Reads the config and
+        the safetensors headers only; loads no weights.)"""
+        from mlxrt.engine.memory import parse_size
+        from mlxrt.loading import resolve_model
+        from mlxrt.sources.fit import assess
+
+        try:
+            budget = parse_size(memory_budget, default_unit="GB") if memory_budget is not None else None
+            cache = parse_size(prompt_cache_bytes) if prompt_cache_bytes is not None else None
+        except ValueError as exc:
+            raise click.BadParameter(str(exc)) from None
+        try:
+            source = resolve_model(model, allow_download=False)
+            report = assess(source.path, ctx=ctx, budget=budget, prompt_cache_bytes=cache, rows=batch,
+                            model=source.model_id)
+        except ModelLoadError as exc:
+            raise _fail(exc) from None
+        if as_json:
+            click.echo(json.dumps(report.describe(), indent=2))
+            return
+        click.echo(_fit_text(report.describe()))
+
+
+def _fit_text(d: dict[str, Any]) -> str:
+    budget = f"{human_bytes(d['budget_bytes'])}" + (" (75% of this machine)" if d["budget_source"] == "machine"
+                                                    else "")
+    lines = [
+        f"model            {d['model']}",
+        f"memory budget    {budget}",
+        f"weights          {human_bytes(d['weight_bytes'])} ({human_count(d['params'])} parameters)",
+        f"KV per token     {d['kv_bytes_per_token']} bytes ({d['kv_dtype']})",
+        f"fixed per req.   {human_bytes(d['fixed_bytes_per_request'])} (sliding windows, recurrent state)",
+        f"prompt cache     {human_bytes(d['prompt_cache_bytes'])}",
+        f"KV at {d['ctx']:<10} {human_bytes(d['kv_bytes'])}",
+        f"max safe context {d['max_safe_context']} tokens"
+        + (f" (model window {d['context_window']})" if d["context_window"] else ""),
+        f"fits             {'yes' if d['fits'] else 'no'}" + (f" — {d['reason']}" if d["reason"] else ""),
+    ]
+    return "\n".join(lines)

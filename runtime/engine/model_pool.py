@@ -1,0 +1,487 @@
+"""Several models served by one process: which engine answers a request's ``model``.
+
+The :class:`ModelPool` is the one place a request's ``model`` is resolved, in this order:
+
+1. empty or ``default``: the served model (the one ``mlxrt serve MODEL`` names);
+2. an ``--model-alias NAME=MODEL`` name;
+3. the id, the start-up spelling or the folder of a model named at start (served model,
+   ``--preload``, alias targets) or loaded since;
+4. unless ``--strict-model``: any *local* model, as ``mlxrt serve`` resolves it (a folder, a
+   ``.gguf`` file, a Hugging Face cache repo id or a unique part of one). Never a download.
+
+Anything else is :class:`~mlxrt.errors.ModelNotFound` (404), or the served model with
+``--model-fallback``. Each resident model has its own :class:`~mlxrt.engine.engine.Engine` (lane,
+prompt cache, adapters, family profile, self-test) built on a :class:`ModelHost` view of the
+plugin host, so hooks that reach ``host.engine`` see the model they serve.
+
+At most ``--max-models`` are resident; loading another evicts the least recently used *idle*
+one (no request holds it, nothing queued or running). ``--idle-unload`` unloads models
+nobody used for that long. With ``--memory-budget`` every resident model is planned on an
+equal share of it (budget / max-models), so admission of all of them together never exceeds
+the budget; a model whose weights cannot fit its share is refused before any weight loads.
+Concurrent requests for one cold model wait for a single load. The pool's state lives on the
+event loop (no locks): loads and unloads run on worker threads and are awaited.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextvars
+import logging
+import time
+from collections.abc import Callable, Iterable, MutableMapping
+from typing import Any
+
+import attrs
+
+from mlxrt.errors import (
+    InvalidRequest,
+    MlxrtError,
+    ModelLoadError,
+    ModelNotFound,
+    ModelUnavailable,
+    QueueFull,
+)
+from mlxrt.loading import ModelSource
+
+__all__ = ["ModelHost", "ModelPool", "PoolSettings", "LEASES_KEY", "releasing_leases"]
+
+log = logging.getLogger("mlxrt.models")
+
+#: Names that mean the served model.
+DEFAULT_NAMES = frozenset({"", "default"})
+#: Where a request's model leases are kept in its ASGI scope until the response is sent.
+LEASES_KEY = "mlxrt.model_leases"
+#: Seconds a request waits for a resident model to become idle (all --max-models busy).
+BUSY_WAIT = 60.0
+
+
+class ModelHost:
+    """The plugin host as one model sees it: everything is the shared host's but ``engine``.
+
+    Family hooks capture ``host.engine`` (gemma4's vision tower reads ``host.engine.loaded``)
+    and request hooks read ``host.engine.tokenizer``; with several models each must see its own.
+    Plugin state stays the shared host's (a plugin keeps one service for the server's life).
+    """
+
+    def __init__(self, host: Any, engine: Any = None) -> None:
+        self.__dict__.update(_host=host, engine=engine)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.__dict__["_host"], name)
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if name == "engine":
+            self.__dict__["engine"] = value
+        else:
+            setattr(self.__dict__["_host"], name, value)
+
+
+@attrs.frozen
+class PoolSettings:
+    """The ``mlxrt serve`` flags the pool follows.
+
+    :ivar max_models: Models resident at once (``--max-models``).
+    :ivar idle_unload: Seconds of disuse after which a model is unloaded, or ``None``.
+    :ivar strict: Only models named at start may be served (``--strict-model``).
+    :ivar fallback: Unknown names get the served model instead of 404 (``--model-fallback``).
+    :ivar memory_budget: Bytes all resident models share (``--memory-budget``), or ``None``.
+    """
+
+    max_models: int = 1
+    idle_unload: float | None = None
+    strict: bool = False
+    fallback: bool = False
+    memory_budget: int | None = None
+
+    @property
+    def share(self) -> int | None:
+        """Bytes each resident model is planned on."""
+        return self.memory_budget // self.max_models if self.memory_budget is not None else None
+
+
+@attrs.define(eq=False)
+class Slot:
+    """One model the pool knows: resident (``engine`` set) or not."""
+
+    source: ModelSource
+    view: ModelHost
+    primary: bool = False
+    named: bool = False  # named at start (served, --preload, an alias target)
+    state: str = "unloaded"  # unloaded | loading | ready
+    engine: Any = None
+    profile: Any = None  # the family profile of its last load (kept while unloaded)
+    loading: asyncio.Task[None] | None = None
+    leases: int = 0
+    last_used: float = 0.0
+    load_started: float | None = None
+    load_seconds: float | None = None
+    loads: int = 0
+    last_error: str | None = None
+
+    @property
+    def key(self) -> str:
+        return str(self.source.path)
+
+    @property
+    def model_id(self) -> str:
+        return self.source.model_id
+
+    def idle(self) -> bool:
+        if self.leases or self.engine is None:
+            return False
+        stats = self.engine.stats()
+        return not stats["queue_depth"] and not stats["running_rows"]
+
+
+class Lease:
+    """A request's hold on a model: it is not evicted until the response is sent."""
+
+    def __init__(self, slot: Slot) -> None:
+        self.slot = slot
+        self.released = False
+        slot.leases += 1
+
+    def release(self) -> None:
+        if not self.released:
+            self.released = True
+            self.slot.leases -= 1
+            self.slot.last_used = time.monotonic()
+
+
+#: Starts the engine of a model and loads it (blocking): ``make_engine(view, info, primary)``.
+EngineFactory = Callable[[ModelHost, Any, bool], Any]
+#: Resolves a name to a local model (``mlxrt.loading.resolve_model`` without downloads).
+Resolver = Callable[[str], ModelSource]
+
+
+class ModelPool:
+    """The models a server may answer with, their engines, and on-demand loading.
+
+    :param host: The shared plugin host; ``host.engine`` is kept pointing at the served
+        model's engine while it is resident (else the most recently loaded one), for the
+        routes that describe "the" model (pages, ``/fit``, ``/health``).
+    :param primary: The served model. ``preload`` models are loaded at start, ``aliases``
+        map names to models loaded on demand.
+    """
+
+    def __init__(self, host: Any, primary: ModelSource, settings: PoolSettings, make_engine: EngineFactory, *,
+                 resolver: Resolver, aliases: dict[str, ModelSource] | None = None,
+                 preload: Iterable[ModelSource] = (), start_specs: dict[str, str] | None = None) -> None:
+        self.host = host
+        self.settings = settings
+        self._make_engine = make_engine
+        self._resolver = resolver
+        self._slots: dict[str, Slot] = {}
+        self._names: dict[str, Slot] = {}
+        self._reaper: asyncio.Task[None] | None = None
+        self.primary = self._add(primary, primary=True, named=True)
+        self.aliases = {name: self._add(source, named=True) for name, source in (aliases or {}).items()}
+        self.preload = [self._add(source, named=True) for source in preload]
+        for spelling, key in (start_specs or {}).items():  # "./llama", "org/name": as the operator wrote them
+            if key in self._slots:
+                self._names.setdefault(spelling, self._slots[key])
+        self._names.update(self.aliases)
+        for name in DEFAULT_NAMES:
+            self._names[name] = self.primary
+
+    def _add(self, source: ModelSource, *, primary: bool = False, named: bool = False) -> Slot:
+        key = str(source.path)
+        slot = self._slots.get(key)
+        if slot is None:
+            slot = self._slots[key] = Slot(source, ModelHost(self.host), primary=primary, named=named)
+            self._names.setdefault(source.model_id, slot)
+            self._names.setdefault(key, slot)
+        slot.named = slot.named or named
+        return slot
+
+    # -- start and stop (called off the event loop, before serving and at shutdown) -------------
+
+    def load_at_start(self) -> None:
+        """Load the served model and the ``--preload`` ones (blocking; errors are fatal)."""
+        wanted = [self.primary, *(s for s in self.preload if s is not self.primary)]
+        if len(wanted) > self.settings.max_models:
+            raise ModelLoadError(f"--preload names {len(wanted)} models with the served one, but --max-models is "
+                                 f"{self.settings.max_models}")
+        for slot in wanted:  # nothing serves yet: the engine's own memory plan refuses what cannot fit
+            if slot.state != "ready":
+                self._installed(slot, self._start_engine(slot))
+
+    async def open(self) -> None:
+        """App startup: start the idle-unload task (models preloaded and never asked for count too)."""
+        self._start_reaper()
+
+    async def close(self) -> None:
+        """App shutdown: end the idle-unload task on its own loop."""
+        if self._reaper is not None:
+            self._reaper.cancel()
+            self._reaper = None
+
+    def drain(self, grace: float) -> None:
+        """Shutdown began: every resident engine refuses waiting requests (503) and ends its
+        running ones after ``grace`` seconds (:meth:`mlxrt.engine.engine.Engine.drain`)."""
+        for slot in list(self._slots.values()):
+            if slot.engine is not None:
+                slot.engine.drain(grace)
+
+    def stop(self) -> None:
+        """Stop every resident engine."""
+        for slot in self._slots.values():
+            if slot.engine is not None:
+                slot.engine.stop()
+
+    # -- the request path (event loop) ---------------------------------------------------------
+
+    async def host_for(self, name: str | None, scope: MutableMapping[str, Any] | None = None) -> Any:
+        """The host whose ``engine`` answers a request naming ``name``, loading it if needed.
+
+        ``scope`` (the ASGI scope) holds the request's lease until :func:`releasing_leases`
+        drops it after the response: a model is never evicted under a request.
+
+        :raises ModelNotFound: ``name`` is not servable here (404).
+        :raises InvalidRequest: ``name`` matches several local models (400).
+        :raises ModelUnavailable: The model cannot be loaded or cannot fit (503).
+        :raises QueueFull: Every resident model stayed busy (429).
+        """
+        slot = self._names.get(name or "")
+        if slot is None:
+            slot = await self._find(name or "")
+        lease = Lease(slot)
+        if scope is not None:
+            scope.setdefault(LEASES_KEY, []).append(lease)
+        try:
+            await self._ensure(slot)
+        except BaseException:
+            lease.release()
+            raise
+        slot.last_used = time.monotonic()
+        self._start_reaper()
+        return slot.view
+
+    async def _find(self, name: str) -> Slot:
+        import anyio
+
+        if self.settings.fallback:
+            return self.primary
+        if self.settings.strict:
+            raise ModelNotFound(name)
+        try:  # reads the disk and the HF cache: off the event loop
+            source = await anyio.to_thread.run_sync(self._resolver, name)
+        except ModelLoadError as exc:
+            if exc.code == "ambiguous_model":
+                raise InvalidRequest(exc.message, param="model", code="ambiguous_model") from None
+            raise ModelNotFound(name) from None
+        slot = self._add(source)
+        self._names[name] = slot
+        return slot
+
+    async def _ensure(self, slot: Slot) -> None:
+        while slot.state != "ready":
+            if slot.loading is None or slot.loading.done():
+                # The load is the pool's task, not the request's: a client that leaves while it
+                # waits does not cancel a load other requests wait for (or leak a half-made engine).
+                slot.loading = asyncio.get_running_loop().create_task(self._load(slot))
+                slot.loading.add_done_callback(lambda t: t.cancelled() or t.exception())  # retrieved
+            await asyncio.shield(slot.loading)  # one load for every waiter; its error is theirs
+
+    async def _load(self, slot: Slot) -> None:
+        import anyio
+
+        slot.state, slot.load_started = "loading", time.monotonic()
+        try:
+            await anyio.to_thread.run_sync(self._check_fits, slot)  # before evicting anything for it
+            await self._make_room(slot)
+            engine = await anyio.to_thread.run_sync(self._start_engine, slot)
+        except BaseException as exc:
+            slot.state, slot.load_started = "unloaded", None
+            if not isinstance(exc, Exception):
+                raise
+            typed = isinstance(exc, MlxrtError) and (exc.status < 500 or isinstance(exc, ModelUnavailable))
+            error = exc if typed else self._unavailable(slot, exc)
+            slot.last_error = error.message
+            raise error from None
+        self._installed(slot, engine)  # bookkeeping on the event loop, as every other change
+
+    def _unavailable(self, slot: Slot, exc: BaseException) -> MlxrtError:
+        detail = exc.message if isinstance(exc, MlxrtError) else f"{type(exc).__name__}: {exc}"
+        over = isinstance(exc, MlxrtError) and exc.code == "over_budget"  # the engine's own memory plan
+        return ModelUnavailable(f"cannot load model {slot.model_id!r}: {detail}; resident: {self._resident_text()}",
+                                code="model_over_budget" if over else "model_load_failed")
+
+    def _resident_text(self) -> str:
+        rows = [f"{s.model_id} ({_size(s.engine.memory.weights)} weights)"
+                if s.engine is not None and s.engine.memory is not None else s.model_id
+                for s in self._slots.values() if s.state == "ready"]
+        return ", ".join(rows) or "none"
+
+    def _check_fits(self, slot: Slot) -> None:
+        """Refuse, before any weight is read, a model whose weights exceed its budget share."""
+        share = self.settings.share
+        if share is None:
+            return
+        from mlxrt.engine.memory import MARGIN
+        from mlxrt.sources.fit import weights_summary
+
+        try:
+            needs = weights_summary(slot.source.path).weight_bytes
+        except ModelLoadError:
+            return  # no safetensors to read ahead (GGUF conversions do have them; others fail at load)
+        if needs > share * (1 - MARGIN):
+            raise ModelUnavailable(
+                f"model {slot.model_id!r} cannot fit: its weights need {_size(needs)} but each of the "
+                f"--max-models {self.settings.max_models} resident models gets {_size(share)} of the "
+                f"{_size(self.settings.memory_budget)} --memory-budget (less a {MARGIN:.0%} margin); "
+                f"resident: {self._resident_text()}", code="model_over_budget")
+
+    async def _make_room(self, slot: Slot) -> None:
+        """Evict least recently used idle models until ``slot`` may be resident."""
+        deadline = time.monotonic() + BUSY_WAIT
+        while True:
+            others = [s for s in self._slots.values() if s is not slot and s.state in ("ready", "loading")]
+            if len(others) < self.settings.max_models:
+                return
+            idle = sorted((s for s in others if s.state == "ready" and s.idle()), key=lambda s: s.last_used)
+            if idle:
+                await self._unload(idle[0], f"to make room for {slot.model_id} (--max-models "
+                                            f"{self.settings.max_models})")
+                continue
+            if time.monotonic() > deadline:
+                raise QueueFull(f"cannot load model {slot.model_id!r}: all --max-models {self.settings.max_models} "
+                                f"resident models stayed busy ({', '.join(s.model_id for s in others)}); retry later",
+                                retry_after=5, code="models_busy")
+            await asyncio.sleep(0.05)
+
+    def _start_engine(self, slot: Slot) -> Any:
+        """Load ``slot``'s model on a new engine (blocking: a worker thread or start-up)."""
+        from mlxrt.loading import read_model_info
+
+        slot.load_started = slot.load_started or time.monotonic()
+        log.info("loading model %s from %s", slot.model_id, slot.source.path)
+        return self._make_engine(slot.view, read_model_info(slot.source), slot.primary)
+
+    def _installed(self, slot: Slot, engine: Any) -> None:
+        now = time.monotonic()
+        slot.view.engine = slot.engine = engine
+        slot.profile = engine.profile
+        slot.state, slot.loads = "ready", slot.loads + 1
+        slot.load_seconds, slot.load_started = now - (slot.load_started or now), None
+        slot.last_used, slot.last_error = now, None
+        self._repoint()
+        log.info("loaded model %s in %.2f s (%d resident)", slot.model_id, slot.load_seconds,
+                 sum(s.state == "ready" for s in self._slots.values()))
+
+    async def _unload(self, slot: Slot, why: str) -> None:
+        import anyio
+
+        engine, slot.engine, slot.view.engine = slot.engine, None, None
+        slot.state = "unloaded"
+        log.info("unloading model %s %s", slot.model_id, why)
+        self._repoint()
+        if engine is not None:
+            await anyio.to_thread.run_sync(engine.stop)
+
+    def _repoint(self) -> None:
+        """``host.engine``: the served model's engine when resident, else the latest loaded."""
+        if self.primary.engine is not None:
+            self.host.engine = self.primary.engine
+            return
+        ready = [s for s in self._slots.values() if s.engine is not None]
+        if ready:
+            self.host.engine = max(ready, key=lambda s: s.last_used).engine
+
+    # -- idle unload ---------------------------------------------------------------------------
+
+    def _start_reaper(self) -> None:
+        if self.settings.idle_unload is not None and (self._reaper is None or self._reaper.done()):
+            # A fresh context: its log lines belong to no request (not to the one that started it).
+            self._reaper = asyncio.get_running_loop().create_task(self._reap(), context=contextvars.Context())
+
+    async def _reap(self) -> None:
+        limit = float(self.settings.idle_unload or 0)
+        while True:
+            await asyncio.sleep(min(max(limit / 4, 0.05), 5.0))
+            now = time.monotonic()
+            for slot in list(self._slots.values()):
+                if slot.state == "ready" and slot.idle() and now - slot.last_used >= limit:
+                    await self._unload(slot, f"after {now - slot.last_used:.0f} s idle (--idle-unload {limit:g})")
+
+    # -- what the server shows -----------------------------------------------------------------
+
+    def is_loaded(self, model_id: str) -> bool:
+        return any(s.state == "ready" and s.model_id == model_id for s in self._slots.values())
+
+    def resident(self) -> list[Slot]:
+        return [s for s in self._slots.values() if s.engine is not None]
+
+    def names(self) -> dict[str, str]:
+        """Alias → model id."""
+        return {name: slot.model_id for name, slot in self.aliases.items()}
+
+    def known(self) -> list[Slot]:
+        return list(self._slots.values())
+
+    def describe(self) -> dict[str, Any]:
+        """``/stats``' ``models`` section."""
+        now = time.monotonic()
+        rows = []
+        for slot in self._slots.values():
+            row: dict[str, Any] = {"id": slot.model_id, "path": slot.key, "state": slot.state,
+                                   "served": slot.primary, "named_at_start": slot.named, "loads": slot.loads,
+                                   "load_seconds": round(slot.load_seconds, 3) if slot.load_seconds else None,
+                                   "in_use": slot.leases,
+                                   "idle_seconds": round(now - slot.last_used, 1) if slot.engine else None}
+            if slot.state == "loading" and slot.load_started is not None:
+                row["loading_for_seconds"] = round(now - slot.load_started, 2)
+            if slot.last_error:
+                row["last_error"] = slot.last_error
+            if slot.engine is not None and slot.engine.memory is not None:
+                row["weight_bytes"] = slot.engine.memory.weights
+            rows.append(row)
+        s = self.settings
+        return {"max_models": s.max_models, "idle_unload": s.idle_unload, "strict": s.strict,
+                "fallback": s.fallback, "memory_share_bytes": s.share, "aliases": self.names(), "models": rows}
+
+    def metric_families(self) -> list[list[str]]:
+        """``/metrics`` families with a ``model`` label, one row per known model."""
+        from mlxrt.metrics import gauge
+
+        known = list(self._slots.values())
+
+        def per_model(field: str) -> dict[tuple[str, ...], float]:
+            return {(s.model_id,): s.engine.stats()[field] for s in known if s.engine is not None}
+
+        return [
+            gauge("mlxrt_model_loaded", "1 when the model is resident.", None,
+                  {(s.model_id,): float(s.state == "ready") for s in known}, ("model",)),
+            gauge("mlxrt_model_loads_total", "Times the model was loaded.", None,
+                  {(s.model_id,): s.loads for s in known}, ("model",)),
+            gauge("mlxrt_model_requests_served_total", "Generations finished by the model's current engine.", None,
+                  per_model("requests_served"), ("model",)),
+            gauge("mlxrt_model_tokens_generated_total", "Tokens generated by the model's current engine.", None,
+                  per_model("tokens_generated"), ("model",)),
+            gauge("mlxrt_model_queue_depth", "Requests waiting for the model.", None,
+                  per_model("queue_depth"), ("model",)),
+            gauge("mlxrt_model_running_rows", "Requests the model is generating.", None,
+                  per_model("running_rows"), ("model",)),
+        ]
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("KB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f} {unit}"
+    return f"{n} bytes"
+
+
+def releasing_leases(handler: Callable[..., Any]) -> Callable[..., Any]:
+    """Wrap the app's ASGI handler: a request's model leases end when its response (a whole
+    stream included) has been sent, or the connection ended."""
+
+    async def wrapped(scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
+        try:
+            await handler(scope, receive, send)
+        finally:
+            for lease in scope.pop(LEASES_KEY, ()):
+                lease.release()
+
+    return wrapped

@@ -1,0 +1,208 @@
+"""The sampler chain of one request: built-in samplers and logits processors, and the hooks.
+
+The built-in chain is mlx-lm's (``make_sampler``, ``make_logits_processors``), configured from
+the request's :class:`SamplingParams`. ``mlxrt_sampler`` replaces the sampler;
+``mlxrt_logits_processors`` adds processors after the built-in ones. Hooks are called once per
+request at admission (never per token); the returned callables run per token on the engine
+thread.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from mlxrt.records import GenerationRequest, LogitsProcessor, ModelInfo, Sampler, SamplingParams
+
+if TYPE_CHECKING:
+    from mlxrt.host import PluginHost
+
+__all__ = ["build_sampler", "build_logits_processors", "resolve_sampling", "xtc_special_tokens", "SeedSource",
+           "seeded"]
+
+_GOLDEN = 0x9E3779B9
+_MASK = (1 << 63) - 1
+#: Above this threshold at most one token can qualify, and XTC never removes the least likely
+#: qualifying token, so XTC is a no-op there (mlx-lm raises mid-generation instead).
+_XTC_MAX_USEFUL_THRESHOLD = 0.5
+
+
+class SeedSource:
+    """Default seeds that differ per request even within one millisecond.
+
+    The time is mixed with a per-instance counter times the golden-ratio constant (as mlx-bun
+    does); an explicit request seed always wins and is used as given.
+    """
+
+    def __init__(self) -> None:
+        self._count = 0
+
+    def next(self) -> int:
+        import time
+
+        self._count += 1
+        return (time.time_ns() // 1_000_000 ^ (self._count * _GOLDEN)) & _MASK
+
+
+def _mix(value: int) -> int:
+    """splitmix64's finalizer: nearby inputs give unrelated outputs."""
+    value = (value + 0x9E3779B97F4A7C15) & 0xFFFFFFFFFFFFFFFF
+    value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
+    value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
+    return (value ^ (value >> 31)) & _MASK
+
+
+def seeded(sampler: Sampler, seed: int) -> Sampler:
+    """``sampler`` with its own random stream: draw ``t`` uses a key derived from
+    ``(seed, t)`` only.
+
+    MLX has one global random state; rows of a batch sample one after another, so each row
+    re-seeds it right before its own draw. The text of a seeded request therefore depends on
+    its seed and its logits, not on which other requests share the batch, nor on the lane.
+    """
+    import mlx.core as mx
+
+    base = _mix(seed & _MASK)
+    step = 0
+
+    def sample(logprobs: Any) -> Any:
+        nonlocal step
+        mx.random.seed(_mix(base ^ step))
+        step += 1
+        return sampler(logprobs)
+
+    def rewind(n: int) -> None:
+        """Forget the last ``n`` draws (a lane that discards sampled tokens redraws them)."""
+        nonlocal step
+        step -= n
+
+    sample.inner = sampler  # type: ignore[attr-defined]  # what it wraps (speculative decoding asks)
+    sample.rewind = rewind  # type: ignore[attr-defined]
+    return sample
+
+
+def xtc_special_tokens(tokenizer: Any) -> list[int]:
+    """Ids XTC never removes: every EOS id and the newline's ids (encoded without specials),
+    so XTC cannot stop a model from ending its answer or its line (mlx-bun's set)."""
+    eos = list(getattr(tokenizer, "eos_token_ids", None) or ())
+    newline = list(tokenizer.encode("\n", add_special_tokens=False))
+    return sorted(set(eos) | set(newline))
+
+
+def build_sampler(host: PluginHost, request: GenerationRequest, info: ModelInfo,
+                  tokenizer: Any = None) -> Sampler:
+    """A plugin's sampler for the request (``mlxrt_sampler``), else mlx-lm's ``make_sampler``.
+
+    ``tokenizer`` supplies XTC's exempt ids; without one, XTC exempts nothing.
+    """
+    _plugin, sampler = host.first_answer("mlxrt_sampler", request=request, info=info, host=host)
+    if sampler is not None:
+        return sampler
+    from mlx_lm.sample_utils import make_sampler
+
+    s = request.sampling
+    xtc = s.xtc_probability if s.xtc_threshold <= _XTC_MAX_USEFUL_THRESHOLD else 0.0
+    # top_k at or past the vocabulary keeps every token (mlx-lm's sampler raises there)
+    vocab = info.config_int("vocab_size")
+    top_k = 0 if vocab is not None and s.top_k >= vocab else s.top_k
+    return make_sampler(
+        temp=s.temperature, top_p=s.top_p, min_p=s.min_p, top_k=top_k,
+        xtc_probability=xtc, xtc_threshold=s.xtc_threshold,
+        xtc_special_tokens=xtc_special_tokens(tokenizer) if xtc > 0 and tokenizer is not None else [],
+    )
+
+
+def builtin_logits_processors(s: SamplingParams) -> list[LogitsProcessor]:
+    """logit_bias, then repetition, presence and frequency penalties (mlx-lm's order).
+
+    A context size of 0 means the whole history (prompt and generated tokens): mlx-lm's
+    processors slice ``tokens[-n:]``, and ``tokens[-0:]`` is every token.
+    """
+    from mlx_lm.sample_utils import make_logits_processors
+
+    return make_logits_processors(
+        logit_bias=dict(s.logit_bias) or None,
+        # 1.0 multiplies by one: skip it rather than pay for it per token.
+        repetition_penalty=s.repetition_penalty if s.repetition_penalty != 1.0 else None,
+        repetition_context_size=s.repetition_context_size,
+        presence_penalty=s.presence_penalty,
+        presence_context_size=s.presence_context_size,
+        frequency_penalty=s.frequency_penalty,
+        frequency_context_size=s.frequency_context_size,
+    )
+
+
+def build_logits_processors(
+    host: PluginHost, request: GenerationRequest, info: ModelInfo
+) -> list[LogitsProcessor]:
+    """The built-in processors for the request's settings, the ``tool_choice`` constraint,
+    then every plugin's, in call order."""
+    from mlxrt.text.tool_calls import tool_choice_processors
+
+    plugins = [proc for _plugin, proc in host.collect("mlxrt_logits_processors", request=request, info=info, host=host)]
+    # tool_choice "required" / a named function (forced_prefixes), for every family alike.
+    return builtin_logits_processors(request.sampling) + tool_choice_processors(request) + plugins
+
+
+#: Each field resolved through the fallback chain: (mlx_lm.server's default, server option
+#: name or None, generation_config.json key or None).
+_CHAIN: Mapping[str, tuple[float | int, str | None, str | None]] = {
+    "temperature": (0.0, "temp", "temperature"),
+    "top_p": (1.0, "top_p", "top_p"),
+    "top_k": (0, "top_k", "top_k"),
+    "min_p": (0.0, "min_p", "min_p"),
+    "repetition_penalty": (0.0, None, "repetition_penalty"),
+    "repetition_context_size": (20, None, None),
+    "presence_penalty": (0.0, None, None),
+    "presence_context_size": (20, None, None),
+    "frequency_penalty": (0.0, None, None),
+    "frequency_context_size": (20, None, None),
+    "xtc_probability": (0.0, None, None),
+    "xtc_threshold": (0.1, None, None),
+}
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+#: The largest count that reaches MLX as a size or slice index (its indices are 32-bit: a
+#: larger one raises inside the decode step, where it would end every row of the batch).
+MAX_COUNT = 2**31 - 1
+_COUNTS = ("top_k", "repetition_context_size", "presence_context_size", "frequency_context_size")
+
+
+def _check_ranges(values: Mapping[str, Any]) -> None:
+    """Refuse, while the request is decoded, numbers the decode step cannot take."""
+    import math
+
+    from mlxrt.errors import InvalidRequest
+
+    for field, value in values.items():
+        if isinstance(value, float) and not math.isfinite(value):
+            raise InvalidRequest(f"{field} must be a finite number", param=field)
+        if field in _COUNTS and not 0 <= value <= MAX_COUNT:
+            raise InvalidRequest(f"{field} must be between 0 and {MAX_COUNT}", param=field)
+
+
+def resolve_sampling(
+    requested: Mapping[str, Any], options: Mapping[str, Any], generation_config: Mapping[str, Any],
+    seed: int | None = None, logit_bias: Mapping[int, float] | None = None,
+) -> SamplingParams:
+    """Each field: the request → the server flag, if given → generation_config.json →
+    mlx_lm.server's default (temperature 0, top_p 1, top_k 0, min_p 0, penalties off,
+    context sizes 20, XTC off with threshold 0.1).
+
+    :raises InvalidRequest: a count (``top_k``, the context sizes) outside 0 to
+        :data:`MAX_COUNT`, or a non-finite number, naming the field."""
+    values: dict[str, Any] = {}
+    for field, (fallback, option, gen_key) in _CHAIN.items():
+        candidates: Sequence[Any] = (
+            requested.get(field),
+            options.get(option) if option else None,
+            generation_config.get(gen_key) if gen_key else None,
+        )
+        chosen = next((c for c in candidates if _number(c)), fallback)
+        values[field] = type(fallback)(chosen)
+    _check_ranges(values)
+    return SamplingParams(seed=seed, logit_bias=dict(logit_bias or {}), **values)

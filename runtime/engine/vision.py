@@ -1,0 +1,70 @@
+"""Image prompts: decode a request's images and have the family's vision adapter splice them
+into the templated prompt, on the engine's worker.
+
+:func:`splice_images` runs where templating runs (a worker thread of the HTTP side, never the
+event loop): it fetches and decodes the images there (:mod:`mlxrt.images`), then hands
+``adapter.splice`` to the engine's thread (MLX state lives there, and the tower runs
+between decode steps, serialized with generation). The :class:`~mlxrt.records.SplicedPrompt`
+it returns rides on the :class:`~mlxrt.records.GenerationRequest` (``vision``); the engine
+prefills from its embeddings, bypasses the prompt cache and takes the serial lane. The
+decoded images are dropped as soon as the tower has run; the embeddings live exactly as long
+as the request does.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from mlxrt.errors import EngineError, MlxrtError
+from mlxrt.images import ImageLimits, ImageRef, load_images
+from mlxrt.records import FamilyProfile, GenerationRequest, SplicedPrompt
+
+if TYPE_CHECKING:
+    from mlxrt.host import PluginHost
+
+__all__ = ["splice_images", "with_vision"]
+
+log = logging.getLogger("mlxrt.engine.vision")
+
+
+def splice_images(host: PluginHost, profile: FamilyProfile, prompt_ids: Sequence[int],
+                  refs: Sequence[ImageRef]) -> SplicedPrompt:
+    """The prompt with ``refs`` decoded, run through the model's tower and spliced in.
+
+    :raises InvalidRequest: an image is malformed, oversize, unreachable or undecodable
+        (naming its request part), or the adapter refuses the prompt.
+    """
+    images = load_images(refs, ImageLimits.from_options(host.options))
+    adapter = profile.vision
+
+    def run(_loaded: Any = None) -> SplicedPrompt:
+        try:
+            spliced = adapter.splice(tuple(prompt_ids), images)
+        except MlxrtError:
+            raise
+        except Exception as exc:
+            log.exception("the vision adapter failed")
+            raise EngineError(f"image processing failed: {type(exc).__name__}: {exc}") from exc
+        if not isinstance(spliced, SplicedPrompt):
+            raise EngineError(f"the vision adapter returned {type(spliced).__name__}, not a SplicedPrompt")
+        if len(spliced.ids) != int(spliced.embeddings.shape[0]):
+            raise EngineError(f"the vision adapter gave {spliced.embeddings.shape[0]} embeddings "
+                              f"for {len(spliced.ids)} ids")
+        return spliced
+
+    try:
+        engine = getattr(host, "engine", None)
+        return engine.call_blocking(run) if engine is not None else run()
+    finally:
+        images.clear()  # the pixels are not needed past the tower
+
+
+def with_vision(request: GenerationRequest, rendered: Any) -> GenerationRequest:
+    """``request`` carrying ``rendered.vision`` (a :class:`~mlxrt.templating.RenderedPrompt`'s
+    spliced images), unchanged for a text-only prompt."""
+    vision = getattr(rendered, "vision", None)
+    return request if vision is None else attrs.evolve(request, vision=vision)

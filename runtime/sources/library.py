@@ -1,0 +1,218 @@
+"""The local model library: what the Hugging Face cache holds, one row per repo.
+
+huggingface-hub's ``scan_cache_dir`` walks the cache; each repo's canonical snapshot (its
+``refs/main``, else the newest) is then described without loading anything: the config,
+the safetensors headers (size, parameters, quantization), the family plugin that claims it
+and its support tier. ``mlxrt ls``/``scan``/``rm`` and ``GET /library`` read these rows.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import logging
+from collections.abc import Iterable
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+from mlxrt.errors import ModelLoadError
+from mlxrt.loading import (
+    ModelSource,
+    hf_cache_dir,
+    match_local_repo,
+    read_model_info,
+    resolve_profile,
+)
+
+if TYPE_CHECKING:
+    from mlxrt.host import PluginHost
+
+__all__ = ["LocalModel", "scan_library", "find_local", "support_tier", "delete_repo", "CacheScan"]
+
+log = logging.getLogger("mlxrt.sources.library")
+
+#: Support tiers: a family plugin answers for the model; mlx-lm alone runs it (plain chat);
+#: nothing installed can load it.
+TIERS = ("family", "generic", "unsupported")
+
+
+@attrs.frozen
+class LocalModel:
+    """One repo of the HF cache, described from its canonical snapshot.
+
+    ``problem`` says why it cannot be served (``servable`` is then false): no config, no
+    weights, unreadable headers, an unfinished download.
+    """
+
+    repo_id: str
+    revision: str | None
+    path: Path | None
+    size_bytes: int
+    revisions: int
+    model_type: str | None = None
+    architecture: str | None = None
+    params: int | None = None
+    weight_bytes: int | None = None
+    quant_bits: int | None = None
+    quant_group_size: int | None = None
+    family: str | None = None
+    support_tier: str | None = None
+    vision: bool = False
+    incomplete_files: int = 0
+    problem: str | None = None
+
+    @property
+    def servable(self) -> bool:
+        return self.problem is None and self.support_tier in ("family", "generic")
+
+    def describe(self) -> dict[str, Any]:
+        out = attrs.asdict(self)
+        out["path"] = str(self.path) if self.path else None
+        out["servable"] = self.servable
+        return out
+
+
+@attrs.frozen
+class CacheScan:
+    """The library plus what huggingface-hub could not read (``warnings``)."""
+
+    root: Path
+    models: list[LocalModel]
+    warnings: list[str]
+
+
+def _mlx_lm_has(model_type: str) -> bool:
+    spec = importlib.util.find_spec("mlx_lm")  # finds the package without importing it
+    for folder in (spec.submodule_search_locations or []) if spec else []:
+        if (Path(folder) / "models" / f"{model_type}.py").is_file():
+            return True
+    try:
+        from mlx_lm.utils import MODEL_REMAPPING
+    except ImportError:
+        return False
+    remapped = MODEL_REMAPPING.get(model_type)
+    return bool(remapped) and remapped != model_type and _mlx_lm_has(remapped)
+
+
+def support_tier(info: Any, host: PluginHost | None) -> tuple[str | None, str]:
+    """``(family plugin or None, tier)`` for a model, from its files alone (nothing loads).
+
+    The family is the first plugin that answers one of its family hooks; the tier is
+    ``family`` then, else ``generic`` when mlx-lm has the architecture, else ``unsupported``.
+    """
+    family = None
+    if host is not None:
+        profile = resolve_profile(info, host)
+        family = next((p for p in profile.provenance.values() if p not in ("mlx-lm", "default")), None)
+    if family:
+        return family, "family"
+    types = {info.model_type, info.text_model_type}
+    return None, "generic" if any(_mlx_lm_has(t) for t in types) else "unsupported"
+
+
+def _quantization(config: dict[str, Any]) -> tuple[int | None, int | None]:
+    for key in ("quantization", "quantization_config"):
+        quant = config.get(key)
+        if isinstance(quant, dict):
+            bits, group = quant.get("bits"), quant.get("group_size")
+            return (bits if isinstance(bits, int) else None), (group if isinstance(group, int) else None)
+    return None, None
+
+
+def describe_snapshot(repo_id: str, path: Path, host: PluginHost | None, **fields: Any) -> LocalModel:
+    """Describe the model in ``path`` (config, headers, family); problems become ``problem``."""
+    from mlxrt.sources.fit import weights_summary
+
+    row = LocalModel(repo_id=repo_id, path=path, **fields)
+    try:
+        info = read_model_info(ModelSource(path, repo_id, "hf-cache"))
+    except ModelLoadError as exc:
+        return attrs.evolve(row, problem=exc.message)
+    config = dict(info.config)
+    archs = config.get("architectures")
+    bits, group = _quantization(config)
+    vision = isinstance(config.get("vision_config"), dict) or (path / "optiq_vision.safetensors").is_file()
+    row = attrs.evolve(row, model_type=info.model_type, quant_bits=bits, quant_group_size=group, vision=vision,
+                       architecture=archs[0] if isinstance(archs, list) and archs else info.model_type)
+    try:
+        family, tier = support_tier(info, host)
+    except Exception as exc:  # a plugin's hook raised: the row says so, the listing goes on
+        family, tier = None, None
+        row = attrs.evolve(row, problem=f"family hooks failed: {exc}")
+    row = attrs.evolve(row, family=family, support_tier=tier)
+    try:
+        summary = weights_summary(path, config)
+    except ModelLoadError as exc:
+        return attrs.evolve(row, problem=row.problem or exc.message)
+    row = attrs.evolve(row, params=summary.params, weight_bytes=summary.weight_bytes + summary.other_bytes)
+    if row.incomplete_files:
+        return attrs.evolve(row, problem=row.problem or f"unfinished download ({row.incomplete_files} partial "
+                            f"files): resume it with `mlxrt get {repo_id}`")
+    return row
+
+
+def scan_library(host: PluginHost | None = None, cache_dir: Path | None = None) -> CacheScan:
+    """Every model repo of the HF cache, one row per repo, by repo id (no network)."""
+    from huggingface_hub import scan_cache_dir
+    from huggingface_hub.errors import CacheNotFound
+
+    root = cache_dir or hf_cache_dir()
+    try:
+        info = scan_cache_dir(root)
+    except CacheNotFound:
+        return CacheScan(root, [], [])
+    rows = []
+    for repo in sorted(info.repos, key=lambda r: r.repo_id):
+        if repo.repo_type != "model":
+            continue
+        revision = repo.refs.get("main") or max(repo.revisions, key=lambda r: r.last_modified, default=None)
+        fields = {"size_bytes": repo.size_on_disk, "revisions": len(repo.revisions),
+                  "incomplete_files": sum(1 for _ in (repo.repo_path / "blobs").glob("*.incomplete"))}
+        if revision is None:
+            rows.append(LocalModel(repo_id=repo.repo_id, revision=None, path=None,
+                                   problem="no snapshot (nothing downloaded yet)", **fields))
+            continue
+        rows.append(describe_snapshot(repo.repo_id, revision.snapshot_path, host,
+                                      revision=revision.commit_hash, **fields))
+    return CacheScan(root, rows, [str(w) for w in info.warnings])
+
+
+def find_local(query: str, models: Iterable[LocalModel]) -> LocalModel:
+    """The local model ``query`` names (its repo id or a unique part of it).
+
+    :raises ModelLoadError: Nothing matches (code ``model_not_found``) or several repos do
+        (code ``ambiguous_model``, the message lists them).
+    """
+    by_id = {m.repo_id: m for m in models}
+    repo = match_local_repo(query, sorted(by_id))
+    if repo is None:
+        raise ModelLoadError(f"no local model matching {query!r} — see `mlxrt ls`, or download it with "
+                             "`mlxrt get ORG/NAME`", param="model", code="model_not_found")
+    return by_id[repo]
+
+
+def delete_repo(repo_id: str, cache_dir: Path | None = None) -> int:
+    """Delete every revision of ``repo_id`` from the HF cache (huggingface-hub's own delete
+    strategy, which removes the blobs no other revision uses); returns the bytes freed."""
+    from huggingface_hub import scan_cache_dir
+
+    info = scan_cache_dir(cache_dir or hf_cache_dir())
+    repo = next((r for r in info.repos if r.repo_id == repo_id and r.repo_type == "model"), None)
+    if repo is None:
+        raise ModelLoadError(f"{repo_id} is not in the Hugging Face cache", code="model_not_found")
+    repo_path = repo.repo_path
+    freed = 0
+    if repo.revisions:
+        # delete_revisions matches commit hashes in every repo it is given: give it this one only
+        only = dataclasses.replace(info, repos=frozenset({repo}))
+        strategy = only.delete_revisions(*(rev.commit_hash for rev in repo.revisions))
+        freed = strategy.expected_freed_size
+        strategy.execute()
+    if repo_path.exists():  # no snapshot left, or only partial blobs: the folder goes too
+        import shutil
+
+        freed += sum(p.stat().st_size for p in repo_path.rglob("*") if p.is_file() and not p.is_symlink())
+        shutil.rmtree(repo_path)
+    return freed
