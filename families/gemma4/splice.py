@@ -30,6 +30,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from mlxrt.compat import masks_overridden
 from mlxrt.errors import InvalidRequest
 from mlxrt.families.gemma4.image_processor import ImageProcessor
 from mlxrt.records import ModelInfo, SplicedPrompt
@@ -93,27 +94,25 @@ def vision_masks(text_model: Any, blocks: Any) -> Iterator[None]:
     import mlx.core as mx
     import numpy as np
 
-    original = text_model._make_masks
+    def override(original: Any) -> Any:
+        def make(h: Any, cache: Any) -> Any:
+            masks = original(h, cache)
+            n = h.shape[1]
+            first = cache and cache[0] is not None and getattr(cache[0], "offset", 0) == 0
+            if n < 2 or not first or n > len(blocks):
+                return masks
+            b = blocks[:n]
+            i, j = np.arange(n)[:, None], np.arange(n)[None, :]
+            same = (b[:, None] == b[None, :]) & (b[:, None] >= 0)
+            window = text_model.window_size or n + 1
+            sliding = mx.array(((j <= i) | same) & (j > i - window))
+            return [sliding if layer.layer_type == "sliding_attention" else m
+                    for layer, m in zip(text_model.layers, masks, strict=True)]
 
-    def make(h: Any, cache: Any) -> Any:
-        masks = original(h, cache)
-        n = h.shape[1]
-        first = cache and cache[0] is not None and getattr(cache[0], "offset", 0) == 0
-        if n < 2 or not first or n > len(blocks):
-            return masks
-        b = blocks[:n]
-        i, j = np.arange(n)[:, None], np.arange(n)[None, :]
-        same = (b[:, None] == b[None, :]) & (b[:, None] >= 0)
-        window = text_model.window_size or n + 1
-        sliding = mx.array(((j <= i) | same) & (j > i - window))
-        return [sliding if layer.layer_type == "sliding_attention" else m
-                for layer, m in zip(text_model.layers, masks, strict=True)]
+        return make
 
-    text_model._make_masks = make  # an instance attribute shadows the method
-    try:
+    with masks_overridden(text_model, override):
         yield
-    finally:
-        del text_model._make_masks
 
 
 class Gemma4Vision:

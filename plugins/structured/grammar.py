@@ -16,6 +16,7 @@ from typing import Any
 
 import attrs
 
+from mlxrt.compat import hf_tokenizer
 from mlxrt.errors import InvalidRequest
 from mlxrt.records import StructuredOutput
 
@@ -111,7 +112,7 @@ def _ll_tokenizer(tokenizer: Any) -> Any:
     import llguidance.hf
     import transformers
 
-    hf = getattr(tokenizer, "_tokenizer", tokenizer)
+    hf = hf_tokenizer(tokenizer)
     if not isinstance(hf, transformers.PreTrainedTokenizerFast):
         raise InvalidRequest("structured outputs need a Hugging Face fast tokenizer; the served model "
                              f"has {type(hf).__name__}", param="response_format",

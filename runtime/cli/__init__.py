@@ -168,12 +168,12 @@ class _GracefulServer:
     def __new__(cls, config: Any, models: Any, grace: float) -> Any:
         import uvicorn
 
+        from mlxrt.compat import forget_captured_signals
+
         class Server(uvicorn.Server):
             def handle_exit(self, sig: int, frame: Any) -> None:
                 super().handle_exit(sig, frame)
-                captured = getattr(self, "_captured_signals", None)
-                if isinstance(captured, list):
-                    captured.clear()
+                forget_captured_signals(self)
 
             async def shutdown(self, sockets: Any = None) -> None:
                 # On the event loop, not in the signal handler: drain takes the engine's locks.

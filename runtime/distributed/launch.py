@@ -15,6 +15,8 @@ from collections.abc import Sequence
 
 import click
 
+from mlxrt.compat import MLX_LAUNCH_CODE
+
 __all__ = ["register", "launch_command"]
 
 
@@ -33,9 +35,8 @@ def launch_command(serve_args: Sequence[str], *, hosts: str | None, hostfile: st
         args.insert(1, "--distributed")
     where = ["--hostfile", hostfile] if hostfile else ["--hosts", hosts or "127.0.0.1,127.0.0.1"]
     # The same interpreter path on every host (as mlx.launch assumes for its own --python).
-    # mlx.launch's module has no __main__ guard: call its entry point (the mlx.launch script's).
     # Without --backend, mlx.launch takes the hostfile's, else ring (nccl with CUDA).
-    return [python, "-c", "from mlx._distributed_utils.launch import main; main()", *where,
+    return [python, "-c", MLX_LAUNCH_CODE, *where,
             *(["--backend", backend] if backend else []), "--starting-port", str(starting_port), *(["--verbose"] if verbose else []),
             "--", python, "-m", "mlxrt.cli", *args]
 

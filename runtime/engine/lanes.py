@@ -22,13 +22,13 @@ from __future__ import annotations
 import contextlib
 import copy
 import logging
-import sys
 import time
 from collections.abc import Callable, Sequence
 from typing import Any
 
 import attrs
 
+from mlxrt.compat import batch_uids
 from mlxrt.errors import EngineError, MlxrtError
 from mlxrt.records import (
     CacheReport,
@@ -497,10 +497,9 @@ class RowAdapterModel:
     row, the adapters that row's request chose (per-row LoRA, see :mod:`mlxrt.engine.adapters`).
 
     ``BatchGenerator`` calls the model for its prompt batch (prefill chunks) and for its
-    generation batch (one decode step) separately, each with that batch's cache list. The
-    batch, and so its ``uids`` in row order, is found by that cache list: the generator's
-    current prompt or generation batch, or (for the batch being split off into generation,
-    which the generator does not hold yet) the batch object making the call.
+    generation batch (one decode step) separately, each with that batch's cache list; the
+    batch's ``uids`` in row order are found by that cache list (:func:`mlxrt.compat.batch_uids`,
+    fenced there because it reads the generator's private batches).
     """
 
     def __init__(self, model: Any, lane: BatchLane, adapters: Any) -> None:
@@ -511,21 +510,11 @@ class RowAdapterModel:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._model, name)
 
-    def _uids(self, cache: Any) -> list[int] | None:
-        gen = self._lane._gen
-        for batch in (getattr(gen, "_generation_batch", None), getattr(gen, "_prompt_batch", None)):
-            if batch is not None and batch.prompt_cache is cache:
-                return list(batch.uids)
-        caller = sys._getframe(2).f_locals.get("self")
-        if caller is not None and getattr(caller, "prompt_cache", None) is cache and hasattr(caller, "uids"):
-            return list(caller.uids)
-        return None
-
     def __call__(self, inputs: Any, *args: Any, cache: Any = None, **kwargs: Any) -> Any:
         registry = self._adapters
         if not registry.selection_needed():
             return self._model(inputs, *args, cache=cache, **kwargs)
-        uids = self._uids(cache)
+        uids = batch_uids(self._lane._gen, cache)  # called here: it looks one frame up
         if uids is None or len(uids) != inputs.shape[0]:
             raise RuntimeError("batch lane: cannot tell which requests the model call's rows belong to, so "
                                "their adapters cannot be applied")

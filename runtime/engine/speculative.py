@@ -38,6 +38,7 @@ from typing import Any
 
 import attrs
 
+from mlxrt.compat import hf_tokenizer
 from mlxrt.errors import ModelLoadError
 from mlxrt.records import LoadedModel, ModelInfo
 
@@ -191,7 +192,7 @@ def check_tokenizers(main: Any, draft: Any, *, main_id: str, draft_id: str) -> N
 def _vocab(tokenizer: Any) -> dict[str, int]:
     get = getattr(tokenizer, "get_vocab", None)
     if get is None:
-        get = tokenizer._tokenizer.get_vocab
+        get = hf_tokenizer(tokenizer).get_vocab
     return dict(get())
 
 

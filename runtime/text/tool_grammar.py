@@ -23,6 +23,7 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from mlxrt.compat import hf_tokenizer
 from mlxrt.records import StructuredOutput
 
 __all__ = ["CallGrammar", "tool_call_constraint", "value_regex", "schema_properties"]
@@ -45,7 +46,7 @@ class CallGrammar:
     ``|`` (alternatives) and ``( )*`` (repetition), as in Lark."""
 
     def __init__(self, tokenizer: Any) -> None:
-        hf = getattr(tokenizer, "_tokenizer", tokenizer)
+        hf = hf_tokenizer(tokenizer)
         added = getattr(hf, "added_tokens_decoder", None) or {}
         self._ids = {str(getattr(tok, "content", tok)): int(i) for i, tok in added.items()}
         texts = sorted((t for t in self._ids if t), key=len, reverse=True)
