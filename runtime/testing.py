@@ -84,7 +84,7 @@ from mlxrt._checkpoint_files import (
 from mlxrt._tokenizer_factory import CHAT_TEMPLATES
 
 __all__ = ["TINY_MODEL_TYPES", "TINY_VARIANTS", "TINY_FAMILY_TYPES", "write_tiny_checkpoint",
-           "write_random_adapter"]
+           "write_random_adapter", "check_family", "FamilyCheck"]
 
 TINY_MODEL_TYPES: tuple[str, ...] = ("llama", "qwen3", "qwen3_5", "gemma3_text", "gemma4_text", "minicpm")
 #: Layout variants: variant -> the model_type its config.json says.
@@ -565,3 +565,7 @@ def write_random_adapter(path: Path, model_path: Path, *, seed: int = 0, rank: i
         "fine_tune_type": "lora", "num_layers": layers - max(first, 0), "model": str(model_path),
         "lora_parameters": {"rank": rank, "scale": scale, "dropout": 0.0, "keys": list(keys)}})
     return path
+
+
+# The conformance runner for plugin authors (its module imports this one lazily; no circle at import).
+from mlxrt.conformance import FamilyCheck, check_family  # noqa: E402

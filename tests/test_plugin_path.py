@@ -90,3 +90,12 @@ def test_example_changes_behaviour_and_broken_does_not_stop_the_server(plugin_di
     assert before.content and not (before.model_extra or {}).get("reasoning")
     assert after.model_extra["reasoning"] == before.content
     assert after.content == ""
+
+
+def test_example_plugin_own_tests_pass_with_the_shipped_fixtures(plugin_dir):
+    """The example's tests use only mlxrt.testing and the mlxrt_* fixtures of the pytest11 plugin
+    (a typo in a fixture name, or a fixture that stops working, fails them here)."""
+    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests"],
+                         cwd=EXAMPLE, env=env_with(plugin_dir), capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-2000:]
+    assert "4 passed" in out.stdout
