@@ -9,7 +9,7 @@ so the route's error renderer applies). Keys are compared in constant time.
 from __future__ import annotations
 
 import hmac
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 
 from litestar.connection import ASGIConnection
@@ -59,7 +59,7 @@ def presented_key(connection: ASGIConnection) -> str | None:
     return key.strip() if key else None
 
 
-def api_key_guard(keys: Sequence[str]):  # noqa: ANN201 - a Litestar guard
+def api_key_guard(keys: Sequence[str]) -> Callable[[ASGIConnection, BaseRouteHandler], None]:
     """A guard admitting requests that present one of ``keys``."""
     encoded = [k.encode() for k in keys]
 

@@ -12,7 +12,19 @@ vision adapter (:mod:`mlxrt.families.gemma4.splice`) whose tower loads on the fi
 
 from __future__ import annotations
 
-from mlxrt import ThinkingFormat, ThinkingKind, ToolStreamMode, hookimpl
+from collections.abc import Callable
+from typing import Any
+
+from mlxrt import (
+    ModelInfo,
+    ThinkingFormat,
+    ThinkingKind,
+    ToolParser,
+    ToolStreamMode,
+    VisionAdapter,
+    hookimpl,
+)
+from mlxrt.host import PluginHost
 
 MLXRT_PLUGIN_KIND = "family"
 MODEL_TYPES = frozenset({"gemma4", "gemma4_text", "gemma4_unified"})
@@ -20,31 +32,31 @@ TOOL_CALL = ("<|tool_call>", "<tool_call|>")
 CHANNEL = ("<|channel>", "<channel|>")
 
 
-def _ours(info) -> bool:  # noqa: ANN001
+def _ours(info: ModelInfo) -> bool:
     if info.model_type in MODEL_TYPES or info.text_model_type in MODEL_TYPES:
         return True
     archs = info.config.get("architectures") or ()
     return any(isinstance(a, str) and a.startswith("Gemma4") for a in archs)
 
 
-def _model_of(host):  # noqa: ANN001, ANN202
+def _model_of(host: PluginHost) -> Callable[[], Any]:
     return lambda: host.engine.loaded.model
 
 
-def _sentinels(info, pair: tuple[str, str]) -> bool:  # noqa: ANN001
+def _sentinels(info: ModelInfo, pair: tuple[str, str]) -> bool:
     """Both markers are single added tokens of this tokenizer."""
     return all(isinstance(info.special_tokens.get(tok), int) for tok in pair)
 
 
 @hookimpl
-def mlxrt_thinking_format(info):  # noqa: ANN001, ANN201
+def mlxrt_thinking_format(info: ModelInfo) -> ThinkingFormat | None:
     if _ours(info) and _sentinels(info, CHANNEL):
         return ThinkingFormat(kind=ThinkingKind.GEMMA_CHANNEL, open=CHANNEL[0] + "thought\n", close=CHANNEL[1])
     return None
 
 
 @hookimpl
-def mlxrt_tool_parser(info):  # noqa: ANN001, ANN201
+def mlxrt_tool_parser(info: ModelInfo) -> ToolParser | None:
     if _ours(info) and _sentinels(info, TOOL_CALL):
         from mlxrt.families.gemma4.tools import Gemma4Parser
 
@@ -53,14 +65,14 @@ def mlxrt_tool_parser(info):  # noqa: ANN001, ANN201
 
 
 @hookimpl
-def mlxrt_tool_stream_mode(info, has_tools):  # noqa: ANN001, ANN201
+def mlxrt_tool_stream_mode(info: ModelInfo, has_tools: bool) -> ToolStreamMode | None:
     if not (_ours(info) and _sentinels(info, TOOL_CALL)):
         return None
     return ToolStreamMode.GEMMA_SENTINEL if has_tools else ToolStreamMode.PLAIN
 
 
 @hookimpl
-def mlxrt_vision(info, host):  # noqa: ANN001, ANN201
+def mlxrt_vision(info: ModelInfo, host: PluginHost) -> VisionAdapter | None:
     vision = info.config.get("vision_config")
     if not _ours(info) or not isinstance(vision, dict) or vision.get("model_type", "gemma4_vision") != "gemma4_vision":
         return None

@@ -10,13 +10,13 @@ are claimed too.
 
 from __future__ import annotations
 
-from mlxrt import ThinkingFormat, ToolStreamMode, hookimpl
+from mlxrt import ModelInfo, ThinkingFormat, ToolParser, ToolStreamMode, hookimpl
 
 MLXRT_PLUGIN_KIND = "family"
 MODEL_TYPES = frozenset({"llama", "minicpm", "minicpm5"})
 
 
-def _ours(info) -> bool:  # noqa: ANN001
+def _ours(info: ModelInfo) -> bool:
     if info.model_type not in MODEL_TYPES:
         return False
     template = info.chat_template or ""
@@ -27,14 +27,14 @@ def _ours(info) -> bool:  # noqa: ANN001
 
 
 @hookimpl
-def mlxrt_thinking_format(info):  # noqa: ANN001, ANN201
+def mlxrt_thinking_format(info: ModelInfo) -> ThinkingFormat | None:
     if _ours(info) and "<think>" in info.special_tokens:
         return ThinkingFormat(open="<think>", close="</think>")
     return None
 
 
 @hookimpl
-def mlxrt_tool_parser(info):  # noqa: ANN001, ANN201
+def mlxrt_tool_parser(info: ModelInfo) -> ToolParser | None:
     if not _ours(info):
         return None
     from mlxrt.families.minicpm5.tools import MiniCPM5Parser
@@ -43,7 +43,7 @@ def mlxrt_tool_parser(info):  # noqa: ANN001, ANN201
 
 
 @hookimpl
-def mlxrt_tool_stream_mode(info, has_tools):  # noqa: ANN001, ANN201
+def mlxrt_tool_stream_mode(info: ModelInfo, has_tools: bool) -> ToolStreamMode | None:
     if not _ours(info):
         return None
     return ToolStreamMode.BUFFERED_TEXT if has_tools else ToolStreamMode.PLAIN

@@ -13,7 +13,8 @@ needs ``<think>`` in the vocabulary.
 
 from __future__ import annotations
 
-from mlxrt import ThinkingFormat, ToolStreamMode, hookimpl
+from mlxrt import LoadedModel, ModelInfo, ThinkingFormat, ToolParser, ToolStreamMode, hookimpl
+from mlxrt.host import PluginHost
 
 MLXRT_PLUGIN_KIND = "family"
 
@@ -25,21 +26,21 @@ MODEL_TYPES = JSON_TOOL_TYPES | XML_TOOL_TYPES
 _ARCHITECTURES = ("Qwen3ForCausalLM", "Qwen3MoeForCausalLM", "Qwen3_5", "Qwen3Next")
 
 
-def _ours(info) -> bool:  # noqa: ANN001
+def _ours(info: ModelInfo) -> bool:
     if info.model_type in MODEL_TYPES:
         return True
     archs = info.config.get("architectures") or ()
     return any(isinstance(a, str) and a.startswith(_ARCHITECTURES) for a in archs)
 
 
-def _xml(info) -> bool:  # noqa: ANN001
+def _xml(info: ModelInfo) -> bool:
     # The template decides (Qwen3-Coder is a qwen3_moe with XML calls); without one, the type.
     template = info.chat_template
     return "<function=" in template if template else info.model_type in XML_TOOL_TYPES
 
 
 @hookimpl
-def mlxrt_load_model(info, host):  # noqa: ANN001, ANN201
+def mlxrt_load_model(info: ModelInfo, host: PluginHost) -> LoadedModel | None:
     trust = bool(host.options.get("trust_remote_code"))
     if info.model_type == "qwen3_5_text":
         from mlx_lm.models import qwen3_5
@@ -61,14 +62,14 @@ def mlxrt_load_model(info, host):  # noqa: ANN001, ANN201
 
 
 @hookimpl
-def mlxrt_thinking_format(info):  # noqa: ANN001, ANN201
+def mlxrt_thinking_format(info: ModelInfo) -> ThinkingFormat | None:
     if _ours(info) and "<think>" in info.special_tokens:
         return ThinkingFormat(open="<think>", close="</think>")
     return None
 
 
 @hookimpl
-def mlxrt_tool_parser(info):  # noqa: ANN001, ANN201
+def mlxrt_tool_parser(info: ModelInfo) -> ToolParser | None:
     if not _ours(info):
         return None
     from mlxrt.families.qwen.tools import Qwen3JsonParser, Qwen3XmlParser
@@ -77,7 +78,7 @@ def mlxrt_tool_parser(info):  # noqa: ANN001, ANN201
 
 
 @hookimpl
-def mlxrt_tool_stream_mode(info, has_tools):  # noqa: ANN001, ANN201
+def mlxrt_tool_stream_mode(info: ModelInfo, has_tools: bool) -> ToolStreamMode | None:
     if not _ours(info):
         return None
     return ToolStreamMode.BUFFERED_TEXT if has_tools else ToolStreamMode.PLAIN

@@ -9,13 +9,17 @@ only when the app is built. The adapters themselves live in :mod:`mlxrt.engine.a
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from mlxrt import hookimpl
+from mlxrt.host import PluginHost
 
 MLXRT_PLUGIN_KIND = "endpoint"
 
 
 @hookimpl
-def mlxrt_routes(host):  # noqa: ANN001, ANN201 - hook signature documented in mlxrt.hookspecs
+def mlxrt_routes(host: PluginHost) -> Sequence[Any]:
     from mlxrt.plugins.adapters.routes import ROUTES
 
     return list(ROUTES)

@@ -9,20 +9,24 @@ when the app is built.
 
 from __future__ import annotations
 
-from mlxrt import hookimpl
+from collections.abc import Sequence
+from typing import Any
+
+from mlxrt import GenerationRequest, hookimpl
+from mlxrt.host import PluginHost
 
 MLXRT_PLUGIN_KIND = "dialect"
 
 
 @hookimpl
-def mlxrt_routes(host):  # noqa: ANN001, ANN201 - hook signature documented in mlxrt.hookspecs
+def mlxrt_routes(host: PluginHost) -> Sequence[Any]:
     from mlxrt.plugins.anthropic.routes import ROUTES
 
     return list(ROUTES)
 
 
 @hookimpl
-def mlxrt_prompt_canonicalize(request, dialect, host):  # noqa: ANN001, ANN201
+def mlxrt_prompt_canonicalize(request: GenerationRequest, dialect: str, host: PluginHost) -> GenerationRequest | None:
     if dialect != "anthropic" or host.engine is None:
         return None
     from mlxrt.plugins.anthropic.canonical import canonical_request

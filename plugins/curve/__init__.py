@@ -8,19 +8,21 @@ apply. The maths is in docs/samplers.md.
 
 from __future__ import annotations
 
-from mlxrt import hookimpl
+from collections.abc import Mapping
+
+from mlxrt import GenerationRequest, Sampler, hookimpl
 
 MLXRT_PLUGIN_KIND = "sampler"
 _DIALECTS = frozenset({"openai"})
 
 
 @hookimpl
-def mlxrt_request_fields(dialect):  # noqa: ANN001, ANN201 - hook signature documented in mlxrt.hookspecs
+def mlxrt_request_fields(dialect: str) -> Mapping[str, type] | None:
     return {"curve": dict} if dialect in _DIALECTS else None
 
 
 @hookimpl
-def mlxrt_prompt_canonicalize(request, dialect):  # noqa: ANN001, ANN201
+def mlxrt_prompt_canonicalize(request: GenerationRequest, dialect: str) -> GenerationRequest | None:
     # Not a rewrite: the last hook before a response starts, so a bad curve is a 400 here even
     # for a streamed request (at admission the stream would already be open).
     if "curve" in request.extra:
@@ -31,7 +33,7 @@ def mlxrt_prompt_canonicalize(request, dialect):  # noqa: ANN001, ANN201
 
 
 @hookimpl
-def mlxrt_sampler(request):  # noqa: ANN001, ANN201
+def mlxrt_sampler(request: GenerationRequest) -> Sampler | None:
     if "curve" not in request.extra:
         return None
     from mlxrt.plugins.curve.params import parse_curve

@@ -8,14 +8,18 @@ logits processors still do). The maths is in docs/samplers.md.
 
 from __future__ import annotations
 
-from mlxrt import hookimpl
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from mlxrt import GenerationRequest, Sampler, hookimpl
+from mlxrt.host import PluginHost
 
 MLXRT_PLUGIN_KIND = "sampler"
 _DIALECTS = frozenset({"openai"})
 
 
 @hookimpl
-def mlxrt_serve_options():  # noqa: ANN201 - hook signature documented in mlxrt.hookspecs
+def mlxrt_serve_options() -> Sequence[Any]:
     import click
 
     from mlxrt.plugins.hlg.settings import KNOB_MAX
@@ -33,12 +37,12 @@ def mlxrt_serve_options():  # noqa: ANN201 - hook signature documented in mlxrt.
 
 
 @hookimpl
-def mlxrt_request_fields(dialect):  # noqa: ANN001, ANN201
+def mlxrt_request_fields(dialect: str) -> Mapping[str, type] | None:
     return {"hlg": dict} if dialect in _DIALECTS else None
 
 
 @hookimpl
-def mlxrt_prompt_canonicalize(request, dialect):  # noqa: ANN001, ANN201
+def mlxrt_prompt_canonicalize(request: GenerationRequest, dialect: str) -> GenerationRequest | None:
     # Not a rewrite: this is the last hook before a response starts, so a bad `hlg` object is a
     # 400 here even for a streamed request (at admission the stream would already be open).
     if "hlg" in request.extra:
@@ -51,7 +55,7 @@ def mlxrt_prompt_canonicalize(request, dialect):  # noqa: ANN001, ANN201
 # trylast: HLG only replaces the *default* sampler. Any other sampler plugin answering for the
 # request (the curve sampler, a third party's) wins over it.
 @hookimpl(trylast=True)
-def mlxrt_sampler(request, host):  # noqa: ANN001, ANN201
+def mlxrt_sampler(request: GenerationRequest, host: PluginHost) -> Sampler | None:
     from mlxrt.plugins.hlg.settings import resolve
 
     settings = resolve(host.options, request.extra.get("hlg"))

@@ -10,13 +10,17 @@ loads only when the app is built.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from mlxrt import hookimpl
+from mlxrt.host import PluginHost
 
 MLXRT_PLUGIN_KIND = "endpoint"
 
 
 @hookimpl
-def mlxrt_routes(host):  # noqa: ANN001, ANN201 - hook signature documented in mlxrt.hookspecs
+def mlxrt_routes(host: PluginHost) -> Sequence[Any]:
     from mlxrt.plugins.pages.routes import ROUTES
 
     return list(ROUTES)

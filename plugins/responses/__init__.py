@@ -8,20 +8,24 @@ resumes from. Route modules import Litestar, so they load only when the app is b
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from mlxrt import hookimpl
+from mlxrt.host import PluginHost
 
 MLXRT_PLUGIN_KIND = "dialect"
 
 
 @hookimpl
-def mlxrt_routes(host):  # noqa: ANN001, ANN201 - hook signature documented in mlxrt.hookspecs
+def mlxrt_routes(host: PluginHost) -> Sequence[Any]:
     from mlxrt.plugins.responses.routes import ROUTES
 
     return list(ROUTES)
 
 
 @hookimpl
-def mlxrt_serve_options():  # noqa: ANN201 - hook signature documented in mlxrt.hookspecs
+def mlxrt_serve_options() -> Sequence[Any]:
     import click
 
     return [
