@@ -10,6 +10,7 @@ from __future__ import annotations
 import pluggy
 
 from mlxrt.records import (
+    EngineKind,
     FamilyProfile,
     FinishedTurn,
     FinishEvent,
@@ -19,6 +20,7 @@ from mlxrt.records import (
     LogitsProcessor,
     ModelInfo,
     PluginRecord,
+    PluginStatus,
     Sampler,
     SamplingParams,
     SplicedPrompt,
@@ -39,6 +41,7 @@ hookimpl = pluggy.HookimplMarker("mlxrt")
 __all__ = [
     "__version__",
     "hookimpl",
+    "EngineKind",
     "FamilyProfile",
     "FinishEvent",
     "FinishedTurn",
@@ -48,6 +51,7 @@ __all__ = [
     "LogitsProcessor",
     "ModelInfo",
     "PluginRecord",
+    "PluginStatus",
     "Sampler",
     "SamplingParams",
     "ThinkingFormat",

@@ -18,6 +18,10 @@ __all__ = [
     "ChatInput",
     "ModelInfo",
     "LoadedModel",
+    "EngineKind",
+    "StructuredKind",
+    "CacheStatus",
+    "PluginStatus",
     "ThinkingFormat",
     "ThinkingKind",
     "ToolStreamMode",
@@ -96,6 +100,13 @@ class ModelInfo:
         return self.config_int("max_position_embeddings")
 
 
+class EngineKind(enum.StrEnum):
+    """How a loaded model generates (``LoadedModel.engine``; plugins may pass the string)."""
+
+    AUTOREGRESSIVE = "autoregressive"
+    DENOISING = "denoising"
+
+
 @attrs.frozen
 class LoadedModel:
     """A loaded model: what ``mlxrt_load_model`` returns.
@@ -112,7 +123,7 @@ class LoadedModel:
 
     model: Any
     tokenizer: Any
-    engine: str = "autoregressive"
+    engine: EngineKind = attrs.field(default=EngineKind.AUTOREGRESSIVE, converter=EngineKind)
     denoiser: Denoiser | None = None
     dtype: Any = None
 
@@ -399,6 +410,16 @@ class GenerationRequest:
     turn_start: int | None = None
 
 
+class StructuredKind(enum.StrEnum):
+    """What a structured-output constraint is (``StructuredOutput.kind``)."""
+
+    JSON_SCHEMA = "json_schema"
+    JSON_OBJECT = "json_object"
+    REGEX = "regex"
+    CHOICE = "choice"
+    LARK = "lark"
+
+
 @attrs.frozen
 class StructuredOutput:
     """An output constraint, independent of the dialect that asked for it and of the grammar
@@ -413,9 +434,18 @@ class StructuredOutput:
         (``response_format``, ``text.format``, ``tools``).
     """
 
-    kind: str
+    kind: StructuredKind = attrs.field(converter=StructuredKind)
     spec: str = ""
     param: str = "response_format"
+
+
+class CacheStatus(enum.StrEnum):
+    """What the prompt cache did for one request (``CacheReport.status``)."""
+
+    HIT = "hit"
+    PARTIAL = "partial"
+    MISS = "miss"
+    OFF = "off"
 
 
 @attrs.frozen
@@ -435,7 +465,7 @@ class CacheReport:
         where the prompt left it), ``no cached prompt``; ``None`` otherwise.
     """
 
-    status: str
+    status: CacheStatus = attrs.field(converter=CacheStatus)
     cached_tokens: int
     prompt_tokens: int
     diverged_at: int | None = None
@@ -522,6 +552,14 @@ class FinishedTurn:
     finish_reason: FinishReason = FinishReason.STOP
 
 
+class PluginStatus(enum.StrEnum):
+    """Whether a plugin is in use (``PluginRecord.status``)."""
+
+    LOADED = "loaded"
+    FAILED = "failed"
+    DISABLED = "disabled"
+
+
 @attrs.frozen
 class PluginRecord:
     """What the host knows about one plugin: shown by ``mlxrt plugins``."""
@@ -530,7 +568,7 @@ class PluginRecord:
     dist: str | None
     version: str | None
     kind: str
-    status: str  # "loaded" | "failed" | "disabled"
+    status: PluginStatus = attrs.field(converter=PluginStatus)
     hooks: tuple[str, ...] = ()
     error: str | None = None
     builtin: bool = False

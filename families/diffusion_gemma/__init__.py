@@ -9,14 +9,15 @@ image. Model code is imported inside the hooks so ``mlxrt plugins`` stays fast.
 
 from __future__ import annotations
 
-from mlxrt import hookimpl
+from mlxrt import EngineKind, LoadedModel, ModelInfo, VisionAdapter, hookimpl
 from mlxrt.errors import ModelLoadError
+from mlxrt.host import PluginHost
 
 MLXRT_PLUGIN_KIND = "family"
 MODEL_TYPES = frozenset({"diffusion_gemma"})
 
 
-def _eos_ids(info) -> list[int]:  # noqa: ANN001
+def _eos_ids(info: ModelInfo) -> list[int]:
     eos = info.generation_config.get("eos_token_id")
     if eos is None:
         eos = (info.config.get("text_config") or {}).get("eos_token_id", 1)
@@ -24,7 +25,7 @@ def _eos_ids(info) -> list[int]:  # noqa: ANN001
 
 
 @hookimpl
-def mlxrt_load_model(info, host):  # noqa: ANN001, ANN201
+def mlxrt_load_model(info: ModelInfo, host: PluginHost) -> LoadedModel | None:
     if info.model_type not in MODEL_TYPES:
         return None
     from mlx_lm.tokenizer_utils import load as load_tokenizer
@@ -41,12 +42,12 @@ def mlxrt_load_model(info, host):  # noqa: ANN001, ANN201
     tokenizer = load_tokenizer(info.path, eos_token_ids=eos)
     schedule = DenoiseSchedule.from_generation_config(info.generation_config)
     chunk = int(host.options.get("prefill_step_size") or 2048)  # --prefill-step-size
-    return LoadedModel(model=model, tokenizer=tokenizer, engine="denoising",
+    return LoadedModel(model=model, tokenizer=tokenizer, engine=EngineKind.DENOISING,
                        denoiser=DiffusionGenerator(model, schedule, eos, prefill_chunk=chunk))
 
 
 @hookimpl
-def mlxrt_vision(info, host):  # noqa: ANN001, ANN201, ARG001
+def mlxrt_vision(info: ModelInfo, host: PluginHost) -> VisionAdapter | None:
     if info.model_type not in MODEL_TYPES:
         return None
     import json
