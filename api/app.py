@@ -78,9 +78,9 @@ async def stats(request: Request) -> dict[str, Any]:
                   "family": engine.profile.family, "tier": engine.profile.tier,
                   "self_test": dict(engine.profile.self_test), "provenance": dict(engine.profile.provenance)},
         "engine": engine.stats(),
-        **({"models": host.models.describe()} if getattr(host, "models", None) is not None else {}),
-        **({"responses": request.app.state["response_store"].stats()}
-           if "response_store" in request.app.state else {}),
+        **({"models": host.models.describe()} if host.models is not None else {}),
+        # the Responses plugin's store (mlxrt.plugins.responses), once a request has made it
+        **({"responses": host.plugin_states["responses"].stats()} if "responses" in host.plugin_states else {}),
         "plugins": {"loaded": [r.name for r in host.loaded()],
                     "failed": {r.name: r.error for r in host.failed()},
                     "route_conflicts": list(host.route_conflicts)},
@@ -236,7 +236,7 @@ def create_app(host: Any, *, cors_origins: list[str] | None = None, debug: bool 
     )
     # Outside routing, so unmatched paths and CORS preflights get an id and are counted too.
     app.asgi_handler = observe(app.asgi_handler, http_metrics)
-    if getattr(host, "models", None) is not None:  # a request holds its model until its response is sent
+    if host.models is not None:  # a request holds its model until its response is sent
         from mlxrt.engine.model_pool import releasing_leases
 
         app.asgi_handler = releasing_leases(app.asgi_handler)

@@ -19,7 +19,7 @@ async def host_for(request: Request, model: Any) -> Any:
     """The plugin host whose ``engine`` answers ``model`` (``None``/``default``: the served
     model). The model is held (never evicted) until the response has been sent."""
     host = request.app.state.host
-    pool = getattr(host, "models", None)
+    pool = host.models
     if pool is None:  # an app built around a bare engine (tests of single pieces)
         return host
     return await pool.host_for(model if isinstance(model, str) else None, request.scope)

@@ -164,7 +164,7 @@ def test_store_options_reach_the_store(tiny_models, serve_app):
     assert oai.responses.retrieve(second.id).output_text == "two"
     with pytest.raises(openai.NotFoundError):
         oai.responses.retrieve(first.id)  # over the byte cap: the least recently used went
-    assert client.app.state.response_store.stats()["evicted"] == 1
+    assert client.app.state.host.plugin_states["responses"].stats()["evicted"] == 1
     assert client.get("/stats").json()["responses"]["evicted"] == 1  # the store reports in /stats
 
 

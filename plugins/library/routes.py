@@ -100,7 +100,7 @@ def _library_rows(host: Any, ctx: int, settings: dict[str, Any]) -> list[dict[st
         models.insert(0, describe_snapshot(served[0], served[1], host, revision=None, size_bytes=_du(served[1]),
                                            revisions=1))
     rows = []
-    pool = getattr(host, "models", None)  # with several models, every resident one is serving
+    pool = host.models  # with several models, every resident one is serving
     resident = {Path(s.source.path) for s in pool.resident()} if pool is not None else set()
     for m in models:
         row = m.describe()

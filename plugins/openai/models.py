@@ -70,7 +70,7 @@ def cached_model_rows(cache_dir: Path | None = None) -> list[dict[str, Any]]:
 
 def _served_row(request: Request) -> dict[str, Any]:
     host = request.app.state.host
-    pool = getattr(host, "models", None)
+    pool = host.models
     # The served model's row, also while another model is swapped in (its profile outlives its engine).
     profile = pool.primary.profile if pool is not None and pool.primary.profile is not None else host.engine.profile
     info = profile.info

@@ -57,15 +57,13 @@ RESPONSES_DEFAULT_MAX_TOKENS = 65536
 
 
 def store_of(request: Request) -> ResponseStore:
-    """The app's response store, made on first use with the server's options."""
-    state = request.app.state
-    store = state.get("response_store")
-    if store is None:
-        options = state.host.options
-        store = ResponseStore(ttl_s=float(options.get("response_store_ttl") or DEFAULT_TTL_S),
-                              max_bytes=int(options.get("response_store_bytes") or DEFAULT_MAX_BYTES))
-        state["response_store"] = store
-    return store
+    """The host's response store (its ``plugin_state("responses")``), made on first use with
+    the server's options."""
+    host = request.app.state.host
+    options = host.options
+    return host.plugin_state("responses", lambda: ResponseStore(
+        ttl_s=float(options.get("response_store_ttl") or DEFAULT_TTL_S),
+        max_bytes=int(options.get("response_store_bytes") or DEFAULT_MAX_BYTES)))
 
 
 def owner_of(request: Request) -> str:
