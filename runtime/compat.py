@@ -7,18 +7,18 @@ tests/test_compat.py that fails by name when the dependency changes, so an upgra
 Nothing outside this module may touch a private name of mlx, mlx-lm, uvicorn or Litestar.
 
 The pin in pyproject.toml (``mlx-lm``) names the versions these tests were run against.
+One more contract with mlx-lm lives outside (it uses only public names): the batch lane's
+``RowTag`` rides in ``BatchGenerator``'s cache lists (:mod:`mlxrt.lanes`); its test is here too.
 """
 
 from __future__ import annotations
 
 import contextlib
-import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
 __all__ = [
     "MLX_LAUNCH_CODE",
-    "batch_uids",
     "forget_captured_signals",
     "hf_tokenizer",
     "masks_overridden",
@@ -60,21 +60,3 @@ def masks_overridden(text_model: Any, make: Callable[[Callable[[Any, Any], Any]]
         yield
     finally:
         del text_model._make_masks
-
-
-def batch_uids(generator: Any, cache: Any) -> list[int] | None:
-    """The uids, in row order, of the batch of mlx-lm's ``BatchGenerator`` whose model call
-    passed ``cache`` (its per-layer cache list); ``None`` when no batch holds it.
-
-    The generator calls the model for its prompt batch (prefill chunks), for its generation
-    batch (one decode step), and for the batch being split off into generation, which it
-    does not hold yet: that one is the ``GenerationBatch`` whose constructor is making the
-    call: the caller of the model wrapper whose ``__call__`` calls this function.
-    """
-    for batch in (generator._generation_batch, generator._prompt_batch):
-        if batch is not None and batch.prompt_cache is cache:
-            return list(batch.uids)
-    caller = sys._getframe(2).f_locals.get("self")
-    if caller is not None and getattr(caller, "prompt_cache", None) is cache and hasattr(caller, "uids"):
-        return list(caller.uids)
-    return None

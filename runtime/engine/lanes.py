@@ -28,7 +28,6 @@ from typing import Any
 
 import attrs
 
-from mlxrt.compat import batch_uids
 from mlxrt.errors import EngineError, MlxrtError
 from mlxrt.records import (
     CacheReport,
@@ -378,8 +377,11 @@ class BatchLane:
         self.tick = tick
         self.rows: dict[int, Row] = {}
         self.served = 0
+        self._model = model
+        #: With adapters, every row's cache list ends in a RowTag (see RowAdapterModel).
+        self._tagged = adapters is not None
         if adapters is not None:
-            model = RowAdapterModel(model, self, adapters)
+            model = RowAdapterModel(model, adapters)
         self._snapshots: dict[int, set[int]] = {}  # uid -> prompt lengths still to snapshot at
         self._gen = BatchGenerator(
             model, completion_batch_size=size, prefill_batch_size=min(prefill_batch_size, size),
@@ -406,7 +408,7 @@ class BatchLane:
         (uid,) = self._gen.insert_segments(
             segments=[[prompt[a:b] for a, b in zip(bounds, bounds[1:], strict=False)]],
             max_tokens=[row.request.max_tokens],
-            caches=[row.cache] if row.cache is not None else None,
+            caches=[self._tag(row, row.cache)] if row.cache is not None or self._tagged else None,
             all_tokens=[prompt[:row.reused]],
             samplers=[row.sampler],
             logits_processors=[row.processors],
@@ -425,7 +427,7 @@ class BatchLane:
         (uid,) = self._gen.insert(
             prompts=[row.generated[-1:]],
             max_tokens=[row.request.max_tokens - len(row.generated)],
-            caches=[row.cache],
+            caches=[self._tag(row, row.cache)],
             all_tokens=[prompt + row.generated[:-1]],
             samplers=[row.sampler],
             logits_processors=[row.processors],
@@ -442,6 +444,7 @@ class BatchLane:
             if row is None or not wanted or not progress.end_of_segment or progress.end_of_prompt:
                 continue
             for cache, tokens in self._gen.extract_cache([progress.uid]).values():
+                cache = _untag(cache)
                 if len(tokens) in wanted:
                     wanted.discard(len(tokens))
                     row.snapshots.append((list(tokens), cache))
@@ -482,7 +485,19 @@ class BatchLane:
             cache, tokens = caches.get(uid, (None, []))
             self._end(row, row.ending or FinishReason.CANCELLED, cache, tokens)
 
+    def _tag(self, row: Row, cache: list[Any] | None) -> list[Any] | None:
+        """The row's cache list as the generator gets it: with adapters, a fresh cache when the
+        row brings none, and a :class:`RowTag` of the row as its last entry."""
+        if not self._tagged:
+            return cache
+        if cache is None:
+            from mlx_lm.models.cache import make_prompt_cache
+
+            cache = make_prompt_cache(self._model)
+        return [*cache, RowTag([row])]
+
     def _end(self, row: Row, reason: FinishReason, cache: Any, tokens: Sequence[int] | None) -> None:
+        cache = _untag(cache)
         self.rows.pop(row.uid, None)
         self._snapshots.pop(row.uid, None)
         self.served += 1
@@ -492,36 +507,84 @@ class BatchLane:
         self._gen.close()
 
 
+class RowTag:
+    """The last entry of a batch lane row's cache list when adapters are served: the rows of
+    the batch, in row order, kept in step by mlx-lm's ``BatchGenerator`` itself.
+
+    The generator merges, splits, filters, extends and extracts a batch's cache list entry by
+    entry through the cache protocol (``merge``, ``filter``, ``extend``, ``extract``,
+    ``prepare``, ``finalize``, ``state``, ``nbytes``), so this entry always lists the rows of
+    the batch it rides with, in the order of the model call's inputs. No model layer reads it:
+    :class:`RowAdapterModel` takes it off before the model sees the list, and the lane takes it
+    off every cache the generator hands back.
+    """
+
+    nbytes = 0
+
+    def __init__(self, rows: list[Row]) -> None:
+        self.rows = rows
+
+    @property
+    def state(self) -> list[Any]:
+        return []
+
+    def merge(self, tags: Sequence[RowTag]) -> RowTag:
+        return RowTag([row for tag in tags for row in tag.rows])
+
+    def extend(self, other: RowTag) -> None:
+        self.rows.extend(other.rows)
+
+    def filter(self, keep: Sequence[int]) -> None:
+        self.rows = [self.rows[i] for i in keep]
+
+    def extract(self, idx: int) -> RowTag:
+        return RowTag([self.rows[idx]])
+
+    def prepare(self, **_: Any) -> None:
+        return None
+
+    def finalize(self) -> None:
+        return None
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> RowTag:
+        return RowTag(list(self.rows))  # the generator copies caches when it splits a batch: not the rows
+
+
+def _untag(cache: Any) -> Any:
+    """``cache`` without its :class:`RowTag` (a cache list the generator handed back)."""
+    if cache and isinstance(cache[-1], RowTag):
+        return cache[:-1]
+    return cache
+
+
 class RowAdapterModel:
     """The model as the batch lane's generator sees it: before each call it selects, per
     row, the adapters that row's request chose (per-row LoRA, see :mod:`mlxrt.engine.adapters`).
 
-    ``BatchGenerator`` calls the model for its prompt batch (prefill chunks) and for its
-    generation batch (one decode step) separately, each with that batch's cache list; the
-    batch's ``uids`` in row order are found by that cache list (:func:`mlxrt.compat.batch_uids`,
-    fenced there because it reads the generator's private batches).
+    ``BatchGenerator`` calls the model for its prompt batch (prefill chunks), for its
+    generation batch (one decode step) and for a batch it splits off into generation, each
+    with that batch's cache list, whose last entry is the :class:`RowTag` naming its rows.
     """
 
-    def __init__(self, model: Any, lane: BatchLane, adapters: Any) -> None:
+    def __init__(self, model: Any, adapters: Any) -> None:
         self._model = model
-        self._lane = lane
         self._adapters = adapters
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self._model, name)
 
     def __call__(self, inputs: Any, *args: Any, cache: Any = None, **kwargs: Any) -> Any:
+        tag = cache[-1] if cache and isinstance(cache[-1], RowTag) else None
+        layers = cache[:-1] if tag is not None else cache
         registry = self._adapters
         if not registry.selection_needed():
-            return self._model(inputs, *args, cache=cache, **kwargs)
-        uids = batch_uids(self._lane._gen, cache)  # called here: it looks one frame up
-        if uids is None or len(uids) != inputs.shape[0]:
+            return self._model(inputs, *args, cache=layers, **kwargs)
+        if tag is None or len(tag.rows) != inputs.shape[0]:
             raise RuntimeError("batch lane: cannot tell which requests the model call's rows belong to, so "
                                "their adapters cannot be applied")
-        rows = [self._lane.rows[u].adapters if u in self._lane.rows else () for u in uids]
-        registry.select_rows(rows)
+        registry.select_rows([row.adapters for row in tag.rows])
         try:
-            return self._model(inputs, *args, cache=cache, **kwargs)
+            return self._model(inputs, *args, cache=layers, **kwargs)
         finally:
             registry.selection.active = ()
 
