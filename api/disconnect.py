@@ -21,7 +21,7 @@ from litestar.types import Receive
 
 from mlxrt.errors import MlxrtError
 from mlxrt.records import CacheReport, FinishEvent, GenerationRequest, TokenEvent
-from mlxrt.responses import drain
+from mlxrt.assembly import drain
 
 __all__ = ["ClientDisconnected", "until_disconnect", "off_loop", "start_generation", "closing_on_error",
            "drain_until_disconnect"]
@@ -101,7 +101,7 @@ async def start_generation(request: Request, engine: Any, generation: Generation
 
 async def drain_until_disconnect(request: Request, gen: Any,
                                  on_text: Callable[[str], Any]) -> tuple[FinishEvent, list[TokenEvent]]:
-    """The non-streaming path: :func:`mlxrt.responses.drain` the whole generation, cancelled
+    """The non-streaming path: :func:`mlxrt.assembly.drain` the whole generation, cancelled
     (and ``gen`` closed, freeing its batch row) when the client leaves; ``gen`` is closed on return."""
     async with aclosing(gen):
         return await until_disconnect(request, drain(gen, on_text))

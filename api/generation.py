@@ -25,7 +25,7 @@ from mlxrt.records import (
     StructuredOutput,
     ToolCall,
 )
-from mlxrt.responses import ResponseAssembler
+from mlxrt.assembly import ResponseAssembler
 from mlxrt.templating import canonicalize
 
 __all__ = ["CACHE_HEADER", "response_headers", "plan_generation", "forced_openings", "guarded",

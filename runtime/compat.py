@@ -8,7 +8,7 @@ Nothing outside this module may touch a private name of mlx, mlx-lm, uvicorn or 
 
 The pin in pyproject.toml (``mlx-lm``) names the versions these tests were run against.
 One more contract with mlx-lm lives outside (it uses only public names): the batch lane's
-``RowTag`` rides in ``BatchGenerator``'s cache lists (:mod:`mlxrt.lanes`); its test is here too.
+``RowTag`` rides in ``BatchGenerator``'s cache lists (:mod:`mlxrt.engine.lanes`); its test is here too.
 """
 
 from __future__ import annotations

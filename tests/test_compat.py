@@ -77,14 +77,14 @@ def test_gemma4_make_masks_is_overridden_for_a_forward(tmp_path):
 
 
 def test_batch_generator_keeps_row_tags_in_step(tmp_path):
-    """The batch lane's RowTag (the last entry of each row's cache list, see mlxrt.lanes) names
+    """The batch lane's RowTag (the last entry of each row's cache list, see mlxrt.engine.lanes) names
     the rows of every model call of mlx-lm's BatchGenerator, in row order: prefill chunks, the
     split into generation, decode steps, after a removal, and in the caches handed back."""
     from mlx_lm.generate import BatchGenerator
     from mlx_lm.models.cache import make_prompt_cache
     from mlx_lm.utils import load_model
 
-    from mlxrt.lanes import RowTag
+    from mlxrt.engine.lanes import RowTag
 
     model, _ = load_model(write_tiny_checkpoint(tmp_path / "q", "qwen3"))
     calls: list[list[str]] = []

@@ -15,7 +15,7 @@ from tokenizers import Tokenizer
 
 from mlxrt import hookimpl
 from mlxrt.records import FinishEvent, FinishReason, TokenEvent
-from mlxrt.responses import LogprobTrail
+from mlxrt.assembly import LogprobTrail
 
 MSG = [{"role": "user", "content": "Tell me about the sea."}]
 

@@ -38,7 +38,7 @@ from mlxrt.plugins.anthropic.encode import (
     message_id,
 )
 from mlxrt.records import GenerationRequest
-from mlxrt.responses import ResponseAssembler
+from mlxrt.assembly import ResponseAssembler
 from mlxrt.templating import RenderedPrompt, render_chat, rendered_request
 
 __all__ = ["ROUTES"]

@@ -38,7 +38,7 @@ from mlxrt.plugins.openai.encode import (
     text_completion_chunk,
 )
 from mlxrt.records import FinishEvent, GenerationRequest, TokenEvent
-from mlxrt.responses import LogprobTrail
+from mlxrt.assembly import LogprobTrail
 from mlxrt.templating import encode_text
 
 __all__ = ["completions", "COMPLETIONS_DEFAULT_MAX_TOKENS"]

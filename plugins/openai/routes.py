@@ -37,7 +37,7 @@ from mlxrt.plugins.openai.encode import (
 )
 from mlxrt.plugins.openai.models import get_model, list_models
 from mlxrt.records import FinishEvent, GenerationRequest, TokenEvent
-from mlxrt.responses import LogprobTrail, ResponseAssembler
+from mlxrt.assembly import LogprobTrail, ResponseAssembler
 from mlxrt.templating import RenderedPrompt, render_chat, rendered_request
 
 __all__ = ["ROUTES"]

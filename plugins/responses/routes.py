@@ -47,7 +47,7 @@ from mlxrt.plugins.responses.encode import (
 )
 from mlxrt.plugins.responses.store import DEFAULT_MAX_BYTES, DEFAULT_TTL_S, ResponseStore
 from mlxrt.records import ChatInput, GenerationRequest
-from mlxrt.responses import ResponseAssembler
+from mlxrt.assembly import ResponseAssembler
 from mlxrt.templating import RenderedPrompt, render_chat, rendered_request
 
 __all__ = ["ROUTES", "store_of", "owner_of"]

@@ -141,7 +141,7 @@ class EngineEditor:
 
         from mlxrt.api.generation import json_schema_output, plan_generation, prepare
         from mlxrt.records import ChatInput
-        from mlxrt.responses import ResponseAssembler, drain
+        from mlxrt.assembly import ResponseAssembler, drain
         from mlxrt.templating import render_chat
 
         host, engine = self.host, self.host.engine
