@@ -19,9 +19,9 @@ import anyio
 from litestar import Request
 from litestar.types import Receive
 
+from mlxrt.assembly import drain
 from mlxrt.errors import MlxrtError
 from mlxrt.records import CacheReport, FinishEvent, GenerationRequest, TokenEvent
-from mlxrt.assembly import drain
 
 __all__ = ["ClientDisconnected", "until_disconnect", "off_loop", "start_generation", "closing_on_error",
            "drain_until_disconnect"]

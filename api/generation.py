@@ -13,6 +13,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import aclosing
 from typing import Any, Protocol
 
+from mlxrt.assembly import ResponseAssembler
 from mlxrt.engine.admission import plan_max_tokens
 from mlxrt.engine.sampling import resolve_sampling
 from mlxrt.errors import InvalidRequest, MlxrtError, OverBudget
@@ -25,7 +26,6 @@ from mlxrt.records import (
     StructuredOutput,
     ToolCall,
 )
-from mlxrt.assembly import ResponseAssembler
 from mlxrt.templating import canonicalize
 
 __all__ = ["CACHE_HEADER", "response_headers", "plan_generation", "forced_openings", "guarded",

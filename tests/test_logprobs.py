@@ -14,8 +14,8 @@ from support import Scripted, openai_client
 from tokenizers import Tokenizer
 
 from mlxrt import hookimpl
-from mlxrt.records import FinishEvent, FinishReason, TokenEvent
 from mlxrt.assembly import LogprobTrail
+from mlxrt.records import FinishEvent, FinishReason, TokenEvent
 
 MSG = [{"role": "user", "content": "Tell me about the sea."}]
 

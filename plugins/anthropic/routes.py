@@ -29,6 +29,7 @@ from mlxrt.api.generation import (
 from mlxrt.api.models import host_for
 from mlxrt.api.sse import sse_response
 from mlxrt.api.wire import parse_json_object
+from mlxrt.assembly import ResponseAssembler
 from mlxrt.plugins.anthropic.decode import DecodedMessages, decode_messages
 from mlxrt.plugins.anthropic.encode import (
     ROUTE_OPT,
@@ -38,7 +39,6 @@ from mlxrt.plugins.anthropic.encode import (
     message_id,
 )
 from mlxrt.records import GenerationRequest
-from mlxrt.assembly import ResponseAssembler
 from mlxrt.templating import RenderedPrompt, render_chat, rendered_request
 
 __all__ = ["ROUTES"]

@@ -27,6 +27,7 @@ from mlxrt.api.generation import prepare, refuse_overlong_text
 from mlxrt.api.models import host_for
 from mlxrt.api.sse import sse_data, sse_response
 from mlxrt.api.wire import parse_json_object
+from mlxrt.assembly import LogprobTrail
 from mlxrt.plugins.openai.decode import build_generation, decode_completion
 from mlxrt.plugins.openai.encode import (
     ROUTE_OPT,
@@ -38,7 +39,6 @@ from mlxrt.plugins.openai.encode import (
     text_completion_chunk,
 )
 from mlxrt.records import FinishEvent, GenerationRequest, TokenEvent
-from mlxrt.assembly import LogprobTrail
 from mlxrt.templating import encode_text
 
 __all__ = ["completions", "COMPLETIONS_DEFAULT_MAX_TOKENS"]

@@ -22,6 +22,7 @@ from mlxrt.api.generation import prepare, refuse_overlong_text, turn_observer
 from mlxrt.api.models import host_for
 from mlxrt.api.sse import sse_data, sse_response
 from mlxrt.api.wire import parse_json_object
+from mlxrt.assembly import LogprobTrail, ResponseAssembler
 from mlxrt.plugins.openai.completions import completions
 from mlxrt.plugins.openai.decode import DecodedChat, build_generation, decode_chat
 from mlxrt.plugins.openai.embeddings import embeddings
@@ -37,7 +38,6 @@ from mlxrt.plugins.openai.encode import (
 )
 from mlxrt.plugins.openai.models import get_model, list_models
 from mlxrt.records import FinishEvent, GenerationRequest, TokenEvent
-from mlxrt.assembly import LogprobTrail, ResponseAssembler
 from mlxrt.templating import RenderedPrompt, render_chat, rendered_request
 
 __all__ = ["ROUTES"]

@@ -30,6 +30,7 @@ from mlxrt.api.generation import (
 from mlxrt.api.models import host_for
 from mlxrt.api.sse import sse_response
 from mlxrt.api.wire import parse_json_object
+from mlxrt.assembly import ResponseAssembler
 from mlxrt.errors import NotFound
 from mlxrt.plugins.responses.decode import (
     DecodedResponse,
@@ -47,7 +48,6 @@ from mlxrt.plugins.responses.encode import (
 )
 from mlxrt.plugins.responses.store import DEFAULT_MAX_BYTES, DEFAULT_TTL_S, ResponseStore
 from mlxrt.records import ChatInput, GenerationRequest
-from mlxrt.assembly import ResponseAssembler
 from mlxrt.templating import RenderedPrompt, render_chat, rendered_request
 
 __all__ = ["ROUTES", "store_of", "owner_of"]

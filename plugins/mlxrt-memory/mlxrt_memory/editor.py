@@ -140,8 +140,8 @@ class EngineEditor:
         import anyio
 
         from mlxrt.api.generation import json_schema_output, plan_generation, prepare
-        from mlxrt.records import ChatInput
         from mlxrt.assembly import ResponseAssembler, drain
+        from mlxrt.records import ChatInput
         from mlxrt.templating import render_chat
 
         host, engine = self.host, self.host.engine
