@@ -12,18 +12,14 @@ from typing import Any
 from litestar import Request, Response, post
 
 from mlxrt.api.app import claimed_fields
-from mlxrt.api.disconnect import (
-    closing_on_error,
-    drain_until_disconnect,
-    off_loop,
-    start_generation,
-)
-from mlxrt.api.generation import prepare, refuse_overlong_text, turn_observer
+from mlxrt.api.disconnect import closing_on_error, drain_until_disconnect, start_generation
+from mlxrt.api.generation import refuse_overlong_text
 from mlxrt.api.models import host_for
+from mlxrt.api.pipeline import Turn, assembler_for, planned_chat
 from mlxrt.api.sse import sse_data, sse_response
 from mlxrt.api.wire import parse_json_object
 from mlxrt.plugins.openai.completions import completions
-from mlxrt.plugins.openai.decode import DecodedChat, build_generation, decode_chat
+from mlxrt.plugins.openai.decode import DecodedChat, decode_chat
 from mlxrt.plugins.openai.embeddings import embeddings
 from mlxrt.plugins.openai.encode import (
     ROUTE_OPT,
@@ -38,7 +34,7 @@ from mlxrt.plugins.openai.encode import (
 from mlxrt.plugins.openai.models import get_model, list_models
 from mlxrt.records import FinishEvent, GenerationRequest, TokenEvent
 from mlxrt.responses import LogprobTrail, ResponseAssembler
-from mlxrt.templating import RenderedPrompt, render_chat, rendered_request
+from mlxrt.templating import RenderedPrompt
 
 __all__ = ["ROUTES"]
 
@@ -51,33 +47,27 @@ def _host(request: Request) -> Any:
     return request.app.state.host
 
 
-async def _prepare(request: Request) -> tuple[Any, DecodedChat, RenderedPrompt, GenerationRequest]:
+async def _prepare(request: Request) -> tuple[Any, DecodedChat, Turn, RenderedPrompt, GenerationRequest]:
     host = _host(request)
     body = parse_json_object(await request.body())
     decoded = decode_chat(body, claimed_fields(host, "openai"), strict=bool(host.options.get("strict")))
     host = await host_for(request, decoded.request.model)
     await refuse_overlong_text(request, body, host)
-    engine = host.engine
-    rendered = await off_loop(request, render_chat, host, engine.tokenizer, engine.profile, decoded.chat)
-    gen = build_generation(host, decoded.options, rendered.ids, request_id=f"chatcmpl-{uuid.uuid4()}",
-                           default_max_tokens=CHAT_DEFAULT_MAX_TOKENS, tools=decoded.chat.tools)
-    gen = rendered_request(gen, rendered)
-    await prepare(host, gen)
-    return host, decoded, rendered, gen
+    turn = Turn(chat=decoded.chat, options=decoded.options.run)
+    rendered, gen = await planned_chat(request, host, turn.chat, turn.options, dialect="openai",
+                                       request_id=f"chatcmpl-{uuid.uuid4()}",
+                                       default_max_tokens=CHAT_DEFAULT_MAX_TOKENS)
+    return host, decoded, turn, rendered, gen
 
 
 @post(["/v1/chat/completions", "/chat/completions"], status_code=200, opt=ROUTE_OPT,
       summary="Create a chat completion", tags=["openai"])
 async def chat_completions(request: Request) -> Response:
-    host, decoded, rendered, generation = await _prepare(request)
+    host, decoded, turn, rendered, generation = await _prepare(request)
     engine = host.engine
     model = engine.info.model_id
     created = int(time.time())
-    assembler = ResponseAssembler(engine.profile, tools=decoded.chat.tools,
-                                  starts_in_thinking=rendered.starts_in_thinking,
-                                  on_finish=turn_observer(host, dialect="openai",
-                                                          request_id=generation.request_id,
-                                                          messages=decoded.chat.messages))
+    assembler = assembler_for(host, turn, rendered, generation)
     # Admission errors (queue full, a failing sampler hook) surface here, as the status.
     gen, report = await start_generation(request, engine, generation)
     async with closing_on_error(gen):  # until a stream owns it
