@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import aclosing
 from typing import Any, Protocol
 
+from mlxrt.capabilities import STRUCTURED_OUTPUTS, declared
 from mlxrt.errors import InvalidRequest, MlxrtError, OverBudget
 from mlxrt.records import (
     CacheReport,
@@ -113,7 +114,7 @@ def structured_output(value: Any, *, param: str = "response_format",
     "strict"}}`` (``flat``: the Responses shape, ``name``/``schema`` beside ``type``); and the
     mlxrt extensions ``{"type": "regex", "regex": "..."}`` and ``{"type": "choice",
     "choices": ["a", "b"]}``. Whether the schema compiles is checked later, off the event loop
-    (:func:`mlxrt.api.pipeline.prepare`).
+    (:func:`mlxrt.api.pipeline.planned_chat`).
     """
     import json
 
@@ -168,7 +169,7 @@ def forced_tool_call(host: Any, names: Sequence[str], tools: Sequence[Mapping[st
     ``(forced_prefixes, structured)`` for its :class:`~mlxrt.records.GenerationRequest`.
 
     By grammar when the family's parser describes its calls (``call_grammar``, see
-    :mod:`mlxrt.text.tool_grammar`) and the structured-outputs plugin is installed: the whole call,
+    :mod:`mlxrt.text.tool_grammar`) and a plugin declares ``structured_outputs`` (:mod:`mlxrt.capabilities`): the whole call,
     markup and schema-valid arguments, is enforced. Otherwise the call's opening is forced
     (:func:`forced_openings`) and the model writes the arguments. A forced call cannot also
     follow another constraint (``response_format``): the client's 400.
@@ -179,7 +180,7 @@ def forced_tool_call(host: Any, names: Sequence[str], tools: Sequence[Mapping[st
     from mlxrt.text.tool_grammar import tool_call_constraint
 
     engine = host.engine
-    if host.pm.hook.mlxrt_prepare_request.get_hookimpls():
+    if STRUCTURED_OUTPUTS in declared(host):
         lead = reasoning_lead(engine.profile, engine.tokenizer, prompt_ids)
         constraint = tool_call_constraint(engine.profile, engine.tokenizer, names, tools, lead, param=param)
         if constraint is not None:

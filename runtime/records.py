@@ -27,6 +27,7 @@ __all__ = [
     "ToolCallGrammar",
     "StructuredOutput",
     "RequestOptions",
+    "Capabilities",
     "VisionAdapter",
     "Denoiser",
     "SplicedPrompt",
@@ -460,6 +461,23 @@ class RequestOptions:
     structured: StructuredOutput | None = None
     num_draft_tokens: int | None = None
     extra: Mapping[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class Capabilities:
+    """What the server can do for requests to one served model, stated, not guessed
+    (:func:`mlxrt.capabilities.capabilities`).
+
+    :ivar structured_outputs: Output constraints (``response_format``, ``text.format``, forced
+        tool-call grammars) are enforced: a plugin declares ``structured_outputs`` in
+        ``mlxrt_capabilities``.
+    :ivar vision: The model reads images (its family answered ``mlxrt_vision``).
+    :ivar embeddings: The model is an embedding model (``/v1/embeddings``).
+    """
+
+    structured_outputs: bool = False
+    vision: bool = False
+    embeddings: bool = False
 
 
 @attrs.frozen
