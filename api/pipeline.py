@@ -21,7 +21,8 @@ Writing a dialect: docs/plugins/dialects.md.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 import attrs
@@ -56,6 +57,7 @@ from mlxrt.records import (
     FinishReason,
     GenerationRequest,
     RequestOptions,
+    TokenEvent,
     ToolCall,
 )
 from mlxrt.responses import ResponseAssembler
@@ -67,7 +69,7 @@ from mlxrt.templating import (
     rendered_request,
 )
 
-__all__ = ["Turn", "Answer", "Dialect", "plan", "prepare_request", "prepare", "planned_chat", "planned_text",
+__all__ = ["Turn", "Answer", "Dialect", "Framed", "plan", "prepare_request", "prepare", "planned_chat", "planned_text",
            "assembler_for", "serve_chat", "route_opt",
            # Re-exported so a dialect needs this module, mlxrt.records and mlxrt.errors only:
            "ChatInput", "FrameWriter", "sse_data", "sse_event"]
@@ -83,6 +85,7 @@ class Turn:
     :ivar stream: Answer as a stream of frames rather than one body.
     :ivar headers: Response headers the decoder adds (``x-mlxrt-ignored`` …).
     :ivar single_call: Keep only the first tool call (the client turned parallel calls off).
+    :ivar wire: The dialect's own decoded body, for its encoder (the pipeline never reads it).
     """
 
     chat: ChatInput
@@ -91,11 +94,17 @@ class Turn:
     stream: bool = False
     headers: Mapping[str, str] = attrs.field(factory=dict)
     single_call: bool = False
+    wire: Any = None
 
 
 @attrs.frozen
 class Answer:
-    """A complete, non-streamed answer, ready for a dialect's body encoder."""
+    """A complete, non-streamed answer, ready for a dialect's body encoder.
+
+    ``created``: when the request was planned (Unix seconds); ``logprobs``: the emitted tokens'
+    events when the request asked for log-probabilities, else ``None``; ``turn``: the decoded
+    request it answers.
+    """
 
     id: str
     model: str
@@ -104,6 +113,9 @@ class Answer:
     calls: tuple[ToolCall, ...]
     reason: FinishReason
     finish: FinishEvent
+    created: int = 0
+    logprobs: tuple[TokenEvent, ...] | None = None
+    turn: Turn | None = None
 
 
 @runtime_checkable
@@ -134,8 +146,11 @@ class Dialect(Protocol):
         """The non-streamed response body (JSON-serializable)."""
         ...
 
-    def frames(self, *, id: str, model: str, report: CacheReport) -> FrameWriter:
-        """The stream grammar for one streamed answer."""
+    def stream(self, gen: Any, assembler: ResponseAssembler, *, id: str, model: str, created: int,
+               report: CacheReport, turn: Turn) -> AsyncIterator[bytes]:
+        """A streamed answer's frames: engine events (``gen``, which the stream owns and closes)
+        through ``assembler`` into the wire's frames. Most dialects inherit it from
+        :class:`Framed` and write only a :class:`~mlxrt.api.generation.FrameWriter`."""
         ...
 
     def render_error(self, status: int, type_: str, message: str, param: str | None,
@@ -146,6 +161,20 @@ class Dialect(Protocol):
     def error_frame(self, exc: MlxrtError) -> bytes:
         """An error that happens after the stream started, as one frame."""
         ...
+
+
+class Framed:
+    """Base of a dialect whose stream is a grammar over assembled deltas: define
+    :meth:`frames`; :meth:`stream` drives it with :func:`mlxrt.api.generation.assembled_stream`."""
+
+    def frames(self, *, id: str, model: str, report: CacheReport, turn: Turn) -> FrameWriter:
+        """The stream grammar for one streamed answer."""
+        raise NotImplementedError
+
+    def stream(self, gen: Any, assembler: ResponseAssembler, *, id: str, model: str, created: int,
+               report: CacheReport, turn: Turn) -> AsyncIterator[bytes]:
+        writer = self.frames(id=id, model=model, report=report, turn=turn)
+        return assembled_stream(gen, assembler, writer, single_call=turn.single_call)
 
 
 def route_opt(dialect: Dialect) -> dict[str, Any]:
@@ -259,17 +288,21 @@ async def serve_chat(request: Request, dialect: Dialect) -> Response:
                                               default_max_tokens=dialect.default_max_tokens)
     engine = host.engine
     model = engine.info.model_id
+    created = int(time.time())
     assembler = assembler_for(host, turn, rendered, generation)
+    # Admission errors (queue full, a failing sampler hook) surface here, as the status.
     gen, report = await start_generation(request, engine, generation)
     async with closing_on_error(gen):  # until a stream owns it
         headers = response_headers(turn.headers, report)
         if turn.stream:
-            writer = dialect.frames(id=generation.request_id, model=model, report=report)
-            return sse_response(guarded(assembled_stream(gen, assembler, writer, single_call=turn.single_call),
-                                        dialect.error_frame), headers=headers)
-    finish, _logprobs = await drain_until_disconnect(request, gen, assembler.feed)
+            frames = dialect.stream(gen, assembler, id=generation.request_id, model=model, created=created,
+                                    report=report, turn=turn)
+            return sse_response(guarded(frames, dialect.error_frame), headers=headers)
+    finish, logprobs = await drain_until_disconnect(request, gen, assembler.feed)
     _delta, reason = assembler.finish(finish)
     calls = assembler.tool_calls[:1] if turn.single_call else assembler.tool_calls
     answer = Answer(id=generation.request_id, model=model, content="".join(assembler.content),
-                    reasoning="".join(assembler.reasoning), calls=calls, reason=reason, finish=finish)
+                    reasoning="".join(assembler.reasoning), calls=calls, reason=reason, finish=finish,
+                    created=created, logprobs=tuple(logprobs) if generation.logprobs is not None else None,
+                    turn=turn)
     return Response(content=dialect.body(answer), status_code=200, headers=headers)

@@ -14,7 +14,7 @@ from litestar import Request, Response, post
 from mlxrt.api.app import claimed_fields
 from mlxrt.api.disconnect import off_loop
 from mlxrt.api.models import host_for
-from mlxrt.api.pipeline import Answer, Turn, serve_chat
+from mlxrt.api.pipeline import Answer, Framed, Turn, serve_chat
 from mlxrt.api.wire import parse_json_object
 from mlxrt.plugins.anthropic.decode import decode_messages
 from mlxrt.plugins.anthropic.encode import (
@@ -35,7 +35,7 @@ def _host(request: Request) -> Any:
     return request.app.state.host
 
 
-class Messages:
+class Messages(Framed):
     """The Messages dialect (:class:`mlxrt.api.pipeline.Dialect`)."""
 
     name = "anthropic"
@@ -61,7 +61,7 @@ class Messages:
         return message_body(id=answer.id, model=answer.model, content=answer.content, reasoning=answer.reasoning,
                             calls=answer.calls, reason=answer.reason, finish=answer.finish)
 
-    def frames(self, *, id: str, model: str, report: CacheReport) -> BlockStream:
+    def frames(self, *, id: str, model: str, report: CacheReport, turn: Turn) -> BlockStream:
         return BlockStream(id=id, model=model, report=report)
 
     render_error = staticmethod(anthropic_error_body)

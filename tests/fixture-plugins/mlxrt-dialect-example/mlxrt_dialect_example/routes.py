@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from litestar import Request, Response, post
 
-from mlxrt.api.pipeline import Answer, ChatInput, Turn, route_opt, serve_chat, sse_data
+from mlxrt.api.pipeline import Answer, ChatInput, Framed, Turn, route_opt, serve_chat, sse_data
 from mlxrt.errors import InvalidRequest
 from mlxrt.records import RequestOptions
 
@@ -25,7 +25,7 @@ class Frames:
         return [sse_data({"stop_reason": str(reason), "tokens": finish.completion_tokens})]
 
 
-class Plain:
+class Plain(Framed):
     name = "plain"
     default_max_tokens = 16
 
@@ -51,7 +51,7 @@ class Plain:
         return {"id": answer.id, "model": answer.model, "text": answer.content, "stop_reason": str(answer.reason),
                 "tokens": answer.finish.completion_tokens}
 
-    def frames(self, *, id, model, report):
+    def frames(self, *, id, model, report, turn):
         return Frames(id, model)
 
     def render_error(self, status, type_, message, param, code):
