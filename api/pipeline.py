@@ -189,7 +189,7 @@ def plan(host: Any, options: RequestOptions, prompt_ids: Sequence[int], *, diale
     ``--max-tokens`` (``host.options["max_tokens"]``) overrides ``default_max_tokens``;
     admission caps both to the context. An explicit ``options.max_tokens`` that cannot fit is
     refused, unless ``options.max_tokens_is_ceiling``: then it is capped like a default.
-    Sampling follows :func:`mlxrt.sampling.resolve_sampling`'s chain; a forcing
+    Sampling follows :func:`mlxrt.engine.sampling.resolve_sampling`'s chain; a forcing
     ``tool_choice`` becomes a grammar or forced openings (:func:`mlxrt.api.generation.forced_tool_call`);
     an unknown ``adapter`` is a 400.
     """

@@ -428,7 +428,7 @@ class RequestOptions:
     the request's tools here and no dialect carries them across the engine call.
 
     :ivar sampling: The client's sampling fields by :class:`SamplingParams` name (``None`` or
-        absent: not given), resolved through :func:`mlxrt.sampling.resolve_sampling`'s chain.
+        absent: not given), resolved through :func:`mlxrt.engine.sampling.resolve_sampling`'s chain.
     :ivar max_tokens: The client's token limit (``None``: the dialect's default).
     :ivar max_tokens_is_ceiling: An explicit ``max_tokens`` too large for the context is capped
         to what fits like a default instead of refused (Anthropic, whose clients must send one).
