@@ -1,10 +1,7 @@
-"""What every dialect's generation route shares: the engine request built from decoded
-fields, the response headers, ``tool_choice`` openings, and error frames once a stream runs.
-
-Dialects differ in their wire shapes, not in how a request reaches the engine: each decodes
-its body into plain values and hands them to :func:`plan_generation`, so ``--max-tokens``,
-the sampling chain, logit-bias checks and ``mlxrt_prompt_canonicalize`` behave the same on
-every API.
+"""The pieces of the request pipeline (:mod:`mlxrt.api.pipeline`) a dialect may also use on
+its own: response headers, output-format decoding, ``tool_choice`` enforcement, turn
+observers, the overlong-body check, and stream framing (:class:`FrameWriter`,
+:func:`assembled_stream`, error frames once a stream runs).
 """
 
 from __future__ import annotations
@@ -14,24 +11,20 @@ from contextlib import aclosing
 from typing import Any, Protocol
 
 from mlxrt.assembly import ResponseAssembler
-from mlxrt.engine.admission import plan_max_tokens
-from mlxrt.engine.sampling import resolve_sampling
+from mlxrt.capabilities import STRUCTURED_OUTPUTS, declared
 from mlxrt.errors import InvalidRequest, MlxrtError, OverBudget
 from mlxrt.records import (
     CacheReport,
     FinishedTurn,
     FinishEvent,
     FinishReason,
-    GenerationRequest,
     StructuredOutput,
     ToolCall,
 )
-from mlxrt.templating import canonicalize
 
-__all__ = ["CACHE_HEADER", "response_headers", "plan_generation", "forced_openings", "guarded",
+__all__ = ["CACHE_HEADER", "response_headers", "forced_openings", "forced_tool_call", "guarded",
            "tool_input", "FrameWriter", "assembled_stream", "structured_output", "json_schema_output",
-           "prepare", "prepare_request", "turn_observer", "refuse_overlong_text", "check_text_length",
-           "MAX_CHARS_PER_TOKEN"]
+           "turn_observer", "refuse_overlong_text", "check_text_length", "MAX_CHARS_PER_TOKEN"]
 
 #: What the prompt cache did for the request (:meth:`mlxrt.records.CacheReport.header`).
 CACHE_HEADER = "x-mlxrt-cache"
@@ -78,47 +71,6 @@ def check_text_length(body: Any, ceiling: int) -> None:
         )
 
 
-def plan_generation(host: Any, *, dialect: str, request_id: str, prompt_ids: Sequence[int],
-                    requested_max_tokens: int | None, default_max_tokens: int,
-                    sampling: Mapping[str, Any], seed: int | None = None,
-                    logit_bias: Mapping[int, float] | None = None, stop: Sequence[str] = (),
-                    extra: Mapping[str, Any] | None = None, logprobs: int | None = None,
-                    forced_prefixes: Sequence[Sequence[int]] = (),
-                    max_tokens_is_ceiling: bool = False,
-                    structured: StructuredOutput | None = None,
-                    adapter: str | None = None) -> GenerationRequest:
-    """The engine request for one decoded body and its tokenized prompt, canonicalized.
-
-    ``--max-tokens`` (``host.options["max_tokens"]``) overrides ``default_max_tokens``;
-    admission caps both to the context. An explicit ``requested_max_tokens`` that cannot fit
-    is refused, unless ``max_tokens_is_ceiling`` (Anthropic, whose clients must send one and
-    send large ones): then it is capped to what fits like a default. ``sampling`` holds the client's sampling fields by
-    :class:`~mlxrt.records.SamplingParams` name (``None`` = not given), resolved through
-    :func:`mlxrt.engine.sampling.resolve_sampling`'s chain. ``adapter`` is the request's ``adapter``
-    field (unknown ids: 400), ``None`` the server's default adapter set.
-    """
-    engine = host.engine
-    vocab = engine.info.config_int("vocab_size")
-    for token in logit_bias or {}:
-        if token < 0 or (vocab is not None and token >= vocab):
-            raise InvalidRequest(f"logit_bias token id {token} is not in the vocabulary"
-                                 + (f" (0 to {vocab - 1})" if vocab is not None else ""), param="logit_bias")
-    option = host.options.get("max_tokens")
-    default = option if option is not None else default_max_tokens
-    if max_tokens_is_ceiling and requested_max_tokens is not None:
-        default, requested_max_tokens = requested_max_tokens, None
-    max_tokens = plan_max_tokens(len(prompt_ids), requested_max_tokens, default, engine.context_ceiling)
-    params = resolve_sampling(sampling, host.options, engine.info.generation_config, seed=seed,
-                              logit_bias=logit_bias)
-    gen = GenerationRequest(
-        request_id=request_id, prompt_ids=tuple(prompt_ids), max_tokens=max_tokens, sampling=params,
-        stop=tuple(stop), dialect=dialect, extra=dict(extra or {}), logprobs=logprobs,
-        forced_prefixes=tuple(tuple(p) for p in forced_prefixes), structured=structured,
-        adapters=registry.resolve(adapter) if (registry := getattr(engine, "adapters", None)) else (),
-    )
-    return canonicalize(host, gen, dialect)
-
-
 def turn_observer(host: Any, *, dialect: str, request_id: str,
                   messages: Sequence[Mapping[str, Any]]) -> Callable[[ResponseAssembler, FinishReason], None] | None:
     """The ``on_finish`` of a chat request's :class:`ResponseAssembler`: reports the answered
@@ -162,7 +114,7 @@ def structured_output(value: Any, *, param: str = "response_format",
     "strict"}}`` (``flat``: the Responses shape, ``name``/``schema`` beside ``type``); and the
     mlxrt extensions ``{"type": "regex", "regex": "..."}`` and ``{"type": "choice",
     "choices": ["a", "b"]}``. Whether the schema compiles is checked later, off the event loop
-    (:func:`prepare`).
+    (:func:`mlxrt.api.pipeline.planned_chat`).
     """
     import json
 
@@ -197,22 +149,6 @@ def structured_output(value: Any, *, param: str = "response_format",
                          param=param)
 
 
-def prepare_request(host: Any, request: GenerationRequest) -> None:
-    """Run ``mlxrt_prepare_request`` here (a caller already on a worker thread)."""
-    host.collect("mlxrt_prepare_request", request=request, info=host.engine.info, host=host)
-
-
-async def prepare(host: Any, request: GenerationRequest) -> None:
-    """Run ``mlxrt_prepare_request`` for ``request`` on a worker thread (neither the event loop
-    nor the engine thread): slow per-request work, such as compiling a grammar, and its 400s,
-    happen before the request queues."""
-    import anyio
-
-    if not host.pm.hook.mlxrt_prepare_request.get_hookimpls():
-        return
-    await anyio.to_thread.run_sync(prepare_request, host, request)
-
-
 def forced_openings(engine: Any, names: Sequence[str], prompt_ids: Sequence[int], *,
                     param: str) -> tuple[tuple[int, ...], ...]:
     """Token openings that force the answer to start with a call to one of ``names``: the
@@ -233,7 +169,7 @@ def forced_tool_call(host: Any, names: Sequence[str], tools: Sequence[Mapping[st
     ``(forced_prefixes, structured)`` for its :class:`~mlxrt.records.GenerationRequest`.
 
     By grammar when the family's parser describes its calls (``call_grammar``, see
-    :mod:`mlxrt.text.tool_grammar`) and the structured-outputs plugin is installed: the whole call,
+    :mod:`mlxrt.text.tool_grammar`) and a plugin declares ``structured_outputs`` (:mod:`mlxrt.capabilities`): the whole call,
     markup and schema-valid arguments, is enforced. Otherwise the call's opening is forced
     (:func:`forced_openings`) and the model writes the arguments. A forced call cannot also
     follow another constraint (``response_format``): the client's 400.
@@ -244,7 +180,7 @@ def forced_tool_call(host: Any, names: Sequence[str], tools: Sequence[Mapping[st
     from mlxrt.text.tool_grammar import tool_call_constraint
 
     engine = host.engine
-    if host.pm.hook.mlxrt_prepare_request.get_hookimpls():
+    if STRUCTURED_OUTPUTS in declared(host):
         lead = reasoning_lead(engine.profile, engine.tokenizer, prompt_ids)
         constraint = tool_call_constraint(engine.profile, engine.tokenizer, names, tools, lead, param=param)
         if constraint is not None:

@@ -219,9 +219,27 @@ def mlxrt_prepare_request(request: GenerationRequest, info: ModelInfo, host: Plu
     :returns: ``None``. Keep what you prepare in your own cache, keyed by the request's
         content, and pick it up in ``mlxrt_logits_processors``.
 
-    Called per request by the dialects (:func:`mlxrt.api.generation.prepare`), on a worker
-    thread: neither the event loop nor the engine thread waits for it. Raise
+    Called per request, for every dialect, by the request pipeline
+    (:func:`mlxrt.api.pipeline.planned_chat`), on a worker thread: neither the event loop nor
+    the engine thread waits for it. Raise
     :class:`mlxrt.errors.InvalidRequest` for a client error (a 400 before anything streams).
+
+    .. versionadded:: 0.2
+    """
+
+
+@hookspec
+def mlxrt_capabilities() -> Sequence[str] | None:
+    """Declare what this plugin adds to every served model, by name.
+
+    :returns: Capability names, or ``None``. Known: ``structured_outputs`` (the plugin enforces
+        :attr:`mlxrt.records.GenerationRequest.structured` — JSON schemas, regexes, choices,
+        forced tool-call grammars — in ``mlxrt_logits_processors``).
+
+    Capabilities are declared, never guessed from which hooks a plugin implements: a plugin
+    that implements ``mlxrt_prepare_request`` for other reasons does not make the server accept
+    ``response_format``. Read them through :func:`mlxrt.capabilities.capabilities`. Called per
+    request; results are collected.
 
     .. versionadded:: 0.2
     """

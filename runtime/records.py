@@ -30,6 +30,8 @@ __all__ = [
     "ToolCallOpening",
     "ToolCallGrammar",
     "StructuredOutput",
+    "RequestOptions",
+    "Capabilities",
     "VisionAdapter",
     "Denoiser",
     "SplicedPrompt",
@@ -446,6 +448,66 @@ class CacheStatus(enum.StrEnum):
     PARTIAL = "partial"
     MISS = "miss"
     OFF = "off"
+
+
+@attrs.frozen
+class RequestOptions:
+    """How a decoded body asks to be answered, in one dialect-neutral record: what every
+    dialect's decoder produces and :func:`mlxrt.api.pipeline.plan` turns into a
+    :class:`GenerationRequest`. It travels with the request, so the answer's assembler reads
+    the request's tools here and no dialect carries them across the engine call.
+
+    :ivar sampling: The client's sampling fields by :class:`SamplingParams` name (``None`` or
+        absent: not given), resolved through :func:`mlxrt.engine.sampling.resolve_sampling`'s chain.
+    :ivar max_tokens: The client's token limit (``None``: the dialect's default).
+    :ivar max_tokens_is_ceiling: An explicit ``max_tokens`` too large for the context is capped
+        to what fits like a default instead of refused (Anthropic, whose clients must send one).
+    :ivar seed: The sampling seed (``None``: the server's default seeding).
+    :ivar stop: Stop strings, matched on decoded text.
+    :ivar logit_bias: Token id → bias (ids are checked against the vocabulary when planned).
+    :ivar logprobs: Alternatives to report per token, or ``None`` for no log-probabilities.
+    :ivar adapter: The ``adapter`` field (``"id"``, ``"a+b"``, ``"none"``); ``None`` runs the
+        server's default adapter set.
+    :ivar tools: The request's function tools (OpenAI-shaped), or ``None``.
+    :ivar forced_tools: Tools the answer must call (``tool_choice`` forcing a call); ``()``
+        leaves the model free.
+    :ivar structured: The output constraint (``response_format``, ``text.format``); ``None`` is
+        free text.
+    :ivar num_draft_tokens: Draft tokens per step for speculative decoding (``None``: the
+        server's ``--num-draft-tokens``).
+    :ivar extra: Plugin-claimed request fields (``mlxrt_request_fields``), by name.
+    """
+
+    sampling: Mapping[str, Any] = attrs.field(factory=dict)
+    max_tokens: int | None = None
+    max_tokens_is_ceiling: bool = False
+    seed: int | None = None
+    stop: tuple[str, ...] = ()
+    logit_bias: Mapping[int, float] = attrs.field(factory=dict)
+    logprobs: int | None = None
+    adapter: str | None = None
+    tools: tuple[Mapping[str, Any], ...] | None = None
+    forced_tools: tuple[str, ...] = ()
+    structured: StructuredOutput | None = None
+    num_draft_tokens: int | None = None
+    extra: Mapping[str, Any] = attrs.field(factory=dict)
+
+
+@attrs.frozen
+class Capabilities:
+    """What the server can do for requests to one served model, stated, not guessed
+    (:func:`mlxrt.capabilities.capabilities`).
+
+    :ivar structured_outputs: Output constraints (``response_format``, ``text.format``, forced
+        tool-call grammars) are enforced: a plugin declares ``structured_outputs`` in
+        ``mlxrt_capabilities``.
+    :ivar vision: The model reads images (its family answered ``mlxrt_vision``).
+    :ivar embeddings: The model is an embedding model (``/v1/embeddings``).
+    """
+
+    structured_outputs: bool = False
+    vision: bool = False
+    embeddings: bool = False
 
 
 @attrs.frozen

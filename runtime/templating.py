@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from mlxrt.capabilities import STRUCTURED_OUTPUTS, declared
 from mlxrt.errors import InvalidRequest
 from mlxrt.records import ChatInput, FamilyProfile, GenerationRequest
 from mlxrt.text.reasoning import prompt_opens_thinking
@@ -162,7 +163,7 @@ def canonicalize(host: PluginHost, request: Any, dialect: str) -> Any:
     plugin can enforce is refused here, for every dialect: never silently ignored.
     """
     structured = getattr(request, "structured", None)
-    if structured is not None and not host.pm.hook.mlxrt_prepare_request.get_hookimpls():
+    if structured is not None and STRUCTURED_OUTPUTS not in declared(host):
         from mlxrt.errors import InvalidRequest
 
         field = structured.param.split(".")[0] if getattr(structured, "param", None) else "response_format"

@@ -316,6 +316,45 @@ def test_hook_mlxrt_prepare_request(tiny_models, serve_app):
     assert bad.status_code == 400 and bad.json()["error"]["message"] == "forbidden stop string"
 
 
+def test_hook_mlxrt_capabilities(tiny_models, serve_app):
+    """Structured outputs are a declared capability: implementing ``mlxrt_prepare_request``
+    (as the grammar plugin also does) does not make the server accept ``response_format``."""
+    from mlxrt.capabilities import capabilities
+    from mlxrt.records import Capabilities
+
+    class Gate:
+        @hookimpl
+        def mlxrt_prepare_request(self, request, info, host):
+            return None
+
+    class Declares:
+        def __init__(self):
+            self.seen = []
+
+        @hookimpl
+        def mlxrt_capabilities(self):
+            return ["structured_outputs"]
+
+        @hookimpl
+        def mlxrt_prepare_request(self, request):
+            self.seen.append(request.structured)
+
+    body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2,
+            "response_format": {"type": "json_object"}}
+    model = tiny_models("llama")
+    builtin = serve_app(model)
+    assert capabilities(builtin.app.state.host) == Capabilities(structured_outputs=True)
+    undeclared = serve_app(model, extra=[("gate", Gate())], disable=("structured",))
+    assert capabilities(undeclared.app.state.host) == Capabilities()
+    refused = undeclared.post("/v1/chat/completions", json=body)
+    assert refused.status_code == 400
+    assert refused.json()["error"]["message"] == "response_format is not supported by this server yet"
+    declares = Declares()
+    declared = serve_app(model, extra=[("declares", declares)], disable=("structured",))
+    assert declared.post("/v1/chat/completions", json=body).status_code == 200
+    assert [s.kind for s in declares.seen] == ["json_object"]
+
+
 def test_hook_mlxrt_turn_finished(tiny_models, serve_app):
     turns = []
 

@@ -2,8 +2,8 @@
 
 The prompt is tokenized with the tokenizer's own special-token handling (a BOS where the
 model wants one); validation, sampling, stops and logprobs are the chat route's, through
-:func:`mlxrt.plugins.openai.decode.decode_options` and
-:func:`~mlxrt.plugins.openai.decode.build_generation`.
+:func:`mlxrt.plugins.openai.decode.decode_options` and the pipeline's
+:func:`~mlxrt.api.pipeline.planned_text`.
 """
 
 from __future__ import annotations
@@ -17,18 +17,14 @@ from typing import Any
 from litestar import Request, Response, post
 
 from mlxrt.api.app import claimed_fields
-from mlxrt.api.disconnect import (
-    closing_on_error,
-    drain_until_disconnect,
-    off_loop,
-    start_generation,
-)
-from mlxrt.api.generation import prepare, refuse_overlong_text
+from mlxrt.api.disconnect import closing_on_error, drain_until_disconnect, start_generation
+from mlxrt.api.generation import refuse_overlong_text
 from mlxrt.api.models import host_for
+from mlxrt.api.pipeline import planned_text
 from mlxrt.api.sse import sse_data, sse_response
 from mlxrt.api.wire import parse_json_object
 from mlxrt.assembly import LogprobTrail
-from mlxrt.plugins.openai.decode import build_generation, decode_completion
+from mlxrt.plugins.openai.decode import decode_completion
 from mlxrt.plugins.openai.encode import (
     ROUTE_OPT,
     closing_frames,
@@ -39,7 +35,6 @@ from mlxrt.plugins.openai.encode import (
     text_completion_chunk,
 )
 from mlxrt.records import FinishEvent, GenerationRequest, TokenEvent
-from mlxrt.templating import encode_text
 
 __all__ = ["completions", "COMPLETIONS_DEFAULT_MAX_TOKENS"]
 
@@ -56,10 +51,9 @@ async def completions(request: Request) -> Response:
     host = await host_for(request, decoded.request.model)
     await refuse_overlong_text(request, body, host)
     engine = host.engine
-    ids = await off_loop(request, encode_text, engine.tokenizer, decoded.prompt)
-    generation = build_generation(host, decoded.options, ids, request_id=f"cmpl-{uuid.uuid4()}",
-                                  default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS)
-    await prepare(host, generation)
+    generation = await planned_text(request, host, decoded.prompt, decoded.options.run, dialect="openai",
+                                    request_id=f"cmpl-{uuid.uuid4()}",
+                                    default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS)
     model = engine.info.model_id
     created = int(time.time())
     gen, report = await start_generation(request, engine, generation)

@@ -1,8 +1,8 @@
 """Decoding OpenAI bodies (chat and text completions): raw JSON → validated wire request,
-prompt input, stops and the engine's :class:`GenerationRequest`.
+prompt input and the request's :class:`~mlxrt.records.RequestOptions`.
 
-Chat and completions share one validation path (:func:`decode_options`) and one request
-builder (:func:`build_generation`), so a sampling field behaves the same on both.
+Chat and completions share one validation path (:func:`decode_options`); the engine request
+is built by the pipeline (:func:`mlxrt.api.pipeline.plan`), as for every dialect.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import attrs
 
-from mlxrt.api.generation import forced_tool_call, structured_output
+from mlxrt.api.generation import structured_output
 from mlxrt.api.wire import (
     FieldRule,
     adapter_field,
@@ -24,8 +24,6 @@ from mlxrt.api.wire import (
     strict_converter,
     structure,
 )
-from mlxrt.engine.admission import plan_max_tokens
-from mlxrt.engine.sampling import resolve_sampling
 from mlxrt.errors import InvalidRequest
 from mlxrt.images import ImageRef, content_parts, url_ref
 from mlxrt.plugins.openai.wire import (
@@ -37,12 +35,11 @@ from mlxrt.plugins.openai.wire import (
     CompletionRequest,
     GenerationFields,
 )
-from mlxrt.records import ChatInput, GenerationRequest, StructuredOutput
-from mlxrt.templating import canonicalize
+from mlxrt.records import ChatInput, RequestOptions
 
 __all__ = [
     "DecodedOptions", "DecodedChat", "DecodedCompletion",
-    "decode_chat", "decode_completion", "decode_stop", "decode_logit_bias", "build_generation",
+    "decode_chat", "decode_completion", "decode_stop", "decode_logit_bias",
 ]
 
 _CONVERTER = strict_converter()
@@ -72,19 +69,11 @@ class DecodedOptions:
     """What chat and text completions share after validation."""
 
     request: GenerationFields
-    stop: tuple[str, ...]
-    logit_bias: Mapping[int, float]
+    #: How to answer: sampling, limits, stops, tools, ``response_format`` … (the pipeline's input).
+    run: RequestOptions
     include_usage: bool
-    extra: Mapping[str, Any] = attrs.field(factory=dict)
     #: Body fields mlxrt does not read (reported in ``x-mlxrt-ignored``; 400 under ``--strict``).
     ignored: tuple[str, ...] = ()
-    #: Tools a call must be made to (``tool_choice`` ``"required"``: every tool; a named
-    #: function: that one); ``()`` leaves the model free.
-    forced_tools: tuple[str, ...] = ()
-    #: The ``adapter`` field ("id", "a+b", "none"); ``None`` runs the server's default adapter.
-    adapter: str | None = None
-    #: ``response_format`` as the engine's constraint; ``None`` is free text.
-    structured: StructuredOutput | None = None
 
     @property
     def headers(self) -> dict[str, str]:
@@ -96,14 +85,6 @@ class DecodedChat:
     request: ChatCompletionRequest
     chat: ChatInput
     options: DecodedOptions
-
-    @property
-    def stop(self) -> tuple[str, ...]:
-        return self.options.stop
-
-    @property
-    def extra(self) -> Mapping[str, Any]:
-        return self.options.extra
 
 
 @attrs.frozen
@@ -293,10 +274,13 @@ def decode_options(body: Mapping[str, Any], claimed: Mapping[str, type] | None, 
     include_usage = _stream_options(body.get("stream_options"))
     fields = {f.name for f in attrs.fields(cls)}
     request = structure(_CONVERTER, {k: v for k, v in body.items() if k in fields}, cls)
-    adapter = adapter_field(body)
-    options = DecodedOptions(request=request, stop=stop, logit_bias=logit_bias,
-                             include_usage=include_usage, extra=extra, ignored=ignored, adapter=adapter,
-                             structured=structured_output(body.get("response_format")))
+    run = RequestOptions(
+        sampling={name: getattr(request, name) for name in SAMPLING_FIELDS}, max_tokens=request.requested_max_tokens,
+        seed=request.seed, stop=stop, logit_bias=logit_bias, logprobs=request.logprob_count,
+        adapter=adapter_field(body), structured=structured_output(body.get("response_format")),
+        num_draft_tokens=request.num_draft_tokens, extra=extra,
+    )
+    options = DecodedOptions(request=request, run=run, include_usage=include_usage, ignored=ignored)
     return request, options
 
 
@@ -315,7 +299,8 @@ def decode_chat(body: Mapping[str, Any], claimed: Mapping[str, type] | None = No
     images: list[ImageRef] = []
     decoded = tuple(_decode_message(i, m, images) for i, m in enumerate(messages))
     tools = _decode_tools(body.get("tools")) if body.get("tool_choice") != "none" else None
-    options = attrs.evolve(options, forced_tools=_decode_tool_choice(body.get("tool_choice"), tools))
+    run = attrs.evolve(options.run, tools=tools, forced_tools=_decode_tool_choice(body.get("tool_choice"), tools))
+    options = attrs.evolve(options, run=run)
     chat = ChatInput(
         messages=decoded,
         tools=tools,
@@ -337,48 +322,3 @@ def decode_completion(body: Mapping[str, Any], claimed: Mapping[str, type] | Non
     request, options = decode_options(body, claimed, rules=COMPLETION_RULES, cls=CompletionRequest,
                                       not_yet=_NOT_YET_COMPLETIONS, strict=strict)
     return DecodedCompletion(request=request, prompt=prompt, options=options)
-
-
-def build_generation(host: Any, options: DecodedOptions, prompt_ids: Sequence[int], *,
-                     request_id: str, default_max_tokens: int,
-                     tools: Sequence[Mapping[str, Any]] | None = None) -> GenerationRequest:
-    """The engine request for a decoded body and its tokenized prompt (``tools``: the
-    request's tools, whose schemas a forcing ``tool_choice`` enforces).
-
-    ``--max-tokens`` (``host.options["max_tokens"]``) overrides ``default_max_tokens``;
-    admission caps both to the context. Sampling follows :func:`resolve_sampling`'s chain.
-    """
-    engine = host.engine
-    wire = options.request
-    vocab = engine.info.config_int("vocab_size")
-    for token in options.logit_bias:
-        if token < 0 or (vocab is not None and token >= vocab):
-            raise InvalidRequest(f"logit_bias token id {token} is not in the vocabulary"
-                                 + (f" (0 to {vocab - 1})" if vocab is not None else ""), param="logit_bias")
-    option = host.options.get("max_tokens")
-    max_tokens = plan_max_tokens(
-        len(prompt_ids), wire.requested_max_tokens, option if option is not None else default_max_tokens,
-        engine.context_ceiling,
-    )
-    sampling = resolve_sampling(
-        {name: getattr(wire, name) for name in SAMPLING_FIELDS}, host.options, engine.info.generation_config,
-        seed=wire.seed, logit_bias=options.logit_bias,
-    )
-    forced, structured = forced_tool_call(host, options.forced_tools, tools, prompt_ids,
-                                          structured=options.structured)
-    gen = GenerationRequest(
-        request_id=request_id,
-        forced_prefixes=forced,
-        prompt_ids=tuple(prompt_ids),
-        max_tokens=max_tokens,
-        sampling=sampling,
-        stop=options.stop,
-        dialect="openai",
-        extra=options.extra,
-        logprobs=wire.logprob_count,
-        adapters=registry.resolve(options.adapter) if (registry := getattr(engine, "adapters", None)) else (),
-        structured=structured,
-        num_draft_tokens=wire.num_draft_tokens,
-    )
-    return canonicalize(host, gen, "openai")
-

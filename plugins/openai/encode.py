@@ -16,6 +16,7 @@ __all__ = [
     "ROUTE_OPT", "CACHE_HEADER", "response_headers",
     "usage", "completion_body", "chunk", "finish_usage", "closing_frames", "tool_calls_json",
     "logprob_entries", "logprobs_block", "text_completion_body", "text_completion_chunk", "guarded",
+    "error_frame",
 ]
 
 #: Route options every OpenAI handler carries: errors render as OpenAI error objects.
@@ -172,7 +173,7 @@ def text_completion_chunk(*, id: str, created: int, model: str, text: str, finis
     return body
 
 
-def _error_frame(exc: MlxrtError) -> bytes:
+def error_frame(exc: MlxrtError) -> bytes:
     # Then [DONE], as every OpenAI stream ends: clients that wait for it (rather than for the
     # connection to close) stop reading instead of hanging.
     return sse_data(openai_error_body(exc.status, exc.type, exc.message, exc.param, exc.code)) + sse_data("[DONE]")
@@ -181,4 +182,4 @@ def _error_frame(exc: MlxrtError) -> bytes:
 def guarded(frames: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
     """Pass SSE frames through; an error mid-stream becomes an OpenAI error frame followed by
     ``[DONE]`` (:func:`mlxrt.api.generation.guarded`)."""
-    return generation.guarded(frames, _error_frame)
+    return generation.guarded(frames, error_frame)

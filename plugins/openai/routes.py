@@ -3,42 +3,31 @@
 
 from __future__ import annotations
 
-import time
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping
 from contextlib import aclosing
 from typing import Any
 
 from litestar import Request, Response, post
 
-from mlxrt.api.app import claimed_fields
-from mlxrt.api.disconnect import (
-    closing_on_error,
-    drain_until_disconnect,
-    off_loop,
-    start_generation,
-)
-from mlxrt.api.generation import prepare, refuse_overlong_text, turn_observer
-from mlxrt.api.models import host_for
-from mlxrt.api.sse import sse_data, sse_response
-from mlxrt.api.wire import parse_json_object
+from mlxrt.api.errors import openai_error_body
+from mlxrt.api.pipeline import Answer, Turn, serve_chat
+from mlxrt.api.sse import sse_data
 from mlxrt.assembly import LogprobTrail, ResponseAssembler
 from mlxrt.plugins.openai.completions import completions
-from mlxrt.plugins.openai.decode import DecodedChat, build_generation, decode_chat
+from mlxrt.plugins.openai.decode import decode_chat
 from mlxrt.plugins.openai.embeddings import embeddings
 from mlxrt.plugins.openai.encode import (
     ROUTE_OPT,
     chunk,
     closing_frames,
     completion_body,
+    error_frame,
     finish_usage,
-    guarded,
-    response_headers,
     tool_calls_json,
 )
 from mlxrt.plugins.openai.models import get_model, list_models
-from mlxrt.records import FinishEvent, GenerationRequest, TokenEvent
-from mlxrt.templating import RenderedPrompt, render_chat, rendered_request
+from mlxrt.records import CacheReport, FinishEvent, TokenEvent
 
 __all__ = ["ROUTES"]
 
@@ -47,56 +36,44 @@ __all__ = ["ROUTES"]
 CHAT_DEFAULT_MAX_TOKENS = 65536
 
 
-def _host(request: Request) -> Any:
-    return request.app.state.host
+class Chat:
+    """Chat completions (:class:`mlxrt.api.pipeline.Dialect`); its stream carries per-token
+    log-probabilities, so it writes its own frames rather than a ``FrameWriter``."""
+
+    name = "openai"
+    default_max_tokens = CHAT_DEFAULT_MAX_TOKENS
+
+    def decode(self, body: Mapping[str, Any], claimed: Mapping[str, type], *, strict: bool) -> Turn:
+        decoded = decode_chat(body, claimed, strict=strict)
+        return Turn(chat=decoded.chat, options=decoded.options.run, model=decoded.request.model,
+                    stream=bool(decoded.request.stream), headers=decoded.options.headers, wire=decoded)
+
+    def new_id(self) -> str:
+        return f"chatcmpl-{uuid.uuid4()}"
+
+    def body(self, answer: Answer) -> dict[str, Any]:
+        return completion_body(id=answer.id, created=answer.created, model=answer.model, content=answer.content,
+                               reasoning=answer.reasoning, calls=answer.calls, finish_reason=str(answer.reason),
+                               finish=answer.finish, logprobs=answer.logprobs)
+
+    def stream(self, gen: Any, assembler: ResponseAssembler, *, id: str, model: str, created: int,
+               report: CacheReport, turn: Turn) -> AsyncIterator[bytes]:
+        return _stream(gen, id, assembler, model, created, include_usage=turn.wire.options.include_usage)
+
+    render_error = staticmethod(openai_error_body)
+    error_frame = staticmethod(error_frame)
 
 
-async def _prepare(request: Request) -> tuple[Any, DecodedChat, RenderedPrompt, GenerationRequest]:
-    host = _host(request)
-    body = parse_json_object(await request.body())
-    decoded = decode_chat(body, claimed_fields(host, "openai"), strict=bool(host.options.get("strict")))
-    host = await host_for(request, decoded.request.model)
-    await refuse_overlong_text(request, body, host)
-    engine = host.engine
-    rendered = await off_loop(request, render_chat, host, engine.tokenizer, engine.profile, decoded.chat)
-    gen = build_generation(host, decoded.options, rendered.ids, request_id=f"chatcmpl-{uuid.uuid4()}",
-                           default_max_tokens=CHAT_DEFAULT_MAX_TOKENS, tools=decoded.chat.tools)
-    gen = rendered_request(gen, rendered)
-    await prepare(host, gen)
-    return host, decoded, rendered, gen
+CHAT = Chat()
 
 
 @post(["/v1/chat/completions", "/chat/completions"], status_code=200, opt=ROUTE_OPT,
       summary="Create a chat completion", tags=["openai"])
 async def chat_completions(request: Request) -> Response:
-    host, decoded, rendered, generation = await _prepare(request)
-    engine = host.engine
-    model = engine.info.model_id
-    created = int(time.time())
-    assembler = ResponseAssembler(engine.profile, tools=decoded.chat.tools,
-                                  starts_in_thinking=rendered.starts_in_thinking,
-                                  on_finish=turn_observer(host, dialect="openai",
-                                                          request_id=generation.request_id,
-                                                          messages=decoded.chat.messages))
-    # Admission errors (queue full, a failing sampler hook) surface here, as the status.
-    gen, report = await start_generation(request, engine, generation)
-    async with closing_on_error(gen):  # until a stream owns it
-        headers = response_headers(decoded.options.headers, report)
-        if decoded.request.stream:
-            return sse_response(guarded(_stream(gen, generation, assembler, model, created,
-                                                include_usage=decoded.options.include_usage)),
-                                headers=headers)
-    finish, logprobs = await drain_until_disconnect(request, gen, assembler.feed)
-    _delta, reason = assembler.finish(finish)
-    body = completion_body(
-        id=generation.request_id, created=created, model=model, content="".join(assembler.content),
-        reasoning="".join(assembler.reasoning), calls=assembler.tool_calls, finish_reason=str(reason),
-        finish=finish, logprobs=logprobs if generation.logprobs is not None else None,
-    )
-    return Response(content=body, status_code=200, headers=headers)
+    return await serve_chat(request, CHAT)
 
 
-async def _stream(gen: Any, generation: GenerationRequest, assembler: ResponseAssembler,
+async def _stream(gen: Any, id: str, assembler: ResponseAssembler,
                   model: str, created: int, *, include_usage: bool) -> AsyncIterator[bytes]:
     """Chat chunks. Each carries the logprobs of the tokens released since the previous one:
     text the reasoning splitter or tool router holds back keeps its entries until it is sent.
@@ -108,7 +85,7 @@ async def _stream(gen: Any, generation: GenerationRequest, assembler: ResponseAs
     def frame(delta: dict[str, Any], **kw: Any) -> bytes:
         entries = carried[:]
         carried.clear()
-        return sse_data(chunk(id=generation.request_id, created=created, model=model, delta=delta,
+        return sse_data(chunk(id=id, created=created, model=model, delta=delta,
                               logprobs=entries, **kw))
 
     def delta_body(content: str, reasoning: str) -> dict[str, Any]:
@@ -136,7 +113,7 @@ async def _stream(gen: Any, generation: GenerationRequest, assembler: ResponseAs
                     if assembler.tool_calls:
                         yield frame({"tool_calls": tool_calls_json(assembler.tool_calls, indexed=True)})
                     yield frame({}, finish_reason=str(reason), usage_body=finish_usage(event, include_usage))
-                    for closing in closing_frames(id=generation.request_id, created=created, model=model,
+                    for closing in closing_frames(id=id, created=created, model=model,
                                                   object="chat.completion.chunk", finish=event,
                                                   include_usage=include_usage):
                         yield closing

@@ -11,26 +11,12 @@ from litestar import Request, Response, delete, get, post
 
 from mlxrt.api.app import claimed_fields
 from mlxrt.api.auth import presented_key
-from mlxrt.api.disconnect import (
-    closing_on_error,
-    drain_until_disconnect,
-    off_loop,
-    start_generation,
-)
-from mlxrt.api.generation import (
-    assembled_stream,
-    forced_tool_call,
-    guarded,
-    plan_generation,
-    prepare_request,
-    refuse_overlong_text,
-    response_headers,
-    turn_observer,
-)
+from mlxrt.api.disconnect import closing_on_error, drain_until_disconnect, start_generation
+from mlxrt.api.generation import assembled_stream, guarded, refuse_overlong_text, response_headers
 from mlxrt.api.models import host_for
+from mlxrt.api.pipeline import Turn, assembler_for, planned_chat
 from mlxrt.api.sse import sse_response
 from mlxrt.api.wire import parse_json_object
-from mlxrt.assembly import ResponseAssembler
 from mlxrt.errors import NotFound
 from mlxrt.plugins.responses.decode import (
     DecodedResponse,
@@ -47,8 +33,7 @@ from mlxrt.plugins.responses.encode import (
     output_items,
 )
 from mlxrt.plugins.responses.store import DEFAULT_MAX_BYTES, DEFAULT_TTL_S, ResponseStore
-from mlxrt.records import ChatInput, GenerationRequest
-from mlxrt.templating import RenderedPrompt, render_chat, rendered_request
+from mlxrt.records import RequestOptions
 
 __all__ = ["ROUTES", "store_of", "owner_of"]
 
@@ -92,25 +77,18 @@ def _conversation(request: Request, decoded: DecodedResponse) -> tuple[Mapping[s
     return (*prior.input, *output_as_input(prior.body.get("output") or ()), *decoded.input)
 
 
-def _prepare_sync(host: Any, decoded: DecodedResponse, items: tuple[Mapping[str, Any], ...],
-                  id: str) -> tuple[RenderedPrompt, GenerationRequest, ChatInput]:
-    engine = host.engine
+def _turn(decoded: DecodedResponse, items: tuple[Mapping[str, Any], ...]) -> Turn:
+    """The whole conversation as the chat to render, and the request's options."""
     wire = decoded.request
     effort = wire.reasoning.effort if wire.reasoning else None
-    chat = chat_input(wire.instructions, items, decoded.tools, effort)
-    rendered = render_chat(host, engine.tokenizer, engine.profile, chat)
-    forced, structured = forced_tool_call(host, decoded.forced, decoded.tools, rendered.ids,
-                                          structured=decoded.structured)
-    gen = plan_generation(
-        host, dialect="responses", request_id=id, prompt_ids=rendered.ids,
-        requested_max_tokens=wire.max_output_tokens, default_max_tokens=RESPONSES_DEFAULT_MAX_TOKENS,
-        sampling={"temperature": wire.temperature, "top_p": wire.top_p, "top_k": wire.top_k}, seed=wire.seed,
-        extra=decoded.extra, forced_prefixes=forced, structured=structured,
-        adapter=decoded.adapter,
+    options = RequestOptions(
+        sampling={"temperature": wire.temperature, "top_p": wire.top_p, "top_k": wire.top_k},
+        max_tokens=wire.max_output_tokens, seed=wire.seed, adapter=decoded.adapter, tools=decoded.tools,
+        forced_tools=decoded.forced, structured=decoded.structured, extra=decoded.extra,
     )
-    gen = rendered_request(gen, rendered)
-    prepare_request(host, gen)  # already on a worker thread
-    return rendered, gen, chat
+    return Turn(chat=chat_input(wire.instructions, items, decoded.tools, effort), options=options,
+                model=wire.model, stream=bool(wire.stream), headers=decoded.headers,
+                single_call=not wire.parallel_tool_calls)
 
 
 def _frame(decoded: DecodedResponse, id: str, model: str) -> ResponseFrame:
@@ -139,13 +117,13 @@ async def create_response(request: Request) -> Response:
     host = await host_for(request, decoded.request.model)
     await refuse_overlong_text(request, body, host)
     id = new_id("resp")
-    rendered, generation, chat = await off_loop(request, _prepare_sync, host, decoded, items, id)
+    turn = _turn(decoded, items)
+    rendered, generation = await planned_chat(request, host, turn.chat, turn.options, dialect="responses",
+                                              request_id=id, default_max_tokens=RESPONSES_DEFAULT_MAX_TOKENS)
     engine = host.engine
     frame = _frame(decoded, id, engine.info.model_id)
-    assembler = ResponseAssembler(engine.profile, tools=decoded.tools, starts_in_thinking=rendered.starts_in_thinking,
-                                  on_finish=turn_observer(host, dialect="responses", request_id=id,
-                                                          messages=chat.messages))
-    single = not decoded.request.parallel_tool_calls
+    assembler = assembler_for(host, turn, rendered, generation)
+    single = turn.single_call
     store = store_of(request) if decoded.request.store else None
     owner = owner_of(request)
     gen, report = await start_generation(request, engine, generation)

@@ -15,7 +15,7 @@ from typing import Any
 from mlxrt import hookimpl
 from mlxrt.records import GenerationRequest, LogitsProcessor, ModelInfo
 
-__all__ = ["mlxrt_prepare_request", "mlxrt_logits_processors"]
+__all__ = ["mlxrt_capabilities", "mlxrt_prepare_request", "mlxrt_logits_processors"]
 
 def _grammars(host: Any) -> Any:
     """The grammar cache of the model ``host.engine`` serves (kept by the host, one per engine:
@@ -30,6 +30,14 @@ def _grammars(host: Any) -> Any:
     if grammars is None:
         grammars = per_engine[engine] = Grammars(engine.tokenizer)
     return grammars
+
+
+@hookimpl
+def mlxrt_capabilities() -> list[str]:
+    """Output constraints are this plugin's to enforce (:mod:`mlxrt.capabilities`)."""
+    from mlxrt.capabilities import STRUCTURED_OUTPUTS
+
+    return [STRUCTURED_OUTPUTS]
 
 
 @hookimpl

@@ -139,19 +139,20 @@ class EngineEditor:
         """One constrained generation; ``None`` when the answer was cut before it closed."""
         import anyio
 
-        from mlxrt.api.generation import json_schema_output, plan_generation, prepare
+        from mlxrt.api.generation import json_schema_output
+        from mlxrt.api.pipeline import plan, prepare
         from mlxrt.assembly import ResponseAssembler, drain
-        from mlxrt.records import ChatInput
+        from mlxrt.records import ChatInput, RequestOptions
         from mlxrt.templating import render_chat
 
         host, engine = self.host, self.host.engine
         chat = ChatInput(messages=({"role": "system", "content": system}, {"role": "user", "content": prompt}),
                          template_kwargs={"enable_thinking": False})
         rendered = await anyio.to_thread.run_sync(render_chat, host, engine.tokenizer, engine.profile, chat)
-        request = plan_generation(host, dialect="memory", request_id=f"memory-{uuid.uuid4().hex[:16]}",
-                                  prompt_ids=rendered.ids, requested_max_tokens=max_tokens,
-                                  default_max_tokens=max_tokens, sampling={"temperature": 0.0},
-                                  structured=json_schema_output(schema, param="memory"))
+        options = RequestOptions(sampling={"temperature": 0.0}, max_tokens=max_tokens,
+                                 structured=json_schema_output(schema, param="memory"))
+        request = plan(host, options, rendered.ids, dialect="memory", request_id=f"memory-{uuid.uuid4().hex[:16]}",
+                       default_max_tokens=max_tokens)
         await prepare(host, request)
         assembler = ResponseAssembler(engine.profile, tools=None, starts_in_thinking=rendered.starts_in_thinking)
         async with aclosing(engine.generate(request)) as gen:

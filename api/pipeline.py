@@ -1,0 +1,308 @@
+"""The one path every generation request takes: decode → plan → prepare → engine → assemble →
+encode.
+
+A dialect owns only its wire shapes: it decodes a body into a :class:`Turn` (the chat the
+model sees and a :class:`~mlxrt.records.RequestOptions`) and encodes the answer as a body or
+stream frames. Everything between is here, once, so ``--max-tokens``, the sampling chain,
+logit-bias checks, ``tool_choice`` enforcement, ``mlxrt_prompt_canonicalize`` and
+``mlxrt_prepare_request`` behave the same on every API:
+
+- :func:`plan` builds the engine's :class:`~mlxrt.records.GenerationRequest` (the only builder);
+- :func:`planned_chat` / :func:`planned_text` render or tokenize, plan and run
+  ``mlxrt_prepare_request`` (grammar compilation and its 400s) on a worker thread — never on the
+  event loop, never on the engine thread — before the request queues;
+- :func:`assembler_for` makes the answer's :class:`~mlxrt.assembly.ResponseAssembler` from the
+  request's own options (its tools) and reports the finished turn to observers;
+- :func:`serve_chat` runs a whole request for a :class:`Dialect`; a dialect whose wire needs
+  more (a stored conversation, per-token logprob frames) calls the steps itself.
+
+Writing a dialect: docs/plugins/dialects.md.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+import attrs
+from litestar import Request, Response
+
+from mlxrt.api.app import claimed_fields
+from mlxrt.api.disconnect import (
+    closing_on_error,
+    drain_until_disconnect,
+    off_loop,
+    start_generation,
+)
+from mlxrt.api.generation import (
+    FrameWriter,
+    assembled_stream,
+    forced_tool_call,
+    guarded,
+    refuse_overlong_text,
+    response_headers,
+    turn_observer,
+)
+from mlxrt.api.models import host_for
+from mlxrt.api.sse import sse_data, sse_event, sse_response
+from mlxrt.api.wire import parse_json_object
+from mlxrt.assembly import ResponseAssembler
+from mlxrt.engine.admission import plan_max_tokens
+from mlxrt.engine.sampling import resolve_sampling
+from mlxrt.errors import InvalidRequest, MlxrtError
+from mlxrt.records import (
+    CacheReport,
+    ChatInput,
+    FinishEvent,
+    FinishReason,
+    GenerationRequest,
+    RequestOptions,
+    TokenEvent,
+    ToolCall,
+)
+from mlxrt.templating import (
+    RenderedPrompt,
+    canonicalize,
+    encode_text,
+    render_chat,
+    rendered_request,
+)
+
+__all__ = ["Turn", "Answer", "Dialect", "Framed", "plan", "prepare_request", "prepare", "planned_chat", "planned_text",
+           "assembler_for", "serve_chat", "route_opt",
+           # Re-exported so a dialect needs this module, mlxrt.records and mlxrt.errors only:
+           "ChatInput", "FrameWriter", "sse_data", "sse_event"]
+
+
+@attrs.frozen
+class Turn:
+    """A decoded chat body: what the model sees and how to answer.
+
+    :ivar chat: The conversation to render (its ``tools`` are replaced by ``options.tools``).
+    :ivar options: How to answer (:class:`~mlxrt.records.RequestOptions`).
+    :ivar model: The body's ``model`` (which pooled model serves it; ``None``: the default).
+    :ivar stream: Answer as a stream of frames rather than one body.
+    :ivar headers: Response headers the decoder adds (``x-mlxrt-ignored`` …).
+    :ivar single_call: Keep only the first tool call (the client turned parallel calls off).
+    :ivar wire: The dialect's own decoded body, for its encoder (the pipeline never reads it).
+    """
+
+    chat: ChatInput
+    options: RequestOptions = RequestOptions()
+    model: str | None = None
+    stream: bool = False
+    headers: Mapping[str, str] = attrs.field(factory=dict)
+    single_call: bool = False
+    wire: Any = None
+
+
+@attrs.frozen
+class Answer:
+    """A complete, non-streamed answer, ready for a dialect's body encoder.
+
+    ``created``: when the request was planned (Unix seconds); ``logprobs``: the emitted tokens'
+    events when the request asked for log-probabilities, else ``None``; ``turn``: the decoded
+    request it answers.
+    """
+
+    id: str
+    model: str
+    content: str
+    reasoning: str
+    calls: tuple[ToolCall, ...]
+    reason: FinishReason
+    finish: FinishEvent
+    created: int = 0
+    logprobs: tuple[TokenEvent, ...] | None = None
+    turn: Turn | None = None
+
+
+@runtime_checkable
+class Dialect(Protocol):
+    """An HTTP API's wire shapes; :func:`serve_chat` does the rest.
+
+    :ivar name: The dialect's name: ``GenerationRequest.dialect``, the namespace of its
+        plugin-claimed request fields (``mlxrt_request_fields(dialect)``) and of
+        ``mlxrt_prompt_canonicalize``.
+    :ivar default_max_tokens: The answer's token limit when the body sets none
+        (``--max-tokens`` overrides it; admission caps it to the context).
+    """
+
+    name: str
+    default_max_tokens: int
+
+    def decode(self, body: Mapping[str, Any], claimed: Mapping[str, type], *, strict: bool) -> Turn:
+        """Validate ``body`` (a JSON object) into a :class:`Turn`; raise
+        :class:`~mlxrt.errors.InvalidRequest` for a bad one. ``claimed``: plugin-claimed fields
+        (return their values in ``options.extra``); ``strict``: unknown fields are a 400."""
+        ...
+
+    def new_id(self) -> str:
+        """A fresh response id (``GenerationRequest.request_id``)."""
+        ...
+
+    def body(self, answer: Answer) -> Any:
+        """The non-streamed response body (JSON-serializable)."""
+        ...
+
+    def stream(self, gen: Any, assembler: ResponseAssembler, *, id: str, model: str, created: int,
+               report: CacheReport, turn: Turn) -> AsyncIterator[bytes]:
+        """A streamed answer's frames: engine events (``gen``, which the stream owns and closes)
+        through ``assembler`` into the wire's frames. Most dialects inherit it from
+        :class:`Framed` and write only a :class:`~mlxrt.api.generation.FrameWriter`."""
+        ...
+
+    def render_error(self, status: int, type_: str, message: str, param: str | None,
+                     code: str | None) -> dict[str, Any]:
+        """An error's body (a refused request); mid-stream errors travel as :meth:`error_frame`."""
+        ...
+
+    def error_frame(self, exc: MlxrtError) -> bytes:
+        """An error that happens after the stream started, as one frame."""
+        ...
+
+
+class Framed:
+    """Base of a dialect whose stream is a grammar over assembled deltas: define
+    :meth:`frames`; :meth:`stream` drives it with :func:`mlxrt.api.generation.assembled_stream`."""
+
+    def frames(self, *, id: str, model: str, report: CacheReport, turn: Turn) -> FrameWriter:
+        """The stream grammar for one streamed answer."""
+        raise NotImplementedError
+
+    def stream(self, gen: Any, assembler: ResponseAssembler, *, id: str, model: str, created: int,
+               report: CacheReport, turn: Turn) -> AsyncIterator[bytes]:
+        writer = self.frames(id=id, model=model, report=report, turn=turn)
+        return assembled_stream(gen, assembler, writer, single_call=turn.single_call)
+
+
+def route_opt(dialect: Dialect) -> dict[str, Any]:
+    """The ``opt`` of a dialect's route handlers: its errors render in its shape."""
+    return {"dialect": dialect.name, "render_error": dialect.render_error}
+
+
+def plan(host: Any, options: RequestOptions, prompt_ids: Sequence[int], *, dialect: str, request_id: str,
+         default_max_tokens: int) -> GenerationRequest:
+    """The engine request for decoded ``options`` and the tokenized prompt, canonicalized.
+
+    ``--max-tokens`` (``host.options["max_tokens"]``) overrides ``default_max_tokens``;
+    admission caps both to the context. An explicit ``options.max_tokens`` that cannot fit is
+    refused, unless ``options.max_tokens_is_ceiling``: then it is capped like a default.
+    Sampling follows :func:`mlxrt.engine.sampling.resolve_sampling`'s chain; a forcing
+    ``tool_choice`` becomes a grammar or forced openings (:func:`mlxrt.api.generation.forced_tool_call`);
+    an unknown ``adapter`` is a 400.
+    """
+    engine = host.engine
+    vocab = engine.info.config_int("vocab_size")
+    for token in options.logit_bias:
+        if token < 0 or (vocab is not None and token >= vocab):
+            raise InvalidRequest(f"logit_bias token id {token} is not in the vocabulary"
+                                 + (f" (0 to {vocab - 1})" if vocab is not None else ""), param="logit_bias")
+    option = host.options.get("max_tokens")
+    default = option if option is not None else default_max_tokens
+    requested = options.max_tokens
+    if options.max_tokens_is_ceiling and requested is not None:
+        default, requested = requested, None
+    max_tokens = plan_max_tokens(len(prompt_ids), requested, default, engine.context_ceiling)
+    sampling = resolve_sampling(options.sampling, host.options, engine.info.generation_config, seed=options.seed,
+                                logit_bias=options.logit_bias)
+    forced, structured = forced_tool_call(host, options.forced_tools, options.tools, prompt_ids,
+                                          structured=options.structured)
+    gen = GenerationRequest(
+        request_id=request_id, prompt_ids=tuple(prompt_ids), max_tokens=max_tokens, sampling=sampling,
+        stop=tuple(options.stop), dialect=dialect, extra=dict(options.extra), logprobs=options.logprobs,
+        forced_prefixes=forced, structured=structured, num_draft_tokens=options.num_draft_tokens,
+        adapters=registry.resolve(options.adapter) if (registry := getattr(engine, "adapters", None)) else (),
+    )
+    return canonicalize(host, gen, dialect)
+
+
+def prepare_request(host: Any, request: GenerationRequest) -> None:
+    """Run ``mlxrt_prepare_request`` here (a caller already on a worker thread)."""
+    host.collect("mlxrt_prepare_request", request=request, info=host.engine.info, host=host)
+
+
+async def prepare(host: Any, request: GenerationRequest) -> None:
+    """Run ``mlxrt_prepare_request`` for ``request`` on a worker thread (neither the event loop
+    nor the engine thread): slow per-request work, such as compiling a grammar, and its 400s,
+    happen before the request queues."""
+    import anyio
+
+    if host.pm.hook.mlxrt_prepare_request.get_hookimpls():  # else skip the thread hop
+        await anyio.to_thread.run_sync(prepare_request, host, request)
+
+
+def _plan_chat(host: Any, chat: ChatInput, options: RequestOptions, dialect: str, request_id: str,
+               default_max_tokens: int) -> tuple[RenderedPrompt, GenerationRequest]:
+    engine = host.engine
+    rendered = render_chat(host, engine.tokenizer, engine.profile, attrs.evolve(chat, tools=options.tools))
+    gen = plan(host, options, rendered.ids, dialect=dialect, request_id=request_id,
+               default_max_tokens=default_max_tokens)
+    gen = rendered_request(gen, rendered)
+    prepare_request(host, gen)
+    return rendered, gen
+
+
+async def planned_chat(request: Request, host: Any, chat: ChatInput, options: RequestOptions, *, dialect: str,
+                       request_id: str, default_max_tokens: int) -> tuple[RenderedPrompt, GenerationRequest]:
+    """Render ``chat`` (with ``options.tools``), plan and prepare its engine request, on a
+    worker thread abandoned if the client leaves (templating and grammars may take a while)."""
+    return await off_loop(request, _plan_chat, host, chat, options, dialect, request_id, default_max_tokens)
+
+
+def _plan_text(host: Any, prompt: str, options: RequestOptions, dialect: str, request_id: str,
+               default_max_tokens: int) -> GenerationRequest:
+    ids = encode_text(host.engine.tokenizer, prompt)
+    gen = plan(host, options, ids, dialect=dialect, request_id=request_id, default_max_tokens=default_max_tokens)
+    prepare_request(host, gen)
+    return gen
+
+
+async def planned_text(request: Request, host: Any, prompt: str, options: RequestOptions, *, dialect: str,
+                       request_id: str, default_max_tokens: int) -> GenerationRequest:
+    """A raw text prompt (no chat template), tokenized, planned and prepared off the loop."""
+    return await off_loop(request, _plan_text, host, prompt, options, dialect, request_id, default_max_tokens)
+
+
+def assembler_for(host: Any, turn: Turn, rendered: RenderedPrompt, generation: GenerationRequest) -> ResponseAssembler:
+    """Engine events → reasoning, content and tool calls, with the request's own tools; the
+    finished turn is reported to ``mlxrt_turn_finished`` observers."""
+    return ResponseAssembler(host.engine.profile, tools=turn.options.tools,
+                             starts_in_thinking=rendered.starts_in_thinking,
+                             on_finish=turn_observer(host, dialect=generation.dialect,
+                                                     request_id=generation.request_id,
+                                                     messages=turn.chat.messages))
+
+
+async def serve_chat(request: Request, dialect: Dialect) -> Response:
+    """A whole chat request for ``dialect``: decode, pick the model, refuse an overlong body,
+    plan and prepare, run, and answer with the dialect's body or stream."""
+    host = request.app.state.host
+    body = parse_json_object(await request.body())
+    turn = dialect.decode(body, claimed_fields(host, dialect.name), strict=bool(host.options.get("strict")))
+    host = await host_for(request, turn.model)
+    await refuse_overlong_text(request, body, host)
+    rendered, generation = await planned_chat(request, host, turn.chat, turn.options, dialect=dialect.name,
+                                              request_id=dialect.new_id(),
+                                              default_max_tokens=dialect.default_max_tokens)
+    engine = host.engine
+    model = engine.info.model_id
+    created = int(time.time())
+    assembler = assembler_for(host, turn, rendered, generation)
+    # Admission errors (queue full, a failing sampler hook) surface here, as the status.
+    gen, report = await start_generation(request, engine, generation)
+    async with closing_on_error(gen):  # until a stream owns it
+        headers = response_headers(turn.headers, report)
+        if turn.stream:
+            frames = dialect.stream(gen, assembler, id=generation.request_id, model=model, created=created,
+                                    report=report, turn=turn)
+            return sse_response(guarded(frames, dialect.error_frame), headers=headers)
+    finish, logprobs = await drain_until_disconnect(request, gen, assembler.feed)
+    _delta, reason = assembler.finish(finish)
+    calls = assembler.tool_calls[:1] if turn.single_call else assembler.tool_calls
+    answer = Answer(id=generation.request_id, model=model, content="".join(assembler.content),
+                    reasoning="".join(assembler.reasoning), calls=calls, reason=reason, finish=finish,
+                    created=created, logprobs=tuple(logprobs) if generation.logprobs is not None else None,
+                    turn=turn)
+    return Response(content=dialect.body(answer), status_code=200, headers=headers)

@@ -1,0 +1,32 @@
+"""What the server can do for a request, stated by the plugins and the served model.
+
+One home for the answer, so a dialect, the templating step and the status pages agree: output
+constraints are enforced only when a plugin declares ``structured_outputs``
+(``mlxrt_capabilities``), not when some plugin happens to implement a hook the grammar plugin
+also implements.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from mlxrt.records import Capabilities
+
+__all__ = ["STRUCTURED_OUTPUTS", "declared", "capabilities"]
+
+#: The capability a grammar plugin declares (``mlxrt_capabilities``).
+STRUCTURED_OUTPUTS = "structured_outputs"
+
+
+def declared(host: Any) -> frozenset[str]:
+    """The capability names the loaded plugins declare."""
+    return frozenset(name for _plugin, name in host.collect("mlxrt_capabilities"))
+
+
+def capabilities(host: Any) -> Capabilities:
+    """The capabilities of the model ``host.engine`` serves, with the plugins loaded."""
+    from mlxrt.engine.embedding import is_embedding_model
+
+    engine = host.engine
+    return Capabilities(structured_outputs=STRUCTURED_OUTPUTS in declared(host),
+                        vision=engine.profile.vision is not None, embeddings=is_embedding_model(engine.info))
