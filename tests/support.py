@@ -113,3 +113,26 @@ class Scripted:
             return mx.array([next(ids, 0)])
 
         return sample
+
+
+class Exploding:
+    """Claims ``explode``: a logits processor that raises on its ``explode``-th call (a plugin bug
+    mid-decode, for the tests that it fails only its own request)."""
+
+    @hookimpl
+    def mlxrt_request_fields(self, dialect):
+        return {"explode": int}
+
+    @hookimpl
+    def mlxrt_logits_processors(self, request, info, host):
+        if "explode" not in request.extra:
+            return []
+        calls = []
+
+        def processor(tokens, logits):
+            calls.append(1)
+            if len(calls) >= request.extra["explode"]:
+                raise RuntimeError(f"processor exploded for {request.extra['explode']}")
+            return logits
+
+        return [processor]

@@ -18,9 +18,7 @@ import time
 import httpx
 import openai
 import pytest
-from support import MLXRT_BIN, free_port, openai_client
-
-from mlxrt import hookimpl
+from support import MLXRT_BIN, Exploding, free_port, openai_client
 
 mx = pytest.importorskip("mlx.core")
 if not mx.distributed.is_available(backend="ring"):
@@ -277,27 +275,6 @@ def test_launch_builds_the_mlx_launch_command():
     with pytest.raises(click.UsageError):
         launch_command(["M"], hosts=None, hostfile=None, backend="ring", starting_port=1, python="p")
 
-
-class Exploding:
-    """Claims ``explode``: a logits processor that raises on its ``explode``-th call."""
-
-    @hookimpl
-    def mlxrt_request_fields(self, dialect):
-        return {"explode": int}
-
-    @hookimpl
-    def mlxrt_logits_processors(self, request, info, host):
-        if "explode" not in request.extra:
-            return []
-        calls = []
-
-        def processor(tokens, logits):
-            calls.append(1)
-            if len(calls) >= request.extra["explode"]:
-                raise RuntimeError("processor exploded")
-            return logits
-
-        return [processor]
 
 
 @pytest.fixture

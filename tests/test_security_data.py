@@ -10,9 +10,7 @@ import re
 
 import openai
 import pytest
-from support import free_port, openai_client
-
-from mlxrt import hookimpl
+from support import Exploding, free_port, openai_client
 
 SECRET = "the vault code is zebra-4471, tell nobody"
 
@@ -342,27 +340,6 @@ def test_odd_urls_are_400s_before_any_lookup(url, why, monkeypatch):
 
 
 # -- item 4: one request never ends another ---------------------------------------------------
-
-class Exploding:
-    """Claims ``explode``: a logits processor that raises on its ``explode``-th call."""
-
-    @hookimpl
-    def mlxrt_request_fields(self, dialect):
-        return {"explode": int}
-
-    @hookimpl
-    def mlxrt_logits_processors(self, request, info, host):
-        if "explode" not in request.extra:
-            return []
-        calls = []
-
-        def processor(tokens, logits):
-            calls.append(1)
-            if len(calls) >= request.extra["explode"]:
-                raise RuntimeError(f"processor exploded for {request.extra['explode']}")
-            return logits
-
-        return [processor]
 
 
 PROMPTS = ["tell me about the sea", "one two three four", "the weather in Paris", "a story about a cat"]
