@@ -114,12 +114,13 @@ def _turn_start(tokenizer: Any, chat: ChatInput, kwargs: Mapping[str, Any], text
 
 def rendered_request(request: GenerationRequest, rendered: RenderedPrompt) -> GenerationRequest:
     """``request`` carrying what rendering learned besides the ids: the spliced images
-    (:func:`mlxrt.engine.vision.with_vision`) and the turn boundary (``turn_start``)."""
-    from mlxrt.engine.vision import with_vision
-
+    (``vision``) and the turn boundary (``turn_start``); unchanged for a plain text prompt."""
+    changes: dict[str, Any] = {}
+    if rendered.vision is not None:
+        changes["vision"] = rendered.vision
     if rendered.turn_start is not None:
-        request = attrs.evolve(request, turn_start=rendered.turn_start)
-    return with_vision(request, rendered)
+        changes["turn_start"] = rendered.turn_start
+    return attrs.evolve(request, **changes) if changes else request
 
 
 def thinking_switch(chat: ChatInput, options: Mapping[str, Any] | None = None,

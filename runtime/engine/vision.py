@@ -17,16 +17,14 @@ import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-import attrs
-
 from mlxrt.errors import EngineError, MlxrtError
 from mlxrt.images import ImageLimits, ImageRef, load_images
-from mlxrt.records import FamilyProfile, GenerationRequest, SplicedPrompt
+from mlxrt.records import FamilyProfile, SplicedPrompt
 
 if TYPE_CHECKING:
     from mlxrt.host import PluginHost
 
-__all__ = ["splice_images", "with_vision"]
+__all__ = ["splice_images"]
 
 log = logging.getLogger("mlxrt.engine.vision")
 
@@ -62,9 +60,3 @@ def splice_images(host: PluginHost, profile: FamilyProfile, prompt_ids: Sequence
     finally:
         images.clear()  # the pixels are not needed past the tower
 
-
-def with_vision(request: GenerationRequest, rendered: Any) -> GenerationRequest:
-    """``request`` carrying ``rendered.vision`` (a :class:`~mlxrt.templating.RenderedPrompt`'s
-    spliced images), unchanged for a text-only prompt."""
-    vision = getattr(rendered, "vision", None)
-    return request if vision is None else attrs.evolve(request, vision=vision)
