@@ -370,6 +370,14 @@ _TOKENIZER_FAMILY = {"gemma3_text": "gemma4_text"}
 _TIED_STD = 1.0
 
 
+def _attention_projections(w: Weights, p: str, H: int, nh: int, nkv: int, hd: int) -> None:
+    """Layer ``p``'s q/k/v/o projections (grouped-query attention), in the checkpoint's order."""
+    w.linear(f"{p}.self_attn.q_proj.weight", nh * hd, H)
+    w.linear(f"{p}.self_attn.k_proj.weight", nkv * hd, H)
+    w.linear(f"{p}.self_attn.v_proj.weight", nkv * hd, H)
+    w.linear(f"{p}.self_attn.o_proj.weight", H, nh * hd)
+
+
 def _dense_decoder(c: dict, rng, qk_norm: bool) -> Weights:
     """Llama / Qwen3 / MiniCPM: model.embed_tokens, model.layers.N.{self_attn,mlp}.*, model.norm."""
     w = Weights(rng)
@@ -379,10 +387,7 @@ def _dense_decoder(c: dict, rng, qk_norm: bool) -> Weights:
     w.normal("model.embed_tokens.weight", (V, H), _TIED_STD * H**-0.5 if tied else 1.0)
     for i in range(L):
         p = f"model.layers.{i}"
-        w.linear(f"{p}.self_attn.q_proj.weight", nh * hd, H)
-        w.linear(f"{p}.self_attn.k_proj.weight", nkv * hd, H)
-        w.linear(f"{p}.self_attn.v_proj.weight", nkv * hd, H)
-        w.linear(f"{p}.self_attn.o_proj.weight", H, nh * hd)
+        _attention_projections(w, p, H, nh, nkv, hd)
         if qk_norm:
             w.norm(f"{p}.self_attn.q_norm.weight", hd)
             w.norm(f"{p}.self_attn.k_norm.weight", hd)
@@ -463,10 +468,7 @@ def _gemma3_weights(c: dict, rng) -> Weights:
     w.normal("model.embed_tokens.weight", (V, H), H**-0.5)  # the model multiplies by sqrt(hidden)
     for i in range(L):
         p = f"model.layers.{i}"
-        w.linear(f"{p}.self_attn.q_proj.weight", nh * hd, H)
-        w.linear(f"{p}.self_attn.k_proj.weight", nkv * hd, H)
-        w.linear(f"{p}.self_attn.v_proj.weight", nkv * hd, H)
-        w.linear(f"{p}.self_attn.o_proj.weight", H, nh * hd)
+        _attention_projections(w, p, H, nh, nkv, hd)
         w.norm(f"{p}.self_attn.q_norm.weight", hd, center=0.0)  # Gemma 3 norms are x*(1+w)
         w.norm(f"{p}.self_attn.k_norm.weight", hd, center=0.0)
         w.linear(f"{p}.mlp.gate_proj.weight", ffn, H)
