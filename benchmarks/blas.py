@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -26,13 +25,11 @@ from pathlib import Path
 
 import httpx
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from serving import free_port, start_server  # noqa: E402
+
 BIN = Path(sys.executable).parent
 
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def configs(model_dir: str) -> dict[str, list[str]]:
@@ -45,21 +42,6 @@ def configs(model_dir: str) -> dict[str, list[str]]:
         "mlx_lm.server-q4": [sys.executable, "-m", "mlx_lm", "server", "--model", model_dir],
     }
 
-
-def start(cmd: list[str], port: int) -> subprocess.Popen:
-    proc = subprocess.Popen([*cmd, "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True, cwd="/")
-    deadline = time.monotonic() + 180
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{cmd} exited: {proc.stderr.read()[-2000:]}")
-        try:
-            httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=1)
-            return proc
-        except httpx.HTTPError:
-            time.sleep(0.3)
-    proc.kill()
-    raise TimeoutError(f"{cmd} did not start")
 
 
 def prefill(url: str, words: int) -> float:
@@ -103,7 +85,7 @@ def main() -> None:
         if args.only and name not in args.only:
             continue
         port = free_port()
-        proc = start(cmd, port)
+        proc = start_server(cmd, port, limit=180)
         try:
             url = f"http://127.0.0.1:{port}"
             decode(url, 4)  # warm-up

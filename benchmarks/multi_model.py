@@ -20,9 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import socket
 import statistics
-import subprocess
 import sys
 import tempfile
 import time
@@ -30,29 +28,12 @@ from pathlib import Path
 
 import httpx
 
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from serving import free_port, start_server  # noqa: E402
+
 BIN = Path(sys.executable).parent
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def start(cmd: list[str], port: int) -> subprocess.Popen:
-    proc = subprocess.Popen([*cmd, "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True, cwd="/")
-    deadline = time.monotonic() + 300
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"{cmd} exited: {proc.stderr.read()[-2000:]}")
-        try:
-            httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=1)
-            return proc
-        except httpx.HTTPError:
-            time.sleep(0.3)
-    proc.kill()
-    raise TimeoutError(f"{cmd} did not start")
 
 
 def ttft(url: str, model: str) -> float:
@@ -73,7 +54,7 @@ def ttft(url: str, model: str) -> float:
 
 def run(name: str, cmd: list[str], a: str, b: str, swaps: int) -> list[float]:
     port = free_port()
-    proc = start(cmd, port)
+    proc = start_server(cmd, port)
     url = f"http://127.0.0.1:{port}"
     try:
         ttft(url, a)  # warm: A is loaded and has answered once

@@ -243,6 +243,24 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
+def start_server(cmd: list[str], port: int, limit: float = 300) -> subprocess.Popen:
+    """Start ``cmd --port PORT`` and return once it answers ``/v1/models`` (its stderr is kept
+    for the error when it exits first)."""
+    proc = subprocess.Popen([*cmd, "--port", str(port)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True, cwd="/")
+    deadline = time.monotonic() + limit
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"{cmd} exited: {proc.stderr.read()[-2000:]}")
+        try:
+            httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=1)
+            return proc
+        except httpx.HTTPError:
+            time.sleep(0.3)
+    proc.kill()
+    raise TimeoutError(f"{cmd} did not start")
+
+
 def mlxrt_accepts_batch() -> bool:
     out = subprocess.run([str(Path(sys.executable).parent / "mlxrt"), "serve", "--help"],
                          capture_output=True, text=True, timeout=120).stdout
