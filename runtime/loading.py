@@ -210,14 +210,12 @@ def mlx_lm_load(info: ModelInfo, classes: tuple[type, type] | None = None, *,
     mlx-lm lacks (the family's own model code). ``trust_remote_code`` lets the tokenizer's
     own code from the model folder run (``--trust-remote-code``). ``lazy`` leaves the weights
     unread until evaluated (``--distributed``: each rank reads only its shard)."""
-    from mlx_lm.utils import load_model as _load_model
     from mlx_lm.utils import load_tokenizer
 
-    kwargs: dict[str, Any] = {}
-    if classes is not None:
-        kwargs["get_model_classes"] = lambda config: classes  # mlx-lm passes config=
+    from mlxrt.sources.weights import load_architecture_and_weights
+
     try:
-        model, config = _load_model(info.path, lazy=lazy, **kwargs)
+        model, config = load_architecture_and_weights(info.path, classes=classes, lazy=lazy)
         tokenizer = load_tokenizer(info.path, {"trust_remote_code": True} if trust_remote_code else None,
                                    eos_token_ids=config.get("eos_token_id"))
     except (ValueError, FileNotFoundError, KeyError) as exc:
@@ -236,11 +234,16 @@ def cast_weights(model: Any, dtype: str, *, model_id: str = "model") -> None:
     """
     import mlx.core as mx
     from mlx.utils import tree_flatten
-    from mlx_lm.utils import dequantize_model
 
-    dequantize_model(model)
-    left = sorted({name.rsplit(".", 1)[0] for name, _ in tree_flatten(model.parameters())
-                   if name.endswith(".scales")})
+    def quantized_layers() -> list[str]:
+        return sorted({name.rsplit(".", 1)[0] for name, _ in tree_flatten(model.parameters())
+                       if name.endswith(".scales")})
+
+    if quantized_layers():  # mlx_lm.utils imports transformers: only when there is work for it
+        from mlx_lm.utils import dequantize_model
+
+        dequantize_model(model)
+    left = quantized_layers()
     if left:
         raise ModelLoadError(f"--dtype {dtype}: cannot dequantize {model_id}: quantized layers "
                              f"{', '.join(left[:3])}{' …' if len(left) > 3 else ''} are of a kind mlx-lm "

@@ -470,12 +470,13 @@ class Engine:
             return
         try:
             import mlx.core as mx
-            from mlx_lm.generate import generate_step
             from mlx_lm.models.cache import make_prompt_cache
 
+            from mlxrt.engine.steps import token_steps
+
             first = self.loaded.tokenizer.eos_token_id or 0
-            for _ in generate_step(mx.array([first]), self.loaded.model, max_tokens=1, stream=self._stream,
-                                   prompt_cache=make_prompt_cache(self.loaded.model)):
+            for _ in token_steps(mx.array([first]), self.loaded.model, max_tokens=1, stream=self._stream,
+                                 cache=make_prompt_cache(self.loaded.model)):
                 pass
         except Exception:  # a model that cannot warm up will fail its first request visibly
             log.warning("engine warm-up failed", exc_info=True)

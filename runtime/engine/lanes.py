@@ -1,6 +1,6 @@
 """The engine's two ways of running requests, and the per-request state both share.
 
-* :class:`SerialLane` runs one request at a time with mlx-lm's ``generate_step`` (one
+* :class:`SerialLane` runs one request at a time with :func:`mlxrt.engine.steps.token_steps` (one
   sequence, no padding, no batch masks: the fastest single stream). It takes every request
   when ``--batch 1`` (the default) and every request of a model whose cache classes cannot
   be merged into a batch (mlx-lm's ``merge``; see :func:`batchable`).
@@ -215,7 +215,7 @@ def isolate(row: Row) -> None:
 
 
 def _with_prefix(processors: list[Any], prefix: Sequence[int]) -> list[Any]:
-    """Processors that see the whole history although ``generate_step`` was given only the
+    """Processors that see the whole history although ``token_steps`` was given only the
     uncached rest of the prompt (penalties count the cached prefix too)."""
     if not processors or not prefix:
         return processors
@@ -250,7 +250,7 @@ def _cache_tokens(cache: list[Any], tokens: list[int]) -> list[int]:
 
 
 class SerialLane:
-    """One request at a time, through ``generate_step``."""
+    """One request at a time, through :func:`mlxrt.engine.steps.token_steps`."""
 
     name = "serial"
 
@@ -271,8 +271,9 @@ class SerialLane:
         prompt and every generated token but the last: :meth:`BatchLane.resume` goes on from
         there. ``--batch N`` runs a lone stream this way, at the serial lane's speed."""
         import mlx.core as mx
-        from mlx_lm.generate import generate_step
         from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+
+        from mlxrt.engine.steps import token_steps
 
         prompt = list(row.request.prompt_ids)
         spec = self.speculator
@@ -314,14 +315,14 @@ class SerialLane:
                         def snapshot(done: int, total: int, held: list[Any] = cache) -> None:
                             if done == total - 1:  # the cache holds the prompt but its last token
                                 row.snapshots.append((prompt[:-1], copy.deepcopy(held)))
-                    steps = generate_step(
+                    steps = token_steps(
                         mx.array(fed), self.model,
                         max_tokens=row.request.max_tokens, sampler=row.sampler,
-                        logits_processors=_with_prefix(row.processors, prompt[:start]) or None,
-                        prompt_cache=cache if spec is None else cache[:spec.main_layers],
+                        processors=_with_prefix(row.processors, prompt[:start]) or None,
+                        cache=cache if spec is None else cache[:spec.main_layers],
                         prefill_step_size=step_size, stream=self.stream,
-                        input_embeddings=vision.embeddings if vision is not None else None,
-                        prompt_progress_callback=snapshot,
+                        embeddings=vision.embeddings if vision is not None else None,
+                        progress=snapshot,
                     )
                 for token, logprobs in steps:
                     stop = self.agree(row.on_token(int(token), logprobs))
@@ -334,7 +335,7 @@ class SerialLane:
                         break
                 steps.close()  # the speculative loop rewinds rejected drafts when it closes
         if handed:
-            # generate_step already fed the last token and sampled the next (its step is queued):
+            # token_steps already fed the last token and sampled the next (its step is queued):
             # drop that token from the cache and that draw from a seeded sampler, so that the batch
             # feeds the token again and draws the same next one.
             trim_prompt_cache(cache, 1)
@@ -350,7 +351,7 @@ class SerialLane:
         return False
 
     def _prefill(self, tokens: list[int], cache: list[Any]) -> None:
-        """Run ``tokens`` into ``cache`` in chunks, as ``generate_step`` prefills."""
+        """Run ``tokens`` into ``cache`` in chunks, as ``token_steps`` prefills."""
         import mlx.core as mx
 
         with mx.stream(self.stream):
