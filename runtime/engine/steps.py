@@ -5,7 +5,7 @@ equal token for token, tests/test_steps.py), but its module imports transformers
 (~1.2 s and ~40 MB of a server's start, docs/performance.md). The loop is small enough to own:
 
 * all prompt tokens but the last are run in chunks of ``prefill_step_size`` (the cache state
-  evaluated and MLX's buffer cache released after each chunk);
+  evaluated after each chunk, and MLX's buffer cache released when there are several);
 * the last prompt token gives the first sample; every later step is queued (``async_eval``)
   before the current token is handed out, so the model computes token n+1 while the caller
   handles token n (after the last token too: the cache then holds every token handed out, and
@@ -70,6 +70,9 @@ def token_steps(prompt: Any, model: Any, *, cache: list[Any], stream: Any, max_t
             logprobs = logits - mx.logsumexp(logits, keepdims=True)
             return sample(logprobs), logprobs.squeeze(0)
 
+    # Releasing MLX's buffer cache after each chunk bounds a long prefill's memory; after the
+    # only chunk of a short prompt it would just cost the first token its buffers (~0.2 ms).
+    long_prompt = total - 1 > prefill_step_size
     with mx.stream(stream):
         done = 0
         report(done, total)
@@ -82,7 +85,8 @@ def token_steps(prompt: Any, model: Any, *, cache: list[Any], stream: Any, max_t
             report(done, total)
             prompt = prompt[n:]
             embeddings = embeddings[n:] if embeddings is not None else None
-            mx.clear_cache()
+            if long_prompt:
+                mx.clear_cache()
 
         token, logprobs = step(prompt, embeddings)
         mx.async_eval(token, logprobs)
