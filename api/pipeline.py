@@ -244,24 +244,10 @@ def _plan_chat(host: Any, chat: ChatInput, options: RequestOptions, dialect: str
     return rendered, gen
 
 
-#: A body up to this many bytes, without an output constraint or plugin fields, is templated
-#: on the event loop: rendering it takes less than the hop to a worker thread and back.
-INLINE_BODY_BYTES = 8192
-
-
-def _small(request: Request, options: RequestOptions) -> bool:
-    size = request.headers.get("content-length", "")
-    return (size.isdigit() and int(size) <= INLINE_BODY_BYTES and options.structured is None
-            and not options.forced_tools and not options.extra)
-
-
 async def planned_chat(request: Request, host: Any, chat: ChatInput, options: RequestOptions, *, dialect: str,
                        request_id: str, default_max_tokens: int) -> tuple[RenderedPrompt, GenerationRequest]:
     """Render ``chat`` (with ``options.tools``), plan and prepare its engine request, on a
-    worker thread abandoned if the client leaves (templating and grammars may take a while);
-    a small body is done in place (:data:`INLINE_BODY_BYTES`)."""
-    if _small(request, options):
-        return _plan_chat(host, chat, options, dialect, request_id, default_max_tokens)
+    worker thread abandoned if the client leaves (templating and grammars may take a while)."""
     return await off_loop(request, _plan_chat, host, chat, options, dialect, request_id, default_max_tokens)
 
 

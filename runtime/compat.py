@@ -26,6 +26,7 @@ __all__ = [
     "MLX_LAUNCH_CODE",
     "forget_captured_signals",
     "hf_tokenizer",
+    "lean_litestar",
     "lean_mlx_lm",
     "masks_overridden",
     "mlx_lm_remappings",
@@ -121,3 +122,31 @@ def mlx_lm_remappings() -> tuple[dict[str, str], dict[tuple[str, str], str]]:
     except (AttributeError, TypeError, OSError, SyntaxError, ValueError):
         return {}, {}
     return found.get("MODEL_REMAPPING", {}), found.get("MODEL_ARCHITECTURE_REMAPPING", {})
+
+
+def lean_litestar() -> type:
+    """A ``Litestar`` subclass that adds Litestar's pydantic plugins only when pydantic is
+    already imported (a plugin's routes use pydantic models).
+
+    Litestar's ``_get_default_plugins`` imports them whenever pydantic is installed; mlxrt's own
+    routes use attrs types and raw requests, and pydantic costs a start ~0.1 s and ~11 MB.
+    The other default plugins (msgspec dependency injection, attrs schemas) are kept.
+    """
+    from litestar import Litestar
+
+    default_plugins = Litestar._get_default_plugins
+
+    class LeanLitestar(Litestar):
+        @staticmethod
+        def _get_default_plugins(plugins: list[Any]) -> list[Any]:
+            if "pydantic" in sys.modules:
+                return default_plugins(plugins)
+            from litestar.plugins.attrs import AttrsSchemaPlugin
+            from litestar.plugins.core import MsgspecDIPlugin
+
+            plugins.append(MsgspecDIPlugin())
+            if not any(isinstance(p, AttrsSchemaPlugin) for p in plugins):
+                plugins.append(AttrsSchemaPlugin())
+            return plugins
+
+    return LeanLitestar

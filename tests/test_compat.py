@@ -151,3 +151,29 @@ def test_mlx_lm_remappings_are_the_tables_mlx_lm_uses():
 
     assert compat.mlx_lm_remappings() == (MODEL_REMAPPING, MODEL_ARCHITECTURE_REMAPPING)
     assert compat.mlx_lm_remappings()[0]  # read from source, not an empty fallback
+
+
+def test_lean_litestar_keeps_litestar_default_plugins_but_pydantic():
+    """Without pydantic imported, the app gets Litestar's default plugins less the pydantic
+    ones (and pydantic stays unimported); with it imported, exactly Litestar's defaults."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys\n"
+        "from litestar import Litestar\n"
+        "from mlxrt.compat import lean_litestar\n"
+        "names = lambda app: sorted(type(p).__name__ for p in app.plugins)\n"
+        "lean = names(lean_litestar()(route_handlers=[]))\n"
+        "print('lean', lean, 'pydantic' in sys.modules)\n"
+        "import pydantic\n"
+        "print('with', names(lean_litestar()(route_handlers=[])) == names(Litestar(route_handlers=[])))\n"
+        "full = names(Litestar(route_handlers=[]))\n"
+        "print('rest', sorted(n for n in full if 'Pydantic' not in n) == lean)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lean = out.stdout.split("\n")[0]
+    assert "AttrsSchemaPlugin" in lean and "MsgspecDIPlugin" in lean and "Pydantic" not in lean, lean
+    assert lean.endswith("False")  # pydantic never imported
+    assert "with True" in out.stdout and "rest True" in out.stdout
