@@ -148,7 +148,8 @@ def test_weights_loader_hands_unusual_checkpoints_to_mlx_lm(checkpoints, tmp_pat
 
 def test_a_served_request_never_imports_transformers(checkpoints, tmp_path):
     """Load, warm up and answer one chat completion in a fresh process: mlx_lm's __init__,
-    mlx_lm.generate, mlx_lm.utils and transformers are never imported."""
+    mlx_lm.generate, mlx_lm.utils, transformers, numpy and pydantic are never imported (the
+    lean start: docs/performance.md)."""
     script = textwrap.dedent(f"""
         import sys
         from litestar.testing import TestClient
@@ -161,7 +162,7 @@ def test_a_served_request_never_imports_transformers(checkpoints, tmp_path):
                             "max_tokens": 3}})
             assert r.status_code == 200, r.text
         heavy = sorted(m for m in ("transformers", "mlx_lm.generate", "mlx_lm.utils", "mlx_lm.convert",
-                                   "huggingface_hub.hf_api") if m in sys.modules)
+                                   "huggingface_hub.hf_api", "numpy", "pydantic") if m in sys.modules)
         print("HEAVY", heavy)
         host.models.stop()
     """)
