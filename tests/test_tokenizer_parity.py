@@ -242,6 +242,10 @@ def test_loading_a_tokenizer_does_not_import_transformers(tmp_path):
             f"t = load_tokenizer({str(path)!r}, eos_token_ids=[1]); "
             "t.apply_chat_template([{'role': 'user', 'content': 'hi'}], tokenize=False, add_generation_prompt=True); "
             "t.decode(t.encode('hi')); "
-            "print(type(t).__name__, sorted(m for m in sys.modules if m.split('.')[0] in ('transformers', 'mlx_lm')))")
+            "print(type(t).__name__, sorted(m for m in sys.modules if m.split('.')[0] in ('transformers', 'mlx_lm'))); "
+            # structured outputs ask for a transformers tokenizer: only then is it imported
+            "from mlxrt.compat import hf_tokenizer; hf = hf_tokenizer(t); "
+            "print(type(hf).__name__, 'transformers' in sys.modules, hf.get_vocab() == t.get_vocab(), "
+            "hf_tokenizer(t) is hf)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, check=True)
-    assert out.stdout.split() == ["TextTokenizer", "[]"]
+    assert out.stdout.split() == ["TextTokenizer", "[]", "Qwen2Tokenizer", "True", "True", "True"]
