@@ -231,9 +231,17 @@ def test_loaders_fall_back_to_mlx_lm_where_they_must(tmp_path):
     config_file.write_text(json.dumps({**config, "auto_map": {"AutoTokenizer": ["x.Y", None]}}))
     assert fallback_reason(path) == "tokenizer_config.json sets auto_map"
 
-    config_file.write_text(json.dumps({**config, "sep_token": "<not-a-token>"}))  # transformers would add it
-    assert fallback_reason(path) is None
-    assert isinstance(load_tokenizer(path), TokenizerWrapper)
+    config_file.write_text(json.dumps({**config, "split_special_tokens": True}))
+    assert fallback_reason(path) == "tokenizer_config.json sets split_special_tokens"
+    config_file.write_text(json.dumps({**config, "split_special_tokens": False}))
+    assert fallback_reason(path) is None and isinstance(load_tokenizer(path), TextTokenizer)
+
+    for changed in ({**config, "sep_token": "<not-a-token>"},  # transformers would add it as a new token
+                    {**config, "added_tokens_decoder": {  # and would re-add this one with lstrip
+                        str(i): {**t, "lstrip": True} for i, t in config["added_tokens_decoder"].items()}}):
+        config_file.write_text(json.dumps(changed))
+        assert fallback_reason(path) is None  # found only once tokenizer.json is read
+        assert isinstance(load_tokenizer(path), TokenizerWrapper)
 
 
 def test_loading_a_tokenizer_does_not_import_transformers(tmp_path):

@@ -48,8 +48,10 @@ NATIVE_CLASSES: Mapping[str, Mapping[str, str | None]] = {
 
 # transformers' SPECIAL_TOKENS_ATTRIBUTES: the named special tokens every tokenizer has.
 _NAMED = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token")
-# tokenizer_config.json keys that mean code or behaviour this module does not reproduce.
+# tokenizer_config.json keys that mean code or behaviour this module does not reproduce: when
+# present, and when set to a true value.
 _UNSUPPORTED_KEYS = ("auto_map", "chat_template_type", "tool_parser_type", "fast_tokenizer_files")
+_UNSUPPORTED_IF_TRUE = ("split_special_tokens", "fix_mistral_regex")
 # mlx-lm's wrapper fills ``enable_thinking`` with whether the vocabulary has thinking markers.
 _THINK_PAIRS = (("<think>", "</think>"), ("<longcat_think>", "</longcat_think>"),
                 ("<|think:start|>", "<|think:end|>"), ("<|channel>", "<channel|>"))
@@ -128,6 +130,9 @@ def fallback_reason(path: str | Path, *, trust_remote_code: bool = False) -> str
         return f"tokenizer_class {cls!r} is not one mlxrt reproduces"
     for key in _UNSUPPORTED_KEYS:
         if key in config:
+            return f"tokenizer_config.json sets {key}"
+    for key in _UNSUPPORTED_IF_TRUE:
+        if config.get(key):
             return f"tokenizer_config.json sets {key}"
     for key, value in config.items():
         if key.endswith("_token") and isinstance(value, dict) and key not in _NAMED:
@@ -263,7 +268,15 @@ class TextTokenizer:
             return self._transformers
 
 
-def _native(path: Path, eos_token_ids: Iterable[int]) -> TextTokenizer | None:
+def _flags(token: Any) -> tuple:
+    if isinstance(token, dict):
+        return tuple(token.get(k, d) for k, d in (("content", None), ("single_word", False), ("lstrip", False),
+                                                   ("rstrip", False), ("normalized", True)))
+    return token.content, token.single_word, token.lstrip, token.rstrip, token.normalized
+
+
+def _native(path: Path, eos_token_ids: Iterable[int]) -> TextTokenizer | str:
+    """The folder's :class:`TextTokenizer`, or why transformers would load it differently."""
     from tokenizers import AddedToken, Tokenizer
 
     config = _read_json(path / "tokenizer_config.json")
@@ -272,13 +285,21 @@ def _native(path: Path, eos_token_ids: Iterable[int]) -> TextTokenizer | None:
         backend = Tokenizer.from_file(str(path / "tokenizer.json"))
     except Exception as exc:  # the library raises a bare Exception for a file it cannot parse
         raise ValueError(f"cannot read {path / 'tokenizer.json'}: {exc}") from exc
-    added = {t.content: t for t in backend.get_added_tokens_decoder().values()}
+    # transformers encodes without truncation or padding unless a call asks for them.
+    backend.no_truncation()
+    backend.no_padding()
+    decoder = backend.get_added_tokens_decoder()
+    for index, token in (config.get("added_tokens_decoder") or {}).items():
+        # transformers re-adds a config token that differs from tokenizer.json's, with the config's flags
+        if not isinstance(token, dict) or str(index) not in map(str, decoder) or (
+                _flags(token) != _flags(decoder[int(index)])):
+            return f"tokenizer_config.json's added token {index} differs from tokenizer.json's"
+    added = {t.content: t for t in decoder.values()}
     promote = []
     for text in special:
         token = added.get(text)
         if token is None:
-            # transformers would add it as a new token (new id); not reproduced.
-            return None
+            return f"special token {text!r} is not an added token of tokenizer.json (transformers would add it)"
         if not token.special:  # transformers marks every named special token special
             promote.append(AddedToken(text, single_word=token.single_word, lstrip=token.lstrip,
                                       rstrip=token.rstrip, normalized=token.normalized, special=True))
@@ -299,11 +320,10 @@ def load_tokenizer(path: str | Path, *, eos_token_ids: int | Sequence[int] | Non
     path = Path(path)
     eos = [eos_token_ids] if isinstance(eos_token_ids, int) else list(eos_token_ids or [])
     reason = fallback_reason(path, trust_remote_code=trust_remote_code)
-    tokenizer = _native(path, eos) if reason is None else None
-    if tokenizer is not None:
-        return tokenizer
-    log.info("tokenizer of %s loads through mlx-lm/transformers: %s", path.name,
-             reason or "a special token is not an added token")
+    loaded = _native(path, eos) if reason is None else reason
+    if isinstance(loaded, TextTokenizer):
+        return loaded
+    log.info("tokenizer of %s loads through mlx-lm (imports transformers): %s", path.name, loaded)
     from mlx_lm.utils import load_tokenizer as mlx_lm_load_tokenizer
 
     return mlx_lm_load_tokenizer(path, {"trust_remote_code": True} if trust_remote_code else None,
