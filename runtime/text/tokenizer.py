@@ -243,8 +243,6 @@ class TextTokenizer:
         if isinstance(conversation, (list, tuple)) and conversation and (
                 isinstance(conversation[0], (list, tuple)) or hasattr(conversation[0], "messages")):
             raise ValueError("mlxrt's tokenizer renders one conversation at a time")
-        if continue_final_message and return_assistant_tokens_mask:
-            raise ValueError("continue_final_message is not compatible with return_assistant_tokens_mask.")
         if sanitize_control_tokens and not tokenize:
             raise ValueError("`sanitize_control_tokens=True` requires `tokenize=True` and is not compatible with "
                              "`return_assistant_tokens_mask=True`.")
