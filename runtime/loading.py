@@ -211,15 +211,16 @@ def mlx_lm_load(info: ModelInfo, classes: tuple[type, type] | None = None, *,
     own code from the model folder run (``--trust-remote-code``). ``lazy`` leaves the weights
     unread until evaluated (``--distributed``: each rank reads only its shard)."""
     from mlx_lm.utils import load_model as _load_model
-    from mlx_lm.utils import load_tokenizer
+
+    from mlxrt.text.tokenizer import load_tokenizer
 
     kwargs: dict[str, Any] = {}
     if classes is not None:
         kwargs["get_model_classes"] = lambda config: classes  # mlx-lm passes config=
     try:
         model, config = _load_model(info.path, lazy=lazy, **kwargs)
-        tokenizer = load_tokenizer(info.path, {"trust_remote_code": True} if trust_remote_code else None,
-                                   eos_token_ids=config.get("eos_token_id"))
+        tokenizer = load_tokenizer(info.path, eos_token_ids=config.get("eos_token_id"),
+                                   trust_remote_code=trust_remote_code)
     except (ValueError, FileNotFoundError, KeyError) as exc:
         raise ModelLoadError(f"mlx-lm could not load {info.model_id}: {exc}") from exc
     return LoadedModel(model=model, tokenizer=tokenizer)
