@@ -13,8 +13,9 @@ logit-bias checks, ``tool_choice`` enforcement, ``mlxrt_prompt_canonicalize`` an
   event loop, never on the engine thread — before the request queues;
 - :func:`assembler_for` makes the answer's :class:`~mlxrt.assembly.ResponseAssembler` from the
   request's own options (its tools) and reports the finished turn to observers;
-- :func:`serve_chat` runs a whole request for a :class:`Dialect`; a dialect whose wire needs
-  more (a stored conversation, per-token logprob frames) calls the steps itself.
+- :func:`serve_chat` runs a whole request for a :class:`Dialect` (a dialect with server-side
+  state, such as Responses' stored conversations, binds it in its optional ``resolve`` step); a
+  dialect whose wire needs more (text completions' raw prompt) calls the steps itself.
 
 Writing a dialect: docs/plugins/dialects.md.
 """
@@ -86,6 +87,8 @@ class Turn:
     :ivar headers: Response headers the decoder adds (``x-mlxrt-ignored`` …).
     :ivar single_call: Keep only the first tool call (the client turned parallel calls off).
     :ivar wire: The dialect's own decoded body, for its encoder (the pipeline never reads it).
+    :ivar host: The host serving the turn, set by the pipeline once the model is chosen, for an
+        encoder that needs the model (Responses counts reasoning tokens with its tokenizer).
     """
 
     chat: ChatInput
@@ -95,6 +98,7 @@ class Turn:
     headers: Mapping[str, str] = attrs.field(factory=dict)
     single_call: bool = False
     wire: Any = None
+    host: Any = None
 
 
 @attrs.frozen
@@ -127,6 +131,15 @@ class Dialect(Protocol):
         ``mlxrt_prompt_canonicalize``.
     :ivar default_max_tokens: The answer's token limit when the body sets none
         (``--max-tokens`` overrides it; admission caps it to the context).
+
+    One member is optional, because most dialects keep no state between requests:
+    ``async def resolve(self, request: Request, turn: Turn) -> Turn``, run right after
+    :meth:`decode` and before the model is chosen, binds the turn to what the server keeps
+    for the client (Responses: the stored conversation ``previous_response_id`` continues,
+    raising :class:`~mlxrt.errors.NotFound` for an unknown one, and where the answer is
+    stored, under the caller's API key). :meth:`body` and :meth:`stream` are where such a
+    dialect records the finished answer (a stream before its last frame, so that a client
+    which reads it can already refer to it).
     """
 
     name: str
@@ -159,7 +172,8 @@ class Dialect(Protocol):
         ...
 
     def error_frame(self, exc: MlxrtError) -> bytes:
-        """An error that happens after the stream started, as one frame."""
+        """An error that happens after the stream started, as one frame (a stream whose error
+        frame depends on its own state, such as a sequence number, catches its errors itself)."""
         ...
 
 
@@ -276,12 +290,16 @@ def assembler_for(host: Any, turn: Turn, rendered: RenderedPrompt, generation: G
 
 
 async def serve_chat(request: Request, dialect: Dialect) -> Response:
-    """A whole chat request for ``dialect``: decode, pick the model, refuse an overlong body,
-    plan and prepare, run, and answer with the dialect's body or stream."""
+    """A whole chat request for ``dialect``: decode (and resolve, when the dialect keeps state),
+    pick the model, refuse an overlong body, plan and prepare, run, and answer with the
+    dialect's body or stream."""
     host = request.app.state.host
     body = parse_json_object(await request.body())
     turn = dialect.decode(body, claimed_fields(host, dialect.name), strict=bool(host.options.get("strict")))
+    if (resolve := getattr(dialect, "resolve", None)) is not None:  # optional: most dialects keep no state
+        turn = await resolve(request, turn)
     host = await host_for(request, turn.model)
+    turn = attrs.evolve(turn, host=host)
     await refuse_overlong_text(request, body, host)
     rendered, generation = await planned_chat(request, host, turn.chat, turn.options, dialect=dialect.name,
                                               request_id=dialect.new_id(),

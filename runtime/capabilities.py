@@ -1,16 +1,16 @@
 """What the server can do for a request, stated by the plugins and the served model.
 
-One home for the answer, so a dialect, the templating step and the status pages agree: output
-constraints are enforced only when a plugin declares ``structured_outputs``
-(``mlxrt_capabilities``), not when some plugin happens to implement a hook the grammar plugin
-also implements.
+One home for the answer, so a dialect, the templating step, ``/v1/models``, the embeddings route
+and the status pages agree: output constraints are enforced only when a plugin declares
+``structured_outputs`` (``mlxrt_capabilities``), not when some plugin happens to implement a
+hook the grammar plugin also implements.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from mlxrt.records import Capabilities
+from mlxrt.records import Capabilities, FamilyProfile
 
 __all__ = ["STRUCTURED_OUTPUTS", "declared", "capabilities"]
 
@@ -23,10 +23,12 @@ def declared(host: Any) -> frozenset[str]:
     return frozenset(name for _plugin, name in host.collect("mlxrt_capabilities"))
 
 
-def capabilities(host: Any) -> Capabilities:
-    """The capabilities of the model ``host.engine`` serves, with the plugins loaded."""
+def capabilities(host: Any, profile: FamilyProfile | None = None) -> Capabilities:
+    """The capabilities of the model ``profile`` describes (default: the one ``host.engine``
+    serves; ``/v1/models`` asks for the served model's while another is swapped in), with the
+    plugins loaded."""
     from mlxrt.engine.embedding import is_embedding_model
 
-    engine = host.engine
+    profile = host.engine.profile if profile is None else profile
     return Capabilities(structured_outputs=STRUCTURED_OUTPUTS in declared(host),
-                        vision=engine.profile.vision is not None, embeddings=is_embedding_model(engine.info))
+                        vision=profile.vision is not None, embeddings=is_embedding_model(profile.info))

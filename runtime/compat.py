@@ -38,8 +38,12 @@ MLX_LAUNCH_CODE = "from mlx._distributed_utils.launch import main; main()"
 
 
 def hf_tokenizer(tokenizer: Any) -> Any:
-    """The Hugging Face tokenizer inside mlx-lm's ``TokenizerWrapper`` (its ``_tokenizer``);
-    an object without that attribute is returned as it is."""
+    """The Hugging Face tokenizer inside mlx-lm's ``TokenizerWrapper`` (its ``_tokenizer``), or
+    the one mlxrt's own :class:`~mlxrt.text.tokenizer.TextTokenizer` loads on first use (this
+    imports transformers); any other object is returned as it is."""
+    build = getattr(tokenizer, "transformers_tokenizer", None)
+    if build is not None:
+        return build()
     return getattr(tokenizer, "_tokenizer", tokenizer)
 
 

@@ -210,14 +210,13 @@ def mlx_lm_load(info: ModelInfo, classes: tuple[type, type] | None = None, *,
     mlx-lm lacks (the family's own model code). ``trust_remote_code`` lets the tokenizer's
     own code from the model folder run (``--trust-remote-code``). ``lazy`` leaves the weights
     unread until evaluated (``--distributed``: each rank reads only its shard)."""
-    from mlx_lm.utils import load_tokenizer
-
     from mlxrt.sources.weights import load_architecture_and_weights
+    from mlxrt.text.tokenizer import load_tokenizer
 
     try:
         model, config = load_architecture_and_weights(info.path, classes=classes, lazy=lazy)
-        tokenizer = load_tokenizer(info.path, {"trust_remote_code": True} if trust_remote_code else None,
-                                   eos_token_ids=config.get("eos_token_id"))
+        tokenizer = load_tokenizer(info.path, eos_token_ids=config.get("eos_token_id"),
+                                   trust_remote_code=trust_remote_code)
     except (ValueError, FileNotFoundError, KeyError) as exc:
         raise ModelLoadError(f"mlx-lm could not load {info.model_id}: {exc}") from exc
     return LoadedModel(model=model, tokenizer=tokenizer)

@@ -114,7 +114,10 @@ class LoadedModel:
     """A loaded model: what ``mlxrt_load_model`` returns.
 
     :ivar model: The ``mlx.nn.Module`` (mlx-lm's model protocol: ``model(inputs, cache=...)``).
-    :ivar tokenizer: An ``mlx_lm.tokenizer_utils.TokenizerWrapper``.
+    :ivar tokenizer: What :func:`mlxrt.text.tokenizer.load_tokenizer` returns: a
+        :class:`~mlxrt.text.tokenizer.TextTokenizer`, or mlx-lm's ``TokenizerWrapper`` where it
+        must fall back; either offers ``encode``, ``decode``, ``apply_chat_template``,
+        ``chat_template``, ``eos_token_id(s)``, ``vocab_size`` and ``get_vocab``.
     :ivar engine: ``autoregressive`` (the default) or ``denoising``: a model that does not
         decode token by token. A ``denoising`` model must supply ``denoiser``; the engine runs it
         on the serial lane (:mod:`mlxrt.engine.denoising_lane`), with no prompt cache and no batching.

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
+from pathlib import Path
 
 import httpx
 from support import MLXRT_BIN, openai_client
@@ -25,6 +27,29 @@ def test_serve_help_shows_mlx_lm_flags_and_the_fallback_chain():
                  "--adapter-path", "--kv-bits", "--disable-plugin", "--chat-template-args"):
         assert flag in out
     assert "generation_config.json" in out and "127.0.0.1" in out and "8080" in out
+
+
+def test_engine_defaults_are_stated_once_and_agree_everywhere():
+    """`mlxrt serve` with no flags, an in-process server's options without them, EngineConfig's own
+    fields, `mlxrt serve --help` and docs/operators.md all give the same engine defaults."""
+    from mlxrt.cli import build_cli
+    from mlxrt.engine.config import ENGINE_DEFAULTS, EngineConfig
+    from mlxrt.host import make_host
+
+    serve = build_cli(make_host()).commands["serve"]
+    with serve.make_context("serve", []) as ctx:  # parsed as a bare `mlxrt serve` would be
+        parsed = dict(ctx.params)
+    assert {name: parsed[name] for name in ENGINE_DEFAULTS} == dict(ENGINE_DEFAULTS)
+    assert EngineConfig.from_options(parsed) == EngineConfig() == EngineConfig.from_options({})
+    # Each option's entry in --help (the lines from its flags to the next option's).
+    entries = re.split(r"\n(?=  -)", run("serve", "--help").stdout)
+    shown = {entry.split()[0].rstrip(","): " ".join(entry.split()) for entry in entries if entry.startswith("  -")}
+    table = (Path(__file__).parents[1] / "docs" / "operators.md").read_text(encoding="utf-8").splitlines()
+    for name, value in ENGINE_DEFAULTS.items():
+        flag = "--" + name.replace("_", "-")
+        assert re.search(rf"\[default: {value}[;\]]", shown[flag]), (flag, shown[flag])
+        row = next(line for line in table if line.startswith("| ") and f"`{flag}" in line.split("|")[1])
+        assert re.search(rf"(?<![\d.]){value:g}(?![\d.])", row.split("|")[2]), (flag, row)
 
 
 def test_pipeline_without_distributed_is_refused_at_start(tiny_models):

@@ -8,6 +8,8 @@ import openai
 import pytest
 from support import openai_client
 
+from mlxrt import hookimpl
+
 SERVED = "qwen3-0-gen"
 
 
@@ -106,3 +108,24 @@ def test_unknown_model_is_a_404_model_not_found(hub, qwen3_client):
     assert err.value.body["code"] == "model_not_found" and err.value.body["type"] == "not_found_error"
     assert "'org/absent' not found" in err.value.body["message"]
     assert ids(qwen3_client)[0] == SERVED  # still serving
+
+
+class DeclaresStructuredOutputs:
+    """A third party that says it enforces output constraints (``mlxrt_capabilities``)."""
+
+    @hookimpl
+    def mlxrt_capabilities(self):
+        return ["structured_outputs"]
+
+
+def test_a_capabilities_hook_answer_is_what_models_and_status_show(hub, tiny_models, serve_app):
+    # The built-in grammar plugin declares structured_outputs: disable it, so the flag is the hook's.
+    without = serve_app(tiny_models("qwen3"), disable=("structured",))
+    declared = serve_app(tiny_models("qwen3"), disable=("structured",),
+                         extra=[("declares", DeclaresStructuredOutputs())])
+    for client, on in ((without, False), (declared, True)):
+        served = openai_client(client).models.list().data[0].model_extra
+        assert served["structured_outputs"] is on
+        assert served["vision"] is False and served["embeddings"] is False  # read from the model
+        status = client.get("/pages/status").json()["model"]["capabilities"]
+        assert status["structured_outputs"] is on and status["embeddings"] is False

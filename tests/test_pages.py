@@ -167,7 +167,8 @@ def test_status_lists_model_capabilities_and_plugins(qwen3_client):
     status = qwen3_client.get("/pages/status").json()
     model = status["model"]
     assert model["model_type"] == "qwen3" and model["context_window"] == 40960
-    assert model["capabilities"] == {"reasoning": True, "tools": True, "vision": False, "chat_template": True}
+    assert model["capabilities"] == {"reasoning": True, "tools": True, "vision": False, "structured_outputs": True,
+                                     "embeddings": False, "chat_template": True}
     assert set(model["self_test"]) >= {"template", "tools"}
     plugins = {p["name"]: p for p in status["plugins"]}
     assert plugins["pages"]["status"] == "loaded" and plugins["pages"]["kind"] == "endpoint"

@@ -28,11 +28,10 @@ def _eos_ids(info: ModelInfo) -> list[int]:
 def mlxrt_load_model(info: ModelInfo, host: PluginHost) -> LoadedModel | None:
     if info.model_type not in MODEL_TYPES:
         return None
-    from mlx_lm.tokenizer_utils import load as load_tokenizer
-
     from mlxrt.families.diffusion_gemma.generation import DenoiseSchedule, DiffusionGenerator
     from mlxrt.families.diffusion_gemma.model import load_text_model
     from mlxrt.records import LoadedModel
+    from mlxrt.text.tokenizer import load_tokenizer
 
     try:
         model = load_text_model(info.path, info.config)

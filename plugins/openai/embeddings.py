@@ -16,12 +16,12 @@ from litestar import Request, Response, post
 
 from mlxrt.api.models import host_for
 from mlxrt.api.wire import FieldRule, check_fields, parse_json_object
+from mlxrt.capabilities import capabilities
 from mlxrt.engine.embedding import (
     embed_ids,
     encode_inputs,
     end_token_id,
     hidden_size,
-    is_embedding_model,
     query_text,
 )
 from mlxrt.errors import InvalidRequest
@@ -74,9 +74,10 @@ def _named_model(raw: bytes) -> str | None:
       tags=["openai"])
 async def embeddings(request: Request) -> Response:
     raw = await request.body()
-    engine = (await host_for(request, _named_model(raw))).engine
+    host = await host_for(request, _named_model(raw))
+    engine = host.engine
     info = engine.info
-    if not is_embedding_model(info):  # before the body is checked, as mlx-bun: the route is the wrong one
+    if not capabilities(host).embeddings:  # before the body is checked, as mlx-bun: the route is the wrong one
         raise InvalidRequest(
             f'served model "{info.model_id}" is not an embedding model; serve an embedding model '
             f"(e.g. Qwen3-Embedding) to use /v1/embeddings")

@@ -1,8 +1,9 @@
 """OpenAI model routes: ``GET /v1/models`` and ``GET /v1/models/{id}``.
 
-The list is the served model first (with mlxrt's ``context_window``, ``reasoning`` and
-``vision`` flags, the ``family`` plugin and ``tier`` — ``family`` or ``generic`` — and the
-load-time ``self_test`` result per capability), then one row per servable model repo in the local Hugging Face cache: a
+The list is the served model first (with mlxrt's ``context_window``, ``reasoning`` flag, its
+capabilities as :func:`mlxrt.capabilities.capabilities` states them — ``vision``,
+``structured_outputs``, ``embeddings`` —, the ``family`` plugin and ``tier`` — ``family`` or
+``generic`` — and the load-time ``self_test`` result per capability), then one row per servable model repo in the local Hugging Face cache: a
 model repo whose ``refs/main`` snapshot has a ``config.json`` with a ``model_type`` and
 safetensors weights, i.e. what ``mlxrt serve ORG/NAME`` would load without a download.
 Listing never downloads; a missing or unreadable cache lists the served model alone.
@@ -19,6 +20,7 @@ from typing import Any
 import anyio
 from litestar import Request, get
 
+from mlxrt.capabilities import capabilities
 from mlxrt.errors import NotFound
 from mlxrt.plugins.openai.encode import ROUTE_OPT
 from mlxrt.sources.paths import hf_cache_dir
@@ -74,6 +76,7 @@ def _served_row(request: Request) -> dict[str, Any]:
     # The served model's row, also while another model is swapped in (its profile outlives its engine).
     profile = pool.primary.profile if pool is not None and pool.primary.profile is not None else host.engine.profile
     info = profile.info
+    caps = capabilities(host, profile)
     return {
         "id": info.model_id,
         "object": "model",
@@ -81,7 +84,9 @@ def _served_row(request: Request) -> dict[str, Any]:
         "owned_by": "mlxrt",
         "context_window": info.context_window,
         "reasoning": profile.thinking_format is not None,
-        "vision": profile.vision is not None,
+        "vision": caps.vision,
+        "structured_outputs": caps.structured_outputs,
+        "embeddings": caps.embeddings,
         "tools": profile.tool_parser is not None,
         "family": _family_name(profile),
         "tier": profile.tier,

@@ -14,6 +14,7 @@ import anyio
 from litestar import Request, Response, get, post
 
 from mlxrt.api.wire import parse_json_object
+from mlxrt.capabilities import capabilities
 from mlxrt.errors import InvalidRequest, NotFound
 
 __all__ = ["ROUTES", "ASSETS"]
@@ -64,6 +65,7 @@ async def status(request: Request) -> dict[str, Any]:
     host = request.app.state.host
     engine = host.engine
     info, profile = engine.info, engine.profile
+    caps = capabilities(host)
     options = host.options
     return {
         "model": {
@@ -73,7 +75,9 @@ async def status(request: Request) -> dict[str, Any]:
             "capabilities": {
                 "reasoning": profile.thinking_format is not None,
                 "tools": profile.tool_parser is not None,
-                "vision": profile.vision is not None,
+                "vision": caps.vision,
+                "structured_outputs": caps.structured_outputs,
+                "embeddings": caps.embeddings,
                 "chat_template": getattr(engine.tokenizer, "chat_template", None) is not None,
             },
             "self_test": dict(profile.self_test),

@@ -15,7 +15,7 @@ from mlxrt.errors import MlxrtError
 from mlxrt.records import FinishEvent, FinishReason, ToolCall
 
 __all__ = ["ROUTE_OPT", "ResponseFrame", "new_id", "base_response", "output_items", "finished",
-           "EventStream"]
+           "error_event", "EventStream"]
 
 #: Route options every Responses handler carries: errors render as OpenAI error objects.
 ROUTE_OPT = {"dialect": "responses", "render_error": openai_error_body}
@@ -103,6 +103,12 @@ def finished(frame: ResponseFrame, output: list[dict[str, Any]], reason: FinishR
     return body
 
 
+def error_event(exc: MlxrtError, sequence_number: int) -> bytes:
+    """The ``error`` event: an error after the stream started."""
+    return sse_event("error", {"type": "error", "sequence_number": sequence_number, "code": exc.code or exc.type,
+                               "message": exc.message, "param": exc.param})
+
+
 class EventStream:
     """Responses stream events with sequence numbers: one output item open at a time
     (reasoning, then the message), function calls at the end, then ``response.completed``
@@ -127,7 +133,9 @@ class EventStream:
         return sse_event(type_, body)
 
     def error_frame(self, exc: MlxrtError) -> bytes:
-        return self.event("error", code=exc.code or exc.type, message=exc.message, param=exc.param)
+        frame = error_event(exc, self.seq)
+        self.seq += 1
+        return frame
 
     def start(self) -> list[bytes]:
         response = base_response(self.frame)

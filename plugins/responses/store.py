@@ -2,7 +2,7 @@
 
 Process-local, in memory: entries expire after a TTL (default 1 h) and the least recently
 used go first once the stored JSON exceeds a byte cap (default 32 MiB), as in mlx-bun.
-One store per app (``app.state``), never a module global.
+One store per app (the app host's ``plugin_state("responses")``), never a module global.
 
 Every entry is bound to its creator's ``owner`` (a digest of the API key it was created with, or
 ``""`` on a server without keys, where the unguessable id alone is the capability): a lookup

@@ -20,6 +20,7 @@ import attrs
 import click
 
 import mlxrt
+from mlxrt.engine.config import ENGINE_DEFAULTS
 from mlxrt.host import PluginHost, make_host
 
 __all__ = ["main", "build_cli"]
@@ -384,20 +385,25 @@ def build_cli(host: PluginHost) -> click.Group:
     @click.option("--draft-model", default=None,
                   help="A small model with the same tokenizer for speculative decoding (greedy output is "
                   "unchanged). Every request then runs in the serial lane, whatever --batch says.")
-    @click.option("--num-draft-tokens", type=click.IntRange(min=0), default=3,
+    @click.option("--num-draft-tokens", type=click.IntRange(min=0), default=ENGINE_DEFAULTS["num_draft_tokens"],
+                  show_default=True,
                   help="Tokens the draft model proposes per step (a request's num_draft_tokens overrides it).")
     @click.option("--trust-remote-code", is_flag=True,
                   help="Allow the tokenizer's custom code from the model folder to run.")
     @click.option("--use-default-chat-template", is_flag=True,
                   help="Use a ChatML template when the model has none.")
-    @click.option("--batch", "--decode-concurrency", "batch", type=click.IntRange(min=1), default=1,
+    @click.option("--batch", "--decode-concurrency", "batch", type=click.IntRange(min=1),
+                  default=ENGINE_DEFAULTS["batch"], show_default=True,
                   help="Requests decoded together (continuous batching); 1 runs them one at a time. "
                   "mlx_lm.server's --decode-concurrency.")
-    @click.option("--prompt-concurrency", type=click.IntRange(min=1), default=8,
+    @click.option("--prompt-concurrency", type=click.IntRange(min=1), default=ENGINE_DEFAULTS["prompt_concurrency"],
+                  show_default=True,
                   help="Newcomers prefilled together in the batch lane.")
-    @click.option("--prefill-step-size", type=click.IntRange(min=1), default=2048,
+    @click.option("--prefill-step-size", type=click.IntRange(min=1), default=ENGINE_DEFAULTS["prefill_step_size"],
+                  show_default=True,
                   help="Prompt tokens per prefill chunk (running streams decode between chunks).")
-    @click.option("--prompt-cache-size", type=click.IntRange(min=0), default=10,
+    @click.option("--prompt-cache-size", type=click.IntRange(min=0), default=ENGINE_DEFAULTS["prompt_cache_size"],
+                  show_default=True,
                   help="Prompt (prefix KV) cache entries at most; 0 turns the cache off.")
     @click.option("--prompt-cache-bytes", default=None,
                   help="Prompt cache size cap, e.g. 2GB or 512MiB. Default: a quarter of what the "
@@ -405,13 +411,14 @@ def build_cli(host: PluginHost) -> click.Group:
     @click.option("--prompt-cache-dir", default=None, type=click.Path(file_okay=False),
                   help="Also keep prompt-cache entries in this folder (safetensors), restored lazily after a "
                   "restart; entries are keyed by the model's fingerprint and the adapter set.")
-    @click.option("--prompt-cache-dir-size", type=click.FloatRange(min=0), default=10.0,
+    @click.option("--prompt-cache-dir-size", type=click.FloatRange(min=0),
+                  default=ENGINE_DEFAULTS["prompt_cache_dir_size"], show_default=True,
                   help="GB (10^9 bytes) the --prompt-cache-dir folder may hold for this model; least "
                   "recently used entries are deleted past it.")
     @click.option("--memory-budget", type=click.FloatRange(min=0, min_open=True), default=None,
                   help="GB (10^9 bytes) the model may use in all: refuse to load a model that cannot "
                   "serve in it, refuse requests that cannot fit (400), queue work that cannot fit yet.")
-    @click.option("--max-queue", type=click.IntRange(min=0), default=256,
+    @click.option("--max-queue", type=click.IntRange(min=0), default=ENGINE_DEFAULTS["max_queue"], show_default=True,
                   help="Requests that may wait for admission; past it, 429 with Retry-After.")
     @click.option("--request-timeout", type=click.FloatRange(min=0, min_open=True), default=None,
                   help="Seconds a request may take in all: waiting past it gets 429, running past it 504.")
@@ -422,7 +429,8 @@ def build_cli(host: PluginHost) -> click.Group:
     @click.option("--kv-bits", type=click.Choice(["2", "3", "4", "5", "6", "8"]), default=None,
                   callback=lambda _c, _p, v: int(v) if v is not None else None,
                   help="mlx_lm.server's KV quantization: bits, from --quantized-kv-start tokens.")
-    @click.option("--kv-group-size", type=click.Choice(["32", "64", "128"]), default="64",
+    @click.option("--kv-group-size", type=click.Choice(["32", "64", "128"]),
+                  default=str(ENGINE_DEFAULTS["kv_group_size"]), show_default=True,
                   callback=lambda _c, _p, v: int(v), help="Group size of quantized KV caches.")
     @click.option("--quantized-kv-start", type=click.IntRange(min=0), default=None,
                   help="Tokens after which --kv-bits quantizes the cache (default 5000, mlx_lm.server's).")

@@ -23,7 +23,6 @@ import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from mlxrt.compat import hf_tokenizer
 from mlxrt.records import StructuredOutput
 
 __all__ = ["CallGrammar", "tool_call_constraint", "value_regex", "schema_properties"]
@@ -46,8 +45,8 @@ class CallGrammar:
     ``|`` (alternatives) and ``( )*`` (repetition), as in Lark."""
 
     def __init__(self, tokenizer: Any) -> None:
-        hf = hf_tokenizer(tokenizer)
-        added = getattr(hf, "added_tokens_decoder", None) or {}
+        # Both tokenizers mlxrt loads answer this (mlx-lm's wrapper forwards it to transformers').
+        added = getattr(tokenizer, "added_tokens_decoder", None) or {}
         self._ids = {str(getattr(tok, "content", tok)): int(i) for i, tok in added.items()}
         texts = sorted((t for t in self._ids if t), key=len, reverse=True)
         self._split = re.compile("|".join(map(re.escape, texts))) if texts else None
