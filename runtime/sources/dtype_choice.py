@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from mlxrt.engine.blas import BlasStatus
 
 __all__ = ["DtypeChoice", "DtypeFacts", "Machine", "decide", "choose_dtype", "static_facts", "machine_facts",
-           "stored_dtype", "float32_bytes", "DTYPES"]
+           "blas_name", "stored_dtype", "float32_bytes", "DTYPES", "CAST_BYTES"]
 
 #: What ``--dtype`` accepts.
 DTYPES = ("auto", "float32", "bfloat16", "float16", "stored")
@@ -199,13 +199,12 @@ def choose_dtype(requested: str, model: Any, info: ModelInfo, *, budget: int | N
     return decide(requested, facts, Machine(on_cpu, blas_fast, blas_name), budget=budget, lazy=lazy, models=models)
 
 
-def static_facts(config: Any, summary: Any) -> DtypeFacts:
+def static_facts(config: Any, summary: Any, window: int | None) -> DtypeFacts:
     """The facts from a folder's ``config.json`` and safetensors headers
     (:class:`mlxrt.sources.fit.WeightsSummary`), nothing loaded: packed quantized weights count
-    their unpacked elements, as :func:`float32_bytes` counts them."""
-    from mlxrt.sources.fit import _int, _text_config
-
-    ctx, kv_bytes = _float32_kv(config, _int(_text_config(config), "max_position_embeddings"))
+    their unpacked elements, as :func:`float32_bytes` counts them; ``window`` is the model's
+    context window."""
+    ctx, kv_bytes = _float32_kv(config, window)
     return DtypeFacts(summary.stored_dtype, 4 * summary.params, kv_bytes, ctx)
 
 

@@ -337,7 +337,8 @@ def assess(folder: Path, *, ctx: int = DEFAULT_CONTEXT, budget: int | None = Non
     """
     config = _read_config(folder)
     summary = weights_summary(folder, config)
-    choice = decide(dtype, static_facts(config, summary), machine or machine_facts(), budget=budget,
+    window = _int(_text_config(config), "max_position_embeddings")
+    choice = decide(dtype, static_facts(config, summary, window), machine or machine_facts(), budget=budget,
                     lazy=lazy, models=models)
     if choice.cast:  # dequantized and cast: every parameter at the served width, as the KV
         weight_bytes, kv_dtype = summary.params * CAST_BYTES[choice.cast], choice.cast
@@ -354,7 +355,6 @@ def assess(folder: Path, *, ctx: int = DEFAULT_CONTEXT, budget: int | None = Non
         safe, cache_bytes = int(plan.safe_context or 0), plan.prompt_cache_bytes
     except ModelLoadError as exc:  # the engine would refuse to load: its own words say why
         safe, cache_bytes, reason = 0, prompt_cache_bytes or 0, exc.message
-    window = _int(_text_config(config), "max_position_embeddings")
     if reason is None and ctx > safe:
         reason = f"{ctx} tokens of context need {kv.per_token * ctx} bytes of KV; the budget holds {safe} tokens"
     elif reason is None and window and ctx > window:
