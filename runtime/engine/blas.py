@@ -34,7 +34,7 @@ from typing import Any
 
 import attrs
 
-__all__ = ["BlasStatus", "activate", "candidate_paths", "current", "find_system_blas", "find_mkl",
+__all__ = ["BlasStatus", "activate", "candidate_paths", "current", "expected", "find_system_blas", "find_mkl",
            "matmul_matches", "disabled_from_argv", "SOURCES"]
 
 #: Debian/Ubuntu library paths of ``libopenblas0-pthread`` (then other OpenBLAS builds),
@@ -209,7 +209,20 @@ def activate(argv: Sequence[str] = (), environ: Mapping[str, str] | None = None)
     return _status
 
 
-def _decide(argv: Sequence[str], env: Mapping[str, str]) -> BlasStatus:
+def expected(environ: Mapping[str, str] | None = None) -> BlasStatus:
+    """The BLAS an ``mlxrt`` command would run on, without loading anything: what
+    :func:`activate` decided when it ran, else an OpenBLAS or MKL already mapped into the process
+    (:func:`current`), else the library :func:`activate` would pick with this environment (its
+    numerical check not run). ``mlxrt fit`` and ``GET /fit`` size ``--dtype auto`` with it."""
+    found = current()
+    if _status is not None or found.fast:
+        return found
+    return _decide((), os.environ if environ is None else environ, load=False)
+
+
+def _decide(argv: Sequence[str], env: Mapping[str, str], *, load: bool = True) -> BlasStatus:
+    """What :func:`activate` does; with ``load=False`` only what it would pick (a fresh process
+    activates before importing mlx, so an imported mlx does not count)."""
     if env.get(_FALLBACK_ENV):
         return BlasStatus("bundled", reason=env[_FALLBACK_ENV])
     if disabled_from_argv(argv, env):
@@ -222,12 +235,14 @@ def _decide(argv: Sequence[str], env: Mapping[str, str]) -> BlasStatus:
         return BlasStatus("bundled", reason="MLXRT_BLAS=bundled")
     if sys.platform != "linux":
         return BlasStatus("bundled", reason=f"system BLAS is only used on Linux, not {sys.platform}")
-    if _mlx_imported():
+    if load and _mlx_imported():
         return BlasStatus("bundled", reason="mlx imported first")
     path = _pick(forced, env)
     if isinstance(path, str):
         return BlasStatus("bundled", reason=path)
     kind, threading = ("mkl", _mkl_threading(env)) if _is_mkl(path) else ("openblas", None)
+    if not load:
+        return BlasStatus(kind, path=str(path), threading=threading)
     if threading is not None and not env.get("MKL_THREADING_LAYER"):
         # Read by MKL when it first runs, from the C environment, which os.environ writes through.
         os.environ["MKL_THREADING_LAYER"] = threading
