@@ -298,7 +298,7 @@ def _choose_dtype(loaded: LoadedModel, info: ModelInfo, host: PluginHost, *, laz
 
     from mlxrt.engine.blas import current
     from mlxrt.engine.memory import parse_size
-    from mlxrt.sources.dtype_choice import choose_dtype
+    from mlxrt.sources.dtype_choice import blas_name, choose_dtype
 
     if not isinstance(loaded.model, nn.Module):  # a plugin's own model object: nothing to cast
         return None
@@ -306,7 +306,7 @@ def _choose_dtype(loaded: LoadedModel, info: ModelInfo, host: PluginHost, *, laz
     blas = current()
     return choose_dtype(host.options.get("dtype") or "auto", loaded.model, info,
                         budget=parse_size(budget, default_unit="GB") if budget is not None else None,
-                        blas_fast=blas.fast, blas_name={"openblas": "OpenBLAS", "mkl": "MKL"}.get(blas.kind, "bundled"),
+                        blas_fast=blas.fast, blas_name=blas_name(blas.kind),
                         on_cpu=mx.default_device() == mx.cpu, lazy=lazy,
                         models=int(host.options.get("max_models") or 1))
 
