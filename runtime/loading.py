@@ -210,15 +210,11 @@ def mlx_lm_load(info: ModelInfo, classes: tuple[type, type] | None = None, *,
     mlx-lm lacks (the family's own model code). ``trust_remote_code`` lets the tokenizer's
     own code from the model folder run (``--trust-remote-code``). ``lazy`` leaves the weights
     unread until evaluated (``--distributed``: each rank reads only its shard)."""
-    from mlx_lm.utils import load_model as _load_model
-
+    from mlxrt.sources.weights import load_architecture_and_weights
     from mlxrt.text.tokenizer import load_tokenizer
 
-    kwargs: dict[str, Any] = {}
-    if classes is not None:
-        kwargs["get_model_classes"] = lambda config: classes  # mlx-lm passes config=
     try:
-        model, config = _load_model(info.path, lazy=lazy, **kwargs)
+        model, config = load_architecture_and_weights(info.path, classes=classes, lazy=lazy)
         tokenizer = load_tokenizer(info.path, eos_token_ids=config.get("eos_token_id"),
                                    trust_remote_code=trust_remote_code)
     except (ValueError, FileNotFoundError, KeyError) as exc:
@@ -237,11 +233,16 @@ def cast_weights(model: Any, dtype: str, *, model_id: str = "model") -> None:
     """
     import mlx.core as mx
     from mlx.utils import tree_flatten
-    from mlx_lm.utils import dequantize_model
 
-    dequantize_model(model)
-    left = sorted({name.rsplit(".", 1)[0] for name, _ in tree_flatten(model.parameters())
-                   if name.endswith(".scales")})
+    def quantized_layers() -> list[str]:
+        return sorted({name.rsplit(".", 1)[0] for name, _ in tree_flatten(model.parameters())
+                       if name.endswith(".scales")})
+
+    if quantized_layers():  # mlx_lm.utils imports transformers: only when there is work for it
+        from mlx_lm.utils import dequantize_model
+
+        dequantize_model(model)
+    left = quantized_layers()
     if left:
         raise ModelLoadError(f"--dtype {dtype}: cannot dequantize {model_id}: quantized layers "
                              f"{', '.join(left[:3])}{' …' if len(left) > 3 else ''} are of a kind mlx-lm "
@@ -297,7 +298,7 @@ def _choose_dtype(loaded: LoadedModel, info: ModelInfo, host: PluginHost, *, laz
 
     from mlxrt.engine.blas import current
     from mlxrt.engine.memory import parse_size
-    from mlxrt.sources.dtype_choice import choose_dtype
+    from mlxrt.sources.dtype_choice import blas_name, choose_dtype
 
     if not isinstance(loaded.model, nn.Module):  # a plugin's own model object: nothing to cast
         return None
@@ -305,7 +306,7 @@ def _choose_dtype(loaded: LoadedModel, info: ModelInfo, host: PluginHost, *, laz
     blas = current()
     return choose_dtype(host.options.get("dtype") or "auto", loaded.model, info,
                         budget=parse_size(budget, default_unit="GB") if budget is not None else None,
-                        blas_fast=blas.fast, blas_name={"openblas": "OpenBLAS", "mkl": "MKL"}.get(blas.kind, "bundled"),
+                        blas_fast=blas.fast, blas_name=blas_name(blas.kind),
                         on_cpu=mx.default_device() == mx.cpu, lazy=lazy,
                         models=int(host.options.get("max_models") or 1))
 

@@ -77,6 +77,27 @@ def test_openblas_comes_before_mkl_and_mlxrt_blas_forces_either(monkeypatch):
     assert len(loaded) == 4
 
 
+def test_expected_names_what_activate_would_load_without_loading_it(monkeypatch):
+    from pathlib import Path
+
+    ob, mkl = Path("/usr/lib/x/libopenblas.so.0"), Path("/venv/lib/libmkl_rt.so.3")
+    monkeypatch.setattr(blas, "_status", None)
+    monkeypatch.setattr(blas, "current", lambda: blas.BlasStatus("bundled", reason="not activated"))
+    monkeypatch.setattr(blas, "_mlx_imported", lambda: True)  # a fresh mlxrt process activates first
+    monkeypatch.setattr(blas, "find_system_blas", lambda environ: ob)
+    monkeypatch.setattr(blas, "find_mkl", lambda: mkl)
+    monkeypatch.setattr(blas, "_load", lambda path: pytest.fail(f"expected() loaded {path}"))
+    monkeypatch.setattr(blas, "matmul_matches", lambda: pytest.fail("expected() ran the check"))
+    assert blas.expected({}) == blas.BlasStatus("openblas", path=str(ob))
+    assert blas.expected({"MLXRT_BLAS": "mkl", "MKL_THREADING_LAYER": "intel"}) == \
+        blas.BlasStatus("mkl", path=str(mkl), threading="INTEL")
+    assert str(blas.expected({"MLXRT_NO_SYSTEM_BLAS": "1"})) == "bundled (MLXRT_NO_SYSTEM_BLAS=1)"
+    # once activate() ran, what it decided is the answer
+    monkeypatch.setattr(blas, "_status", blas.BlasStatus("bundled", reason="check failed"))
+    monkeypatch.setattr(blas, "current", lambda: blas._status)
+    assert str(blas.expected({})) == "bundled (check failed)"
+
+
 def test_a_forced_source_that_is_missing_is_reported_not_replaced(monkeypatch):
     from pathlib import Path
 

@@ -122,3 +122,58 @@ def test_batch_generator_keeps_row_tags_in_step(tmp_path):
     assert ["short", "late"] in calls  # split off into generation together (a batch the generator does not hold yet)
     assert ["long"] in calls  # prefilled on while the others decode
     assert ["long", "late"] in calls or ["late", "long"] in calls  # decoding together after the removal
+
+
+def test_lean_mlx_lm_skips_the_package_init_until_a_name_is_read():
+    """After ``import mlxrt`` an mlx-lm submodule imports without mlx_lm/__init__.py (which
+    imports transformers); reading a name that file defines runs it then."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys, mlxrt\n"
+        "import mlx_lm.models.cache, mlx_lm.sample_utils\n"
+        "print('before', 'transformers' in sys.modules, 'mlx_lm.generate' in sys.modules)\n"
+        "import mlx_lm\n"
+        "from mlx_lm._version import __version__\n"
+        "assert mlx_lm.__version__ == __version__\n"
+        "from mlx_lm import load, stream_generate\n"
+        "print('after', callable(load), callable(stream_generate), 'transformers' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "before False False" in out.stdout
+    assert "after True True True" in out.stdout
+
+
+def test_mlx_lm_remappings_are_the_tables_mlx_lm_uses():
+    from mlx_lm.utils import MODEL_ARCHITECTURE_REMAPPING, MODEL_REMAPPING
+
+    assert compat.mlx_lm_remappings() == (MODEL_REMAPPING, MODEL_ARCHITECTURE_REMAPPING)
+    assert compat.mlx_lm_remappings()[0]  # read from source, not an empty fallback
+
+
+def test_lean_litestar_keeps_litestar_default_plugins_but_pydantic():
+    """Without pydantic imported, the app gets Litestar's default plugins less the pydantic
+    ones (and pydantic stays unimported); with it imported, exactly Litestar's defaults."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys\n"
+        "from litestar import Litestar\n"
+        "from mlxrt.compat import lean_litestar\n"
+        "names = lambda app: sorted(type(p).__name__ for p in app.plugins)\n"
+        "lean = names(lean_litestar()(route_handlers=[]))\n"
+        "print('lean', lean, 'pydantic' in sys.modules)\n"
+        "import pydantic\n"
+        "print('with', names(lean_litestar()(route_handlers=[])) == names(Litestar(route_handlers=[])))\n"
+        "full = names(Litestar(route_handlers=[]))\n"
+        "print('rest', sorted(n for n in full if 'Pydantic' not in n) == lean)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    lean = out.stdout.split("\n")[0]
+    assert "AttrsSchemaPlugin" in lean and "MsgspecDIPlugin" in lean and "Pydantic" not in lean, lean
+    assert lean.endswith("False")  # pydantic never imported
+    assert "with True" in out.stdout and "rest True" in out.stdout

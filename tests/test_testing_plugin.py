@@ -16,8 +16,10 @@ def test_the_pytest_plugin_is_registered_and_imports_nothing_heavy():
     import importlib.metadata as md
 
     (ep,) = [ep for ep in md.entry_points(group="pytest11") if ep.value == "mlxrt.pytest_plugin"]
+    # (``import mlxrt`` registers mlx-lm's package without running it: mlxrt.compat.lean_mlx_lm)
     code = ("import sys, mlxrt.pytest_plugin as p; "
-            "print(sorted(m for m in ('mlx', 'mlx_lm', 'litestar', 'numpy') if m in sys.modules))")
+            "print(sorted(m for m in ('mlx', 'mlx.core', 'mlx_lm.models', 'mlx_lm.generate', 'transformers',"
+            " 'litestar', 'numpy') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "[]"
     assert ep.name == "mlxrt"

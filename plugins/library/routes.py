@@ -1,8 +1,10 @@
 """Route handlers of the library plugin.
 
 ``/fit`` and ``/library`` assess with the served engine's own settings (``--memory-budget``,
-``--prompt-cache-bytes``, ``--batch``) unless the query gives a budget; without any budget
-they assume :func:`mlxrt.sources.fit.machine_budget`. File reads run off the event loop.
+``--prompt-cache-bytes``, ``--batch``, ``--dtype``, ``--max-models``, ``--distributed``) unless
+the query gives a budget (or, for ``/fit``, a dtype); without any budget they assume
+:func:`mlxrt.sources.fit.machine_budget`. The served dtype is decided on this server's own
+device and BLAS. File reads run off the event loop.
 """
 
 from __future__ import annotations
@@ -14,14 +16,18 @@ import anyio
 from litestar import Request, get
 from litestar.params import Parameter
 
+from mlxrt.engine import blas
 from mlxrt.errors import InvalidRequest, ModelLoadError, NotFound
+from mlxrt.sources.dtype_choice import DTYPES, machine_facts
 from mlxrt.sources.fit import DEFAULT_CONTEXT, FitReport, assess
 
 __all__ = ["ROUTES", "fit", "library", "downloads"]
 
 
-def _settings(host: Any, budget_gb: float | None) -> dict[str, Any]:
+def _settings(host: Any, budget_gb: float | None, dtype: str | None = None) -> dict[str, Any]:
     cfg = getattr(host.engine, "config", None)
+    if dtype is not None and dtype not in DTYPES:
+        raise InvalidRequest(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}", param="dtype")
     if budget_gb is not None:
         if not 0 < budget_gb <= 1e6:  # also NaN
             raise InvalidRequest("memory_budget must be a number of GB above 0", param="memory_budget")
@@ -29,9 +35,12 @@ def _settings(host: Any, budget_gb: float | None) -> dict[str, Any]:
     else:
         budget = getattr(cfg, "memory_budget", None)
         source = "server" if budget is not None else "machine"
+    options = host.options
     return {"budget": budget, "budget_source": source,
             "prompt_cache_bytes": getattr(cfg, "prompt_cache_bytes", None),
-            "rows": getattr(cfg, "batch", 1) or 1}
+            "rows": getattr(cfg, "batch", 1) or 1,
+            "dtype": dtype or options.get("dtype") or "auto", "machine": machine_facts(blas.current()),
+            "models": int(options.get("max_models") or 1), "lazy": bool(options.get("distributed"))}
 
 
 def _served(host: Any) -> tuple[str, Path] | None:
@@ -76,12 +85,14 @@ async def fit(
     ctx: Annotated[int, Parameter(ge=1, le=1 << 31, description="Tokens of context")] = DEFAULT_CONTEXT,
     memory_budget: Annotated[float | None, Parameter(gt=0, le=1e6, description="Budget in GB (10^9 bytes)")]
     = None,
+    dtype: Annotated[str | None, Parameter(description="Dtype to assess, as serve's --dtype: "
+                                           + "|".join(DTYPES) + " (default: this server's)")] = None,
 ) -> dict[str, Any]:
-    """The static memory contract (``mlxrt fit``); for the served model also the engine's
-    measured plan (``measured``)."""
+    """The static memory contract (``mlxrt fit``) in the dtype this server would serve the model
+    in; for the served model also the engine's measured plan (``measured``)."""
     host = request.app.state.host
     name, path = await anyio.to_thread.run_sync(_resolve, host, model)
-    report = await anyio.to_thread.run_sync(_assess, name, path, ctx, _settings(host, memory_budget))
+    report = await anyio.to_thread.run_sync(_assess, name, path, ctx, _settings(host, memory_budget, dtype))
     body = report.describe()
     served = _served(host)
     plan = getattr(host.engine, "memory", None)
@@ -111,7 +122,7 @@ def _library_rows(host: Any, ctx: int, settings: dict[str, Any]) -> list[dict[st
                 report = assess(m.path, ctx=ctx, model=m.repo_id, **settings)
                 row["assessment"] = {k: report.describe()[k] for k in (
                     "ctx", "fits", "max_safe_context", "weight_bytes", "kv_bytes_per_token",
-                    "fixed_bytes_per_request", "budget_bytes", "budget_source")}
+                    "fixed_bytes_per_request", "budget_bytes", "budget_source", "dtype")}
             except ModelLoadError:
                 pass
         rows.append(row)

@@ -9,10 +9,9 @@ from __future__ import annotations
 
 import base64
 import json
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
-import numpy as np
 from litestar import Request, Response, post
 
 from mlxrt.api.models import host_for
@@ -27,6 +26,9 @@ from mlxrt.engine.embedding import (
 )
 from mlxrt.errors import InvalidRequest
 from mlxrt.plugins.openai.encode import ROUTE_OPT
+
+if TYPE_CHECKING:
+    import numpy as np  # the vectors; numpy is imported by the code that makes them
 
 __all__ = ["embeddings", "MAX_INPUTS"]
 

@@ -56,9 +56,10 @@ from typing import Any
 
 import attrs
 import mlx.core as mx
-import numpy as np
 from mlx.utils import tree_flatten
 from mlx_lm.models.cache import can_trim_prompt_cache
+
+from mlxrt.cache.token_ids import TokenIds, common_prefix
 
 __all__ = ["CacheLookup", "PromptCache", "common_prefix", "keeps_snapshots", "snapshots_from", "token_array"]
 
@@ -99,7 +100,7 @@ class CacheLookup:
 @attrs.frozen(eq=False)
 class _Entry:
     key: Hashable
-    tokens: np.ndarray
+    tokens: TokenIds
     cache: list[Any]
     nbytes: int
     trimmable: bool
@@ -183,7 +184,7 @@ class PromptCache:
     def close(self) -> None:
         """Release what the cache holds beyond memory (nothing here; see :mod:`mlxrt.cache.prompt_store`)."""
 
-    def _candidates(self, prompt: np.ndarray, key: Hashable
+    def _candidates(self, prompt: TokenIds, key: Hashable
                     ) -> tuple[tuple[int, _Entry] | None, list[tuple[int, _Entry]]]:
         """The same-key entry with the longest common prefix, and the usable entries, best first."""
         limit = prompt.size - 1
@@ -228,7 +229,6 @@ class PromptCache:
             return
         # A lazy array would keep the graph that produced it alive for as long as it is cached.
         mx.eval([layer.state for layer in cache])
-        stored.flags.writeable = False
         entry = _Entry(key, stored, cache, nbytes, can_trim_prompt_cache(cache))
         for old in list(self._entries):
             if old.key != key or old.tokens.size > stored.size:
@@ -326,25 +326,22 @@ class PromptCache:
         self._nbytes -= entry.nbytes
 
 
-def token_array(tokens: Sequence[int]) -> np.ndarray:
-    # np.array copies, so a caller's list or array can change later without touching us.
-    array = np.array(tokens, dtype=np.int32)
-    if array.ndim != 1:
-        raise ValueError(f"token ids must be one-dimensional, got shape {array.shape}")
-    return array
+def token_array(tokens: Sequence[int]) -> TokenIds:
+    """``tokens`` as the cache keeps them (a copy: the caller's sequence may change later).
 
-
-def common_prefix(a: np.ndarray, b: np.ndarray) -> int:
-    n = min(a.size, b.size)
-    differ = np.flatnonzero(a[:n] != b[:n])
-    return int(differ[0]) if differ.size else n
+    :raises ValueError: an id that is not an int32 integer.
+    """
+    try:
+        return TokenIds(tokens)
+    except (TypeError, OverflowError) as exc:
+        raise ValueError(f"token ids must be a flat sequence of int32 integers: {exc}") from exc
 
 
 def _divergence(closest: tuple[int, _Entry] | None) -> tuple[int | None, tuple[int, ...]]:
     if closest is None:
         return None, ()
     at, entry = closest
-    return at, tuple(int(t) for t in entry.tokens[at : at + EXPECTED_TOKENS])
+    return at, entry.tokens[at : at + EXPECTED_TOKENS]
 
 
 def _shortfall(closest: tuple[int, _Entry] | None, reused: int, limit: int) -> str | None:

@@ -2,9 +2,9 @@
 KV entries as safetensors in mlx-lm's prompt-cache layout, written atomically.
 
 mlx-lm's ``save_prompt_cache`` needs MLX arrays on the calling thread; these helpers split the
-work so that only :func:`host_copy` (a copy to numpy) runs on the engine's worker and
-:func:`write_safetensors` (plain bytes) runs on a writer thread. ``load_prompt_cache`` reads
-the files back.
+work so that only :func:`host_copy` (a copy to plain bytes) runs on the engine's worker and
+:func:`write_safetensors` runs on a writer thread. ``load_prompt_cache`` reads the files back.
+Byte order is the machine's, little-endian on every platform MLX runs on.
 """
 
 from __future__ import annotations
@@ -13,13 +13,12 @@ import hashlib
 import json
 import os
 import struct
+from array import array
 from pathlib import Path
 from typing import Any
 
-import numpy as np
-
 __all__ = ["FORMAT", "DTYPES", "fingerprint_folder", "model_fingerprint", "compact_state", "signature",
-           "host_copy", "write_safetensors", "read_metadata", "private_folder", "PRIVATE_FILE"]
+           "HostArray", "host_copy", "scalar_copy", "write_safetensors", "read_metadata", "private_folder", "PRIVATE_FILE"]
 
 #: Bumped when the file layout changes: files of another format are another fingerprint.
 FORMAT = 1
@@ -28,6 +27,8 @@ _SAMPLE = 1 << 20
 PRIVATE_FILE = 0o600
 _PRIVATE_FOLDER = 0o700
 _WEIGHTS = (".safetensors", ".npz", ".gguf", ".bin")
+#: An array copied off MLX for the writer: (safetensors dtype tag, shape, raw bytes).
+HostArray = tuple[str, tuple[int, ...], bytes]
 #: MLX dtype names → safetensors dtype tags.
 DTYPES = {"float32": "F32", "float16": "F16", "bfloat16": "BF16", "int32": "I32", "uint32": "U32",
           "int8": "I8", "uint8": "U8", "int16": "I16", "uint16": "U16", "int64": "I64", "uint64": "U64"}
@@ -82,23 +83,34 @@ def signature(layer: Any) -> list[tuple[str, tuple[int, ...]]]:
     return out
 
 
-def host_copy(value: Any) -> tuple[str, np.ndarray]:
-    """An mlx array as (safetensors dtype, numpy copy); bfloat16 travels as its raw 16 bits."""
+def host_copy(value: Any) -> HostArray:
+    """An mlx array as a :data:`HostArray`; bfloat16 travels as its raw 16 bits."""
     import mlx.core as mx
 
     dtype = str(value.dtype).removeprefix("mlx.core.")
     if dtype == "bfloat16":
-        return "BF16", np.array(value.view(mx.uint16))
-    return DTYPES[dtype], np.array(value)
+        value = value.view(mx.uint16)
+    view = memoryview(value)  # C-order copy below, also of a sliced (non-contiguous) array
+    return ("BF16" if dtype == "bfloat16" else DTYPES[dtype]), tuple(view.shape), view.tobytes()
 
 
-def write_safetensors(path: Path, arrays: dict[str, tuple[str, np.ndarray]], metadata: dict[str, str]) -> int:
+def scalar_copy(value: int | float | None) -> HostArray:
+    """A plain number of a cache's state as a 0-d array (``None``: an empty float32 one), as
+    mlx-lm writes them."""
+    if value is None:
+        return "F32", (0,), b""
+    if isinstance(value, int):
+        return "I32", (), array("i", [value]).tobytes()
+    return "F32", (), array("f", [value]).tobytes()
+
+
+def write_safetensors(path: Path, arrays: dict[str, HostArray], metadata: dict[str, str]) -> int:
     """Write a safetensors file atomically (temporary file, fsync, rename); its size."""
     header: dict[str, Any] = {"__metadata__": metadata}
     offset = 0
-    for name, (dtype, array) in arrays.items():
-        header[name] = {"dtype": dtype, "shape": list(array.shape), "data_offsets": [offset, offset + array.nbytes]}
-        offset += array.nbytes
+    for name, (dtype, shape, data) in arrays.items():
+        header[name] = {"dtype": dtype, "shape": list(shape), "data_offsets": [offset, offset + len(data)]}
+        offset += len(data)
     raw = json.dumps(header, separators=(",", ":")).encode()
     raw += b" " * (-len(raw) % 8)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
@@ -107,8 +119,8 @@ def write_safetensors(path: Path, arrays: dict[str, tuple[str, np.ndarray]], met
         os.fchmod(fd, PRIVATE_FILE)  # a leftover temporary file keeps its old mode through O_CREAT
         with os.fdopen(fd, "wb") as f:
             f.write(struct.pack("<Q", len(raw)) + raw)
-            for _dtype, array in arrays.values():
-                f.write(np.ascontiguousarray(array).astype(array.dtype.newbyteorder("<"), copy=False).tobytes())
+            for _dtype, _shape, data in arrays.values():
+                f.write(data)
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, path)

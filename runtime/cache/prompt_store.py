@@ -41,7 +41,6 @@ from pathlib import Path
 from typing import Any
 
 import attrs
-import numpy as np
 
 from mlxrt.cache.prompt_cache import PromptCache, common_prefix, token_array
 from mlxrt.cache.prompt_files import (
@@ -53,9 +52,11 @@ from mlxrt.cache.prompt_files import (
     model_fingerprint,
     private_folder,
     read_metadata,
+    scalar_copy,
     signature,
     write_safetensors,
 )
+from mlxrt.cache.token_ids import TokenIds
 
 __all__ = ["PersistentPromptCache", "open_prompt_cache"]
 
@@ -69,7 +70,7 @@ MAX_PENDING = 4
 @attrs.define(eq=False)
 class _File:
     path: Path
-    tokens: np.ndarray
+    tokens: TokenIds
     key: tuple[str, ...]
     adapters: str  # the adapter set's identity when written
     trimmable: bool
@@ -158,7 +159,7 @@ class PersistentPromptCache(PromptCache):
                 if meta.get("0.mlxrt_fingerprint") != self.fingerprint:
                     raise ValueError(f"it belongs to another model (fingerprint "
                                      f"{meta.get('0.mlxrt_fingerprint')!r}, this model's is {self.fingerprint!r})")
-                tokens = np.array([int(t) for t in meta["0.mlxrt_tokens"].split(",")], dtype=np.int32)
+                tokens = TokenIds(int(t) for t in meta["0.mlxrt_tokens"].split(","))
                 key = tuple(json.loads(meta["0.mlxrt_key"]))
                 stat = path.stat()
                 entry = _File(path, tokens, key, meta["0.mlxrt_adapters"], meta["0.mlxrt_trimmable"] == "1",
@@ -175,7 +176,7 @@ class PersistentPromptCache(PromptCache):
         self.ignored += 1
         log.warning("prompt cache: ignoring %s: %s", path, why)
 
-    def _restore_better(self, prompt: np.ndarray, key: Hashable) -> None:
+    def _restore_better(self, prompt: TokenIds, key: Hashable) -> None:
         """Load the file that covers more of ``prompt`` than memory does, into memory (the
         longest cover first, ties to the most recently used; a file that fails its checks is
         dropped and the next one tried)."""
@@ -239,7 +240,7 @@ class PersistentPromptCache(PromptCache):
 
     # -- writing -----------------------------------------------------------------------------------
 
-    def _persist(self, tokens: np.ndarray, cache: list[Any], key: tuple[str, ...], identity: str) -> None:
+    def _persist(self, tokens: TokenIds, cache: list[Any], key: tuple[str, ...], identity: str) -> None:
         from mlx.utils import tree_flatten
         from mlx_lm.models.cache import can_trim_prompt_cache
 
@@ -266,9 +267,7 @@ class PersistentPromptCache(PromptCache):
             if value is None or (isinstance(value, (int, float)) and not isinstance(value, bool)):
                 n = len([k for k in metadata if k.startswith("2.")]) // 2 + 1
                 metadata.update({f"2.{n}.0": name, f"2.{n}.1": "none" if value is None else "scalar"})
-                arrays[name] = ("F32", np.zeros(0, dtype=np.float32)) if value is None \
-                    else ("I32", np.array(value, dtype=np.int32)) if isinstance(value, int) \
-                    else ("F32", np.array(value, dtype=np.float32))
+                arrays[name] = scalar_copy(value)
             elif hasattr(value, "dtype") and str(value.dtype).removeprefix("mlx.core.") in DTYPES:
                 arrays[name] = host_copy(value)
             else:

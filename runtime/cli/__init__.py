@@ -22,6 +22,7 @@ import click
 import mlxrt
 from mlxrt.engine.config import ENGINE_DEFAULTS
 from mlxrt.host import PluginHost, make_host
+from mlxrt.sources.dtype_choice import DTYPES
 
 __all__ = ["main", "build_cli"]
 
@@ -444,7 +445,7 @@ def build_cli(host: PluginHost) -> click.Group:
                   default="any", help="mlx.distributed backend to join.")
     @click.option("--distributed-timeout", type=click.FloatRange(min=0, min_open=True), default=10.0,
                   help="Seconds a collective may take before the other ranks count as lost (then 503).")
-    @click.option("--dtype", type=click.Choice(["auto", "float32", "bfloat16", "float16", "stored"]), default="auto",
+    @click.option("--dtype", type=click.Choice(DTYPES), default="auto",
                   help="Cast the weights to this dtype at load, dequantizing a quantized checkpoint; stored keeps "
                   "the checkpoint's. auto: float32 on a CPU with a fast BLAS (system OpenBLAS or MKL) when it fits "
                   "the memory budget, else stored (docs/performance.md).")

@@ -12,6 +12,8 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from mlxrt.sources.dtype_choice import DTYPES
+
 if TYPE_CHECKING:
     from mlxrt.host import PluginHost
 
@@ -133,11 +135,14 @@ def register(cli: click.Group, host: PluginHost) -> None:
                   help="Prompt cache cap, as for `serve` (default: a quarter of what the weights leave).")
     @click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True,
                   help="Rows decoded together, as for `serve` (each pays the fixed per-request state).")
+    @click.option("--dtype", type=click.Choice(DTYPES), default="auto", show_default=True,
+                  help="Assess the weights in the dtype `serve --dtype` would serve them in (auto: float32 on a "
+                  "CPU with a fast BLAS when that fits the budget, else stored; docs/performance.md).")
     @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
     def fit_cmd(model: str, ctx: int, memory_budget: str | None, prompt_cache_bytes: str | None, batch: int,
-                as_json: bool) -> None:
-        """Will MODEL serve CTX tokens of context within the memory budget? (Reads the config and
-        the safetensors headers only; loads no weights.)"""
+                dtype: str, as_json: bool) -> None:
+        """Will MODEL serve CTX tokens of context within the memory budget, in the dtype `serve`
+        would serve it in? (Reads the config and the safetensors headers only; loads no weights.)"""
         from mlxrt.engine.memory import parse_size
         from mlxrt.loading import resolve_model
         from mlxrt.sources.fit import assess
@@ -150,7 +155,7 @@ def register(cli: click.Group, host: PluginHost) -> None:
         try:
             source = resolve_model(model, allow_download=False)
             report = assess(source.path, ctx=ctx, budget=budget, prompt_cache_bytes=cache, rows=batch,
-                            model=source.model_id)
+                            model=source.model_id, dtype=dtype)
         except ModelLoadError as exc:
             raise _fail(exc) from None
         if as_json:
@@ -165,7 +170,9 @@ def _fit_text(d: dict[str, Any]) -> str:
     lines = [
         f"model            {d['model']}",
         f"memory budget    {budget}",
-        f"weights          {human_bytes(d['weight_bytes'])} ({human_count(d['params'])} parameters)",
+        f"dtype            {d['dtype']['text']}",
+        f"weights          {human_bytes(d['weight_bytes'])} ({human_count(d['params'])} parameters"
+        + (f"; {human_bytes(d['stored_weight_bytes'])} as stored)" if d["dtype"]["cast"] else ")"),
         f"KV per token     {d['kv_bytes_per_token']} bytes ({d['kv_dtype']})",
         f"fixed per req.   {human_bytes(d['fixed_bytes_per_request'])} (sliding windows, recurrent state)",
         f"prompt cache     {human_bytes(d['prompt_cache_bytes'])}",

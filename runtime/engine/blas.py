@@ -15,7 +15,7 @@ from the ``mkl`` wheel (``pip install 'mlxrt[mkl]'``, Linux x86_64 only: its
 reported, not replaced by another).
 
 :func:`activate` runs first thing in :func:`mlxrt.cli.main`. It loads the library, checks one
-small matmul against numpy and, if the results differ, restarts the process without it (a
+small matmul against MLX's own multiply-and-sum and, if the results differ, restarts the process without it (a
 library bound to ``libmlx`` cannot be unloaded). ``--no-system-blas`` or
 ``MLXRT_NO_SYSTEM_BLAS=1`` turn it off; ``MLXRT_BLAS_PATH`` names the library to use (MKL
 when its file name says ``mkl``).
@@ -34,7 +34,7 @@ from typing import Any
 
 import attrs
 
-__all__ = ["BlasStatus", "activate", "candidate_paths", "current", "find_system_blas", "find_mkl",
+__all__ = ["BlasStatus", "activate", "candidate_paths", "current", "expected", "find_system_blas", "find_mkl",
            "matmul_matches", "disabled_from_argv", "SOURCES"]
 
 #: Debian/Ubuntu library paths of ``libopenblas0-pthread`` (then other OpenBLAS builds),
@@ -141,15 +141,15 @@ def _is_mkl(path: Path) -> bool:
 
 
 def matmul_matches() -> bool:
-    """One small fp32 matmul through MLX, compared with numpy's (rtol 1e-4)."""
+    """One small fp32 matmul through MLX (the BLAS's ``sgemm``) against the same product as
+    MLX's own elementwise multiply and sum, which no BLAS computes (rtol 1e-4)."""
     import mlx.core as mx
-    import numpy as np
 
-    rng = np.random.default_rng(0)
-    a = rng.standard_normal((64, 48), dtype=np.float32)
-    b = rng.standard_normal((48, 32), dtype=np.float32)
-    got = np.array(_mlx_matmul(mx.array(a), mx.array(b)))
-    return got.shape == (64, 32) and bool(np.allclose(got, a @ b, rtol=1e-4, atol=1e-4))
+    with mx.stream(mx.cpu):
+        a, b = mx.random.normal((64, 48), key=mx.random.key(0)), mx.random.normal((48, 32), key=mx.random.key(1))
+        reference = (a[:, :, None] * b[None, :, :]).sum(axis=1)
+        got = _mlx_matmul(a, b)
+        return got.shape == (64, 32) and bool(mx.allclose(got, reference, rtol=1e-4, atol=1e-4).item())
 
 
 def _mlx_matmul(a: Any, b: Any) -> Any:
@@ -209,7 +209,20 @@ def activate(argv: Sequence[str] = (), environ: Mapping[str, str] | None = None)
     return _status
 
 
-def _decide(argv: Sequence[str], env: Mapping[str, str]) -> BlasStatus:
+def expected(environ: Mapping[str, str] | None = None) -> BlasStatus:
+    """The BLAS an ``mlxrt`` command would run on, without loading anything: what
+    :func:`activate` decided when it ran, else an OpenBLAS or MKL already mapped into the process
+    (:func:`current`), else the library :func:`activate` would pick with this environment (its
+    numerical check not run). ``mlxrt fit`` and ``GET /fit`` size ``--dtype auto`` with it."""
+    found = current()
+    if _status is not None or found.fast:
+        return found
+    return _decide((), os.environ if environ is None else environ, load=False)
+
+
+def _decide(argv: Sequence[str], env: Mapping[str, str], *, load: bool = True) -> BlasStatus:
+    """What :func:`activate` does; with ``load=False`` only what it would pick (a fresh process
+    activates before importing mlx, so an imported mlx does not count)."""
     if env.get(_FALLBACK_ENV):
         return BlasStatus("bundled", reason=env[_FALLBACK_ENV])
     if disabled_from_argv(argv, env):
@@ -222,12 +235,14 @@ def _decide(argv: Sequence[str], env: Mapping[str, str]) -> BlasStatus:
         return BlasStatus("bundled", reason="MLXRT_BLAS=bundled")
     if sys.platform != "linux":
         return BlasStatus("bundled", reason=f"system BLAS is only used on Linux, not {sys.platform}")
-    if _mlx_imported():
+    if load and _mlx_imported():
         return BlasStatus("bundled", reason="mlx imported first")
     path = _pick(forced, env)
     if isinstance(path, str):
         return BlasStatus("bundled", reason=path)
     kind, threading = ("mkl", _mkl_threading(env)) if _is_mkl(path) else ("openblas", None)
+    if not load:
+        return BlasStatus(kind, path=str(path), threading=threading)
     if threading is not None and not env.get("MKL_THREADING_LAYER"):
         # Read by MKL when it first runs, from the C environment, which os.environ writes through.
         os.environ["MKL_THREADING_LAYER"] = threading

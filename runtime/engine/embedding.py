@@ -20,12 +20,13 @@ import functools
 import json
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import TYPE_CHECKING, Any
 
 from mlxrt.errors import EngineError, InvalidRequest
 from mlxrt.records import LoadedModel, ModelInfo
+
+if TYPE_CHECKING:
+    import numpy as np
 
 __all__ = [
     "EMBEDDING_ARCHITECTURES",
@@ -145,6 +146,7 @@ def embed_ids(loaded: LoadedModel, inputs: Sequence[Sequence[int]], *, dimension
     many components (Matryoshka) and renormalizes.
     """
     import mlx.core as mx
+    import numpy as np  # here: a server of a text model never imports it
 
     encoder = getattr(loaded.model, "model", None)
     if encoder is None:

@@ -72,6 +72,9 @@ log = logging.getLogger("mlxrt.engine.engine")
 SNIPPET_TOKENS = 8
 #: Seconds over which ``/stats`` reports tokens per second.
 RATE_WINDOW = 10.0
+#: Seconds without work after which the engine builds the batch lane's generator, whose module
+#: imports transformers (kept out of the start and the first request; see BatchLane.prepare).
+PREPARE_BATCH_WHEN_IDLE_S = 1.0
 
 
 def _snapshots_from(model: Any) -> int | None:
@@ -470,22 +473,25 @@ class Engine:
             return
         try:
             import mlx.core as mx
-            from mlx_lm.generate import generate_step
             from mlx_lm.models.cache import make_prompt_cache
 
+            from mlxrt.engine.steps import token_steps
+
             first = self.loaded.tokenizer.eos_token_id or 0
-            for _ in generate_step(mx.array([first]), self.loaded.model, max_tokens=1, stream=self._stream,
-                                   prompt_cache=make_prompt_cache(self.loaded.model)):
+            for _ in token_steps(mx.array([first]), self.loaded.model, max_tokens=1, stream=self._stream,
+                                 cache=make_prompt_cache(self.loaded.model)):
                 pass
         except Exception:  # a model that cannot warm up will fail its first request visibly
             log.warning("engine warm-up failed", exc_info=True)
 
     def _loop(self) -> None:
+        quiet_since, prepare_failed = time.monotonic(), False
         while True:
             busy = self._batch is not None and len(self._batch) > 0
             if not self._take_inbox(block=not busy):
                 return
             self._expire_waiting()
+            had_work = busy or bool(self._waiting)
             self._admit()
             if self._batch is not None and len(self._batch):
                 try:
@@ -493,6 +499,20 @@ class Engine:
                     self._batch.reap()
                 except Exception as exc:  # a failed step fails its rows, not the server
                     self._fail_batch(exc)
+            if had_work or self._running:
+                quiet_since = time.monotonic()
+            elif (self._batch is not None and not self._batch.ready and not prepare_failed
+                  and time.monotonic() - quiet_since >= PREPARE_BATCH_WHEN_IDLE_S):
+                prepare_failed = not self._prepare_batch()
+
+    def _prepare_batch(self) -> bool:
+        """Build the batch lane's generator while nothing runs (see :meth:`BatchLane.prepare`)."""
+        try:
+            self._batch.prepare()
+        except Exception:  # the first batched request will fail visibly (and retry the build)
+            log.warning("preparing the batch lane failed", exc_info=True)
+            return False
+        return True
 
     def _take_inbox(self, *, block: bool) -> bool:
         """Move inbox items to the waiting queue (or run them); False on the stop signal."""
@@ -657,9 +677,10 @@ class Engine:
             self.last_miss = {"status": found.status, "diverged_at": found.diverged_at,
                               "prompt_tokens": len(prompt), "cached_tokens": found.reused,
                               "reason": found.reason}
-            log.debug("prompt cache %s for %s: diverged at token %d of %d (%s): %r (cache held %r)",
-                      found.status, request.request_id, found.diverged_at, len(prompt), found.reason, snippet,
-                      self.loaded.tokenizer.decode(list(found.expected)))
+            if log.isEnabledFor(logging.DEBUG):  # a decode per miss otherwise, for nothing
+                log.debug("prompt cache %s for %s: diverged at token %d of %d (%s): %r (cache held %r)",
+                          found.status, request.request_id, found.diverged_at, len(prompt), found.reason, snippet,
+                          self.loaded.tokenizer.decode(list(found.expected)))
         report = CacheReport(found.status, found.reused, len(prompt), found.diverged_at, snippet,
                              found.reason if found.status != "hit" else None)
         return report, found.cache, found.reused

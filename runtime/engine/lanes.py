@@ -1,6 +1,6 @@
 """The engine's two ways of running requests, and the per-request state both share.
 
-* :class:`SerialLane` runs one request at a time with mlx-lm's ``generate_step`` (one
+* :class:`SerialLane` runs one request at a time with :func:`mlxrt.engine.steps.token_steps` (one
   sequence, no padding, no batch masks: the fastest single stream). It takes every request
   when ``--batch 1`` (the default) and every request of a model whose cache classes cannot
   be merged into a batch (mlx-lm's ``merge``; see :func:`batchable`).
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -215,7 +216,7 @@ def isolate(row: Row) -> None:
 
 
 def _with_prefix(processors: list[Any], prefix: Sequence[int]) -> list[Any]:
-    """Processors that see the whole history although ``generate_step`` was given only the
+    """Processors that see the whole history although ``token_steps`` was given only the
     uncached rest of the prompt (penalties count the cached prefix too)."""
     if not processors or not prefix:
         return processors
@@ -250,7 +251,7 @@ def _cache_tokens(cache: list[Any], tokens: list[int]) -> list[int]:
 
 
 class SerialLane:
-    """One request at a time, through ``generate_step``."""
+    """One request at a time, through :func:`mlxrt.engine.steps.token_steps`."""
 
     name = "serial"
 
@@ -271,8 +272,9 @@ class SerialLane:
         prompt and every generated token but the last: :meth:`BatchLane.resume` goes on from
         there. ``--batch N`` runs a lone stream this way, at the serial lane's speed."""
         import mlx.core as mx
-        from mlx_lm.generate import generate_step
         from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
+
+        from mlxrt.engine.steps import token_steps
 
         prompt = list(row.request.prompt_ids)
         spec = self.speculator
@@ -314,14 +316,14 @@ class SerialLane:
                         def snapshot(done: int, total: int, held: list[Any] = cache) -> None:
                             if done == total - 1:  # the cache holds the prompt but its last token
                                 row.snapshots.append((prompt[:-1], copy.deepcopy(held)))
-                    steps = generate_step(
+                    steps = token_steps(
                         mx.array(fed), self.model,
                         max_tokens=row.request.max_tokens, sampler=row.sampler,
-                        logits_processors=_with_prefix(row.processors, prompt[:start]) or None,
-                        prompt_cache=cache if spec is None else cache[:spec.main_layers],
+                        processors=_with_prefix(row.processors, prompt[:start]) or None,
+                        cache=cache if spec is None else cache[:spec.main_layers],
                         prefill_step_size=step_size, stream=self.stream,
-                        input_embeddings=vision.embeddings if vision is not None else None,
-                        prompt_progress_callback=snapshot,
+                        embeddings=vision.embeddings if vision is not None else None,
+                        progress=snapshot,
                     )
                 for token, logprobs in steps:
                     stop = self.agree(row.on_token(int(token), logprobs))
@@ -334,7 +336,7 @@ class SerialLane:
                         break
                 steps.close()  # the speculative loop rewinds rejected drafts when it closes
         if handed:
-            # generate_step already fed the last token and sampled the next (its step is queued):
+            # token_steps already fed the last token and sampled the next (its step is queued):
             # drop that token from the cache and that draw from a seeded sampler, so that the batch
             # feeds the token again and draws the same next one.
             trim_prompt_cache(cache, 1)
@@ -350,7 +352,7 @@ class SerialLane:
         return False
 
     def _prefill(self, tokens: list[int], cache: list[Any]) -> None:
-        """Run ``tokens`` into ``cache`` in chunks, as ``generate_step`` prefills."""
+        """Run ``tokens`` into ``cache`` in chunks, as ``token_steps`` prefills."""
         import mlx.core as mx
 
         with mx.stream(self.stream):
@@ -370,8 +372,6 @@ class BatchLane:
 
     def __init__(self, model: Any, *, stream: Any, size: int, prefill_batch_size: int, prefill_step_size: int,
                  eos: Sequence[int], done: Done, tick: Callable[[int], None], adapters: Any = None) -> None:
-        from mlx_lm.generate import BatchGenerator
-
         self.size = size
         self.done = done
         self.tick = tick
@@ -383,10 +383,28 @@ class BatchLane:
         if adapters is not None:
             model = RowAdapterModel(model, adapters)
         self._snapshots: dict[int, set[int]] = {}  # uid -> prompt lengths still to snapshot at
-        self._gen = BatchGenerator(
-            model, completion_batch_size=size, prefill_batch_size=min(prefill_batch_size, size),
+        self._make = functools.partial(
+            _batch_generator, model, completion_batch_size=size, prefill_batch_size=min(prefill_batch_size, size),
             prefill_step_size=prefill_step_size, stop_tokens=[[t] for t in eos], stream=stream,
         )
+        self._generator: Any = None
+
+    @property
+    def _gen(self) -> Any:
+        if self._generator is None:
+            self._generator = self._make()
+        return self._generator
+
+    @property
+    def ready(self) -> bool:
+        """Whether mlx-lm's batch generator is built (see :meth:`prepare`)."""
+        return self._generator is not None
+
+    def prepare(self) -> None:
+        """Build the batch generator now. Its module, ``mlx_lm.generate``, imports transformers
+        (~1.3 s, ~40 MB), so the lane is built on first use — a lone stream runs in the serial
+        lane — and the engine prepares it when it has been idle a moment after start."""
+        self._gen  # noqa: B018 (the property builds it)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -504,7 +522,14 @@ class BatchLane:
         self.done(row, reason, cache, list(tokens or ()))
 
     def close(self) -> None:
-        self._gen.close()
+        if self._generator is not None:
+            self._generator.close()
+
+
+def _batch_generator(model: Any, **kwargs: Any) -> Any:
+    from mlx_lm.generate import BatchGenerator
+
+    return BatchGenerator(model, **kwargs)
 
 
 class RowTag:

@@ -14,20 +14,56 @@ of these hold, and keeps the stored dtype otherwise:
   lazily for ``--distributed`` (casting would read every shard on every rank).
 
 An explicit ``--dtype float32|bfloat16|float16`` casts as asked; ``--dtype stored`` never casts.
+
+The rule is :func:`decide`, on :class:`DtypeFacts`. At load, :func:`choose_dtype` takes the facts
+from the loaded model; ``mlxrt fit`` and ``GET /fit`` (:func:`mlxrt.sources.fit.assess`) take them
+from the safetensors headers (:func:`static_facts`) and the machine from :func:`machine_facts`,
+so the fit verdict is that of the dtype ``mlxrt serve`` would serve. The static facts cannot
+see a quantized layer of a kind mlx-lm cannot dequantize: the load-time choice then keeps the
+stored dtype where the static one said float32.
 """
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from mlxrt.records import ModelInfo
 
-__all__ = ["DtypeChoice", "choose_dtype", "stored_dtype", "float32_bytes", "DTYPES"]
+if TYPE_CHECKING:
+    from mlxrt.engine.blas import BlasStatus
+
+__all__ = ["DtypeChoice", "DtypeFacts", "Machine", "decide", "choose_dtype", "static_facts", "machine_facts",
+           "blas_name", "stored_dtype", "float32_bytes", "DTYPES", "CAST_BYTES"]
 
 #: What ``--dtype`` accepts.
 DTYPES = ("auto", "float32", "bfloat16", "float16", "stored")
+#: Bytes per element of the dtypes ``--dtype`` may cast to.
+CAST_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+
+
+@attrs.frozen
+class DtypeFacts:
+    """What the ``auto`` rule weighs about one model: its ``stored`` dtype (as
+    :func:`stored_dtype` names it), the bytes of its weights as float32, the bytes of one
+    request's float32 KV cache at ``ctx`` tokens (the default context, capped at the model's
+    window), and the first quantized layer mlx-lm cannot dequantize (``None``: none, or not known)."""
+
+    stored: str
+    float32_bytes: int
+    kv_bytes: int
+    ctx: int
+    undequantizable: str | None = None
+
+
+@attrs.frozen
+class Machine:
+    """Where the weights would be served: on the CPU or a GPU, with a fast BLAS or not."""
+
+    on_cpu: bool
+    blas_fast: bool
+    blas_name: str
 
 
 @attrs.frozen
@@ -102,45 +138,87 @@ def _gb(n: int) -> str:
     return f"{n / 1e9:.2f} GB" if n >= 10**9 else f"{n / 1e6:.1f} MB"
 
 
-def choose_dtype(requested: str, model: Any, info: ModelInfo, *, budget: int | None, blas_fast: bool,
-                 blas_name: str, on_cpu: bool, lazy: bool = False, models: int = 1) -> DtypeChoice:
-    """What ``--dtype requested`` means for this loaded ``model`` (see the module docstring);
-    ``budget`` is ``--memory-budget`` in bytes (``None``: a share of physical memory), shared by
-    ``models`` resident models (``--max-models``) as the model pool shares it."""
-    stored = stored_dtype(model)
-    if requested in ("float32", "bfloat16", "float16"):
+def _float32_kv(config: Any, window: int | None) -> tuple[int, int]:
+    """Context and bytes of one request's float32 KV cache at the default context."""
+    from mlxrt.errors import ModelLoadError
+    from mlxrt.sources.fit import DEFAULT_CONTEXT, static_kv
+
+    ctx = min(DEFAULT_CONTEXT, window) if window and window > 0 else DEFAULT_CONTEXT
+    try:
+        kv = static_kv(config, 4)
+    except ModelLoadError:  # no attention shape in the config: the weights alone decide
+        return ctx, 0
+    return ctx, kv.per_token * ctx + kv.fixed
+
+
+def decide(requested: str, facts: DtypeFacts, machine: Machine, *, budget: int | None, lazy: bool = False,
+           models: int = 1) -> DtypeChoice:
+    """The rule of the module docstring: what ``--dtype requested`` serves for a model with these
+    ``facts`` on this ``machine``; ``budget`` is ``--memory-budget`` in bytes (``None``: a share
+    of physical memory), shared by ``models`` resident models (``--max-models``) as the model
+    pool shares it."""
+    stored = facts.stored
+    if requested in CAST_BYTES:
         return DtypeChoice(requested, stored, requested, f"--dtype {requested}")
     if requested == "stored":
         return DtypeChoice(requested, stored, None, "--dtype stored")
     keep = "auto keeps the stored dtype"
     if stored == "float32":
         return DtypeChoice(requested, stored, None, "auto: stored as float32")
-    if not on_cpu:
+    if not machine.on_cpu:
         return DtypeChoice(requested, stored, None, f"{keep} on a GPU")
-    if not blas_fast:
-        return DtypeChoice(requested, stored, None, f"{keep}: no fast BLAS ({blas_name}), float32 would be no faster")
+    if not machine.blas_fast:
+        return DtypeChoice(requested, stored, None,
+                           f"{keep}: no fast BLAS ({machine.blas_name}), float32 would be no faster")
     if lazy:
         return DtypeChoice(requested, stored, None, f"{keep}: --distributed loads the weights lazily")
-    if left := _undequantizable(model):
-        return DtypeChoice(requested, stored, None, f"{keep}: mlx-lm cannot dequantize {left[0]}")
+    if facts.undequantizable:
+        return DtypeChoice(requested, stored, None, f"{keep}: mlx-lm cannot dequantize {facts.undequantizable}")
     from mlxrt.engine.memory import MARGIN
-    from mlxrt.errors import ModelLoadError
-    from mlxrt.sources.fit import DEFAULT_CONTEXT, machine_budget, static_kv
+    from mlxrt.sources.fit import machine_budget
 
-    window = info.context_window
-    ctx = min(DEFAULT_CONTEXT, window) if window and window > 0 else DEFAULT_CONTEXT
-    try:
-        kv = static_kv(info.config, 4)
-        kv_bytes = kv.per_token * ctx + kv.fixed
-    except ModelLoadError:  # no attention shape in the config: the weights alone decide
-        kv_bytes = 0
-    weights = float32_bytes(model)
+    weights, kv_bytes = facts.float32_bytes, facts.kv_bytes
     source = "--memory-budget" if budget is not None else "a share of RAM"
     if models > 1:
         source += f" / --max-models {models}"
     usable = int((budget if budget is not None else machine_budget()) // max(models, 1) * (1 - MARGIN))
-    need = f"float32 weights {_gb(weights)} + KV for {ctx} tokens {_gb(kv_bytes)}"
+    need = f"float32 weights {_gb(weights)} + KV for {facts.ctx} tokens {_gb(kv_bytes)}"
     if weights + kv_bytes > usable:
         return DtypeChoice(requested, stored, None, f"{keep}: {need} exceed {_gb(usable)} ({source})")
     return DtypeChoice(requested, stored, "float32",
-                       f"auto: CPU with {blas_name}; {need} fit in {_gb(usable)} ({source})")
+                       f"auto: CPU with {machine.blas_name}; {need} fit in {_gb(usable)} ({source})")
+
+
+def choose_dtype(requested: str, model: Any, info: ModelInfo, *, budget: int | None, blas_fast: bool,
+                 blas_name: str, on_cpu: bool, lazy: bool = False, models: int = 1) -> DtypeChoice:
+    """What ``--dtype requested`` means for this loaded ``model``: :func:`decide` on the facts
+    the model itself gives."""
+    ctx, kv_bytes = _float32_kv(info.config, info.context_window)
+    left = _undequantizable(model)
+    facts = DtypeFacts(stored_dtype(model), float32_bytes(model), kv_bytes, ctx, left[0] if left else None)
+    return decide(requested, facts, Machine(on_cpu, blas_fast, blas_name), budget=budget, lazy=lazy, models=models)
+
+
+def static_facts(config: Any, summary: Any, window: int | None) -> DtypeFacts:
+    """The facts from a folder's ``config.json`` and safetensors headers
+    (:class:`mlxrt.sources.fit.WeightsSummary`), nothing loaded: packed quantized weights count
+    their unpacked elements, as :func:`float32_bytes` counts them; ``window`` is the model's
+    context window."""
+    ctx, kv_bytes = _float32_kv(config, window)
+    return DtypeFacts(summary.stored_dtype, 4 * summary.params, kv_bytes, ctx)
+
+
+def machine_facts(blas: BlasStatus | None = None) -> Machine:
+    """This process's device and ``blas`` (default: the BLAS an ``mlxrt`` command would run on,
+    :func:`mlxrt.engine.blas.expected`; a running server passes its own, ``current()``)."""
+    import mlx.core as mx
+
+    from mlxrt.engine.blas import expected
+
+    blas = blas if blas is not None else expected()
+    return Machine(on_cpu=mx.default_device() == mx.cpu, blas_fast=blas.fast, blas_name=blas_name(blas.kind))
+
+
+def blas_name(kind: str) -> str:
+    """How the ``auto`` reason names a BLAS kind."""
+    return {"openblas": "OpenBLAS", "mkl": "MKL"}.get(kind, "bundled")

@@ -13,7 +13,9 @@ cost per token from ``config.json``, laid out as mlx-lm's ``make_cache`` lays it
 * KV-shared layers (``num_kv_shared_layers``, the last ones) own no cache.
 
 The KV dtype is the activation dtype: the embedding's (its quantization scales' when it is
-quantized). The budget is then split by :func:`mlxrt.engine.memory.plan_memory` itself, so the
+quantized). Both are those of the dtype ``mlxrt serve`` would serve (``--dtype``, default ``auto``:
+:mod:`mlxrt.sources.dtype_choice` decides from the same headers and this machine's device and
+BLAS): a bfloat16 checkpoint served as float32 weighs, and caches, twice its files. The budget is then split by :func:`mlxrt.engine.memory.plan_memory` itself, so the
 ``max_safe_context`` reported here is the ``safe_context`` the engine computes at load —
 ``tests/test_fit.py`` checks the static KV cost against :func:`mlxrt.engine.memory.measure_kv`.
 Architectures whose cache is laid out otherwise (e.g. MLA) get the GQA estimate.
@@ -32,6 +34,14 @@ import attrs
 
 from mlxrt.engine.memory import KVCost, plan_memory
 from mlxrt.errors import ModelLoadError
+from mlxrt.sources.dtype_choice import (
+    CAST_BYTES,
+    DtypeChoice,
+    Machine,
+    decide,
+    machine_facts,
+    static_facts,
+)
 
 __all__ = ["TensorInfo", "WeightsSummary", "FitReport", "read_safetensors_header", "weights_summary",
            "static_kv", "assess", "machine_budget", "DEFAULT_CONTEXT"]
@@ -90,13 +100,16 @@ def read_safetensors_header(path: Path) -> dict[str, TensorInfo]:
 @attrs.frozen
 class WeightsSummary:
     """What a folder's safetensors hold. ``weight_bytes`` is what the text model loads;
-    ``other_bytes`` the tensors a text-only load drops (vision/audio towers, sidecars, MTP)."""
+    ``other_bytes`` the tensors a text-only load drops (vision/audio towers, sidecars, MTP);
+    ``stored_dtype`` the text weights' dtype as :func:`mlxrt.sources.dtype_choice.stored_dtype`
+    names it (``quantized 4-bit``, ``bfloat16``, …)."""
 
     weight_bytes: int
     other_bytes: int
     params: int
     activation_dtype: str
     files: int
+    stored_dtype: str = "float32"
 
 
 def _text_config(config: Mapping[str, Any]) -> dict[str, Any]:
@@ -130,6 +143,25 @@ def _params(tensors: Mapping[str, TensorInfo], config: Mapping[str, Any]) -> int
             count = count // t.shape[-1] * inputs
         total += count
     return total
+
+
+def _stored_dtype(tensors: Mapping[str, TensorInfo], config: Mapping[str, Any]) -> str:
+    """``quantized N-bit`` when any weight is packed (bits from the packed and scales widths),
+    else the float dtype holding the most parameters."""
+    bits: set[int] = set()
+    sizes: dict[str, int] = {}
+    for name, t in tensors.items():
+        scales = tensors.get(name.removesuffix(".weight") + ".scales")
+        if t.dtype == "U32" and scales is not None and t.shape and scales.shape and scales.shape[-1]:
+            bits.add(t.shape[-1] * 32 // (scales.shape[-1] * _quant_group(config, name)))
+        elif t.dtype in _FLOAT:
+            count = 1
+            for dim in t.shape:
+                count *= dim
+            sizes[t.dtype] = sizes.get(t.dtype, 0) + count
+    if bits:
+        return f"quantized {'/'.join(map(str, sorted(bits)))}-bit"
+    return _DTYPE_NAMES[max(sizes, key=sizes.__getitem__)] if sizes else "float32"
 
 
 def _activation_dtype(tensors: Mapping[str, TensorInfo]) -> str:
@@ -166,7 +198,9 @@ def weights_summary(folder: Path, config: Mapping[str, Any] | None = None) -> We
             else:
                 text[name] = t
     weights = sum(t.nbytes for t in text.values())
-    return WeightsSummary(weights, other, _params(text, _text_config(config)), _activation_dtype(text), len(files))
+    c = _text_config(config)
+    return WeightsSummary(weights, other, _params(text, c), _activation_dtype(text), len(files),
+                          _stored_dtype(text, c))
 
 
 def _int(c: Mapping[str, Any], key: str, default: int | None = None) -> int | None:
@@ -251,6 +285,8 @@ class FitReport:
     safe_context: int
     fits: bool
     reason: str | None
+    dtype: DtypeChoice | None = None
+    stored_weight_bytes: int | None = None
 
     @property
     def max_safe_context(self) -> int:
@@ -274,6 +310,8 @@ class FitReport:
             "total_bytes": self.weight_bytes + self.kv_bytes + self.prompt_cache_bytes,
             "context_window": self.context_window, "safe_context": self.safe_context,
             "max_safe_context": self.max_safe_context,
+            "dtype": self.dtype.as_dict() if self.dtype is not None else None,
+            "stored_weight_bytes": self.stored_weight_bytes,
         }
 
 
@@ -288,31 +326,41 @@ def _read_config(folder: Path) -> dict[str, Any]:
 
 
 def assess(folder: Path, *, ctx: int = DEFAULT_CONTEXT, budget: int | None = None, budget_source: str = "flag",
-           prompt_cache_bytes: int | None = None, rows: int = 1, model: str | None = None) -> FitReport:
-    """Assess ``folder`` at ``ctx`` tokens under ``budget`` bytes (default: :func:`machine_budget`).
+           prompt_cache_bytes: int | None = None, rows: int = 1, model: str | None = None, dtype: str = "auto",
+           machine: Machine | None = None, models: int = 1, lazy: bool = False) -> FitReport:
+    """Assess ``folder`` at ``ctx`` tokens under ``budget`` bytes (default: :func:`machine_budget`),
+    served as ``--dtype dtype`` would serve it on ``machine`` (default:
+    :func:`~mlxrt.sources.dtype_choice.machine_facts`) with ``models`` resident models
+    (``--max-models``) and ``lazy`` weights (``--distributed``).
 
     :raises ModelLoadError: The folder's config or weights cannot be read.
     """
     config = _read_config(folder)
     summary = weights_summary(folder, config)
-    dtype_bytes = {"float64": 8, "float32": 4}.get(summary.activation_dtype, 2)
+    window = _int(_text_config(config), "max_position_embeddings")
+    choice = decide(dtype, static_facts(config, summary, window), machine or machine_facts(), budget=budget,
+                    lazy=lazy, models=models)
+    if choice.cast:  # dequantized and cast: every parameter at the served width, as the KV
+        weight_bytes, kv_dtype = summary.params * CAST_BYTES[choice.cast], choice.cast
+    else:
+        weight_bytes, kv_dtype = summary.weight_bytes, summary.activation_dtype
+    dtype_bytes = {"float64": 8, "float32": 4}.get(kv_dtype, 2)
     kv = static_kv(config, dtype_bytes)
     if budget is None:
         budget, budget_source = machine_budget(), "machine"
     reason = None
     try:
-        plan = plan_memory(summary.weight_bytes, kv, budget=budget, prompt_cache_bytes=prompt_cache_bytes,
+        plan = plan_memory(weight_bytes, kv, budget=budget, prompt_cache_bytes=prompt_cache_bytes,
                            rows=rows)
         safe, cache_bytes = int(plan.safe_context or 0), plan.prompt_cache_bytes
     except ModelLoadError as exc:  # the engine would refuse to load: its own words say why
         safe, cache_bytes, reason = 0, prompt_cache_bytes or 0, exc.message
-    window = _int(_text_config(config), "max_position_embeddings")
     if reason is None and ctx > safe:
         reason = f"{ctx} tokens of context need {kv.per_token * ctx} bytes of KV; the budget holds {safe} tokens"
     elif reason is None and window and ctx > window:
         reason = f"{ctx} tokens exceed the model's context window of {window}"
     return FitReport(model=model or folder.name, ctx=ctx, budget_bytes=budget, budget_source=budget_source,
-                     weight_bytes=summary.weight_bytes, other_weight_bytes=summary.other_bytes,
-                     params=summary.params, kv_dtype=summary.activation_dtype, kv=kv, rows=rows,
+                     weight_bytes=weight_bytes, other_weight_bytes=summary.other_bytes,
+                     params=summary.params, kv_dtype=kv_dtype, kv=kv, rows=rows,
                      prompt_cache_bytes=cache_bytes, context_window=window, safe_context=safe,
-                     fits=reason is None, reason=reason)
+                     fits=reason is None, reason=reason, dtype=choice, stored_weight_bytes=summary.weight_bytes)

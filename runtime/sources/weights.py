@@ -1,0 +1,135 @@
+"""A model folder's architecture and weights, built without importing ``mlx_lm.utils``.
+
+``mlx_lm.utils.load_model`` is the reference, and the fallback: importing its module imports
+transformers and huggingface-hub (~1.4 s and ~45 MB of a server's start, docs/performance.md).
+The common checkpoint — an mlx-lm architecture, safetensors weights, unquantized or quantized
+by MLX itself (``"quantization"`` in config.json, affine mode) — is built here directly from
+``mlx_lm.models.<type>``. Anything else (legacy ``quantization_config`` formats such as AWQ,
+GPTQ, FP8 or ModelOpt, mx/nv-fp modes, a custom ``model_file``, activation quantization,
+non-finite numbers in config.json) goes to mlx-lm unchanged.
+"""
+
+from __future__ import annotations
+
+import importlib
+import json
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+__all__ = ["load_architecture_and_weights"]
+
+ModelClasses = tuple[type, type]
+
+
+class _NeedsMlxLm(Exception):
+    """This checkpoint uses something only mlx-lm's loader handles."""
+
+
+def load_architecture_and_weights(path: Path, *, classes: ModelClasses | None = None,
+                                  lazy: bool = False) -> tuple[Any, dict[str, Any]]:
+    """The model of the folder ``path`` with its weights, and its config (``eos_token_id``
+    taken from generation_config.json when that names one, as mlx-lm does).
+
+    :param classes: ``(Model, ModelArgs)`` of an architecture mlx-lm lacks (a family's own).
+    :param lazy: Leave the weights unread until evaluated.
+    :raises FileNotFoundError: No ``model*.safetensors`` in the folder.
+    :raises ValueError: An unknown model type, or weights that do not fit the architecture.
+    """
+    try:
+        return _load(path, classes, lazy)
+    except _NeedsMlxLm:
+        from mlx_lm.utils import load_model
+
+        kwargs: dict[str, Any] = {}
+        if classes is not None:
+            kwargs["get_model_classes"] = lambda config: classes  # mlx-lm passes config=
+        return load_model(path, lazy=lazy, **kwargs)
+
+
+def _read_config(path: Path) -> dict[str, Any]:
+    text = (path / "config.json").read_text(encoding="utf-8")
+    if "__float__" in text:  # mlx-lm's tag for a non-finite number
+        raise _NeedsMlxLm
+    config = json.loads(text)
+    try:
+        generation = json.loads((path / "generation_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        generation = {}
+    if isinstance(generation, dict) and generation.get("eos_token_id"):
+        config["eos_token_id"] = generation["eos_token_id"]
+    return config
+
+
+def _classes_for(config: dict[str, Any]) -> ModelClasses:
+    from mlxrt.compat import mlx_lm_remappings
+
+    by_type, by_architecture = mlx_lm_remappings()
+    model_type = config["model_type"]
+    architectures = config.get("architectures") or ()
+    if isinstance(architectures, str):
+        architectures = (architectures,)
+    if any((model_type, a) in by_architecture for a in architectures):
+        raise _NeedsMlxLm
+    module_name = by_type.get(model_type, model_type)
+    try:
+        module = importlib.import_module(f"mlx_lm.models.{module_name}")
+    except ImportError as exc:
+        raise ValueError(f"Model type {model_type} not supported.") from exc
+    return module.Model, module.ModelArgs
+
+
+def _load(path: Path, classes: ModelClasses | None, lazy: bool) -> tuple[Any, dict[str, Any]]:
+    import mlx.core as mx
+
+    config = _read_config(path)
+    text_config = config.get("text_config")
+    if (config.get("model_file") is not None or config.get("quantize_activations")
+            or "quantization_config" in config
+            or (isinstance(text_config, dict) and "quantization_config" in text_config)
+            or (path / "hf_quant_config.json").exists()):
+        raise _NeedsMlxLm
+    files = sorted(path.glob("model*.safetensors"))
+    if not files:
+        raise FileNotFoundError(f"No safetensors found in {path}")
+    model_class, args_class = classes if classes is not None else _classes_for(config)
+    weights: dict[str, Any] = {}
+    for f in files:
+        weights.update(mx.load(str(f)))
+    model = model_class(args_class.from_dict(config))
+    if hasattr(model, "sanitize"):
+        weights = model.sanitize(weights)
+    quantization = config.get("quantization")
+    if quantization is not None:
+        _quantize(model, quantization, weights)
+    model.eval()
+    model.load_weights(list(weights.items()), strict=True)
+    if not lazy:
+        mx.eval(model.parameters())
+    return model, config
+
+
+def _quantize(model: Any, quantization: dict[str, Any], weights: dict[str, Any]) -> None:
+    """Turn the layers stored quantized into quantized layers (affine mode only: the others
+    keep their scales as uint8, and mlx-lm knows their rules)."""
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    if quantization.get("mode", "affine") != "affine":
+        raise _NeedsMlxLm
+
+    def stored_as(layer_path: str, module: Any) -> dict[str, Any] | bool:
+        if layer_path in quantization:  # a per-layer setting (mixed-precision checkpoints)
+            return quantization[layer_path]
+        if not hasattr(module, "to_quantized") or f"{layer_path}.scales" not in weights:
+            return False
+        scales = weights[f"{layer_path}.scales"]
+        if scales.dtype == mx.uint8 or f"{layer_path}.global_scale" in weights:
+            raise _NeedsMlxLm
+        in_dims = module.weight.shape[-1]
+        return {"group_size": in_dims // scales.shape[-1],
+                "bits": weights[f"{layer_path}.weight"].shape[-1] * 32 // in_dims, "mode": "affine"}
+
+    predicate: Callable[[str, Any], Any] = stored_as
+    nn.quantize(model, group_size=quantization["group_size"], bits=quantization["bits"],
+                mode="affine", class_predicate=predicate)

@@ -1,0 +1,172 @@
+"""What a server's start does without mlx-lm's heavy modules: mlxrt's own token loop
+(:mod:`mlxrt.engine.steps`) and weight loader (:mod:`mlxrt.sources.weights`) against the
+mlx-lm functions they stand in for, and a served request in a process that never imports
+transformers."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from mlxrt.testing import write_tiny_checkpoint
+
+mx = pytest.importorskip("mlx.core")
+pytest.importorskip("mlx_lm")
+
+PROMPT = [(7 * i + 3) % 90 + 5 for i in range(40)]
+
+
+@pytest.fixture(scope="module")
+def checkpoints(tmp_path_factory):
+    root = tmp_path_factory.mktemp("lean")
+    return {t: write_tiny_checkpoint(root / t, t) for t in ("llama", "qwen3_5", "gemma3_text")}
+
+
+def _run(steps_fn, model, **kwargs):
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache = make_prompt_cache(model)
+    progress: list[tuple[int, int]] = []
+    out = []
+    for token, logprobs in steps_fn(mx.array(PROMPT), model, cache, progress, **kwargs):
+        out.append((int(token), logprobs))
+    return out, progress, [getattr(layer, "offset", None) for layer in cache]
+
+
+def _ours(prompt, model, cache, progress, **kw):
+    from mlxrt.engine.steps import token_steps
+
+    return token_steps(prompt, model, cache=cache, stream=mx.default_stream(mx.default_device()),
+                       progress=lambda d, t: progress.append((d, t)), prefill_step_size=16,
+                       max_tokens=kw["max_tokens"], sampler=kw.get("sampler"), processors=kw.get("processors"))
+
+
+def _theirs(prompt, model, cache, progress, **kw):
+    from mlx_lm.generate import generate_step
+
+    return generate_step(prompt, model, prompt_cache=cache, stream=mx.default_stream(mx.default_device()),
+                         prompt_progress_callback=lambda d, t: progress.append((d, t)), prefill_step_size=16,
+                         max_tokens=kw["max_tokens"], sampler=kw.get("sampler"),
+                         logits_processors=kw.get("processors"))
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen3_5", "gemma3_text"])
+def test_token_steps_equal_mlx_lm_generate_step(checkpoints, model_type):
+    """Greedy and seeded sampling with a penalty processor, prefilled in chunks: the same
+    tokens, log-probabilities, progress reports and final cache length as mlx-lm's loop."""
+    from mlx_lm.sample_utils import make_logits_processors, make_sampler
+    from mlx_lm.utils import load_model
+
+    model, _ = load_model(checkpoints[model_type])
+    for kwargs in ({}, {"sampler": "seeded", "processors": "penalty"}):
+        runs = []
+        for fn in (_ours, _theirs):
+            kw = {"max_tokens": 12}
+            if kwargs:
+                mx.random.seed(7)
+                kw["sampler"] = make_sampler(temp=1.0, top_k=20)
+                kw["processors"] = make_logits_processors(repetition_penalty=1.3, repetition_context_size=8)
+            runs.append(_run(fn, model, **kw))
+        (ours, our_progress, our_offsets), (theirs, their_progress, their_offsets) = runs
+        assert [t for t, _ in ours] == [t for t, _ in theirs]
+        for (_, a), (_, b) in zip(ours, theirs, strict=True):
+            assert mx.allclose(a, b, atol=1e-5).item()
+        assert our_progress == their_progress
+        assert our_progress[0] == (0, len(PROMPT)) and our_progress[-1] == (len(PROMPT), len(PROMPT))
+        assert our_offsets == their_offsets
+
+
+def test_token_steps_stopped_early_leave_the_last_token_fed(checkpoints):
+    """A caller that stops after token k finds token k in the cache (the lone-stream hand-over
+    to the batch trims exactly one token)."""
+    from mlx_lm.models.cache import make_prompt_cache
+    from mlx_lm.utils import load_model
+
+    from mlxrt.engine.steps import token_steps
+
+    model, _ = load_model(checkpoints["llama"])
+    cache = make_prompt_cache(model)
+    steps = token_steps(mx.array(PROMPT), model, cache=cache, stream=mx.default_stream(mx.default_device()),
+                        max_tokens=10)
+    got = [next(steps) for _ in range(3)]
+    steps.close()
+    assert len(got) == 3
+    assert cache[0].offset == len(PROMPT) + 3
+
+
+def _parameters(model):
+    from mlx.utils import tree_flatten
+
+    return dict(tree_flatten(model.parameters()))
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen3_5", "gemma3_text", "quantized"])
+def test_weights_equal_mlx_lm_load_model(checkpoints, tmp_path, model_type):
+    """The same architecture class, parameter names, dtypes and values as mlx-lm's loader,
+    also for a checkpoint MLX quantized (4-bit, group 32)."""
+    from mlx_lm.utils import load_model
+
+    from mlxrt.sources.weights import load_architecture_and_weights
+
+    path = checkpoints.get(model_type)
+    if model_type == "quantized":
+        from mlx_lm.convert import convert
+
+        path = tmp_path / "q"
+        convert(str(checkpoints["llama"]), str(path), quantize=True, q_group_size=32, q_bits=4)
+        assert "quantization" in json.loads((path / "config.json").read_text())
+    ours, our_config = load_architecture_and_weights(path)
+    theirs, their_config = load_model(path)
+    assert type(ours) is type(theirs)
+    assert our_config == their_config
+    a, b = _parameters(ours), _parameters(theirs)
+    assert a.keys() == b.keys()
+    for name in a:
+        assert a[name].dtype == b[name].dtype, name
+        assert mx.array_equal(a[name], b[name]).item(), name
+    if model_type == "quantized":
+        assert any(name.endswith(".scales") for name in a)
+
+
+def test_weights_loader_hands_unusual_checkpoints_to_mlx_lm(checkpoints, tmp_path):
+    """A checkpoint asking for a custom model file goes to mlx-lm, whose refusal is kept."""
+    import shutil
+
+    from mlxrt.sources.weights import load_architecture_and_weights
+
+    path = tmp_path / "custom"
+    shutil.copytree(checkpoints["llama"], path)
+    config = json.loads((path / "config.json").read_text())
+    (path / "config.json").write_text(json.dumps({**config, "model_file": "modeling.py"}))
+    with pytest.raises(ValueError, match="trust_remote_code"):
+        load_architecture_and_weights(path)
+
+
+def test_a_served_request_never_imports_transformers(checkpoints, tmp_path):
+    """Load, warm up and answer one chat completion in a fresh process: mlx_lm's __init__,
+    mlx_lm.generate, mlx_lm.utils, transformers, numpy and pydantic are never imported (the
+    lean start: docs/performance.md)."""
+    script = textwrap.dedent(f"""
+        import sys
+        from litestar.testing import TestClient
+        from mlxrt.cli import build_server
+        from mlxrt.host import make_host
+        host = make_host()
+        app = build_server(host, {str(checkpoints["llama"])!r}, {{"host": "127.0.0.1", "port": 0}})
+        with TestClient(app, base_url="http://127.0.0.1") as client:
+            r = client.post("/v1/chat/completions", json={{"messages": [{{"role": "user", "content": "hi"}}],
+                            "max_tokens": 3}})
+            assert r.status_code == 200, r.text
+        heavy = sorted(m for m in ("transformers", "mlx_lm.generate", "mlx_lm.utils", "mlx_lm.convert",
+                                   "huggingface_hub.hf_api", "numpy", "pydantic") if m in sys.modules)
+        print("HEAVY", heavy)
+        host.models.stop()
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
+                         cwd=tmp_path)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "HEAVY []" in out.stdout, out.stdout + out.stderr[-2000:]
