@@ -72,9 +72,6 @@ log = logging.getLogger("mlxrt.engine.engine")
 SNIPPET_TOKENS = 8
 #: Seconds over which ``/stats`` reports tokens per second.
 RATE_WINDOW = 10.0
-#: Seconds without work after which the engine builds the batch lane's generator, whose module
-#: imports transformers (kept out of the start and the first request; see BatchLane.prepare).
-PREPARE_BATCH_WHEN_IDLE_S = 1.0
 
 
 def _snapshots_from(model: Any) -> int | None:
@@ -485,13 +482,11 @@ class Engine:
             log.warning("engine warm-up failed", exc_info=True)
 
     def _loop(self) -> None:
-        quiet_since, prepare_failed = time.monotonic(), False
         while True:
             busy = self._batch is not None and len(self._batch) > 0
             if not self._take_inbox(block=not busy):
                 return
             self._expire_waiting()
-            had_work = busy or bool(self._waiting)
             self._admit()
             if self._batch is not None and len(self._batch):
                 try:
@@ -499,20 +494,6 @@ class Engine:
                     self._batch.reap()
                 except Exception as exc:  # a failed step fails its rows, not the server
                     self._fail_batch(exc)
-            if had_work or self._running:
-                quiet_since = time.monotonic()
-            elif (self._batch is not None and not self._batch.ready and not prepare_failed
-                  and time.monotonic() - quiet_since >= PREPARE_BATCH_WHEN_IDLE_S):
-                prepare_failed = not self._prepare_batch()
-
-    def _prepare_batch(self) -> bool:
-        """Build the batch lane's generator while nothing runs (see :meth:`BatchLane.prepare`)."""
-        try:
-            self._batch.prepare()
-        except Exception:  # the first batched request will fail visibly (and retry the build)
-            log.warning("preparing the batch lane failed", exc_info=True)
-            return False
-        return True
 
     def _take_inbox(self, *, block: bool) -> bool:
         """Move inbox items to the waiting queue (or run them); False on the stop signal."""

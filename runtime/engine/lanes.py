@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import contextlib
 import copy
-import functools
 import logging
 import time
 from collections.abc import Callable, Sequence
@@ -383,28 +382,14 @@ class BatchLane:
         if adapters is not None:
             model = RowAdapterModel(model, adapters)
         self._snapshots: dict[int, set[int]] = {}  # uid -> prompt lengths still to snapshot at
-        self._make = functools.partial(
-            _batch_generator, model, completion_batch_size=size, prefill_batch_size=min(prefill_batch_size, size),
+        # mlx-lm's batch generator; its module imports transformers (~1.2 s, ~40 MB), so a server
+        # pays that only with --batch N > 1, at start, rather than on its first concurrent burst.
+        from mlx_lm.generate import BatchGenerator
+
+        self._gen = BatchGenerator(
+            model, completion_batch_size=size, prefill_batch_size=min(prefill_batch_size, size),
             prefill_step_size=prefill_step_size, stop_tokens=[[t] for t in eos], stream=stream,
         )
-        self._generator: Any = None
-
-    @property
-    def _gen(self) -> Any:
-        if self._generator is None:
-            self._generator = self._make()
-        return self._generator
-
-    @property
-    def ready(self) -> bool:
-        """Whether mlx-lm's batch generator is built (see :meth:`prepare`)."""
-        return self._generator is not None
-
-    def prepare(self) -> None:
-        """Build the batch generator now. Its module, ``mlx_lm.generate``, imports transformers
-        (~1.3 s, ~40 MB), so the lane is built on first use — a lone stream runs in the serial
-        lane — and the engine prepares it when it has been idle a moment after start."""
-        self._gen  # noqa: B018 (the property builds it)
 
     def __len__(self) -> int:
         return len(self.rows)
@@ -522,14 +507,7 @@ class BatchLane:
         self.done(row, reason, cache, list(tokens or ()))
 
     def close(self) -> None:
-        if self._generator is not None:
-            self._generator.close()
-
-
-def _batch_generator(model: Any, **kwargs: Any) -> Any:
-    from mlx_lm.generate import BatchGenerator
-
-    return BatchGenerator(model, **kwargs)
+        self._gen.close()
 
 
 class RowTag:
