@@ -1,7 +1,7 @@
 """The serial lane's token loop: prefill a prompt into a cache, then sample one token at a time.
 
 mlx-lm's ``generate_step`` does the same, and is what this is checked against (greedy output
-equal token for token, tests/test_steps.py), but its module imports transformers at import time
+equal token for token, tests/test_lean_start.py), but its module imports transformers at import time
 (~1.2 s and ~40 MB of a server's start, docs/performance.md). The loop is small enough to own:
 
 * all prompt tokens but the last are run in chunks of ``prefill_step_size`` (the cache state
