@@ -88,17 +88,10 @@ def _served_row(request: Request) -> dict[str, Any]:
         "structured_outputs": caps.structured_outputs,
         "embeddings": caps.embeddings,
         "tools": profile.tool_parser is not None,
-        "family": _family_name(profile),
+        "family": profile.family,
         "tier": profile.tier,
         "self_test": dict(profile.self_test),
     }
-
-
-def _family_name(profile: Any) -> str:
-    """The plugin that answered the family hooks (the tool parser's or thinking format's
-    first, since mlx-lm loads most family models itself), else the loader's name."""
-    prov = profile.provenance
-    return prov.get("tool_parser") or prov.get("thinking_format") or prov.get("load_model", "mlx-lm")
 
 
 def _pool_rows(request: Request, served: dict[str, Any]) -> list[dict[str, Any]]:
@@ -118,7 +111,7 @@ def _pool_rows(request: Request, served: dict[str, Any]) -> list[dict[str, Any]]
                "loaded": slot.state == "ready"}
         if slot.profile is not None:  # loaded at least once
             row["context_window"] = slot.profile.info.context_window
-            row["family"] = _family_name(slot.profile)
+            row["family"] = slot.profile.family
         rows.append(row)
     for alias, model_id in pool.names().items():
         rows.append({"id": alias, "object": "model", "created": created, "owned_by": "mlxrt",
