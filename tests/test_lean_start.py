@@ -146,17 +146,28 @@ def test_weights_loader_hands_unusual_checkpoints_to_mlx_lm(checkpoints, tmp_pat
         load_architecture_and_weights(path)
 
 
-def test_a_served_request_never_imports_transformers(checkpoints, tmp_path):
+@pytest.mark.parametrize("kind", ["llama", "quantized"])
+def test_a_served_request_never_imports_transformers(checkpoints, tmp_path, kind):
     """Load, warm up and answer one chat completion in a fresh process: mlx_lm's __init__,
     mlx_lm.generate, mlx_lm.utils, transformers, numpy and pydantic are never imported (the
-    lean start: docs/performance.md)."""
+    lean start: docs/performance.md). Also for an MLX-quantized checkpoint that keeps the
+    ``quantization_config`` copy beside ``quantization``, as mlx-community checkpoints and
+    mlxrt's GGUF conversions do (the embedded SmolLM2 printed transformers' PyTorch warning)."""
+    model = checkpoints["llama"]
+    if kind == "quantized":
+        from mlx_lm.convert import convert
+
+        model = tmp_path / "q"
+        convert(str(checkpoints["llama"]), str(model), quantize=True, q_group_size=32, q_bits=4)
+        config = json.loads((model / "config.json").read_text())
+        (model / "config.json").write_text(json.dumps({**config, "quantization_config": config["quantization"]}))
     script = textwrap.dedent(f"""
         import sys
         from litestar.testing import TestClient
         from mlxrt.cli import build_server
         from mlxrt.host import make_host
         host = make_host()
-        app = build_server(host, {str(checkpoints["llama"])!r}, {{"host": "127.0.0.1", "port": 0}})
+        app = build_server(host, {str(model)!r}, {{"host": "127.0.0.1", "port": 0}})
         with TestClient(app, base_url="http://127.0.0.1") as client:
             r = client.post("/v1/chat/completions", json={{"messages": [{{"role": "user", "content": "hi"}}],
                             "max_tokens": 3}})
