@@ -51,8 +51,9 @@ def resolve_model(spec: str | None, *, allow_download: bool = True) -> ModelSour
     """Turn a MODEL argument into a local folder.
 
     A ``spec`` that is no file names a repo of the local HF cache: its exact id, else the one
-    id containing it (case-insensitive); several such ids are an error listing them. A repo
-    id matching nothing local is looked up (and downloaded, when allowed) by huggingface-hub.
+    id containing it (case-insensitive); several such ids are an error listing them. The
+    embedded model's id names it when the cache has no such repo. A repo id matching nothing
+    local is looked up (and downloaded, when allowed) by huggingface-hub.
 
     :param spec: A folder, a ``.gguf`` file, a repo id or part of a local one, or ``None`` for
         the embedded model.
@@ -86,10 +87,19 @@ def resolve_model(spec: str | None, *, allow_download: bool = True) -> ModelSour
         if repo != spec:
             log.info("model %r is the local repo %s", spec, repo)
         return ModelSource(_from_hf_cache(repo, allow_download), repo, "hf-cache")
+    if _names_embedded(spec):  # its exact id, not a part: short names stay clients' placeholders
+        return resolve_model(None)
     if spec.count("/") != 1 or spec.startswith(("/", ".", "~")):
         raise ModelLoadError(f"model {spec!r} not found: not a local folder, a .gguf file, a Hugging Face repo id "
                              "or part of the id of a model in the local Hugging Face cache (see `mlxrt ls`)")
     return ModelSource(_from_hf_cache(spec, allow_download), spec, "hf-cache")
+
+
+def _names_embedded(spec: str) -> bool:
+    """Whether ``spec`` is the embedded model's id and that model is installed."""
+    from mlxrt.sources.embedded import EMBEDDED_MODEL_ID, embedded_available
+
+    return spec.lower() == EMBEDDED_MODEL_ID.lower() and embedded_available()
 
 
 def _as_path(spec: str) -> Path | None:

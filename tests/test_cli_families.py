@@ -33,3 +33,18 @@ def test_no_thinking_flag_turns_reasoning_off_by_default(tiny_models, server_pro
                     json={**chat, "chat_template_kwargs": {"enable_thinking": True}}).json()["usage"]["prompt_tokens"]
     assert off > on
     assert httpx.post(f"{server.url}/v1/completions", json=body, timeout=30).status_code == 200
+
+
+def test_the_start_banner_v1_models_and_plugins_name_the_same_family(tiny_models, server_process):
+    """One source (``FamilyProfile.family``): a Qwen3 folder is ``qwen`` everywhere (the banner
+    said ``family mlx-lm``, the loader's name, while /v1/models said ``qwen``)."""
+    model = str(tiny_models("qwen3"))
+    server = server_process([model])
+    row = httpx.get(f"{server.url}/v1/models", timeout=30).json()["data"][0]
+    status = httpx.get(f"{server.url}/pages/status", timeout=30).json()["model"]
+    banner = next(line for line in server.stop().splitlines() if " serving " in line)
+    assert row["family"] == "qwen" and status["family"] == "qwen"
+    assert ", family qwen, " in banner
+    report = json.loads(subprocess.run([MLXRT_BIN, "plugins", "--json", "--model", model], capture_output=True,
+                                       text=True, timeout=120, check=True).stdout)
+    assert report["model"]["family"] == "qwen"
