@@ -129,3 +129,24 @@ def test_a_capabilities_hook_answer_is_what_models_and_status_show(hub, tiny_mod
         assert served["vision"] is False and served["embeddings"] is False  # read from the model
         status = client.get("/pages/status").json()["model"]["capabilities"]
         assert status["structured_outputs"] is on and status["embeddings"] is False
+
+
+def test_clients_read_the_context_and_output_limits_where_they_look(hub, tiny_models, serve_app):
+    """The served row carries Anthropic's Models API fields (what Claude Code's model-capabilities
+    cache reads through the anthropic SDK: ``max_input_tokens``, ``max_tokens``) beside OpenAI's;
+    the limits are the context a request may fill (window capped by the memory budget) and
+    ``--max-tokens`` within it (docs/dialects.md)."""
+    from support import anthropic_client
+
+    client = serve_app(tiny_models("qwen3"))
+    model = anthropic_client(client).models.list().data[0]
+    assert model.id == SERVED and model.type == "model" and model.display_name == SERVED
+    assert model.created_at.year >= 2025
+    row = client.get("/v1/models").json()["data"][0]
+    assert row["max_input_tokens"] == row["context_window"] == 40960 and row["max_tokens"] == 40960
+    assert anthropic_client(client).models.retrieve(SERVED).id == SERVED
+    capped = serve_app(tiny_models("qwen3"), options={"max_tokens": 1000, "memory_budget": 0.004})
+    row = capped.get("/v1/models").json()["data"][0]
+    ceiling = capped.get("/stats").json()["engine"]["admission"]["context_ceiling"]
+    assert row["max_input_tokens"] == ceiling < 40960 and row["max_tokens"] == 1000
+    assert openai_client(capped).models.retrieve(SERVED).model_extra["max_tokens"] == 1000

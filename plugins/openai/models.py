@@ -1,6 +1,7 @@
 """OpenAI model routes: ``GET /v1/models`` and ``GET /v1/models/{id}``.
 
-The list is the served model first (with mlxrt's ``context_window``, ``reasoning`` flag, its
+The list is the served model first (with mlxrt's ``context_window``, Anthropic's Models API fields
+``max_input_tokens``/``max_tokens``/``display_name``/``created_at``, the ``reasoning`` flag, its
 capabilities as :func:`mlxrt.capabilities.capabilities` states them — ``vision``,
 ``structured_outputs``, ``embeddings`` —, the ``family`` plugin and ``tier`` — ``family`` or
 ``generic`` — and the load-time ``self_test`` result per capability), then one row per servable model repo in the local Hugging Face cache: a
@@ -77,12 +78,15 @@ def _served_row(request: Request) -> dict[str, Any]:
     profile = pool.primary.profile if pool is not None and pool.primary.profile is not None else host.engine.profile
     info = profile.info
     caps = capabilities(host, profile)
+    engine = pool.primary.engine if pool is not None else host.engine
+    created = int(host.options.get("started_at") or time.time())
     return {
         "id": info.model_id,
         "object": "model",
-        "created": int(host.options.get("started_at") or time.time()),
+        "created": created,
         "owned_by": "mlxrt",
         "context_window": info.context_window,
+        **_limits(engine, info, host.options, created),
         "reasoning": profile.thinking_format is not None,
         "vision": caps.vision,
         "structured_outputs": caps.structured_outputs,
@@ -92,6 +96,20 @@ def _served_row(request: Request) -> dict[str, Any]:
         "tier": profile.tier,
         "self_test": dict(profile.self_test),
     }
+
+
+def _limits(engine: Any, info: Any, options: Any, created: int) -> dict[str, Any]:
+    """What clients read to size their prompts and answers (docs/dialects.md, "What clients learn
+    about the model"): Anthropic's Models API fields (``type``, ``display_name``, ``created_at``,
+    ``max_input_tokens`` — the context a request may fill, the window capped by the memory
+    budget —, ``max_tokens`` — the most one answer may generate: ``--max-tokens`` when set,
+    within that context)."""
+    ceiling = engine.context_ceiling if engine is not None else info.context_window
+    cap = options.get("max_tokens")
+    output = min(cap, ceiling) if isinstance(cap, int) and cap > 0 and ceiling else (cap or ceiling)
+    return {"type": "model", "display_name": info.model_id,
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created)),
+            "max_input_tokens": ceiling, "max_tokens": output}
 
 
 def _pool_rows(request: Request, served: dict[str, Any]) -> list[dict[str, Any]]:
