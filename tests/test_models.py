@@ -150,3 +150,20 @@ def test_clients_read_the_context_and_output_limits_where_they_look(hub, tiny_mo
     ceiling = capped.get("/stats").json()["engine"]["admission"]["context_ceiling"]
     assert row["max_input_tokens"] == ceiling < 40960 and row["max_tokens"] == 1000
     assert openai_client(capped).models.retrieve(SERVED).model_extra["max_tokens"] == 1000
+
+
+def test_a_codex_model_catalog_of_the_served_model(tiny_models, serve_app):
+    """Codex reads model metadata only from its built-in catalog or a ``model_catalog_json`` file
+    (it never asks the server); /codex/model-catalog is that file for the served model, one entry
+    per name that reaches it (the fields Codex 0.171 refuses a catalog without are present)."""
+    client = serve_app(tiny_models("qwen3"), options={"memory_budget": 0.004, "strict_model": True,
+                                                      "model_alias": [f"gpt-5-codex={tiny_models('qwen3')}"]})
+    body = client.get("/codex/model-catalog").json()
+    ceiling = client.get("/stats").json()["engine"]["admission"]["context_ceiling"]
+    assert [m["slug"] for m in body["models"]] == ["default", SERVED, "gpt-5-codex"]
+    for entry in body["models"]:
+        assert entry["context_window"] == entry["max_context_window"] == ceiling < 40960
+        assert entry["display_name"] == SERVED and entry["base_instructions"].startswith("You are a coding agent")
+        assert {"supported_reasoning_levels", "shell_type", "visibility", "supported_in_api", "priority",
+                "support_verbosity", "truncation_policy", "experimental_supported_tools"} <= set(entry)
+        assert entry["truncation_policy"] == {"mode": "tokens", "limit": ceiling // 8}

@@ -26,7 +26,7 @@ from mlxrt.errors import NotFound
 from mlxrt.plugins.openai.encode import ROUTE_OPT
 from mlxrt.sources.paths import hf_cache_dir
 
-__all__ = ["list_models", "get_model", "cached_model_rows"]
+__all__ = ["list_models", "get_model", "codex_catalog", "cached_model_rows"]
 
 log = logging.getLogger("mlxrt.openai")
 
@@ -162,3 +162,32 @@ async def get_model(request: Request) -> dict[str, Any]:
             return row
     raise NotFound(f"model {wanted!r} not found: it is neither the served model nor a servable model "
                    f"in the local Hugging Face cache", param="model", code="model_not_found")
+
+
+#: The instructions Codex sends as the system prompt for a model of a ``model_catalog_json``
+#: (the catalog must carry some). Short: Codex's own run to thousands of tokens, more than a small
+#: local model's whole context (the embedded SmolLM2 has 8,192).
+CODEX_INSTRUCTIONS = ("You are a coding agent running in the Codex CLI on the user's computer. Use the shell "
+                      "tool to inspect and change files; keep answers short.")
+
+
+@get(["/codex/model-catalog"], opt=ROUTE_OPT, summary="The served model as a Codex model catalog",
+     tags=["openai"])
+async def codex_catalog(request: Request) -> dict[str, Any]:
+    """A file for Codex's ``model_catalog_json`` (docs/dialects.md, "Codex"): Codex reads model
+    metadata (context window, tools, instructions) from its built-in catalog or that file, never
+    from the server, and warns "Model metadata for `default` not found" for any other name. One
+    entry per name that reaches the served model: ``default``, its id and the aliases of it."""
+    served = _served_row(request)
+    pool = request.app.state.host.models
+    names = ["default", served["id"], *(a for a, m in (pool.names() if pool else {}).items() if m == served["id"])]
+    window = served["max_input_tokens"]
+    entry = {"display_name": served["id"], "description": f"{served['id']} served by mlxrt",
+             **({"context_window": window, "max_context_window": window} if window else {}),
+             "supported_reasoning_levels": [], "shell_type": "shell_command", "visibility": "list",
+             "supported_in_api": True, "priority": 1, "support_verbosity": False,
+             # a tool's output Codex keeps in the prompt: an eighth of the context
+             "truncation_policy": {"mode": "tokens", "limit": max(window // 8, 256) if window else 10_000},
+             "experimental_supported_tools": [], "input_modalities": ["text", "image"] if served["vision"] else
+             ["text"], "supports_parallel_tool_calls": False, "base_instructions": CODEX_INSTRUCTIONS}
+    return {"models": [{"slug": name, **entry} for name in dict.fromkeys(names)]}
