@@ -104,21 +104,29 @@ def _parameters(model):
     return dict(tree_flatten(model.parameters()))
 
 
-@pytest.mark.parametrize("model_type", ["llama", "qwen3_5", "gemma3_text", "quantized"])
+@pytest.mark.parametrize("model_type", ["llama", "qwen3_5", "gemma3_text", "quantized", "quantized-copy"])
 def test_weights_equal_mlx_lm_load_model(checkpoints, tmp_path, model_type):
     """The same architecture class, parameter names, dtypes and values as mlx-lm's loader,
-    also for a checkpoint MLX quantized (4-bit, group 32)."""
+    also for a checkpoint MLX quantized (4-bit, group 32), with and without the
+    ``quantization_config`` copy MLX writers keep beside ``quantization`` (loaded here, not
+    handed to mlx-lm)."""
     from mlx_lm.utils import load_model
 
+    from mlxrt.sources import weights
     from mlxrt.sources.weights import load_architecture_and_weights
 
     path = checkpoints.get(model_type)
-    if model_type == "quantized":
+    if model_type.startswith("quantized"):
         from mlx_lm.convert import convert
 
         path = tmp_path / "q"
         convert(str(checkpoints["llama"]), str(path), quantize=True, q_group_size=32, q_bits=4)
-        assert "quantization" in json.loads((path / "config.json").read_text())
+        config = json.loads((path / "config.json").read_text())
+        assert "quantization" in config
+        if model_type == "quantized-copy":
+            config["quantization_config"] = config["quantization"]
+            (path / "config.json").write_text(json.dumps(config))
+        weights._load(path, None, False)  # the lean path takes it (raises _NeedsMlxLm otherwise)
     ours, our_config = load_architecture_and_weights(path)
     theirs, their_config = load_model(path)
     assert type(ours) is type(theirs)
@@ -128,7 +136,7 @@ def test_weights_equal_mlx_lm_load_model(checkpoints, tmp_path, model_type):
     for name in a:
         assert a[name].dtype == b[name].dtype, name
         assert mx.array_equal(a[name], b[name]).item(), name
-    if model_type == "quantized":
+    if model_type.startswith("quantized"):
         assert any(name.endswith(".scales") for name in a)
 
 
