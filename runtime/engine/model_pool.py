@@ -295,12 +295,13 @@ class ModelPool:
             raise ModelNotFound(name)
         if scope is not None:
             scope[FALLBACK_KEY] = name
-        if name not in self._fallbacks_logged:
+        shown = _shown(name)  # what is kept is bounded too: names may be megabytes long
+        if shown not in self._fallbacks_logged:
             if len(self._fallbacks_logged) >= FALLBACK_NAMES_KEPT:
                 self._fallbacks_logged.clear()
-            self._fallbacks_logged.add(name)
+            self._fallbacks_logged.add(shown)
             log.info("model '%s' is not served here: the served model %s answers it (header %s)",
-                     _shown(name), self.primary.model_id, FALLBACK_HEADER)
+                     shown, self.primary.model_id, FALLBACK_HEADER)
         return self.primary
 
     async def _ensure(self, slot: Slot) -> None:
