@@ -136,6 +136,6 @@ def test_embeddings_fall_back_to_the_served_embedding_model(tiny_models, serve_a
         openai_client(strict).embeddings.create(model="text-embedding-3-small", input="hi")
 
 
-def test_the_start_line_says_what_unknown_names_get(tiny_models, serve_app):
+def test_stats_say_whether_unknown_names_fall_back(tiny_models, serve_app):
     assert serve_app(tiny_models("llama"), options=LOOSE).get("/stats").json()["models"]["fallback"] is True
     assert serve_app(tiny_models("llama"), options=STRICT).get("/stats").json()["models"]["fallback"] is False
