@@ -516,11 +516,21 @@ def build_cli(host: PluginHost) -> click.Group:
     return cli
 
 
+class _NoPyTorchNotice(logging.Filter):
+    """Drops transformers' "PyTorch was not found…" notice, nothing else."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("PyTorch was not found")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     from mlxrt.engine.blas import activate
 
     activate(argv)  # before any plugin or command can import mlx.core
+    # mlxrt never runs PyTorch: transformers' notice that it is missing (printed when a batch lane,
+    # a draft model or a non-MLX checkpoint imports it) is noise to a user, and only that is dropped.
+    logging.getLogger("transformers").addFilter(_NoPyTorchNotice())
     if os.environ.get("MLXRT_LOG_PLUGINS") != "1":
         logging.getLogger("mlxrt.host").addHandler(logging.NullHandler())
         logging.getLogger("mlxrt.host").propagate = False
