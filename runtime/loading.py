@@ -51,8 +51,9 @@ def resolve_model(spec: str | None, *, allow_download: bool = True) -> ModelSour
     """Turn a MODEL argument into a local folder.
 
     A ``spec`` that is no file names a repo of the local HF cache: its exact id, else the one
-    id containing it (case-insensitive); several such ids are an error listing them. A repo
-    id matching nothing local is looked up (and downloaded, when allowed) by huggingface-hub.
+    id containing it (case-insensitive); several such ids are an error listing them. The
+    embedded model's id names it when the cache has no such repo. A repo id matching nothing
+    local is looked up (and downloaded, when allowed) by huggingface-hub.
 
     :param spec: A folder, a ``.gguf`` file, a repo id or part of a local one, or ``None`` for
         the embedded model.
@@ -70,26 +71,46 @@ def resolve_model(spec: str | None, *, allow_download: bool = True) -> ModelSour
             return ModelSource(embedded_model_dir(), EMBEDDED_MODEL_ID, "embedded")
         except EmbeddedModelMissing as exc:
             raise ModelLoadError(str(exc)) from exc
-    path = Path(spec).expanduser()
-    if path.suffix == ".gguf":
+    path = _as_path(spec)
+    if path is not None and path.suffix == ".gguf":
         if not path.is_file():
             raise ModelLoadError(f"GGUF file not found: {path}")
         return ModelSource(_convert_gguf_cached(path), path.stem, "gguf")
-    if path.is_dir():
+    if path is not None and path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelLoadError(f"{path} is a folder but has no config.json (not a Hugging Face model folder)")
         return ModelSource(path.resolve(), path.resolve().name, "folder")
-    if path.exists():
+    if path is not None and path.exists():
         raise ModelLoadError(f"{path} is neither a model folder nor a .gguf file")
     repo = match_local_repo(spec, local_repo_ids())
     if repo is not None:
         if repo != spec:
             log.info("model %r is the local repo %s", spec, repo)
         return ModelSource(_from_hf_cache(repo, allow_download), repo, "hf-cache")
+    if _names_embedded(spec):  # its exact id, not a part: short names stay clients' placeholders
+        return resolve_model(None)
     if spec.count("/") != 1 or spec.startswith(("/", ".", "~")):
         raise ModelLoadError(f"model {spec!r} not found: not a local folder, a .gguf file, a Hugging Face repo id "
                              "or part of the id of a model in the local Hugging Face cache (see `mlxrt ls`)")
     return ModelSource(_from_hf_cache(spec, allow_download), spec, "hf-cache")
+
+
+def _names_embedded(spec: str) -> bool:
+    """Whether ``spec`` is the embedded model's id and that model is installed."""
+    from mlxrt.sources.embedded import EMBEDDED_MODEL_ID, embedded_available
+
+    return spec.lower() == EMBEDDED_MODEL_ID.lower() and embedded_available()
+
+
+def _as_path(spec: str) -> Path | None:
+    """``spec`` as a path to look at, or ``None`` when it cannot be one (a NUL byte, a name
+    longer than the filesystem allows): such a name never reaches a filesystem call."""
+    try:
+        path = Path(spec).expanduser()
+        path.exists()  # raises for what the OS cannot look up (ENAMETOOLONG, NUL)
+    except (OSError, ValueError, RuntimeError):  # RuntimeError: ~user of no such user
+        return None
+    return path
 
 
 def local_repo_ids(cache_dir: Path | None = None) -> list[str]:

@@ -312,8 +312,11 @@ class FamilyProfile:
 
     @property
     def family(self) -> str:
-        """The plugin that loaded the model, or the fallback's name."""
-        return self.provenance.get("load_model", "mlx-lm")
+        """The family plugin serving the model, as the banner, ``/v1/models`` and the pages say:
+        the plugin that answered the tool parser or thinking format (mlx-lm loads most family
+        models itself), else the loader's name (``mlx-lm`` when the host's fallback loaded it)."""
+        prov = self.provenance
+        return prov.get("tool_parser") or prov.get("thinking_format") or prov.get("load_model", "mlx-lm")
 
 
 @attrs.frozen

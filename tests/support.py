@@ -62,7 +62,8 @@ class ServerProcess:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.proc = subprocess.Popen(
-            # --model-fallback: tests send placeholder model names ("m"), answered by the served model.
+            # placeholder model names ("m") are answered by the served model (the default on loopback;
+            # --model-fallback keeps it so should a test make the server strict).
             [MLXRT_BIN, "serve", *args, "--port", str(self.port), "--model-fallback"],
             env={**os.environ, **(env or {})}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
             cwd="/",

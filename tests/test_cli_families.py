@@ -1,4 +1,5 @@
-"""The CLI's family surfaces: `mlxrt plugins --model` (self-test) and `--thinking`."""
+"""The CLI's family surfaces (`mlxrt plugins --model`, `--thinking`, the family the start banner names) and what
+`mlxrt serve` prints at start."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ import json
 import subprocess
 
 import httpx
+import pytest
 from support import MLXRT_BIN
 
 
@@ -33,3 +35,38 @@ def test_no_thinking_flag_turns_reasoning_off_by_default(tiny_models, server_pro
                     json={**chat, "chat_template_kwargs": {"enable_thinking": True}}).json()["usage"]["prompt_tokens"]
     assert off > on
     assert httpx.post(f"{server.url}/v1/completions", json=body, timeout=30).status_code == 200
+
+
+def test_the_start_banner_v1_models_and_plugins_name_the_same_family(tiny_models, server_process):
+    """One source (``FamilyProfile.family``): a Qwen3 folder is ``qwen`` everywhere (the banner
+    said ``family mlx-lm``, the loader's name, while /v1/models said ``qwen``)."""
+    model = str(tiny_models("qwen3"))
+    server = server_process([model])
+    row = httpx.get(f"{server.url}/v1/models", timeout=30).json()["data"][0]
+    status = httpx.get(f"{server.url}/pages/status", timeout=30).json()["model"]
+    output = server.stop().splitlines()
+    banner = next(line for line in output if " serving " in line)
+    assert row["family"] == "qwen" and status["family"] == "qwen"
+    assert ", family qwen, " in banner
+    models = next(line for line in output if line.startswith("models: "))
+    assert models.endswith("; other names are answered by the served model (header x-mlxrt-model-fallback)")
+    report = json.loads(subprocess.run([MLXRT_BIN, "plugins", "--json", "--model", model], capture_output=True,
+                                       text=True, timeout=120, check=True).stdout)
+    assert report["model"]["family"] == "qwen"
+
+
+def test_no_pytorch_notice_when_transformers_is_imported(tiny_models, server_process):
+    """`--batch 2` imports mlx-lm's batch generator, and with it transformers, at start: its
+    "PyTorch was not found" notice is dropped (mlxrt never runs PyTorch); the default start does
+    not import transformers at all (tests/test_lean_start.py)."""
+    import importlib.util
+
+    if importlib.util.find_spec("torch") is not None:
+        pytest.skip("PyTorch is installed: transformers prints no notice to drop")
+    if importlib.util.find_spec("transformers") is None:
+        pytest.skip("transformers is not installed")
+    server = server_process([str(tiny_models("llama")), "--batch", "2", "--log-level", "debug"])
+    loaded = httpx.get(f"{server.url}/stats", timeout=30).json()["engine"]["lane"]
+    output = server.stop()
+    assert loaded == "batch" and "serving" in output
+    assert "PyTorch was not found" not in output

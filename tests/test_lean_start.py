@@ -104,21 +104,29 @@ def _parameters(model):
     return dict(tree_flatten(model.parameters()))
 
 
-@pytest.mark.parametrize("model_type", ["llama", "qwen3_5", "gemma3_text", "quantized"])
+@pytest.mark.parametrize("model_type", ["llama", "qwen3_5", "gemma3_text", "quantized", "quantized-copy"])
 def test_weights_equal_mlx_lm_load_model(checkpoints, tmp_path, model_type):
     """The same architecture class, parameter names, dtypes and values as mlx-lm's loader,
-    also for a checkpoint MLX quantized (4-bit, group 32)."""
+    also for a checkpoint MLX quantized (4-bit, group 32), with and without the
+    ``quantization_config`` copy MLX writers keep beside ``quantization`` (loaded here, not
+    handed to mlx-lm)."""
     from mlx_lm.utils import load_model
 
+    from mlxrt.sources import weights
     from mlxrt.sources.weights import load_architecture_and_weights
 
     path = checkpoints.get(model_type)
-    if model_type == "quantized":
+    if model_type.startswith("quantized"):
         from mlx_lm.convert import convert
 
         path = tmp_path / "q"
         convert(str(checkpoints["llama"]), str(path), quantize=True, q_group_size=32, q_bits=4)
-        assert "quantization" in json.loads((path / "config.json").read_text())
+        config = json.loads((path / "config.json").read_text())
+        assert "quantization" in config
+        if model_type == "quantized-copy":
+            config["quantization_config"] = config["quantization"]
+            (path / "config.json").write_text(json.dumps(config))
+        weights._load(path, None, False)  # the lean path takes it (raises _NeedsMlxLm otherwise)
     ours, our_config = load_architecture_and_weights(path)
     theirs, their_config = load_model(path)
     assert type(ours) is type(theirs)
@@ -128,7 +136,7 @@ def test_weights_equal_mlx_lm_load_model(checkpoints, tmp_path, model_type):
     for name in a:
         assert a[name].dtype == b[name].dtype, name
         assert mx.array_equal(a[name], b[name]).item(), name
-    if model_type == "quantized":
+    if model_type.startswith("quantized"):
         assert any(name.endswith(".scales") for name in a)
 
 
@@ -146,17 +154,28 @@ def test_weights_loader_hands_unusual_checkpoints_to_mlx_lm(checkpoints, tmp_pat
         load_architecture_and_weights(path)
 
 
-def test_a_served_request_never_imports_transformers(checkpoints, tmp_path):
+@pytest.mark.parametrize("kind", ["llama", "quantized"])
+def test_a_served_request_never_imports_transformers(checkpoints, tmp_path, kind):
     """Load, warm up and answer one chat completion in a fresh process: mlx_lm's __init__,
     mlx_lm.generate, mlx_lm.utils, transformers, numpy and pydantic are never imported (the
-    lean start: docs/performance.md)."""
+    lean start: docs/performance.md). Also for an MLX-quantized checkpoint that keeps the
+    ``quantization_config`` copy beside ``quantization``, as mlx-community checkpoints and
+    mlxrt's GGUF conversions do (the embedded SmolLM2 printed transformers' PyTorch warning)."""
+    model = checkpoints["llama"]
+    if kind == "quantized":
+        from mlx_lm.convert import convert
+
+        model = tmp_path / "q"
+        convert(str(checkpoints["llama"]), str(model), quantize=True, q_group_size=32, q_bits=4)
+        config = json.loads((model / "config.json").read_text())
+        (model / "config.json").write_text(json.dumps({**config, "quantization_config": config["quantization"]}))
     script = textwrap.dedent(f"""
         import sys
         from litestar.testing import TestClient
         from mlxrt.cli import build_server
         from mlxrt.host import make_host
         host = make_host()
-        app = build_server(host, {str(checkpoints["llama"])!r}, {{"host": "127.0.0.1", "port": 0}})
+        app = build_server(host, {str(model)!r}, {{"host": "127.0.0.1", "port": 0}})
         with TestClient(app, base_url="http://127.0.0.1") as client:
             r = client.post("/v1/chat/completions", json={{"messages": [{{"role": "user", "content": "hi"}}],
                             "max_tokens": 3}})

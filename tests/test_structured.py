@@ -165,6 +165,23 @@ def test_responses_text_format_json_schema(client):
         assert out.text.format.type == "json_schema" and out.text.format.name == "point"  # echoed
 
 
+def test_responses_parse_with_a_pydantic_model(client):
+    """The openai client's ``responses.parse(text_format=Model)`` (what docs/dialects.md names):
+    its strict json_schema is enforced, and the client parses the answer into the model."""
+    from typing import Literal
+
+    from pydantic import BaseModel, Field
+
+    class Point(BaseModel):
+        x: int = Field(ge=-9, le=9)
+        side: Literal["left", "right"]
+
+    for seed in range(3):
+        out = client.responses.parse(model="any", input="A point, please.", text_format=Point,
+                                     max_output_tokens=40, temperature=1.0, extra_body={"seed": seed})
+        assert isinstance(out.output_parsed, Point) and -9 <= out.output_parsed.x <= 9
+
+
 def test_responses_text_format_json_schema_streams(client):
     events = list(client.responses.create(model="any", input="A point.", max_output_tokens=40, temperature=1.0,
                                           stream=True, text={"format": {"type": "json_schema", "name": "p",

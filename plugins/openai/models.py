@@ -1,6 +1,7 @@
 """OpenAI model routes: ``GET /v1/models`` and ``GET /v1/models/{id}``.
 
-The list is the served model first (with mlxrt's ``context_window``, ``reasoning`` flag, its
+The list is the served model first (with mlxrt's ``context_window``, Anthropic's Models API fields
+``max_input_tokens``/``max_tokens``/``display_name``/``created_at``, the ``reasoning`` flag, its
 capabilities as :func:`mlxrt.capabilities.capabilities` states them — ``vision``,
 ``structured_outputs``, ``embeddings`` —, the ``family`` plugin and ``tier`` — ``family`` or
 ``generic`` — and the load-time ``self_test`` result per capability), then one row per servable model repo in the local Hugging Face cache: a
@@ -25,7 +26,7 @@ from mlxrt.errors import NotFound
 from mlxrt.plugins.openai.encode import ROUTE_OPT
 from mlxrt.sources.paths import hf_cache_dir
 
-__all__ = ["list_models", "get_model", "cached_model_rows"]
+__all__ = ["list_models", "get_model", "codex_catalog", "cached_model_rows"]
 
 log = logging.getLogger("mlxrt.openai")
 
@@ -77,28 +78,38 @@ def _served_row(request: Request) -> dict[str, Any]:
     profile = pool.primary.profile if pool is not None and pool.primary.profile is not None else host.engine.profile
     info = profile.info
     caps = capabilities(host, profile)
+    engine = pool.primary.engine if pool is not None else host.engine
+    created = int(host.options.get("started_at") or time.time())
     return {
         "id": info.model_id,
         "object": "model",
-        "created": int(host.options.get("started_at") or time.time()),
+        "created": created,
         "owned_by": "mlxrt",
         "context_window": info.context_window,
+        **_limits(engine, info, host.options, created),
         "reasoning": profile.thinking_format is not None,
         "vision": caps.vision,
         "structured_outputs": caps.structured_outputs,
         "embeddings": caps.embeddings,
         "tools": profile.tool_parser is not None,
-        "family": _family_name(profile),
+        "family": profile.family,
         "tier": profile.tier,
         "self_test": dict(profile.self_test),
     }
 
 
-def _family_name(profile: Any) -> str:
-    """The plugin that answered the family hooks (the tool parser's or thinking format's
-    first, since mlx-lm loads most family models itself), else the loader's name."""
-    prov = profile.provenance
-    return prov.get("tool_parser") or prov.get("thinking_format") or prov.get("load_model", "mlx-lm")
+def _limits(engine: Any, info: Any, options: Any, created: int) -> dict[str, Any]:
+    """What clients read to size their prompts and answers (docs/dialects.md, "What clients learn
+    about the model"): Anthropic's Models API fields (``type``, ``display_name``, ``created_at``,
+    ``max_input_tokens`` — the context a request may fill, the window capped by the memory
+    budget —, ``max_tokens`` — the most one answer may generate: ``--max-tokens`` when set,
+    within that context)."""
+    ceiling = engine.context_ceiling if engine is not None else info.context_window
+    cap = options.get("max_tokens")
+    output = min(cap, ceiling) if isinstance(cap, int) and cap > 0 and ceiling else (cap or ceiling)
+    return {"type": "model", "display_name": info.model_id,
+            "created_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(created)),
+            "max_input_tokens": ceiling, "max_tokens": output}
 
 
 def _pool_rows(request: Request, served: dict[str, Any]) -> list[dict[str, Any]]:
@@ -118,7 +129,7 @@ def _pool_rows(request: Request, served: dict[str, Any]) -> list[dict[str, Any]]
                "loaded": slot.state == "ready"}
         if slot.profile is not None:  # loaded at least once
             row["context_window"] = slot.profile.info.context_window
-            row["family"] = _family_name(slot.profile)
+            row["family"] = slot.profile.family
         rows.append(row)
     for alias, model_id in pool.names().items():
         rows.append({"id": alias, "object": "model", "created": created, "owned_by": "mlxrt",
@@ -151,3 +162,32 @@ async def get_model(request: Request) -> dict[str, Any]:
             return row
     raise NotFound(f"model {wanted!r} not found: it is neither the served model nor a servable model "
                    f"in the local Hugging Face cache", param="model", code="model_not_found")
+
+
+#: The instructions Codex sends as the system prompt for a model of a ``model_catalog_json``
+#: (the catalog must carry some). Short: Codex's own run to thousands of tokens, more than a small
+#: local model's whole context (the embedded SmolLM2 has 8,192).
+CODEX_INSTRUCTIONS = ("You are a coding agent running in the Codex CLI on the user's computer. Use the shell "
+                      "tool to inspect and change files; keep answers short.")
+
+
+@get(["/codex/model-catalog"], opt=ROUTE_OPT, summary="The served model as a Codex model catalog",
+     tags=["openai"])
+async def codex_catalog(request: Request) -> dict[str, Any]:
+    """A file for Codex's ``model_catalog_json`` (docs/dialects.md, "Codex"): Codex reads model
+    metadata (context window, tools, instructions) from its built-in catalog or that file, never
+    from the server, and warns "Model metadata for `default` not found" for any other name. One
+    entry per name that reaches the served model: ``default``, its id and the aliases of it."""
+    served = _served_row(request)
+    pool = request.app.state.host.models
+    names = ["default", served["id"], *(a for a, m in (pool.names() if pool else {}).items() if m == served["id"])]
+    window = served["max_input_tokens"]
+    entry = {"display_name": served["id"], "description": f"{served['id']} served by mlxrt",
+             **({"context_window": window, "max_context_window": window} if window else {}),
+             "supported_reasoning_levels": [], "shell_type": "shell_command", "visibility": "list",
+             "supported_in_api": True, "priority": 1, "support_verbosity": False,
+             # a tool's output Codex keeps in the prompt: an eighth of the context
+             "truncation_policy": {"mode": "tokens", "limit": max(window // 8, 256) if window else 10_000},
+             "experimental_supported_tools": [], "input_modalities": ["text", "image"] if served["vision"] else
+             ["text"], "supports_parallel_tool_calls": False, "base_instructions": CODEX_INSTRUCTIONS}
+    return {"models": [{"slug": name, **entry} for name in dict.fromkeys(names)]}

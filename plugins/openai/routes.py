@@ -26,7 +26,7 @@ from mlxrt.plugins.openai.encode import (
     finish_usage,
     tool_calls_json,
 )
-from mlxrt.plugins.openai.models import get_model, list_models
+from mlxrt.plugins.openai.models import codex_catalog, get_model, list_models
 from mlxrt.records import CacheReport, FinishEvent, TokenEvent
 
 __all__ = ["ROUTES"]
@@ -127,4 +127,4 @@ async def _stream(gen: Any, id: str, assembler: ResponseAssembler,
                 yield frame(delta_body("".join(content), "".join(reasoning)))
 
 
-ROUTES = [chat_completions, completions, embeddings, list_models, get_model]
+ROUTES = [chat_completions, completions, embeddings, list_models, get_model, codex_catalog]

@@ -1,5 +1,6 @@
 // The status panel: /pages/status once (model, capabilities, plugins), /stats every 2 s, and
-// /v1/memory/status every 2 s when the mlxrt-memory plugin is loaded (a run's live progress).
+// /v1/memory/status every 2 s when the mlxrt-memory plugin is loaded and memory is on (a run's
+// live progress). A 404 there means memory is off (no --memory-dir): the page asks no more.
 "use strict";
 
 const STATS_EVERY_MS = 2000;
@@ -42,7 +43,12 @@ async function refreshMemory() {
   try {
     m = await api("/v1/memory/status");
   } catch (err) {
-    state.textContent = err.status === 404 ? "· off (start the server with --memory-dir)" : "· " + err.message;
+    if (err.status === 404) {
+      memoryLoaded = false; // off until the server restarts: polling would only log 404s
+      state.textContent = "· off (start the server with --memory-dir)";
+    } else {
+      state.textContent = "· " + err.message;
+    }
     return;
   }
   state.textContent = m.running ? "· synthesis running" : "· idle";

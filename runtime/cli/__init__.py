@@ -125,9 +125,10 @@ def _serve(host: PluginHost, model: str | None, opts: dict[str, Any]) -> None:
     )
     pool = host.models.settings
     click.echo(f"models: up to {pool.max_models} resident; requests may name "
-               + ("any model (unknown names get the served one: --model-fallback)" if pool.fallback else
-                  "the models named at start only (--strict-model)" if pool.strict else
-                  "any local model, loaded on demand (--no-strict-model; pass --strict-model when exposed)"),
+               + ("the models named at start only (--strict-model)" if pool.strict else
+                  "any local model, loaded on demand (--no-strict-model; pass --strict-model when exposed)")
+               + ("; other names are answered by the served model (header x-mlxrt-model-fallback)"
+                  if pool.fallback else "; other names are 404"),
                err=True)
     if not _is_loopback(opts["host"]) and not opts.get("api_keys"):
         click.echo(
@@ -275,10 +276,13 @@ def _model_pool(host: PluginHost, model: str | None, source: Any, opts: dict[str
         # An exposed server must not load whatever path a request names, nor run the tokenizer
         # code of one with --trust-remote-code (docs/operators.md#several-models).
         strict = not _is_loopback(opts.get("host")) or bool(opts.get("trust_remote_code"))
+    strict = bool(opts.get("distributed")) or strict
     settings = PoolSettings(
         max_models=max(int(opts.get("max_models") or 1), 1), idle_unload=opts.get("idle_unload"),
-        strict=bool(opts.get("distributed")) or strict,
-        fallback=bool(opts.get("model_fallback")),
+        strict=strict,
+        # Unknown names get the served model, reported (header, log); a strict server answers 404
+        # unless --model-fallback asks for the served model there too.
+        fallback=not strict or bool(opts.get("model_fallback")),
         memory_budget=EngineConfig.from_options(opts).memory_budget)
     return ModelPool(host, source, settings, start_engine, aliases=aliases, preload=preload,
                      start_specs=specs, resolver=lambda name: resolve_model(name, allow_download=False))
@@ -464,8 +468,9 @@ def build_cli(host: PluginHost) -> click.Group:
                   "another is 404, never loaded. Default: strict unless bound to loopback (and always with "
                   "--trust-remote-code).")
     @click.option("--model-fallback", is_flag=True,
-                  help="Answer a request naming an unknown model with the served model instead of 404 "
-                  "(clients that send a fixed model name); nothing is loaded on demand.")
+                  help="On a strict server too, answer a request naming an unknown model with the served "
+                  "model instead of 404. Without --strict-model this is the default: the response's model "
+                  "and the x-mlxrt-model-fallback header say what answered and what was asked for.")
     @_NO_SYSTEM_BLAS
     def serve(model_arg: str | None, model: str | None, **opts: Any) -> None:
         """Serve MODEL over HTTP (OpenAI-compatible; a superset of mlx_lm.server)."""
@@ -511,11 +516,21 @@ def build_cli(host: PluginHost) -> click.Group:
     return cli
 
 
+class _NoPyTorchNotice(logging.Filter):
+    """Drops transformers' "PyTorch was not found…" notice, nothing else."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        return not str(record.msg).startswith("PyTorch was not found")
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     from mlxrt.engine.blas import activate
 
     activate(argv)  # before any plugin or command can import mlx.core
+    # mlxrt never runs PyTorch: transformers' notice that it is missing (printed when a batch lane,
+    # a draft model or a non-MLX checkpoint imports it) is noise to a user, and only that is dropped.
+    logging.getLogger("transformers").addFilter(_NoPyTorchNotice())
     if os.environ.get("MLXRT_LOG_PLUGINS") != "1":
         logging.getLogger("mlxrt.host").addHandler(logging.NullHandler())
         logging.getLogger("mlxrt.host").propagate = False

@@ -1,8 +1,9 @@
 """Model management commands: ``mlxrt get``, ``ls``, ``scan``, ``rm`` and ``fit``.
 
 Everything works on the standard Hugging Face cache through huggingface-hub (``HF_HUB_CACHE``
-or ``HF_HOME`` choose it). A MODEL argument is a local folder, or a repo id of the cache, or
-any part of one that names a single repo.
+or ``HF_HOME`` choose it); ``ls`` also lists the embedded default model. A MODEL argument is
+what ``serve`` takes: a local folder, a ``.gguf`` file, a repo id of the cache or any part of
+one that names a single repo, or the embedded model's id (``fit``'s default).
 """
 
 from __future__ import annotations
@@ -69,20 +70,24 @@ def register(cli: click.Group, host: PluginHost) -> None:
     @cli.command("ls")
     @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
     def ls_cmd(as_json: bool) -> None:
-        """List the models of the Hugging Face cache, one row per repo."""
-        from mlxrt.sources.library import scan_library
+        """List the models `mlxrt serve` can serve from here: the embedded default model
+        (served when no MODEL is given), then the Hugging Face cache, one row per repo."""
+        from mlxrt.sources.library import embedded_model, scan_library
 
         scan = scan_library(host)
+        embedded = embedded_model(host)
+        models = [*([embedded] if embedded is not None else []), *scan.models]
         if as_json:
-            click.echo(json.dumps([m.describe() for m in scan.models], indent=2))
+            click.echo(json.dumps([m.describe() for m in models], indent=2))
             return
-        if not scan.models:
+        if not models:
             click.echo(f"no models in {scan.root} — download one with `mlxrt get ORG/NAME`")
             return
         rows = [("REPO", "SIZE", "PARAMS", "BITS", "ARCH", "FAMILY", "TIER", "VISION")]
-        for m in scan.models:
+        for m in models:
             tier = m.support_tier if m.problem is None else "broken"
-            rows.append((m.repo_id, human_bytes(m.size_bytes), human_count(m.params),
+            name = f"{m.repo_id} (embedded: the default)" if m.source == "embedded" else m.repo_id
+            rows.append((name, human_bytes(m.size_bytes), human_count(m.params),
                          str(m.quant_bits) if m.quant_bits else "-", m.model_type or "-", m.family or "-",
                          tier or "-", "yes" if m.vision else "no"))
         click.echo(_table(rows))
@@ -125,7 +130,7 @@ def register(cli: click.Group, host: PluginHost) -> None:
         click.echo(f"deleted {target.repo_id} ({human_bytes(freed)} freed)")
 
     @cli.command("fit")
-    @click.argument("model")
+    @click.argument("model", required=False)
     @click.option("--ctx", type=click.IntRange(min=1), default=8192, show_default=True,
                   help="Tokens of context to assess.")
     @click.option("--memory-budget", default=None,
@@ -139,10 +144,11 @@ def register(cli: click.Group, host: PluginHost) -> None:
                   help="Assess the weights in the dtype `serve --dtype` would serve them in (auto: float32 on a "
                   "CPU with a fast BLAS when that fits the budget, else stored; docs/performance.md).")
     @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
-    def fit_cmd(model: str, ctx: int, memory_budget: str | None, prompt_cache_bytes: str | None, batch: int,
+    def fit_cmd(model: str | None, ctx: int, memory_budget: str | None, prompt_cache_bytes: str | None, batch: int,
                 dtype: str, as_json: bool) -> None:
         """Will MODEL serve CTX tokens of context within the memory budget, in the dtype `serve`
-        would serve it in? (Reads the config and the safetensors headers only; loads no weights.)"""
+        would serve it in? MODEL is what `serve` takes (default: the embedded model `serve` serves
+        when given none). Reads the config and the safetensors headers only; loads no weights."""
         from mlxrt.engine.memory import parse_size
         from mlxrt.loading import resolve_model
         from mlxrt.sources.fit import assess

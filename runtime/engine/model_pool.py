@@ -6,11 +6,16 @@ The :class:`ModelPool` is the one place a request's ``model`` is resolved, in th
 2. an ``--model-alias NAME=MODEL`` name;
 3. the id, the start-up spelling or the folder of a model named at start (served model,
    ``--preload``, alias targets) or loaded since;
-4. unless ``--strict-model``: any *local* model, as ``mlxrt serve`` resolves it (a folder, a
-   ``.gguf`` file, a Hugging Face cache repo id or a unique part of one). Never a download.
+4. unless the server is strict (``--strict-model``): any *local* model, as ``mlxrt serve``
+   resolves it (a folder, a ``.gguf`` file, a Hugging Face cache repo id or a unique part of
+   one). Never a download.
 
-Anything else is :class:`~mlxrt.errors.ModelNotFound` (404), or the served model with
-``--model-fallback``. Each resident model has its own :class:`~mlxrt.engine.engine.Engine` (lane,
+Anything else is answered by the served model (the *fallback*, reported: the response's
+``model`` is the served model's id, the header ``x-mlxrt-model-fallback`` names what was asked
+for, and the log says it once per distinct name), or, on a strict server, is
+:class:`~mlxrt.errors.ModelNotFound` (404) unless ``--model-fallback`` asks for the fallback
+there too. A name that is no possible path (too long, a NUL byte) never reaches the filesystem.
+Each resident model has its own :class:`~mlxrt.engine.engine.Engine` (lane,
 prompt cache, adapters, family profile, self-test) built on a :class:`ModelHost` view of the
 plugin host, so hooks that reach ``host.engine`` see the model they serve.
 
@@ -44,7 +49,7 @@ from mlxrt.errors import (
 )
 from mlxrt.loading import ModelSource
 
-__all__ = ["ModelHost", "ModelPool", "PoolSettings", "LEASES_KEY", "releasing_leases"]
+__all__ = ["ModelHost", "ModelPool", "PoolSettings", "LEASES_KEY", "FALLBACK_HEADER", "releasing_leases"]
 
 log = logging.getLogger("mlxrt.models")
 
@@ -52,6 +57,12 @@ log = logging.getLogger("mlxrt.models")
 DEFAULT_NAMES = frozenset({"", "default"})
 #: Where a request's model leases are kept in its ASGI scope until the response is sent.
 LEASES_KEY = "mlxrt.model_leases"
+#: Where the name a request asked for is kept in its ASGI scope when the served model answers it.
+FALLBACK_KEY = "mlxrt.model_fallback"
+#: The response header that names the model a request asked for when the served model answered.
+FALLBACK_HEADER = "x-mlxrt-model-fallback"
+#: Distinct fallback names remembered so that each is logged once (then the memory starts over).
+FALLBACK_NAMES_KEPT = 1024
 #: Seconds a request waits for a resident model to become idle (all --max-models busy).
 BUSY_WAIT = 60.0
 
@@ -84,14 +95,15 @@ class PoolSettings:
     :ivar max_models: Models resident at once (``--max-models``).
     :ivar idle_unload: Seconds of disuse after which a model is unloaded, or ``None``.
     :ivar strict: Only models named at start may be served (``--strict-model``).
-    :ivar fallback: Unknown names get the served model instead of 404 (``--model-fallback``).
+    :ivar fallback: Unknown names get the served model instead of 404: always unless strict;
+        on a strict server with ``--model-fallback``.
     :ivar memory_budget: Bytes all resident models share (``--memory-budget``), or ``None``.
     """
 
     max_models: int = 1
     idle_unload: float | None = None
     strict: bool = False
-    fallback: bool = False
+    fallback: bool = True
     memory_budget: int | None = None
 
     @property
@@ -175,6 +187,7 @@ class ModelPool:
         self._slots: dict[str, Slot] = {}
         self._names: dict[str, Slot] = {}
         self._reaper: asyncio.Task[None] | None = None
+        self._fallbacks_logged: set[str] = set()
         self.primary = self._add(primary, primary=True, named=True)
         self.aliases = {name: self._add(source, named=True) for name, source in (aliases or {}).items()}
         self.preload = [self._add(source, named=True) for source in preload]
@@ -238,7 +251,7 @@ class ModelPool:
         ``scope`` (the ASGI scope) holds the request's lease until :func:`releasing_leases`
         drops it after the response: a model is never evicted under a request.
 
-        :raises ModelNotFound: ``name`` is not servable here (404).
+        :raises ModelNotFound: ``name`` is not servable here and the server does not fall back (404).
         :raises InvalidRequest: ``name`` matches several local models (400).
         :raises ModelUnavailable: The model cannot be loaded or cannot fit (503).
         :raises QueueFull: Every resident model stayed busy (429).
@@ -246,6 +259,8 @@ class ModelPool:
         slot = self._names.get(name or "")
         if slot is None:
             slot = await self._find(name or "")
+            if slot is None:  # no such model here: the served one answers, and says so
+                slot = self._fallback(name or "", scope)
         lease = Lease(slot)
         if scope is not None:
             scope.setdefault(LEASES_KEY, []).append(lease)
@@ -258,22 +273,36 @@ class ModelPool:
         self._start_reaper()
         return slot.view
 
-    async def _find(self, name: str) -> Slot:
+    async def _find(self, name: str) -> Slot | None:
+        """The local model ``name`` resolves to (not on a strict server), or ``None``."""
         import anyio
 
-        if self.settings.fallback:
-            return self.primary
         if self.settings.strict:
-            raise ModelNotFound(name)
+            return None
         try:  # reads the disk and the HF cache: off the event loop
             source = await anyio.to_thread.run_sync(self._resolver, name)
         except ModelLoadError as exc:
             if exc.code == "ambiguous_model":
                 raise InvalidRequest(exc.message, param="model", code="ambiguous_model") from None
-            raise ModelNotFound(name) from None
+            return None
         slot = self._add(source)
         self._names[name] = slot
         return slot
+
+    def _fallback(self, name: str, scope: MutableMapping[str, Any] | None) -> Slot:
+        """The served model for a name nothing here answers to, or 404 where it may not."""
+        if not self.settings.fallback:
+            raise ModelNotFound(name)
+        if scope is not None:
+            scope[FALLBACK_KEY] = name
+        shown = _shown(name)  # what is kept is bounded too: names may be megabytes long
+        if shown not in self._fallbacks_logged:
+            if len(self._fallbacks_logged) >= FALLBACK_NAMES_KEPT:
+                self._fallbacks_logged.clear()
+            self._fallbacks_logged.add(shown)
+            log.info("model '%s' is not served here: the served model %s answers it (header %s)",
+                     shown, self.primary.model_id, FALLBACK_HEADER)
+        return self.primary
 
     async def _ensure(self, slot: Slot) -> None:
         while slot.state != "ready":
@@ -473,13 +502,26 @@ def _size(n: int) -> str:
     return f"{n} bytes"
 
 
+def _shown(name: str, limit: int = 200) -> str:
+    """A requested name as logs and headers show it: bounded, ASCII, no control characters."""
+    text = name if len(name) <= limit else name[:limit] + "..."
+    return text.encode("unicode_escape").decode("ascii")
+
+
 def releasing_leases(handler: Callable[..., Any]) -> Callable[..., Any]:
     """Wrap the app's ASGI handler: a request's model leases end when its response (a whole
-    stream included) has been sent, or the connection ended."""
+    stream included) has been sent, or the connection ended; a response the served model gave
+    in place of the one asked for carries :data:`FALLBACK_HEADER` with the name asked for."""
 
     async def wrapped(scope: MutableMapping[str, Any], receive: Any, send: Any) -> None:
+        async def sending(message: MutableMapping[str, Any]) -> None:
+            if message["type"] == "http.response.start" and FALLBACK_KEY in scope:
+                value = _shown(scope[FALLBACK_KEY]).encode("latin-1")
+                message["headers"] = [*message.get("headers", ()), (FALLBACK_HEADER.encode(), value)]
+            await send(message)
+
         try:
-            await handler(scope, receive, send)
+            await handler(scope, receive, sending)
         finally:
             for lease in scope.pop(LEASES_KEY, ()):
                 lease.release()

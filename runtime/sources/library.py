@@ -29,7 +29,8 @@ from mlxrt.loading import (
 if TYPE_CHECKING:
     from mlxrt.host import PluginHost
 
-__all__ = ["LocalModel", "scan_library", "find_local", "support_tier", "delete_repo", "CacheScan"]
+__all__ = ["LocalModel", "scan_library", "embedded_model", "find_local", "support_tier", "delete_repo",
+           "CacheScan"]
 
 log = logging.getLogger("mlxrt.sources.library")
 
@@ -62,6 +63,8 @@ class LocalModel:
     vision: bool = False
     incomplete_files: int = 0
     problem: str | None = None
+    #: ``hf-cache``, or ``embedded`` for the model ``mlxrt serve`` serves when given none.
+    source: str = "hf-cache"
 
     @property
     def servable(self) -> bool:
@@ -105,7 +108,7 @@ def support_tier(info: Any, host: PluginHost | None) -> tuple[str | None, str]:
     family = None
     if host is not None:
         profile = resolve_profile(info, host)
-        family = next((p for p in profile.provenance.values() if p not in ("mlx-lm", "default")), None)
+        family = profile.family if profile.tier == "family" else None  # as the banner and /v1/models say
     if family:
         return family, "family"
     types = {info.model_type, info.text_model_type}
@@ -127,7 +130,7 @@ def describe_snapshot(repo_id: str, path: Path, host: PluginHost | None, **field
 
     row = LocalModel(repo_id=repo_id, path=path, **fields)
     try:
-        info = read_model_info(ModelSource(path, repo_id, "hf-cache"))
+        info = read_model_info(ModelSource(path, repo_id, row.source))
     except ModelLoadError as exc:
         return attrs.evolve(row, problem=exc.message)
     config = dict(info.config)
@@ -177,6 +180,20 @@ def scan_library(host: PluginHost | None = None, cache_dir: Path | None = None) 
         rows.append(describe_snapshot(repo.repo_id, revision.snapshot_path, host,
                                       revision=revision.commit_hash, **fields))
     return CacheScan(root, rows, [str(w) for w in info.warnings])
+
+
+def embedded_model(host: PluginHost | None = None) -> LocalModel | None:
+    """The embedded default model (what ``mlxrt serve`` serves when given no MODEL) described as
+    a library row, converted from its GGUF first if need be; ``None`` when it is not installed."""
+    from mlxrt.sources.embedded import EMBEDDED_MODEL_ID, EmbeddedModelMissing, embedded_model_dir
+
+    try:
+        path = embedded_model_dir()
+    except EmbeddedModelMissing:
+        return None
+    size = sum(f.stat().st_size for f in path.iterdir() if f.is_file())
+    return describe_snapshot(EMBEDDED_MODEL_ID, path, host, revision=None, size_bytes=size, revisions=1,
+                             source="embedded")
 
 
 def find_local(query: str, models: Iterable[LocalModel]) -> LocalModel:

@@ -110,5 +110,5 @@ def run_self_test(profile: FamilyProfile, tokenizer: Any) -> Mapping[str, str]:
     for capability, result in out.items():
         if result.startswith("fail"):
             log.warning("%s self-test %s: %s (family %s)", profile.info.model_id, capability, result,
-                        profile.provenance.get("tool_parser") or profile.family)
+                        profile.family)
     return out

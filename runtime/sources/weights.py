@@ -4,7 +4,9 @@
 transformers and huggingface-hub (~1.4 s and ~45 MB of a server's start, docs/performance.md).
 The common checkpoint — an mlx-lm architecture, safetensors weights, unquantized or quantized
 by MLX itself (``"quantization"`` in config.json, affine mode) — is built here directly from
-``mlx_lm.models.<type>``. Anything else (legacy ``quantization_config`` formats such as AWQ,
+``mlx_lm.models.<type>`` (a ``quantization_config`` beside ``"quantization"`` is the copy MLX
+writers keep, and is ignored as mlx-lm ignores it). Anything else (legacy ``quantization_config``
+formats such as AWQ,
 GPTQ, FP8 or ModelOpt, mx/nv-fp modes, a custom ``model_file``, activation quantization,
 non-finite numbers in config.json) goes to mlx-lm unchanged.
 """
@@ -84,8 +86,13 @@ def _load(path: Path, classes: ModelClasses | None, lazy: bool) -> tuple[Any, di
 
     config = _read_config(path)
     text_config = config.get("text_config")
-    if (config.get("model_file") is not None or config.get("quantize_activations")
-            or "quantization_config" in config
+    if config.get("model_file") is not None or config.get("quantize_activations"):
+        raise _NeedsMlxLm
+    # mlx-lm reads a legacy quantization_config only when MLX's own "quantization" is absent;
+    # beside it, it is the copy MLX writers keep for transformers (mlx-community checkpoints,
+    # mlxrt's GGUF conversions: the embedded SmolLM2) and means nothing more.
+    if config.get("quantization") is None and (
+            "quantization_config" in config
             or (isinstance(text_config, dict) and "quantization_config" in text_config)
             or (path / "hf_quant_config.json").exists()):
         raise _NeedsMlxLm
