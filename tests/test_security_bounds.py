@@ -1,0 +1,62 @@
+"""Issue 31, the edge: what one API key leaves in the server is invisible to another (the prompt
+cache, in memory and on disk), and every route bounds its work before it spends it (text length,
+body read time, image pixels across requests, template rendering time, config sizes), so the
+server keeps answering ``/health`` and new clients while one client misbehaves."""
+
+from __future__ import annotations
+
+import openai
+import pytest
+
+SYSTEM = ("Confidential board memo. The merger with Zebrafalcon Corp closes on March 3rd at a price "
+          "of 412 million; nobody outside the board may learn the price or the date. " * 3)
+
+
+def _client(http, key: str) -> openai.OpenAI:
+    return openai.OpenAI(base_url=f"{http.base_url}/v1", api_key=key, http_client=http, max_retries=0)
+
+
+def _ask(client: openai.OpenAI, system: str, question: str = "When?"):
+    raw = client.chat.completions.with_raw_response.create(
+        model="m", messages=[{"role": "system", "content": system}, {"role": "user", "content": question}],
+        max_tokens=2, temperature=0)
+    done = raw.parse()
+    return done.usage.prompt_tokens_details.cached_tokens, raw.headers["x-mlxrt-cache"], done
+
+
+# -- finding 1: the prompt cache is partitioned by caller --------------------------------------
+
+
+@pytest.mark.parametrize("on_disk", [False, True], ids=["memory", "disk"])
+def test_one_key_never_reuses_or_sees_another_keys_prompt(tiny_models, serve_app, tmp_path, on_disk):
+    guessers = ["key-two", "key-three", "key-four"]
+    options = {"api_keys": ["key-one", *guessers, "key-five"]}
+    if on_disk:
+        options["prompt_cache_dir"] = str(tmp_path / "pc")
+    server = serve_app(tiny_models("qwen3"), options=options)
+    one = _client(server, "key-one")
+    _ask(one, SYSTEM)
+    cached, _header, _ = _ask(one, SYSTEM, "Where?")
+    assert cached > 40  # the cache works for its owner...
+    wrong = SYSTEM.replace("412", "413")
+    # ...and tells another key nothing (each guess from a fresh key, whose own cache is empty):
+    # no reuse, and a header that does not say how far the guess matched.
+    for key, guess in zip(guessers, (SYSTEM, wrong, SYSTEM.replace("Zebrafalcon", "Quokka")), strict=True):
+        cached, header, _ = _ask(_client(server, key), guess)
+        assert cached == 0, key
+        assert header.startswith("miss") and "diverged" not in header and "no cached prompt" in header, header
+    # A guesser's own repeat is cached, for that key.
+    assert _ask(_client(server, "key-three"), wrong)[0] > 40
+    if on_disk:
+        # After a restart the files keep their partition: key two still gets nothing of key one's.
+        server.app.state.host.models.stop()
+        again = serve_app(tiny_models("qwen3"), options=options)
+        assert _ask(_client(again, "key-five"), SYSTEM, "Where?")[0] == 0
+        assert _ask(_client(again, "key-one"), SYSTEM, "Why?")[0] > 40
+
+
+def test_without_keys_every_client_shares_one_partition(tiny_models, serve_app):
+    server = serve_app(tiny_models("qwen3"))
+    _ask(_client(server, "a"), SYSTEM)
+    assert _ask(_client(server, "b"), SYSTEM, "Where?")[0] > 40  # any bearer text: the same caller
+
