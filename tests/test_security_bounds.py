@@ -60,3 +60,69 @@ def test_without_keys_every_client_shares_one_partition(tiny_models, serve_app):
     _ask(_client(server, "a"), SYSTEM)
     assert _ask(_client(server, "b"), SYSTEM, "Where?")[0] > 40  # any bearer text: the same caller
 
+
+# -- finding 2: count_tokens and embeddings refuse over-long text before tokenizing ------------
+
+
+def test_count_tokens_refuses_over_long_text_before_templating(tiny_models, serve_app, monkeypatch):
+    import time
+
+    import mlxrt.plugins.anthropic.routes as anthropic_routes
+
+    server = serve_app(tiny_models("qwen3"))
+    ceiling = server.get("/stats").json()["engine"]["admission"]["context_ceiling"]
+
+    def never(*_args, **_kwargs):
+        raise AssertionError("the over-long prompt was templated")
+
+    monkeypatch.setattr(anthropic_routes, "render_chat", never)
+    body = {"model": "m", "messages": [{"role": "user", "content": "a " * (ceiling * 16 + 8)}]}
+    started = time.monotonic()
+    resp = server.post("/v1/messages/count_tokens", json=body)
+    assert time.monotonic() - started < 5
+    assert resp.status_code == 400 and resp.json()["type"] == "error"
+    error = resp.json()["error"]
+    assert error["type"] == "invalid_request_error" and "shorten the prompt" in error["message"]
+    assert f"context holds {ceiling}" in error["message"]
+    monkeypatch.undo()
+    short = server.post("/v1/messages/count_tokens", json={"model": "m", "messages": [{"role": "user", "content": "hi"}]})
+    assert short.status_code == 200 and short.json()["input_tokens"] > 0
+    assert server.get("/health").status_code == 200
+
+
+def test_embeddings_refuse_over_long_inputs_before_tokenizing(tiny_models, serve_app, monkeypatch):
+    import time
+
+    import mlxrt.plugins.openai.embeddings as embeddings
+
+    server = serve_app(tiny_models("qwen3_embedding"))
+    context = server.get("/stats").json()["engine"]["admission"]["context_ceiling"]  # the window, no budget
+
+    def never(*_args, **_kwargs):
+        raise AssertionError("the over-long input was tokenized")
+
+    monkeypatch.setattr(embeddings, "encode_inputs", never)
+    for payload in ("a " * (context * 16 + 8), ["short", "a " * (context * 16 + 8)]):
+        started = time.monotonic()
+        resp = server.post("/v1/embeddings", json={"model": "m", "input": payload})
+        assert time.monotonic() - started < 5
+        assert resp.status_code == 400, resp.text
+        error = resp.json()["error"]
+        assert error["code"] == "context_over_budget" and "shorten the prompt" in error["message"]
+    monkeypatch.undo()
+    ok = server.post("/v1/embeddings", json={"model": "m", "input": ["short", "texts"]})
+    assert ok.status_code == 200 and len(ok.json()["data"]) == 2
+
+
+# -- finding 10 (second half): deep nesting in an ignored field of /v1/embeddings ---------------
+
+
+@pytest.mark.parametrize("model", ["qwen3_embedding", "qwen3"])
+def test_deeply_nested_ignored_field_of_embeddings_is_a_400(tiny_models, serve_app, model):
+    server = serve_app(tiny_models(model))
+    deep = b'{"model": "m", "input": "hi", "extra": ' + b"[" * 10_000 + b"]" * 10_000 + b"}"
+    resp = server.post("/v1/embeddings", content=deep, headers={"content-type": "application/json"})
+    assert resp.status_code == 400, resp.text
+    assert "error" in resp.json()
+    assert server.get("/health").status_code == 200
+

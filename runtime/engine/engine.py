@@ -723,6 +723,8 @@ class Engine:
             except BaseException as exc:
                 call.done.set_exception(exc)
             return
+        if call.done.cancelled():  # the awaiting request left (its client did): skip the forward
+            return
         try:
             result = call.fn(self.loaded)
         except BaseException as exc:  # handed back to the awaiting request
