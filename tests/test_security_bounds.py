@@ -126,3 +126,92 @@ def test_deeply_nested_ignored_field_of_embeddings_is_a_400(tiny_models, serve_a
     assert "error" in resp.json()
     assert server.get("/health").status_code == 200
 
+
+# -- finding 3: stalled request bodies -----------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def llama(tmp_path_factory):
+    from mlxrt.testing import write_tiny_checkpoint
+
+    return write_tiny_checkpoint(tmp_path_factory.mktemp("ckpt") / "llama", "llama")
+
+
+def _stalled(port: int, n: int) -> list:
+    """``n`` connections that send a complete POST head and 10 of the 200 body bytes promised."""
+    import socket
+
+    head = (b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+            b"content-length: 200\r\n\r\n" + b'{"messages"')
+    out = []
+    for _ in range(n):
+        s = socket.create_connection(("127.0.0.1", port), timeout=2)
+        s.sendall(head)
+        out.append(s)
+    return out
+
+
+def _answer(s) -> bytes | None:
+    """What the server sent before closing ``s`` (``b""``: closed silently), or None: still open."""
+    s.settimeout(0.5)
+    got = b""
+    try:
+        while chunk := s.recv(4096):
+            got += chunk
+    except TimeoutError:
+        return None
+    except (ConnectionResetError, BrokenPipeError):
+        pass
+    return got
+
+
+def test_stalled_bodies_neither_lock_out_clients_nor_stay_open(llama, server_process):
+    import json
+    import time
+
+    import httpx
+
+    server = server_process([str(llama), "--max-connections", "24", "--body-timeout", "3"])
+    stalled = _stalled(server.port, 40)  # past the cap: newcomers reclaim the oldest stalled ones
+    try:
+        started = time.monotonic()
+        served = 0
+        while time.monotonic() - started < 2.5:  # before the deadline, with the stalled sockets held
+            assert httpx.get(f"{server.url}/health", timeout=3).status_code == 200
+            chat = httpx.post(f"{server.url}/v1/chat/completions", timeout=30,
+                              json={"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2})
+            assert chat.status_code == 200
+            served += 1
+        assert served >= 2
+        time.sleep(max(0.0, started + 4.5 - time.monotonic()))  # past --body-timeout
+        answers = [_answer(s) for s in stalled]
+        assert all(a is not None for a in answers), "a stalled connection is still open past --body-timeout"
+        timed_out = [a for a in answers if a]
+        assert timed_out, "no stalled connection got its 408"
+        for got in timed_out:
+            head, _, body = got.partition(b"\r\n\r\n")
+            assert head.startswith(b"HTTP/1.1 408 "), head
+            error = json.loads(body)["error"]
+            assert error["code"] == "body_timeout" and "--body-timeout" in error["message"]
+    finally:
+        for s in stalled:
+            s.close()
+    # A slow but complete body within the deadline is served.
+    import socket
+
+    body = json.dumps({"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2}).encode()
+    with socket.create_connection(("127.0.0.1", server.port), timeout=30) as s:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\ncontent-type: application/json\r\n"
+                  b"content-length: " + str(len(body)).encode() + b"\r\nconnection: close\r\n\r\n" + body[:5])
+        time.sleep(1)
+        s.sendall(body[5:])
+        assert _answer_blocking(s).startswith(b"HTTP/1.1 200 ")
+    assert httpx.get(f"{server.url}/health", timeout=3).status_code == 200
+
+
+def _answer_blocking(s) -> bytes:
+    got = b""
+    while chunk := s.recv(4096):
+        got += chunk
+    return got
+
