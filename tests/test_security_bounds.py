@@ -215,3 +215,20 @@ def _answer_blocking(s) -> bytes:
         got += chunk
     return got
 
+
+# -- finding 9: log injection --------------------------------------------------------------------
+
+
+def test_control_characters_in_request_text_cannot_forge_log_lines(llama, server_process):
+    import httpx
+
+    server = server_process([str(llama)])
+    forged = "/x%0aINFO%20mlxrt.access%20[req-1]:%20GET%20/forged%20200%201.0%20ms%0d%1b[31mred%1b[0m%7f"
+    assert httpx.get(server.url + forged, timeout=5).status_code == 404
+    assert httpx.get(f"{server.url}/health", timeout=5).status_code == 200
+    log = server.stop()
+    assert "\x1b" not in log and "\r" not in log and "\x7f" not in log
+    lines = log.splitlines()
+    assert not any("GET /forged" in line and "/x" not in line for line in lines), log
+    (line,) = [line for line in lines if "/forged" in line]
+    assert line.startswith("INFO mlxrt.access [req-") and "\\x0aINFO mlxrt.access" in line and "\\x1b[31m" in line

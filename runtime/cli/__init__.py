@@ -197,14 +197,11 @@ def _is_loopback(bind: str | None) -> bool:
 
 
 def _setup_logging(level: str, fmt: str) -> None:
-    from mlxrt.api.observe import JsonFormatter, RequestIdFilter
+    from mlxrt.api.observe import JsonFormatter, RequestIdFilter, TextFormatter
 
     handler = logging.StreamHandler()
     handler.addFilter(RequestIdFilter())
-    if fmt == "json":
-        handler.setFormatter(JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s [%(request_id)s]: %(message)s"))
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
