@@ -232,3 +232,44 @@ def test_control_characters_in_request_text_cannot_forge_log_lines(llama, server
     assert not any("GET /forged" in line and "/x" not in line for line in lines), log
     (line,) = [line for line in lines if "/forged" in line]
     assert line.startswith("INFO mlxrt.access [req-") and "\\x0aINFO mlxrt.access" in line and "\\x1b[31m" in line
+
+
+# -- finding 8: chat templates get a rendering time limit ----------------------------------------
+
+SPIN = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}{{ messages[0].content }}"
+HI = [{"role": "user", "content": "hi"}]
+
+
+def test_a_template_that_spins_is_aborted_with_a_400(llama, serve_app, monkeypatch):
+    import time
+
+    import mlxrt.text.chat_template as chat_template
+
+    monkeypatch.setattr(chat_template, "RENDER_TIME_LIMIT", 1.0)
+    server = serve_app(llama, options={"chat_template": SPIN})
+    started = time.monotonic()
+    resp = server.post("/v1/chat/completions", json={"model": "m", "messages": HI, "max_tokens": 2})
+    took = time.monotonic() - started
+    # The handler waits for the rendering thread: its 400 means the thread stopped rendering.
+    assert resp.status_code == 400 and 0.9 < took < 10, (resp.status_code, took)
+    error = resp.json()["error"]
+    assert error["message"].startswith("prompt build failed:") and "took longer than 1 s" in error["message"]
+    assert server.get("/health").status_code == 200
+
+
+def test_sigterm_is_prompt_while_a_template_spins_for_a_client_that_left(llama, server_process):
+    import signal
+    import time
+
+    import httpx
+
+    server = server_process([str(llama), "--chat-template", SPIN, "--shutdown-grace", "1"])
+    with pytest.raises(httpx.TimeoutException):  # the client gives up while the template spins
+        httpx.post(f"{server.url}/v1/chat/completions", json={"model": "m", "messages": HI, "max_tokens": 2},
+                   timeout=1)
+    assert httpx.get(f"{server.url}/health", timeout=3).status_code == 200
+    server.proc.send_signal(signal.SIGTERM)
+    started = time.monotonic()
+    server.proc.wait(timeout=15)  # the rendering stops at its limit (5 s) at the latest
+    assert time.monotonic() - started < 12
+    assert server.proc.returncode == 0
