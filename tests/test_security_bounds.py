@@ -273,3 +273,63 @@ def test_sigterm_is_prompt_while_a_template_spins_for_a_client_that_left(llama, 
     server.proc.wait(timeout=15)  # the rendering stops at its limit (5 s) at the latest
     assert time.monotonic() - started < 12
     assert server.proc.returncode == 0
+
+
+
+# -- finding 7: a global bound on decoded image pixels -------------------------------------------
+
+
+def _png_url(width: int, height: int) -> str:
+    import base64
+    import io
+
+    from PIL import Image
+
+    buf = io.BytesIO()
+    Image.new("RGB", (width, height), (200, 30, 90)).save(buf, format="PNG")
+    return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
+
+
+def test_decoded_pixels_are_bounded_across_concurrent_requests(serve_app, tmp_path, monkeypatch):
+    import threading
+    import time
+
+    import mlxrt.images as images
+    from mlxrt.families.gemma4.splice import Gemma4Vision
+    from mlxrt.testing import write_tiny_checkpoint
+
+    # Room for one 96x64 image (6,144 pixels) at a time, across all requests.
+    server = serve_app(write_tiny_checkpoint(tmp_path / "gemma4", "gemma4"),
+                       options={"max_image_pixels": 10_000, "max_image_pixels_in_flight": 10_000})
+    monkeypatch.setattr(images, "PIXEL_WAIT_S", 0.5)
+    towering = threading.Event()
+    splice = Gemma4Vision.splice
+
+    def slow_splice(self, ids, pictures):
+        towering.set()
+        time.sleep(3)  # the first request holds its decoded pixels a while
+        return splice(self, ids, pictures)
+
+    monkeypatch.setattr(Gemma4Vision, "splice", slow_splice)
+    chat = {"model": "m", "max_tokens": 2, "messages": [{"role": "user", "content": [
+        {"type": "text", "text": "what is it?"}, {"type": "image_url", "image_url": {"url": _png_url(96, 64)}}]}]}
+    first: list = []
+    holder = threading.Thread(target=lambda: first.append(server.post("/v1/chat/completions", json=chat)))
+    holder.start()
+    assert towering.wait(30)
+    started = time.monotonic()
+    busy = server.post("/v1/chat/completions", json=chat)
+    assert time.monotonic() - started < 2.5  # waited briefly (0.5 s here), then refused
+    assert busy.status_code == 429, busy.text
+    assert busy.json()["error"]["code"] == "images_busy" and "--max-image-pixels-in-flight" in busy.text
+    assert busy.headers["retry-after"]
+    # Text requests and /health are not held up by the image budget.
+    assert server.get("/health").status_code == 200
+    text = server.post("/v1/chat/completions", json={"model": "m", "max_tokens": 2,
+                                                     "messages": [{"role": "user", "content": "hi"}]})
+    assert text.status_code == 200
+    holder.join(60)
+    assert first[0].status_code == 200
+    monkeypatch.setattr(Gemma4Vision, "splice", splice)
+    # The first request gave its pixels back: the next image request fits again.
+    assert server.post("/v1/chat/completions", json=chat).status_code == 200

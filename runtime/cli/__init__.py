@@ -366,6 +366,9 @@ def build_cli(host: PluginHost) -> click.Group:
                   help="Images one request may carry; more gets 400.")
     @click.option("--max-image-pixels", type=click.IntRange(min=1), default=50_000_000, show_default=True,
                   help="Decoded pixels all images of one request may have together; more gets 400.")
+    @click.option("--max-image-pixels-in-flight", type=click.IntRange(min=1), default=100_000_000,
+                  show_default=True, help="Decoded pixels all requests together may hold at once (never below "
+                  "--max-image-pixels); a request that finds no room waits up to 10 s, then gets 429.")
     @click.option("--shutdown-grace", type=click.FloatRange(min=0), default=10.0,
                   help="Seconds running requests get to finish on SIGTERM/SIGINT before they are cancelled.")
     @click.option("--temp", type=float, default=None,
