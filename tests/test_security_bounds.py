@@ -369,3 +369,21 @@ def test_a_huge_config_is_refused_before_the_model_is_built(llama, serve_app, tm
     # Before: 4.3 s (19 s on a busy 2-core machine) and ~0.8-1 GB kept after the refusal.
     assert took < 3 and _rss() - before < 100 * 2**20, (took, _rss() - before)
     assert client.chat.completions.create(model=str(llama), messages=HI, max_tokens=1).choices
+
+
+# -- found by schemathesis (finding 18) ------------------------------------------------------
+
+
+def test_what_schemathesis_found_is_a_400_or_escaped(llama, serve_app):
+    server = serve_app(llama)
+    for path in ("/v1/messages", "/v1/messages/count_tokens"):  # an unhashable role was a 500
+        resp = server.post(path, json={"model": "m", "max_tokens": 2, "messages": [{"role": {}, "content": "x"}]})
+        assert resp.status_code == 400 and "role" in resp.json()["error"]["message"], resp.text
+    # Ignored field names beyond Latin-1 (or with controls) made the x-mlxrt-ignored header a 500.
+    body = {"model": "m", "max_tokens": 2, "messages": HI, "caf\u00e9\U0001f600": 1, "a\r\nx-evil: 1": 2,
+            **{f"f{i}": i for i in range(40)}}
+    resp = server.post("/v1/chat/completions", json=body)
+    assert resp.status_code == 200, resp.text
+    header = resp.headers["x-mlxrt-ignored"]
+    assert "caf\\xe9\\U0001f600" in header and "a\\r\\nx-evil: 1" in header
+    assert "x-evil" not in resp.headers and header.endswith("more)")
