@@ -27,7 +27,7 @@ import resource
 import time
 from typing import Any
 
-__all__ = ["guarded_protocol", "default_max_connections", "DEFAULT_BODY_TIMEOUT"]
+__all__ = ["guarded_protocol", "default_max_connections", "BODY_TIMED_OUT", "DEFAULT_BODY_TIMEOUT"]
 
 #: File descriptors kept for everything but client sockets (model files, the prompt-cache
 #: folder, logs, the listening socket).
@@ -44,6 +44,8 @@ def default_max_connections() -> int:
 
 #: Seconds a request's body may take to arrive after its head (``--body-timeout``).
 DEFAULT_BODY_TIMEOUT = 60.0
+#: Set in the ASGI scope of a request answered 408 here (the app, left without a body, fails).
+BODY_TIMED_OUT = "mlxrt.body_timed_out"
 
 
 def _idle(protocol: Any) -> bool:
@@ -99,6 +101,7 @@ def guarded_protocol(max_connections: int, header_timeout: float,
                 return
             if not cycle.response_started:
                 self.transport.write(_timeout_response(body_timeout))
+                cycle.scope[BODY_TIMED_OUT] = True  # the access log and metrics say 408 too
             # The handler awaiting the body sees a disconnect (connection_lost) and stops.
             self.transport.close()
 

@@ -20,6 +20,7 @@ from typing import Any
 
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
+from mlxrt.api.connections import BODY_TIMED_OUT
 from mlxrt.metrics import LATENCY_BUCKETS, Counter, Histogram
 
 __all__ = ["REQUEST_ID", "HttpMetrics", "observe", "RequestIdFilter", "JsonFormatter", "TextFormatter",
@@ -81,6 +82,8 @@ def observe(app: ASGIApp, metrics: HttpMetrics) -> ASGIApp:
             await app(scope, receive, send_with_id)
         finally:
             took = time.perf_counter() - started
+            if scope.get(BODY_TIMED_OUT):  # the client got the protocol's 408, whatever the app made of it
+                status = 408
             # The route's template, not the raw path: unknown paths must not mint label values.
             route = scope.get("path_template") if scope.get("route_handler") is not None else "unmatched"
             metrics.requests.inc(scope["method"], str(route), str(status))

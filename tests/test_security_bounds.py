@@ -193,6 +193,9 @@ def test_stalled_bodies_neither_lock_out_clients_nor_stay_open(llama, server_pro
             assert head.startswith(b"HTTP/1.1 408 "), head
             error = json.loads(body)["error"]
             assert error["code"] == "body_timeout" and "--body-timeout" in error["message"]
+        # The access log and metrics count them as the 408s they were, not as the app's failure.
+        metrics = httpx.get(f"{server.url}/metrics", timeout=5).text
+        assert 'route="/v1/chat/completions",status="408"' in metrics and 'status="500"' not in metrics
     finally:
         for s in stalled:
             s.close()
