@@ -218,6 +218,9 @@ def create_app(host: Any, *, cors_origins: list[str] | None = None, debug: bool 
     from mlxrt.api.auth import api_key_guard
     from mlxrt.api.edge import EdgePolicy, edge_guard
     from mlxrt.api.observe import HttpMetrics, observe
+    from mlxrt.api.openapi import document
+
+    document(routes)  # request and error bodies in /schema/openapi.json
 
     keys = list(host.options.get("api_keys") or ())
     policy = EdgePolicy.from_options({**host.options, "cors_origins": cors_origins})

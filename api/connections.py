@@ -1,27 +1,33 @@
-"""Connection limits uvicorn does not have: a header deadline and a connection cap.
+"""Connection limits uvicorn does not have: header and body deadlines and a connection cap.
 
-uvicorn waits for a request's headers forever and accepts connections until the process runs
-out of file descriptors, so a few thousand sockets that send their headers one byte at a time
-starve everyone (``/health`` included). :func:`guarded_protocol` wraps uvicorn's HTTP protocol:
+uvicorn waits for a request's headers and body forever and accepts connections until the
+process runs out of file descriptors, so a few thousand sockets that send their headers one
+byte at a time, or send complete headers and then stall the body, starve everyone (``/health``
+included). :func:`guarded_protocol` wraps uvicorn's HTTP protocol:
 
 * **Header deadline.** A connection that has not sent a complete request head within
   ``--header-timeout`` seconds of connecting is closed.
+* **Body deadline.** A request whose body has not fully arrived ``--body-timeout`` seconds
+  after its head gets 408 (``code: "body_timeout"``) and its connection is closed.
 * **Connection cap.** Past ``--max-connections`` open connections, a new one closes the
   oldest *idle* connection (no request in flight: still sending headers, or kept alive after
-  its response), so a fresh client (a health check) still gets in while slow sockets wait to
-  be reclaimed; when every connection is busy with a request, the new one is closed instead.
+  its response), else the oldest one still sending its request body (nothing has been
+  answered or computed for it yet), so a fresh client (a health check) still gets in while
+  slow sockets wait to be reclaimed; when every connection is busy with a request whose body
+  has arrived, the new one is closed instead.
 
-Both act once per connection, never per request or per streamed chunk.
+They act once per connection or request, never per streamed chunk.
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import resource
 import time
 from typing import Any
 
-__all__ = ["guarded_protocol", "default_max_connections"]
+__all__ = ["guarded_protocol", "default_max_connections", "BODY_TIMED_OUT", "DEFAULT_BODY_TIMEOUT"]
 
 #: File descriptors kept for everything but client sockets (model files, the prompt-cache
 #: folder, logs, the listening socket).
@@ -36,12 +42,33 @@ def default_max_connections() -> int:
     return max(16, min(1024, soft - _FD_RESERVE))
 
 
+#: Seconds a request's body may take to arrive after its head (``--body-timeout``).
+DEFAULT_BODY_TIMEOUT = 60.0
+#: Set in the ASGI scope of a request answered 408 here (the app, left without a body, fails).
+BODY_TIMED_OUT = "mlxrt.body_timed_out"
+
+
 def _idle(protocol: Any) -> bool:
     cycle = getattr(protocol, "cycle", None)
     return cycle is None or cycle.response_complete
 
 
-def guarded_protocol(max_connections: int, header_timeout: float) -> type[asyncio.Protocol]:
+def _receiving(protocol: Any) -> bool:
+    """Still sending its request body, with nothing answered yet."""
+    cycle = getattr(protocol, "cycle", None)
+    return cycle is not None and cycle.more_body and not cycle.response_started
+
+
+def _timeout_response(body_timeout: float) -> bytes:
+    body = json.dumps({"error": {
+        "message": f"the request body did not arrive within {body_timeout:g} s of its headers (--body-timeout)",
+        "type": "invalid_request_error", "param": None, "code": "body_timeout"}}).encode()
+    return (b"HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\nconnection: close\r\n"
+            b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+
+
+def guarded_protocol(max_connections: int, header_timeout: float,
+                     body_timeout: float = DEFAULT_BODY_TIMEOUT) -> type[asyncio.Protocol]:
     """uvicorn's HTTP protocol class (h11 or httptools, as uvicorn picks) with the limits above."""
     from uvicorn.protocols.http.auto import AutoHTTPProtocol
 
@@ -50,15 +77,38 @@ def guarded_protocol(max_connections: int, header_timeout: float) -> type[asynci
             super().connection_made(transport)
             self.mlxrt_opened = time.monotonic()
             self.mlxrt_head_timer = self.loop.call_later(header_timeout, self._mlxrt_head_late)
+            self.mlxrt_body_timer: asyncio.TimerHandle | None = None
+            self.mlxrt_timed: Any = None  # the request cycle the body timer watches
             if len(self.connections) > max_connections:
                 _make_room(self.connections, self, max_connections)
+
+        def data_received(self, data: bytes) -> None:
+            super().data_received(data)
+            cycle = self.cycle
+            # A new request whose body did not come with its head: its body's deadline starts.
+            if cycle is not None and cycle is not self.mlxrt_timed and cycle.more_body:
+                self.mlxrt_timed = cycle
+                if self.mlxrt_body_timer is not None:
+                    self.mlxrt_body_timer.cancel()
+                self.mlxrt_body_timer = self.loop.call_later(body_timeout, self._mlxrt_body_late, cycle)
 
         def _mlxrt_head_late(self) -> None:
             if self.cycle is None and not self.transport.is_closing():
                 self.transport.close()
 
+        def _mlxrt_body_late(self, cycle: Any) -> None:
+            if self.cycle is not cycle or not cycle.more_body or self.transport.is_closing():
+                return
+            if not cycle.response_started:
+                self.transport.write(_timeout_response(body_timeout))
+                cycle.scope[BODY_TIMED_OUT] = True  # the access log and metrics say 408 too
+            # The handler awaiting the body sees a disconnect (connection_lost) and stops.
+            self.transport.close()
+
         def connection_lost(self, exc: Exception | None) -> None:
             self.mlxrt_head_timer.cancel()
+            if self.mlxrt_body_timer is not None:
+                self.mlxrt_body_timer.cancel()
             super().connection_lost(exc)
 
     return GuardedHTTPProtocol
@@ -68,6 +118,7 @@ def _make_room(connections: Any, newcomer: Any, max_connections: int) -> None:
     open_ = [c for c in connections if not c.transport.is_closing()]
     if len(open_) <= max_connections:
         return  # the excess is already closing
-    idle = [c for c in open_ if c is not newcomer and _idle(c)]
-    victim = min(idle, key=lambda c: getattr(c, "mlxrt_opened", 0.0)) if idle else newcomer
+    others = [c for c in open_ if c is not newcomer]
+    reclaimable = [c for c in others if _idle(c)] or [c for c in others if _receiving(c)]
+    victim = min(reclaimable, key=lambda c: getattr(c, "mlxrt_opened", 0.0)) if reclaimable else newcomer
     victim.transport.close()

@@ -62,8 +62,18 @@ def _mlxrt_error(request: Request, exc: MlxrtError) -> Response:
     return _respond(request, exc.status, exc.type, exc.message, exc.param, exc.code, headers=headers)
 
 
+#: Litestar's text when the client left (or the server closed it: a body deadline, the
+#: connection cap) before the request body was read.
+_LEFT_MID_BODY = "client disconnected prematurely"
+
+
 def _http_error(request: Request, exc: HTTPException) -> Response:
     status = exc.status_code
+    if status == 500 and exc.detail == _LEFT_MID_BODY:
+        # Nobody reads this answer; counted and logged as the client's departure, not a failure.
+        from mlxrt.api.disconnect import ClientDisconnected
+
+        return _mlxrt_error(request, ClientDisconnected("the connection closed before the request body arrived"))
     if isinstance(exc, NotFoundException) or status == 404:
         message = "not found"
     else:

@@ -20,9 +20,11 @@ from typing import Any
 
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
+from mlxrt.api.connections import BODY_TIMED_OUT
 from mlxrt.metrics import LATENCY_BUCKETS, Counter, Histogram
 
-__all__ = ["REQUEST_ID", "HttpMetrics", "observe", "RequestIdFilter", "JsonFormatter"]
+__all__ = ["REQUEST_ID", "HttpMetrics", "observe", "RequestIdFilter", "JsonFormatter", "TextFormatter",
+           "escape_controls"]
 
 access = logging.getLogger("mlxrt.access")
 
@@ -30,6 +32,8 @@ access = logging.getLogger("mlxrt.access")
 REQUEST_ID: contextvars.ContextVar[str] = contextvars.ContextVar("mlxrt_request_id", default="-")
 
 _SANE_ID = re.compile(r"[\x21-\x7e]{1,128}")
+#: C0 controls (newline, carriage return, ESC ...), DEL and C1 controls (0x9b is a CSI too).
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
 
 
 class HttpMetrics:
@@ -78,6 +82,8 @@ def observe(app: ASGIApp, metrics: HttpMetrics) -> ASGIApp:
             await app(scope, receive, send_with_id)
         finally:
             took = time.perf_counter() - started
+            if scope.get(BODY_TIMED_OUT):  # the client got the protocol's 408, whatever the app made of it
+                status = 408
             # The route's template, not the raw path: unknown paths must not mint label values.
             route = scope.get("path_template") if scope.get("route_handler") is not None else "unmatched"
             metrics.requests.inc(scope["method"], str(route), str(status))
@@ -102,8 +108,26 @@ class RequestIdFilter(logging.Filter):
 _STANDARD = set(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime", "request_id"}
 
 
+def escape_controls(text: str) -> str:
+    """``text`` with every control character written as ``\\xNN``: a request's path, headers or
+    body quoted in a log line can then neither start a forged line nor send terminal escapes."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
+
+
+class TextFormatter(logging.Formatter):
+    """The text log line, ``LEVEL logger [request id]: message``, with control characters in
+    the message escaped (:func:`escape_controls`); a traceback still follows on its own lines."""
+
+    def __init__(self) -> None:
+        super().__init__("%(levelname)s %(name)s [%(request_id)s]: %(message)s")
+
+    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 (logging's name)
+        return escape_controls(super().formatMessage(record))
+
+
 class JsonFormatter(logging.Formatter):
-    """One JSON object per line: time, level, logger, message, request_id and any extras."""
+    """One JSON object per line: time, level, logger, message, request_id and any extras
+    (``json.dumps`` escapes every control character)."""
 
     def format(self, record: logging.LogRecord) -> str:
         out: dict[str, Any] = {

@@ -30,6 +30,7 @@ import attrs
 from litestar import Request, Response
 
 from mlxrt.api.app import claimed_fields
+from mlxrt.api.auth import caller_of
 from mlxrt.api.disconnect import (
     closing_on_error,
     drain_until_disconnect,
@@ -197,7 +198,7 @@ def route_opt(dialect: Dialect) -> dict[str, Any]:
 
 
 def plan(host: Any, options: RequestOptions, prompt_ids: Sequence[int], *, dialect: str, request_id: str,
-         default_max_tokens: int) -> GenerationRequest:
+         default_max_tokens: int, partition: str = "") -> GenerationRequest:
     """The engine request for decoded ``options`` and the tokenized prompt, canonicalized.
 
     ``--max-tokens`` (``host.options["max_tokens"]``) overrides ``default_max_tokens``;
@@ -205,7 +206,7 @@ def plan(host: Any, options: RequestOptions, prompt_ids: Sequence[int], *, diale
     refused, unless ``options.max_tokens_is_ceiling``: then it is capped like a default.
     Sampling follows :func:`mlxrt.engine.sampling.resolve_sampling`'s chain; a forcing
     ``tool_choice`` becomes a grammar or forced openings (:func:`mlxrt.api.generation.forced_tool_call`);
-    an unknown ``adapter`` is a 400.
+    an unknown ``adapter`` is a 400. ``partition`` is the caller (:func:`mlxrt.api.auth.caller_of`).
     """
     engine = host.engine
     vocab = engine.info.config_int("vocab_size")
@@ -228,6 +229,7 @@ def plan(host: Any, options: RequestOptions, prompt_ids: Sequence[int], *, diale
         stop=tuple(options.stop), dialect=dialect, extra=dict(options.extra), logprobs=options.logprobs,
         forced_prefixes=forced, structured=structured, num_draft_tokens=options.num_draft_tokens,
         adapters=registry.resolve(options.adapter) if (registry := getattr(engine, "adapters", None)) else (),
+        partition=partition,
     )
     return canonicalize(host, gen, dialect)
 
@@ -248,11 +250,11 @@ async def prepare(host: Any, request: GenerationRequest) -> None:
 
 
 def _plan_chat(host: Any, chat: ChatInput, options: RequestOptions, dialect: str, request_id: str,
-               default_max_tokens: int) -> tuple[RenderedPrompt, GenerationRequest]:
+               default_max_tokens: int, partition: str) -> tuple[RenderedPrompt, GenerationRequest]:
     engine = host.engine
     rendered = render_chat(host, engine.tokenizer, engine.profile, attrs.evolve(chat, tools=options.tools))
     gen = plan(host, options, rendered.ids, dialect=dialect, request_id=request_id,
-               default_max_tokens=default_max_tokens)
+               default_max_tokens=default_max_tokens, partition=partition)
     gen = rendered_request(gen, rendered)
     prepare_request(host, gen)
     return rendered, gen
@@ -262,13 +264,15 @@ async def planned_chat(request: Request, host: Any, chat: ChatInput, options: Re
                        request_id: str, default_max_tokens: int) -> tuple[RenderedPrompt, GenerationRequest]:
     """Render ``chat`` (with ``options.tools``), plan and prepare its engine request, on a
     worker thread abandoned if the client leaves (templating and grammars may take a while)."""
-    return await off_loop(request, _plan_chat, host, chat, options, dialect, request_id, default_max_tokens)
+    return await off_loop(request, _plan_chat, host, chat, options, dialect, request_id, default_max_tokens,
+                          caller_of(request))
 
 
 def _plan_text(host: Any, prompt: str, options: RequestOptions, dialect: str, request_id: str,
-               default_max_tokens: int) -> GenerationRequest:
+               default_max_tokens: int, partition: str) -> GenerationRequest:
     ids = encode_text(host.engine.tokenizer, prompt)
-    gen = plan(host, options, ids, dialect=dialect, request_id=request_id, default_max_tokens=default_max_tokens)
+    gen = plan(host, options, ids, dialect=dialect, request_id=request_id, default_max_tokens=default_max_tokens,
+               partition=partition)
     prepare_request(host, gen)
     return gen
 
@@ -276,7 +280,8 @@ def _plan_text(host: Any, prompt: str, options: RequestOptions, dialect: str, re
 async def planned_text(request: Request, host: Any, prompt: str, options: RequestOptions, *, dialect: str,
                        request_id: str, default_max_tokens: int) -> GenerationRequest:
     """A raw text prompt (no chat template), tokenized, planned and prepared off the loop."""
-    return await off_loop(request, _plan_text, host, prompt, options, dialect, request_id, default_max_tokens)
+    return await off_loop(request, _plan_text, host, prompt, options, dialect, request_id, default_max_tokens,
+                          caller_of(request))
 
 
 def assembler_for(host: Any, turn: Turn, rendered: RenderedPrompt, generation: GenerationRequest) -> ResponseAssembler:

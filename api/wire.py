@@ -212,6 +212,17 @@ def ignored_fields(body: Mapping[str, Any], known: set[str] | frozenset[str], st
     return ignored
 
 
+#: Ignored fields ``x-mlxrt-ignored`` names at most (a body may hold thousands).
+MAX_IGNORED_NAMED = 32
+
+
 def ignored_headers(ignored: Sequence[str]) -> dict[str, str]:
-    """``x-mlxrt-ignored``, naming the body fields nobody read (none: no header)."""
-    return {"x-mlxrt-ignored": ", ".join(ignored)} if ignored else {}
+    """``x-mlxrt-ignored``, naming the body fields nobody read (none: no header). A header
+    value is Latin-1 without control characters, so each name is written with Python's
+    escapes (``\\n``, ``\\u00e9``) past printable ASCII; a non-ASCII field name was a 500."""
+    if not ignored:
+        return {}
+    named = [name if name.isascii() and name.isprintable() else name.encode("unicode_escape").decode("ascii")
+             for name in ignored[:MAX_IGNORED_NAMED]]
+    more = len(ignored) - len(named)
+    return {"x-mlxrt-ignored": ", ".join(named) + (f" (and {more} more)" if more else "")}

@@ -32,6 +32,7 @@ import ipaddress
 import re
 import socket
 import ssl
+import threading
 import time
 import urllib.parse
 from collections.abc import Mapping, Sequence
@@ -39,9 +40,10 @@ from typing import Any
 
 import attrs
 
-from mlxrt.errors import InvalidRequest
+from mlxrt.errors import InvalidRequest, QueueFull
 
-__all__ = ["ImageRef", "ImageLimits", "load_image", "load_images", "url_ref", "content_parts", "FORMATS"]
+__all__ = ["ImageRef", "ImageLimits", "PixelBudget", "PixelLease", "load_image", "load_images", "url_ref",
+           "content_parts", "FORMATS"]
 
 #: Pillow format names accepted (``Image.format``).
 FORMATS = frozenset({"PNG", "JPEG", "WEBP", "GIF", "BMP", "TIFF", "MPO"})
@@ -52,6 +54,11 @@ DEFAULT_MAX_PIXELS = 40_000_000
 #: of RGB), so one request cannot make the server hold gigabytes of pixels.
 DEFAULT_MAX_IMAGES = 16
 DEFAULT_MAX_TOTAL_PIXELS = 50_000_000
+#: All requests together: decoded pixels held at once (``--max-image-pixels-in-flight``), so
+#: concurrent image requests cannot add up to gigabytes (each 40 MP PNG took ~180 MB).
+DEFAULT_MAX_PIXELS_IN_FLIGHT = 100_000_000
+#: Seconds a request waits for room in that budget before it gets 429 ``images_busy``.
+PIXEL_WAIT_S = 10.0
 
 
 @attrs.frozen
@@ -121,6 +128,59 @@ class ImageLimits:
                    allow_private=bool(options.get("allow_private_image_urls")),
                    max_images=int(given("max_images", DEFAULT_MAX_IMAGES)),
                    max_total_pixels=int(given("max_image_pixels", DEFAULT_MAX_TOTAL_PIXELS)))
+
+
+class PixelBudget:
+    """Decoded pixels all requests together may hold at once: a semaphore weighted by pixels.
+
+    A request takes an image's pixels (from its header) before decoding it and gives them back
+    when its images are dropped (:meth:`lease`). With no room, it waits up to
+    :data:`PIXEL_WAIT_S` for other requests to give some back, then gets
+    :class:`~mlxrt.errors.QueueFull` (429 ``images_busy``, ``Retry-After``). The budget is never
+    below one request's own cap, so a request alone always fits.
+    """
+
+    def __init__(self, total: int) -> None:
+        self.total = total
+        self.held = 0
+        self._room = threading.Condition()
+
+    def lease(self) -> PixelLease:
+        """What one request holds; a context manager that gives it all back on exit."""
+        return PixelLease(self)
+
+    def _take(self, ref: ImageRef, pixels: int) -> None:
+        pixels = min(pixels, self.total)
+        with self._room:
+            if not self._room.wait_for(lambda: self.held + pixels <= self.total, timeout=PIXEL_WAIT_S):
+                raise QueueFull(f"{ref.where}: the server is decoding {self.held} pixels of images for other "
+                                f"requests, its limit is {self.total} (--max-image-pixels-in-flight); retry shortly",
+                                code="images_busy")
+            self.held += pixels
+
+    def _give(self, pixels: int) -> None:
+        with self._room:
+            self.held -= min(pixels, self.total)
+            self._room.notify_all()
+
+
+class PixelLease:
+    """The pixels one request took of a :class:`PixelBudget` (given back on ``__exit__``)."""
+
+    def __init__(self, budget: PixelBudget) -> None:
+        self.budget = budget
+        self.pixels = 0
+
+    def take(self, ref: ImageRef, pixels: int) -> None:
+        self.budget._take(ref, pixels)
+        self.pixels += pixels
+
+    def __enter__(self) -> PixelLease:
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        held, self.pixels = self.pixels, 0
+        self.budget._give(held)
 
 
 def _bad(ref: ImageRef, why: str) -> InvalidRequest:
@@ -298,11 +358,13 @@ def _encoded(ref: ImageRef, limits: ImageLimits) -> bytes:
     return raw
 
 
-def decode_bytes(ref: ImageRef, raw: bytes, limits: ImageLimits, spent: int = 0) -> Any:
+def decode_bytes(ref: ImageRef, raw: bytes, limits: ImageLimits, spent: int = 0,
+                 lease: PixelLease | None = None) -> Any:
     """Encoded bytes → an RGB image (EXIF orientation applied, first frame of animations).
 
     ``spent``: pixels the request's earlier images took of ``limits.max_total_pixels``; the
-    budget is checked from the header, before any pixel is decoded."""
+    budget is checked from the header, before any pixel is decoded. ``lease``: the request's
+    share of the server's :class:`PixelBudget`, taken from the header too (it may wait)."""
     import warnings
 
     from PIL import Image, ImageOps
@@ -320,10 +382,12 @@ def decode_bytes(ref: ImageRef, raw: bytes, limits: ImageLimits, spent: int = 0)
             if spent + width * height > limits.max_total_pixels:
                 raise _bad(ref, f"the request's images exceed the {limits.max_total_pixels}-pixel budget per "
                                 "request (--max-image-pixels)")
+            if lease is not None:
+                lease.take(ref, width * height)
             image.seek(0)
             image.load()
             image = ImageOps.exif_transpose(image)
-    except InvalidRequest:
+    except (InvalidRequest, QueueFull):
         raise
     except (Image.DecompressionBombError, Image.DecompressionBombWarning):
         raise _bad(ref, "image is too large to decode") from None
@@ -348,11 +412,15 @@ def load_image(ref: ImageRef, limits: ImageLimits | None = None) -> Any:
     return decode_bytes(ref, _encoded(ref, limits), limits)
 
 
-def load_images(refs: Sequence[ImageRef], limits: ImageLimits | None = None) -> list[Any]:
-    """:func:`load_image` for each reference, in order, within the per-request caps.
+def load_images(refs: Sequence[ImageRef], limits: ImageLimits | None = None,
+                lease: PixelLease | None = None) -> list[Any]:
+    """:func:`load_image` for each reference, in order, within the per-request caps and, with
+    a ``lease``, within the server's :class:`PixelBudget` (each image's pixels taken before it
+    is decoded; the caller gives them back when it drops the images).
 
     :raises InvalidRequest: more than ``limits.max_images`` references (before anything is
         fetched), or images over ``limits.max_total_pixels`` together, naming the part.
+    :raises QueueFull: no room in the server's pixel budget within :data:`PIXEL_WAIT_S`.
     """
     limits = limits or ImageLimits()
     if len(refs) > limits.max_images:
@@ -361,7 +429,7 @@ def load_images(refs: Sequence[ImageRef], limits: ImageLimits | None = None) -> 
     images: list[Any] = []
     spent = 0
     for ref in refs:
-        image = decode_bytes(ref, _encoded(ref, limits), limits, spent)
+        image = decode_bytes(ref, _encoded(ref, limits), limits, spent, lease)
         spent += image.width * image.height
         images.append(image)
     return images

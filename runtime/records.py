@@ -398,6 +398,10 @@ class GenerationRequest:
     #: The adapter set the request runs with (names, in order); ``()`` is the base model.
     #: Prompt-cache entries are keyed by it, so KV from one adapter set is never reused by another.
     adapters: tuple[str, ...] = ()
+    #: Whose request this is (:func:`mlxrt.api.auth.caller_of`: a digest of its API key, ``""``
+    #: without keys). Prompt-cache entries are partitioned by it too, so one key never reuses,
+    #: or learns by hits and timings, another key's prompt.
+    partition: str = ""
     #: ``tool_choice`` enforcement: the answer must begin with one of these token sequences
     #: (the tool-call opening and name of each allowed tool); ``()`` is unconstrained. Family
     #: plugins apply it with :func:`mlxrt.text.tool_calls.tool_choice_processors`.

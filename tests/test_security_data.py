@@ -27,10 +27,11 @@ def keyed(tiny_models, serve_app):
 
 
 def test_stats_and_metrics_show_no_prompt_text_and_no_ids_of_other_requests(keyed):
-    alice, bob = _client(keyed, "key-alice"), _client(keyed, "key-bob")
+    alice = _client(keyed, "key-alice")
     created = alice.responses.create(model="m", input=SECRET, max_output_tokens=4, temperature=0)
-    # Bob's prompt shares a prefix with Alice's, so the prompt cache reports a partial miss.
-    bob.responses.create(model="m", input="the vault code is", max_output_tokens=4, temperature=0)
+    # Alice's second prompt shares a prefix with her first, so the prompt cache reports a partial
+    # miss (in her own partition: Bob's prompts never meet hers, tests/test_security_bounds.py).
+    alice.responses.create(model="m", input="the vault code is", max_output_tokens=4, temperature=0)
     headers = {"authorization": "Bearer key-bob"}
     stats = keyed.get("/stats", headers=headers)
     metrics = keyed.get("/metrics", headers=headers)

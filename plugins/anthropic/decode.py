@@ -123,7 +123,7 @@ def _message(i: int, msg: Any, out: list[dict[str, Any]], images: list[ImageRef]
     if not isinstance(msg, dict):
         raise _bad(f"{where}: must be an object", "messages")
     role = msg.get("role")
-    if role not in _ROLES:
+    if not isinstance(role, str) or role not in _ROLES:  # a dict or list role is unhashable
         raise _bad(f"{where}.role: Input should be 'user' or 'assistant'", "messages")
     content = msg.get("content")
     if isinstance(content, str):

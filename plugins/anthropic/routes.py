@@ -13,6 +13,7 @@ from litestar import Request, Response, post
 
 from mlxrt.api.app import claimed_fields
 from mlxrt.api.disconnect import off_loop
+from mlxrt.api.generation import refuse_overlong_text
 from mlxrt.api.models import host_for
 from mlxrt.api.pipeline import Answer, Framed, Turn, serve_chat
 from mlxrt.api.wire import parse_json_object
@@ -82,9 +83,11 @@ async def messages(request: Request) -> Response:
 async def count_tokens(request: Request) -> dict[str, int]:
     """``{"input_tokens": N}``: the prompt the same body would run with, canonicalized."""
     host = _host(request)
-    decoded = decode_messages(parse_json_object(await request.body()), claimed_fields(host, "anthropic"),
-                              strict=bool(host.options.get("strict")), count_only=True)
+    body = parse_json_object(await request.body())
+    decoded = decode_messages(body, claimed_fields(host, "anthropic"), strict=bool(host.options.get("strict")),
+                              count_only=True)
     host = await host_for(request, decoded.request.model)
+    await refuse_overlong_text(request, body, host)  # as /v1/messages: before anything templates it
 
     def count() -> int:
         from mlxrt.templating import canonicalize

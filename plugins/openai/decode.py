@@ -21,6 +21,7 @@ from mlxrt.api.wire import (
     check_fields,
     claimed_values,
     ignored_fields,
+    ignored_headers,
     strict_converter,
     structure,
 )
@@ -77,7 +78,7 @@ class DecodedOptions:
 
     @property
     def headers(self) -> dict[str, str]:
-        return {"x-mlxrt-ignored": ", ".join(self.ignored)} if self.ignored else {}
+        return ignored_headers(self.ignored)
 
 
 @attrs.frozen

@@ -1,19 +1,20 @@
 """OpenAI ``POST /v1/embeddings``, served when the model is an embedding model.
 
 The pooling and the model-side rules are :mod:`mlxrt.engine.embedding`'s; this module validates the
-request, tokenizes off the event loop, runs one raw forward job on the engine worker and
+request (each input's length before it is tokenized), tokenizes off the event loop (abandoned
+when the client leaves), runs one raw forward job on the engine worker and
 answers in OpenAI's shape (``float`` lists or ``base64`` little-endian float32).
 """
 
 from __future__ import annotations
 
 import base64
-import json
 from typing import TYPE_CHECKING, Any
 
-import anyio
 from litestar import Request, Response, post
 
+from mlxrt.api.disconnect import off_loop, until_disconnect
+from mlxrt.api.generation import check_text_length
 from mlxrt.api.models import host_for
 from mlxrt.api.wire import FieldRule, check_fields, parse_json_object
 from mlxrt.capabilities import capabilities
@@ -60,30 +61,28 @@ def _encode(vector: np.ndarray, fmt: str) -> list[float] | str:
     return vector.tolist()
 
 
-def _named_model(raw: bytes) -> str | None:
-    """The body's ``model`` when the body is readable at all (it is checked in full later)."""
-    try:
-        body = json.loads(raw)
-    except ValueError:
-        return None
-    model = body.get("model") if isinstance(body, dict) else None
-    return model if isinstance(model, str) else None
-
-
 @post(["/v1/embeddings", "/embeddings"], status_code=200, opt=ROUTE_OPT, summary="Create embeddings",
       tags=["openai"])
 async def embeddings(request: Request) -> Response:
-    raw = await request.body()
-    host = await host_for(request, _named_model(raw))
+    try:
+        body, unreadable = parse_json_object(await request.body()), None
+    except InvalidRequest as exc:  # not JSON, nested too deeply...: said after the model check
+        body, unreadable = {}, exc
+    model = body.get("model")
+    host = await host_for(request, model if isinstance(model, str) else None)
     engine = host.engine
     info = engine.info
     if not capabilities(host).embeddings:  # before the body is checked, as mlx-bun: the route is the wrong one
         raise InvalidRequest(
             f'served model "{info.model_id}" is not an embedding model; serve an embedding model '
             f"(e.g. Qwen3-Embedding) to use /v1/embeddings")
-    body = parse_json_object(raw)
+    if unreadable is not None:
+        raise unreadable
     check_fields(body, _RULES)
     texts = _texts(body)
+    if (context := info.context_window) is not None:
+        for text in texts:  # each input must fit the context: refused before it is tokenized
+            check_text_length(text, context)
     fmt = body.get("encoding_format") or "float"
     if fmt not in ("float", "base64"):
         raise InvalidRequest('encoding_format must be "float" or "base64"', param="encoding_format")
@@ -93,11 +92,10 @@ async def embeddings(request: Request) -> Response:
         raise InvalidRequest(f"dimensions must be at most {width}", param="dimensions")
     instruction = body.get("instruction")
     tokenizer = engine.tokenizer
-    ids = await anyio.to_thread.run_sync(
-        encode_inputs, tokenizer, [query_text(t, instruction) for t in texts],
-        end_token_id(info, tokenizer), info.context_window,
-    )
-    vectors = await engine.call(lambda loaded: embed_ids(loaded, ids, dimensions=dimensions))
+    ids = await off_loop(request, encode_inputs, tokenizer, [query_text(t, instruction) for t in texts],
+                         end_token_id(info, tokenizer), info.context_window)
+    vectors = await until_disconnect(request, engine.call(lambda loaded: embed_ids(loaded, ids,
+                                                                                   dimensions=dimensions)))
     tokens = sum(len(i) for i in ids)
     return Response(content={
         "object": "list",

@@ -3,14 +3,13 @@
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import attrs
 from litestar import Request, Response, delete, get, post
 
-from mlxrt.api.auth import presented_key
+from mlxrt.api.auth import caller_of
 from mlxrt.api.errors import openai_error_body
 from mlxrt.api.generation import assembled_stream, guarded
 from mlxrt.api.pipeline import Answer, Turn, serve_chat
@@ -50,13 +49,10 @@ def store_of(host: Any) -> ResponseStore:
 
 
 def owner_of(request: Request) -> str:
-    """Who a stored response belongs to: a digest of the API key the request authenticated
-    with (so each key sees only its own), or ``""`` on a server without ``--api-key``, where
-    the 192-bit id is the only key (it is never shown to anyone but its creator)."""
-    if not request.app.state.host.options.get("api_keys"):
-        return ""
-    key = presented_key(request) or ""
-    return hashlib.sha256(key.encode()).hexdigest()
+    """Who a stored response belongs to: :func:`mlxrt.api.auth.caller_of` (so each key sees
+    only its own), ``""`` on a server without ``--api-key``, where the 192-bit id is the only
+    key (it is never shown to anyone but its creator)."""
+    return caller_of(request)
 
 
 def _not_found(id: str, param: str | None = None) -> NotFound:

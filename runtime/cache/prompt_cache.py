@@ -8,8 +8,10 @@ and hands back a private copy of the one that saves the most work.
 Policy:
 
 * **Keys.** Every entry is stored under a key (the engine passes the adapter set: ``()`` for
-  the base model, ``("lora-a",)`` …). A lookup only considers entries with an equal key;
-  caches computed with different weights never mix.
+  the base model, ``("lora-a",)`` …) and a partition (the caller: a digest of its API key, ``""``
+  without keys). A lookup only considers entries with an equal key and partition: caches
+  computed with different weights never mix, and one caller never reuses another's prompt,
+  nor learns by ``cached_tokens``, the miss report or the timing how much of it it guessed.
 * **Usable prefix.** For an entry ``E`` and a prompt ``P`` let ``c`` be their longest common
   prefix; the entry can cover ``k = min(c, len(P) - 1)`` tokens. At least one prompt token
   is always left to run, because the engine needs the logits of the last one. If
@@ -99,7 +101,7 @@ class CacheLookup:
 
 @attrs.frozen(eq=False)
 class _Entry:
-    key: Hashable
+    key: tuple[Hashable, str]  # (key, partition)
     tokens: TokenIds
     cache: list[Any]
     nbytes: int
@@ -144,12 +146,13 @@ class PromptCache:
         """False when ``max_entries`` or ``max_bytes`` is 0: nothing is ever stored."""
         return self.max_entries > 0 and self.max_bytes > 0
 
-    def fetch(self, tokens: Sequence[int], key: Hashable = ()) -> CacheLookup:
+    def fetch(self, tokens: Sequence[int], key: Hashable = (), partition: str = "") -> CacheLookup:
         """Find the entry that covers most of ``tokens`` and return a private copy of it.
 
         Args:
             tokens: The prompt's token ids.
             key: Only entries inserted with an equal key are considered.
+            partition: ...and with an equal partition (the caller).
 
         Returns:
             A :class:`CacheLookup`; run ``tokens[lookup.reused:]`` through
@@ -157,7 +160,7 @@ class PromptCache:
         """
         prompt = token_array(tokens)
         limit = prompt.size - 1
-        closest, candidates = self._candidates(prompt, key)
+        closest, candidates = self._candidates(prompt, (key, partition))
         for usable, entry in candidates:
             cache = _copy_trimmed(entry, usable)
             if cache is None:
@@ -175,18 +178,18 @@ class PromptCache:
         return self._record(CacheLookup(None, 0, *_divergence(closest), "miss",
                                         _shortfall(closest, 0, limit) or "prompt diverged"), prompt.size)
 
-    def reusable(self, tokens: Sequence[int], key: Hashable = ()) -> int:
+    def reusable(self, tokens: Sequence[int], key: Hashable = (), partition: str = "") -> int:
         """How many of ``tokens`` a :meth:`fetch` could reuse at most (nothing is copied,
         no counter moves): for a second tier (:mod:`mlxrt.cache.prompt_store`) to know if it can do better."""
-        _closest, candidates = self._candidates(token_array(tokens), key)
+        _closest, candidates = self._candidates(token_array(tokens), (key, partition))
         return candidates[0][0] if candidates else 0
 
     def close(self) -> None:
         """Release what the cache holds beyond memory (nothing here; see :mod:`mlxrt.cache.prompt_store`)."""
 
-    def _candidates(self, prompt: TokenIds, key: Hashable
+    def _candidates(self, prompt: TokenIds, key: tuple[Hashable, str]
                     ) -> tuple[tuple[int, _Entry] | None, list[tuple[int, _Entry]]]:
-        """The same-key entry with the longest common prefix, and the usable entries, best first."""
+        """The same-key (and partition) entry with the longest common prefix, and the usable entries, best first."""
         limit = prompt.size - 1
         closest: tuple[int, _Entry] | None = None
         candidates: list[tuple[int, _Entry]] = []
@@ -203,8 +206,9 @@ class PromptCache:
         candidates.sort(key=lambda c: -c[0])
         return closest, candidates
 
-    def insert(self, tokens: Sequence[int], cache: list[Any], key: Hashable = ()) -> None:
-        """Store ``cache`` as the most recently used entry for ``tokens`` under ``key``.
+    def insert(self, tokens: Sequence[int], cache: list[Any], key: Hashable = (), partition: str = "") -> None:
+        """Store ``cache`` as the most recently used entry for ``tokens`` under ``key`` in
+        ``partition``.
 
         The cache takes ownership of ``cache``: the caller must not use it afterwards. It
         must hold exactly ``tokens`` (for a finished generation: the prompt and every
@@ -229,9 +233,9 @@ class PromptCache:
             return
         # A lazy array would keep the graph that produced it alive for as long as it is cached.
         mx.eval([layer.state for layer in cache])
-        entry = _Entry(key, stored, cache, nbytes, can_trim_prompt_cache(cache))
+        entry = _Entry((key, partition), stored, cache, nbytes, can_trim_prompt_cache(cache))
         for old in list(self._entries):
-            if old.key != key or old.tokens.size > stored.size:
+            if old.key != entry.key or old.tokens.size > stored.size:
                 continue
             if common_prefix(old.tokens, stored) == old.tokens.size and (
                 old.tokens.size == stored.size or entry.trimmable
@@ -244,7 +248,8 @@ class PromptCache:
         self.trim_to(self.max_bytes)
 
     def insert_turn(self, tokens: Sequence[int], cache: list[Any] | None,
-                    snapshots: Sequence[tuple[Sequence[int], list[Any]]] = (), key: Hashable = ()) -> None:
+                    snapshots: Sequence[tuple[Sequence[int], list[Any]]] = (), key: Hashable = (),
+                    partition: str = "") -> None:
         """Store what a finished request leaves: its final ``cache`` holding ``tokens`` (if
         any) and its prompt ``snapshots`` ``(tokens, cache)`` (see the module docstring). The
         snapshots go in first (they are evicted first) and only when the final cache cannot be
@@ -258,11 +263,11 @@ class PromptCache:
         if not (final and can_trim_prompt_cache(cache)):
             for held, layers in snapshots:
                 try:
-                    self.insert(held, layers, key)
+                    self.insert(held, layers, key, partition)
                 except ValueError as exc:
                     problem = exc
         if final:
-            self.insert(tokens, cache, key)
+            self.insert(tokens, cache, key, partition)
         if problem is not None:
             raise problem
 

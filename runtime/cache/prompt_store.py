@@ -15,7 +15,9 @@ a second tier under ``DIR/<fingerprint>/``:
   every weight file (names, sizes, three 1 MiB samples), the ``--dtype`` cast, the KV
   quantization and the draft model (its own fingerprint). Within it each file carries the
   adapter set: the adapter ids and the same fingerprint of each adapter's folder, so an id
-  that now names other weights never gets the old KV.
+  that now names other weights never gets the old KV; and the partition (the caller's API-key
+  digest, ``""`` without keys), so after a restart too a key only gets its own entries (files
+  written before partitions existed belong to ``""``, which no key's requests use).
 * **Lazy restore.** At start-up only the files' headers are read (token ids, key). A lookup
   that the disk can serve better than memory loads that one file into the memory cache and
   is served from there (``cached_tokens`` then counts it). A file is checked before use: its
@@ -72,6 +74,7 @@ class _File:
     path: Path
     tokens: TokenIds
     key: tuple[str, ...]
+    partition: str
     adapters: str  # the adapter set's identity when written
     trimmable: bool
     size: int
@@ -118,18 +121,18 @@ class PersistentPromptCache(PromptCache):
 
     # -- the memory tier's interface -------------------------------------------------------------
 
-    def fetch(self, tokens: Sequence[int], key: Hashable = ()) -> Any:
+    def fetch(self, tokens: Sequence[int], key: Hashable = (), partition: str = "") -> Any:
         if self._files and self.enabled:
-            self._restore_better(token_array(tokens), key)
-        return super().fetch(tokens, key)
+            self._restore_better(token_array(tokens), key, partition)
+        return super().fetch(tokens, key, partition)
 
-    def insert(self, tokens: Sequence[int], cache: list[Any], key: Hashable = ()) -> None:
-        super().insert(tokens, cache, key)  # validates the lengths and evaluates the arrays
+    def insert(self, tokens: Sequence[int], cache: list[Any], key: Hashable = (), partition: str = "") -> None:
+        super().insert(tokens, cache, key, partition)  # validates the lengths and evaluates the arrays
         if not self.enabled or not len(tokens) or not isinstance(key, tuple):
             return
         identity = self._identity(key)
         if identity is not None:
-            self._persist(token_array(tokens), cache, key, identity)
+            self._persist(token_array(tokens), cache, key, partition, identity)
 
     def close(self) -> None:
         """Finish the writes already queued (the engine calls it when it stops)."""
@@ -162,7 +165,7 @@ class PersistentPromptCache(PromptCache):
                 tokens = TokenIds(int(t) for t in meta["0.mlxrt_tokens"].split(","))
                 key = tuple(json.loads(meta["0.mlxrt_key"]))
                 stat = path.stat()
-                entry = _File(path, tokens, key, meta["0.mlxrt_adapters"], meta["0.mlxrt_trimmable"] == "1",
+                entry = _File(path, tokens, key, meta.get("0.mlxrt_partition", ""), meta["0.mlxrt_adapters"], meta["0.mlxrt_trimmable"] == "1",
                               stat.st_size, stat.st_mtime)
             except Exception as exc:  # any unreadable or foreign file: skipped, never fatal
                 self._ignore(path, exc)
@@ -176,18 +179,18 @@ class PersistentPromptCache(PromptCache):
         self.ignored += 1
         log.warning("prompt cache: ignoring %s: %s", path, why)
 
-    def _restore_better(self, prompt: TokenIds, key: Hashable) -> None:
+    def _restore_better(self, prompt: TokenIds, key: Hashable, partition: str) -> None:
         """Load the file that covers more of ``prompt`` than memory does, into memory (the
         longest cover first, ties to the most recently used; a file that fails its checks is
         dropped and the next one tried)."""
         limit = prompt.size - 1
-        floor = self.reusable(prompt, key)
+        floor = self.reusable(prompt, key, partition)
         identity = None
         with self._lock:
             files = list(self._files)
         candidates = []
         for entry in files:
-            if entry.key != key:
+            if entry.key != key or entry.partition != partition:
                 continue
             usable = min(common_prefix(entry.tokens, prompt), limit)
             if usable > floor and (usable == entry.tokens.size or entry.trimmable):
@@ -199,7 +202,7 @@ class PersistentPromptCache(PromptCache):
         for _usable, entry in candidates:
             cache = self._load(entry)
             if cache is not None:
-                super().insert(entry.tokens, cache, key)  # not written again: it is on disk
+                super().insert(entry.tokens, cache, key, partition)  # not written again: it is on disk
                 self.restored += 1
                 return
 
@@ -240,7 +243,8 @@ class PersistentPromptCache(PromptCache):
 
     # -- writing -----------------------------------------------------------------------------------
 
-    def _persist(self, tokens: TokenIds, cache: list[Any], key: tuple[str, ...], identity: str) -> None:
+    def _persist(self, tokens: TokenIds, cache: list[Any], key: tuple[str, ...], partition: str,
+                 identity: str) -> None:
         from mlx.utils import tree_flatten
         from mlx_lm.models.cache import can_trim_prompt_cache
 
@@ -250,13 +254,14 @@ class PersistentPromptCache(PromptCache):
         trimmable = can_trim_prompt_cache(cache)
         with self._lock:
             for old in self._files:
-                if old.key == key and old.adapters == identity and old.tokens.size >= tokens.size \
+                if old.key == key and old.partition == partition and old.adapters == identity and old.tokens.size >= tokens.size \
                         and common_prefix(old.tokens, tokens) == tokens.size \
                         and (old.tokens.size == tokens.size or old.trimmable):
                     return  # a file on disk already serves every prompt this entry could
         started = time.perf_counter()
         metadata = {"0.mlxrt_fingerprint": self.fingerprint, "0.mlxrt_tokens": ",".join(map(str, tokens.tolist())),
-                    "0.mlxrt_key": json.dumps(list(key)), "0.mlxrt_adapters": identity,
+                    "0.mlxrt_key": json.dumps(list(key)), "0.mlxrt_partition": partition,
+                    "0.mlxrt_adapters": identity,
                     "0.mlxrt_trimmable": "1" if trimmable else "0", "2.0": ""}
         metadata.update({f"1.{i}": type(layer).__name__ for i, layer in enumerate(cache)})
         arrays = {}
@@ -274,8 +279,8 @@ class PersistentPromptCache(PromptCache):
                 log.debug("prompt cache: an entry with state of type %s is kept in memory only", type(value))
                 return
         self.copy_seconds += time.perf_counter() - started
-        name = hashlib.sha256(json.dumps([list(key), identity]).encode() + tokens.tobytes()).hexdigest()[:32]
-        entry = _File(self.folder / f"{name}.safetensors", tokens, key, identity, trimmable, 0, 0.0)
+        name = hashlib.sha256(json.dumps([list(key), partition, identity]).encode() + tokens.tobytes()).hexdigest()[:32]
+        entry = _File(self.folder / f"{name}.safetensors", tokens, key, partition, identity, trimmable, 0, 0.0)
         if self._writer is None:
             self._writer = threading.Thread(target=self._write_loop, name="mlxrt-prompt-store", daemon=True)
             self._writer.start()
@@ -299,7 +304,8 @@ class PersistentPromptCache(PromptCache):
         """Index a written file, drop the files it covers, then keep the folder under its cap."""
         with self._lock:
             for old in list(self._files):
-                covered = (old.key == new.key and old.adapters == new.adapters and old.path != new.path
+                covered = (old.key == new.key and old.partition == new.partition and old.adapters == new.adapters
+                           and old.path != new.path
                            and old.tokens.size <= new.tokens.size
                            and common_prefix(old.tokens, new.tokens) == old.tokens.size
                            and (old.tokens.size == new.tokens.size or new.trimmable))

@@ -139,12 +139,17 @@ def _serve(host: PluginHost, model: str | None, opts: dict[str, Any]) -> None:
     try:
         # log_config=None: uvicorn's records go through mlxrt's handlers (request ids, JSON);
         # the access log is mlxrt's own (mlxrt.access), so uvicorn's is off.
-        from mlxrt.api.connections import default_max_connections, guarded_protocol
+        from mlxrt.api.connections import (
+            DEFAULT_BODY_TIMEOUT,
+            default_max_connections,
+            guarded_protocol,
+        )
 
         grace = opts.get("shutdown_grace")
         grace = 10.0 if grace is None else grace
         protocol = guarded_protocol(opts.get("max_connections") or default_max_connections(),
-                                    opts.get("header_timeout") or 10.0)
+                                    opts.get("header_timeout") or 10.0,
+                                    opts.get("body_timeout") or DEFAULT_BODY_TIMEOUT)
         # uvicorn cancels handlers still running after its own timeout (a text/plain 500 or a
         # cut stream): the engine ends running requests at `grace` with an error frame, and
         # uvicorn waits a little longer so that frame is written before it cancels anything.
@@ -193,14 +198,11 @@ def _is_loopback(bind: str | None) -> bool:
 
 
 def _setup_logging(level: str, fmt: str) -> None:
-    from mlxrt.api.observe import JsonFormatter, RequestIdFilter
+    from mlxrt.api.observe import JsonFormatter, RequestIdFilter, TextFormatter
 
     handler = logging.StreamHandler()
     handler.addFilter(RequestIdFilter())
-    if fmt == "json":
-        handler.setFormatter(JsonFormatter())
-    else:
-        handler.setFormatter(logging.Formatter("%(levelname)s %(name)s [%(request_id)s]: %(message)s"))
+    handler.setFormatter(JsonFormatter() if fmt == "json" else TextFormatter())
     root = logging.getLogger()
     root.handlers[:] = [handler]
     root.setLevel(level.upper())
@@ -354,6 +356,9 @@ def build_cli(host: PluginHost) -> click.Group:
                   "Default: 1024, or fewer under a lower open-file limit.")
     @click.option("--header-timeout", type=click.FloatRange(min=0, min_open=True), default=10.0,
                   help="Seconds a new connection may take to send its request headers before it is closed.")
+    @click.option("--body-timeout", type=click.FloatRange(min=0, min_open=True), default=60.0,
+                  help="Seconds a request's body may take to arrive after its headers; then 408 and the "
+                  "connection is closed.")
     @click.option("--max-image-bytes", default="20MiB",
                   help="Largest image (encoded) a request may send or make the server fetch; larger gets 400.")
     @click.option("--image-fetch-timeout", type=click.FloatRange(min=0, min_open=True), default=10.0,
@@ -365,6 +370,9 @@ def build_cli(host: PluginHost) -> click.Group:
                   help="Images one request may carry; more gets 400.")
     @click.option("--max-image-pixels", type=click.IntRange(min=1), default=50_000_000, show_default=True,
                   help="Decoded pixels all images of one request may have together; more gets 400.")
+    @click.option("--max-image-pixels-in-flight", type=click.IntRange(min=1), default=100_000_000,
+                  show_default=True, help="Decoded pixels all requests together may hold at once (never below "
+                  "--max-image-pixels); a request that finds no room waits up to 10 s, then gets 429.")
     @click.option("--shutdown-grace", type=click.FloatRange(min=0), default=10.0,
                   help="Seconds running requests get to finish on SIGTERM/SIGINT before they are cancelled.")
     @click.option("--temp", type=float, default=None,

@@ -649,7 +649,7 @@ class Engine:
         # Image prompts bypass the cache: their placeholder ids are the same for every image.
         if not self.prompt_cache.enabled or len(prompt) < 2 or request.vision is not None:
             return CacheReport("off", 0, len(prompt)), None, 0
-        found = self.prompt_cache.fetch(prompt, key=request.adapters)
+        found = self.prompt_cache.fetch(prompt, key=request.adapters, partition=request.partition)
         snippet = None
         if found.diverged_at is not None and found.status != "hit":
             snippet = self.loaded.tokenizer.decode(list(prompt[found.diverged_at:found.diverged_at + SNIPPET_TOKENS]))
@@ -686,7 +686,7 @@ class Engine:
         snapshots, row.snapshots = row.snapshots, []
         try:
             self.prompt_cache.insert_turn(tokens if cache is not None else (), cache, snapshots,
-                                          key=row.request.adapters)
+                                          key=row.request.adapters, partition=row.request.partition)
         except ValueError:
             log.warning("prompt cache: %s's cache does not match its tokens; not stored",
                         row.request.request_id, exc_info=True)
@@ -722,6 +722,8 @@ class Engine:
                 call.done.set_result(call.fn(self.loaded))
             except BaseException as exc:
                 call.done.set_exception(exc)
+            return
+        if call.done.cancelled():  # the awaiting request left (its client did): skip the forward
             return
         try:
             result = call.fn(self.loaded)

@@ -344,7 +344,15 @@ class ModelPool:
         return ", ".join(rows) or "none"
 
     def _check_fits(self, slot: Slot) -> None:
-        """Refuse, before any weight is read, a model whose weights exceed its budget share."""
+        """Refuse, before any weight is read (and before anything is evicted for it), a model
+        whose config does not fit its own weights or whose weights exceed its budget share."""
+        from mlxrt.sources.weights import check_layer_count
+
+        try:
+            check_layer_count(slot.source.path)
+        except ValueError as exc:
+            raise ModelUnavailable(f"cannot load model {slot.model_id!r}: {exc}; resident: {self._resident_text()}",
+                                   code="model_load_failed") from None
         share = self.settings.share
         if share is None:
             return

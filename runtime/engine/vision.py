@@ -18,13 +18,19 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from mlxrt.errors import EngineError, MlxrtError
-from mlxrt.images import ImageLimits, ImageRef, load_images
+from mlxrt.images import (
+    DEFAULT_MAX_PIXELS_IN_FLIGHT,
+    ImageLimits,
+    ImageRef,
+    PixelBudget,
+    load_images,
+)
 from mlxrt.records import FamilyProfile, SplicedPrompt
 
 if TYPE_CHECKING:
     from mlxrt.host import PluginHost
 
-__all__ = ["splice_images"]
+__all__ = ["splice_images", "pixel_budget"]
 
 log = logging.getLogger("mlxrt.engine.vision")
 
@@ -35,8 +41,22 @@ def splice_images(host: PluginHost, profile: FamilyProfile, prompt_ids: Sequence
 
     :raises InvalidRequest: an image is malformed, oversize, unreachable or undecodable
         (naming its request part), or the adapter refuses the prompt.
+    :raises QueueFull: the server's pixel budget had no room for the images within
+        :data:`mlxrt.images.PIXEL_WAIT_S` (429 ``images_busy``).
     """
-    images = load_images(refs, ImageLimits.from_options(host.options))
+    limits = ImageLimits.from_options(host.options)
+    with pixel_budget(host, limits).lease() as lease:  # held until the pixels are dropped
+        return _splice(host, profile, prompt_ids, load_images(refs, limits, lease))
+
+
+def pixel_budget(host: PluginHost, limits: ImageLimits) -> PixelBudget:
+    """The server's :class:`~mlxrt.images.PixelBudget` (one per host, shared by every model),
+    ``--max-image-pixels-in-flight`` but never below one request's cap."""
+    wanted = host.options.get("max_image_pixels_in_flight") or DEFAULT_MAX_PIXELS_IN_FLIGHT
+    return host.plugin_state("images", lambda: PixelBudget(max(int(wanted), limits.max_total_pixels)))
+
+
+def _splice(host: PluginHost, profile: FamilyProfile, prompt_ids: Sequence[int], images: list[Any]) -> SplicedPrompt:
     adapter = profile.vision
 
     def run(_loaded: Any = None) -> SplicedPrompt:

@@ -15,11 +15,12 @@ from __future__ import annotations
 
 import importlib
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["load_architecture_and_weights"]
+__all__ = ["check_layer_count", "load_architecture_and_weights"]
 
 ModelClasses = tuple[type, type]
 
@@ -38,6 +39,7 @@ def load_architecture_and_weights(path: Path, *, classes: ModelClasses | None = 
     :raises FileNotFoundError: No ``model*.safetensors`` in the folder.
     :raises ValueError: An unknown model type, or weights that do not fit the architecture.
     """
+    check_layer_count(path)
     try:
         return _load(path, classes, lazy)
     except _NeedsMlxLm:
@@ -47,6 +49,45 @@ def load_architecture_and_weights(path: Path, *, classes: ModelClasses | None = 
         if classes is not None:
             kwargs["get_model_classes"] = lambda config: classes  # mlx-lm passes config=
         return load_model(path, lazy=lazy, **kwargs)
+
+
+#: ``…layers.12.…``: the layer index in a weight's name, after the stack's name.
+_LAYER = re.compile(r"^(.*?)\blayers\.(\d+)\.")
+
+
+def check_layer_count(path: Path) -> None:
+    """Refuse, from config.json and the safetensors headers alone (no weight is read, nothing
+    is built), a config that declares more layers than the weights hold: building 10,000
+    layers of modules took seconds and left ~1 GB behind before the missing weights were
+    noticed. Folders whose headers cannot be read, or that name no layers, are left to the
+    loader.
+
+    :raises ValueError: the config's ``num_hidden_layers`` exceeds every layer stack in the weights.
+    """
+    from mlxrt.errors import ModelLoadError
+    from mlxrt.sources.fit import read_safetensors_header
+
+    try:
+        config = json.loads((path / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    if not isinstance(config, dict):
+        return
+    text = config.get("text_config")
+    declared = (text if isinstance(text, dict) else {}).get("num_hidden_layers", config.get("num_hidden_layers"))
+    if not isinstance(declared, int) or isinstance(declared, bool):
+        return
+    stacks: dict[str, int] = {}
+    try:
+        for file in sorted(path.glob("model*.safetensors")):
+            for name in read_safetensors_header(file):
+                if (found := _LAYER.match(name)) is not None:
+                    stacks[found[1]] = max(stacks.get(found[1], 0), int(found[2]) + 1)
+    except ModelLoadError:
+        return
+    if stacks and declared > max(stacks.values()):
+        raise ValueError(f"config.json declares {declared} layers but the weights hold at most "
+                         f"{max(stacks.values())}; refused before building the model")
 
 
 def _read_config(path: Path) -> dict[str, Any]:

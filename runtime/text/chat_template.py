@@ -9,6 +9,14 @@ everything here copies that environment and the input preparation (``None`` keys
 reasoning aliased under ``reasoning_content`` / ``thinking``, values rebuilt from plain JSON
 types) and raises the same exception types with the same texts; tests/test_tokenizer_parity.py
 compares the two byte for byte.
+
+One thing differs on purpose: a rendering is bounded. Transformers lets a template loop over
+``range(100000)`` twice for hours (its worker thread spinning after the client left, SIGTERM
+waiting on it); here a rendering past :data:`RENDER_TIME_LIMIT` seconds or
+:data:`RENDER_MAX_CHARS` characters of output raises :class:`TemplateLimitError` (a
+``TemplateError``: the request gets its 400 ``prompt build failed: …``). The clock is checked
+on every call, attribute and item lookup the sandbox sees, every 256 steps of a ``range`` and
+every 256 pieces of output, so even an empty nested loop stops in time.
 """
 
 from __future__ import annotations
@@ -16,7 +24,9 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
-from collections.abc import Mapping, Sequence
+import threading
+import time
+from collections.abc import Iterator, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 
@@ -25,9 +35,15 @@ import jinja2.exceptions
 import jinja2.ext
 import jinja2.nodes
 import jinja2.utils
-from jinja2.sandbox import ImmutableSandboxedEnvironment
+from jinja2.sandbox import ImmutableSandboxedEnvironment, safe_range
 
-__all__ = ["ChatTemplates", "pick_template", "render_chat_template"]
+__all__ = ["ChatTemplates", "RENDER_MAX_CHARS", "RENDER_TIME_LIMIT", "TemplateLimitError", "pick_template",
+           "render_chat_template"]
+
+#: Seconds one rendering may take (real templates take milliseconds, long chats included).
+RENDER_TIME_LIMIT = 5.0
+#: Characters one rendering may produce (a body is at most --max-body-size, 32 MiB by default).
+RENDER_MAX_CHARS = 64 << 20
 
 #: A model's templates: one string, or named ones (``default``, ``tool_use``, …).
 ChatTemplates = str | Mapping[str, str]
@@ -35,6 +51,81 @@ ChatTemplates = str | Mapping[str, str]
 # Names a message's reasoning arrives under; templates read the first (transformers' list).
 _REASONING_FIELDS = ("reasoning_content", "thinking", "reasoning")
 _CONTINUE_TAG = "CONTINUE_FINAL_MESSAGE_TAG "
+
+
+class TemplateLimitError(jinja2.exceptions.TemplateError):
+    """A rendering ran past :data:`RENDER_TIME_LIMIT` or :data:`RENDER_MAX_CHARS`."""
+
+
+# The deadline of the rendering running on this thread (None: none running).
+_clock = threading.local()
+
+
+def _check_clock() -> None:
+    deadline = getattr(_clock, "deadline", None)
+    if deadline is not None and time.monotonic() > deadline:
+        raise TemplateLimitError(f"the chat template took longer than {RENDER_TIME_LIMIT:g} s to render; aborted")
+
+
+class _TimedRange(Sequence):
+    """The sandbox's ``range`` (at most 100,000 items) that checks the clock as it is iterated."""
+
+    def __init__(self, inner: range) -> None:
+        self._inner = inner
+
+    def __len__(self) -> int:
+        return len(self._inner)
+
+    def __getitem__(self, index: Any) -> Any:
+        item = self._inner[index]
+        return _TimedRange(item) if isinstance(item, range) else item
+
+    def __iter__(self) -> Iterator[int]:
+        for step, value in enumerate(self._inner):
+            if not step & 255:
+                _check_clock()
+            yield value
+
+    def __repr__(self) -> str:
+        return repr(self._inner)
+
+
+def _timed_range(*args: int) -> _TimedRange:
+    return _TimedRange(safe_range(*args))
+
+
+class _TimedSandbox(ImmutableSandboxedEnvironment):
+    """transformers' sandbox, with the clock checked on every call and lookup."""
+
+    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805 (Jinja's names)
+        _check_clock()
+        return super().call(__context, __obj, *args, **kwargs)
+
+    def getattr(self, obj: Any, attribute: str) -> Any:
+        _check_clock()
+        return super().getattr(obj, attribute)
+
+    def getitem(self, obj: Any, argument: Any) -> Any:
+        _check_clock()
+        return super().getitem(obj, argument)
+
+
+def _render(template: jinja2.Template, **variables: Any) -> str:
+    """``template.render(**variables)`` within the limits (see the module docstring)."""
+    _clock.deadline = time.monotonic() + RENDER_TIME_LIMIT
+    try:
+        pieces, size = [], 0
+        for piece in template.generate(**variables):
+            size += len(piece)
+            if size > RENDER_MAX_CHARS:
+                raise TemplateLimitError(f"the chat template rendered more than {RENDER_MAX_CHARS} characters; "
+                                         "aborted")
+            pieces.append(piece)
+            if not len(pieces) & 255:
+                _check_clock()
+        return "".join(pieces)
+    finally:
+        _clock.deadline = None
 
 
 class _GenerationTag(jinja2.ext.Extension):
@@ -100,8 +191,8 @@ class _TemplateNamespace(jinja2.utils.Namespace):
 
 @functools.cache
 def _environment() -> ImmutableSandboxedEnvironment:
-    env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                        extensions=[_GenerationTag, jinja2.ext.loopcontrols])
+    env = _TimedSandbox(trim_blocks=True, lstrip_blocks=True, extensions=[_GenerationTag, jinja2.ext.loopcontrols])
+    env.globals["range"] = _timed_range
     env.filters["tojson"] = _tojson
     env.globals["raise_exception"] = _raise_exception
     env.globals["strftime_now"] = _strftime_now
@@ -260,8 +351,8 @@ def render_chat_template(source: str, conversation: Sequence[Any], *, tools: Any
         else:
             for f in fields:
                 chat[-1][f] = chat[-1][f] + _CONTINUE_TAG
-    text = template.render(messages=chat, tools=tools, documents=documents,
-                           add_generation_prompt=add_generation_prompt, **kwargs)
+    text = _render(template, messages=chat, tools=tools, documents=documents,
+                   add_generation_prompt=add_generation_prompt, **kwargs)
     if continue_final_message:
         assert isinstance(final, str)
         if final.strip() not in text or _CONTINUE_TAG.strip() not in text:

@@ -1,0 +1,192 @@
+"""What the OpenAPI schema (``/schema/openapi.json``) says about request and error bodies.
+
+mlxrt's handlers read their bodies themselves (a strict decode at the edge, each dialect's
+own 400s), so Litestar sees no ``data`` parameter and would declare no ``requestBody``, and its
+error responses would describe Litestar's ``{"status_code", "detail"}`` bodies, which mlxrt
+never sends. Schema-driven clients and fuzzers then never reach the bodies. :func:`document`
+gives every route handler an ``operation_class`` that adds:
+
+* a ``requestBody`` on every POST/PUT/PATCH: the route's ``opt["body_schema"]`` (a JSON
+  schema; plugins may set it), else the built-in routes' schema from :data:`BODIES`, else
+  any JSON object;
+* ``4XX`` and ``5XX`` responses whose body is :data:`ERROR_BODY`, the shape every error takes
+  (``{"error": {"message", "type", "param", "code"}}``; Anthropic routes add ``"type":
+  "error"`` beside it), in place of Litestar's own error responses.
+
+The schemas say what a well-formed body looks like, not every rule: the decoders still decide
+(a body the schema accepts may still get a 400 naming the field).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import inspect
+from collections.abc import Iterable
+from typing import Any
+
+from litestar.handlers import HTTPRouteHandler
+from litestar.openapi.spec import OpenAPIMediaType, OpenAPIResponse, Operation, RequestBody
+from litestar.router import Router
+
+__all__ = ["BODIES", "ERROR_BODY", "document"]
+
+#: Every error body, whatever the route's dialect.
+ERROR_BODY: dict[str, Any] = {
+    "type": "object",
+    "required": ["error"],
+    "properties": {
+        "error": {
+            "type": "object",
+            "required": ["message", "type"],
+            "properties": {
+                "message": {"type": "string"},
+                "type": {"type": "string"},
+                "param": {"type": ["string", "null"]},
+                "code": {"type": ["string", "null"]},
+            },
+        },
+        "type": {"type": "string", "enum": ["error"], "description": "Anthropic routes only"},
+    },
+}
+
+_ANY_OBJECT: dict[str, Any] = {"type": "object"}
+_STRINGS = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}
+_CONTENT = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}}]}
+_SAMPLING = {
+    "model": {"type": "string"},
+    "temperature": {"type": "number", "minimum": 0, "maximum": 2},
+    "top_p": {"type": "number", "minimum": 0, "maximum": 1},
+    "top_k": {"type": "integer", "minimum": 0},
+    "seed": {"type": "integer"},
+    "stream": {"type": "boolean"},
+}
+_TOOLS = {"type": "array", "items": {
+    "type": "object", "required": ["type", "function"],
+    "properties": {"type": {"type": "string", "enum": ["function"]},
+                   "function": {"type": "object", "required": ["name"],
+                                "properties": {"name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
+                                               "description": {"type": "string"},
+                                               "parameters": {"type": "object"}}}}}}
+_CHAT = {
+    "type": "object",
+    "required": ["messages"],
+    "properties": {
+        **_SAMPLING,
+        "messages": {"type": "array", "minItems": 1, "items": {
+            "type": "object", "required": ["role"],
+            "properties": {"role": {"type": "string", "enum": ["system", "developer", "user", "assistant", "tool"]},
+                           "content": {"anyOf": [*_CONTENT["anyOf"], {"type": "null"}]},
+                           "name": {"type": "string"}, "tool_calls": {"type": "array", "items": _ANY_OBJECT},
+                           "tool_call_id": {"type": "string"}}}},
+        "max_tokens": {"type": "integer", "minimum": 1},
+        "max_completion_tokens": {"type": "integer", "minimum": 1},
+        "stop": _STRINGS,
+        "n": {"type": "integer", "minimum": 1, "maximum": 1},
+        "tools": _TOOLS,
+        "tool_choice": {"anyOf": [{"type": "string", "enum": ["none", "auto", "required"]}, {
+            "type": "object", "required": ["type", "function"],
+            "properties": {"type": {"type": "string", "enum": ["function"]},
+                           "function": {"type": "object", "required": ["name"],
+                                        "properties": {"name": {"type": "string"}}}}}]},
+        "response_format": {"type": "object", "required": ["type"],
+                            "properties": {"type": {"type": "string", "enum": ["text", "json_object"]}}},
+        "logprobs": {"type": "boolean"},
+        "top_logprobs": {"type": "integer", "minimum": 0, "maximum": 20},
+    },
+}
+_COMPLETIONS = {
+    "type": "object",
+    "required": ["prompt"],
+    "properties": {**_SAMPLING, "prompt": _STRINGS, "max_tokens": {"type": "integer", "minimum": 1},
+                   "stop": _STRINGS, "echo": {"type": "boolean"}, "logprobs": {"type": "integer", "minimum": 0}},
+}
+_EMBEDDINGS = {
+    "type": "object",
+    "required": ["input"],
+    "properties": {"model": {"type": "string"}, "input": _STRINGS,
+                   "encoding_format": {"type": "string", "enum": ["float", "base64"]},
+                   "dimensions": {"type": "integer", "minimum": 1}, "user": {"type": "string"}},
+}
+_ANTHROPIC_MESSAGES = {"type": "array", "minItems": 1, "items": {
+    "type": "object", "required": ["role", "content"],
+    "properties": {"role": {"type": "string", "enum": ["user", "assistant"]}, "content": _CONTENT}}}
+_MESSAGES = {
+    "type": "object",
+    "required": ["model", "max_tokens", "messages"],
+    "properties": {**_SAMPLING, "max_tokens": {"type": "integer", "minimum": 1}, "messages": _ANTHROPIC_MESSAGES,
+                   "system": _CONTENT, "stop_sequences": {"type": "array", "items": {"type": "string"}},
+                   "tools": {"type": "array", "items": _ANY_OBJECT}, "tool_choice": _ANY_OBJECT,
+                   "thinking": _ANY_OBJECT, "metadata": _ANY_OBJECT},
+}
+_COUNT_TOKENS = {
+    "type": "object",
+    "required": ["model", "messages"],
+    "properties": {"model": {"type": "string"}, "messages": _ANTHROPIC_MESSAGES, "system": _CONTENT,
+                   "tools": {"type": "array", "items": _ANY_OBJECT}},
+}
+_RESPONSES = {
+    "type": "object",
+    "required": ["input"],
+    "properties": {**_SAMPLING, "input": {"anyOf": [{"type": "string"}, {"type": "array", "items": _ANY_OBJECT}]},
+                   "instructions": {"type": "string"}, "max_output_tokens": {"type": "integer", "minimum": 1},
+                   "previous_response_id": {"type": "string"}, "store": {"type": "boolean"},
+                   "tools": {"type": "array", "items": _ANY_OBJECT}, "text": _ANY_OBJECT,
+                   "reasoning": _ANY_OBJECT},
+}
+_ADAPTERS = {
+    "type": "object",
+    "required": ["path"],
+    "properties": {"id": {"type": "string"}, "path": {"type": "string"}},
+}
+
+#: The built-in routes' request bodies, by path.
+BODIES: dict[str, dict[str, Any]] = {
+    "/v1/chat/completions": _CHAT, "/chat/completions": _CHAT,
+    "/v1/completions": _COMPLETIONS, "/completions": _COMPLETIONS,
+    "/v1/embeddings": _EMBEDDINGS, "/embeddings": _EMBEDDINGS,
+    "/v1/messages": _MESSAGES, "/v1/messages/count_tokens": _COUNT_TOKENS,
+    "/v1/responses": _RESPONSES,
+    "/v1/adapters": _ADAPTERS,
+}
+
+_WITH_BODY = {"POST", "PUT", "PATCH"}
+
+
+def _json(schema: dict[str, Any]) -> dict[str, OpenAPIMediaType]:
+    return {"application/json": OpenAPIMediaType(schema=schema)}  # type: ignore[arg-type]  # a plain JSON schema
+
+
+def _operation_class(handler: HTTPRouteHandler) -> type[Operation]:
+    body = handler.opt.get("body_schema") or next((BODIES[p] for p in handler.paths if p in BODIES), _ANY_OBJECT)
+    wants_body = bool(_WITH_BODY & set(handler.http_methods))
+
+    @dataclasses.dataclass
+    class Documented(Operation):
+        def __post_init__(self) -> None:
+            if wants_body and self.request_body is None:
+                self.request_body = RequestBody(content=_json(body), required=True)
+            responses = {code: r for code, r in (self.responses or {}).items() if code[:1] not in "45"}
+            for code, what in (("4XX", "The request was refused (the message says why)"),
+                               ("5XX", "The server could not answer (the message says why)")):
+                responses[code] = OpenAPIResponse(description=what, content=_json(ERROR_BODY))
+            self.responses = responses
+
+    return Documented
+
+
+def _handlers(routes: Iterable[Any]) -> Iterable[HTTPRouteHandler]:
+    for item in routes:
+        if isinstance(item, HTTPRouteHandler):
+            yield item
+        elif isinstance(item, Router):
+            for route in item.routes:
+                yield from (h for h in getattr(route, "route_handlers", ()) if isinstance(h, HTTPRouteHandler))
+        elif inspect.isclass(item):  # a controller
+            yield from (v for v in vars(item).values() if isinstance(v, HTTPRouteHandler))
+
+
+def document(routes: Iterable[Any]) -> None:
+    """Give each route handler of ``routes`` (handlers, routers, controllers) the
+    ``operation_class`` described above; the schema itself is built on its first request."""
+    for handler in _handlers(routes):
+        handler.operation_class = _operation_class(handler)
