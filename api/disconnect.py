@@ -11,7 +11,7 @@ lost (or the response is complete), so the watcher costs nothing while the clien
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import aclosing, asynccontextmanager
 from typing import Any, TypeVar
 
@@ -23,8 +23,8 @@ from mlxrt.assembly import drain
 from mlxrt.errors import MlxrtError
 from mlxrt.records import CacheReport, FinishEvent, GenerationRequest, TokenEvent
 
-__all__ = ["ClientDisconnected", "until_disconnect", "off_loop", "start_generation", "closing_on_error",
-           "drain_until_disconnect"]
+__all__ = ["ClientDisconnected", "until_disconnect", "off_loop", "start_generation", "start_choices",
+           "closing_on_error", "drain_until_disconnect"]
 
 T = TypeVar("T")
 
@@ -97,6 +97,23 @@ async def start_generation(request: Request, engine: Any, generation: Generation
     gen = engine.generate(generation)
     async with closing_on_error(gen):
         return gen, await until_disconnect(request, gen.started())
+
+
+async def start_choices(request: Request, engine: Any, generations: Sequence[GenerationRequest]
+                        ) -> tuple[list[Any], list[CacheReport]]:
+    """:func:`start_generation` for the choices of one request (OpenAI's ``n``): all submitted
+    before any is awaited, so they run side by side; if one is refused (``QueueFull``) or fails
+    before its first token, or the client leaves, every one is closed and the error raised."""
+    gens: list[Any] = []
+    try:
+        for generation in generations:
+            gens.append(engine.generate(generation))
+        reports = await until_disconnect(request, asyncio.gather(*(gen.started() for gen in gens)))
+    except BaseException:
+        for gen in gens:
+            await gen.aclose()
+        raise
+    return gens, list(reports)
 
 
 async def drain_until_disconnect(request: Request, gen: Any,
