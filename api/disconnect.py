@@ -100,20 +100,23 @@ async def start_generation(request: Request, engine: Any, generation: Generation
 
 
 async def start_choices(request: Request, engine: Any, generations: Sequence[GenerationRequest]
-                        ) -> tuple[list[Any], list[CacheReport]]:
+                        ) -> tuple[list[Any], CacheReport]:
     """:func:`start_generation` for the choices of one request (OpenAI's ``n``): all submitted
-    before any is awaited, so they run side by side; if one is refused (``QueueFull``) or fails
-    before its first token, or the client leaves, every one is closed and the error raised."""
+    at once, so they run side by side where the lane has rows; waits until the first is
+    admitted and returns its report. The others may wait behind it (the serial lane runs one
+    at a time), so an error that keeps one of them out arrives in its events. If one is
+    refused at submission (``QueueFull``), the first fails before its first token, or the
+    client leaves, every one is closed and the error raised."""
     gens: list[Any] = []
     try:
         for generation in generations:
             gens.append(engine.generate(generation))
-        reports = await until_disconnect(request, asyncio.gather(*(gen.started() for gen in gens)))
+        report = await until_disconnect(request, gens[0].started())
     except BaseException:
         for gen in gens:
             await gen.aclose()
         raise
-    return gens, list(reports)
+    return gens, report
 
 
 async def drain_until_disconnect(request: Request, gen: Any,

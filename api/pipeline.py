@@ -374,11 +374,11 @@ async def _serve_choices(request: Request, dialect: Any, turn: Turn, rendered: R
     generations = choice_requests(generation, turn.options.n)
     assemblers = [assembler_for(host, turn, rendered, g, observed=i == 0) for i, g in enumerate(generations)]
     model = host.engine.info.model_id
-    gens, reports = await start_choices(request, host.engine, generations)
-    headers = response_headers(turn.headers, reports[0])
+    gens, report = await start_choices(request, host.engine, generations)
+    headers = response_headers(turn.headers, report)
     if turn.stream:
         frames = stream_choices(gens, assemblers, id=generation.request_id, model=model, created=created,
-                                report=reports[0], turn=turn)
+                                report=report, turn=turn)
         return sse_response(guarded(frames, dialect.error_frame), headers=headers)
 
     async def drained(gen: Any, assembler: ResponseAssembler) -> tuple[FinishEvent, list[TokenEvent]]:

@@ -126,3 +126,34 @@ def test_system_fingerprint_is_stable_and_names_the_configuration(tiny_models, s
     other = serve_app(tiny_models("qwen3"), options={"temp": 0.7})
     assert openai_client(other).chat.completions.create(
         model="m", messages=MSG, max_tokens=2).system_fingerprint != fingerprint
+
+
+def test_every_choice_is_cancelled_when_the_client_leaves(tiny_models, server_process):
+    """A real server (the in-process client never disconnects): n=2, streamed or not, and the
+    client gives up; both engine requests are cancelled, the running one and the waiting one."""
+    import time
+
+    import httpx
+
+    def cancelled(http: httpx.Client, count: int) -> int:
+        deadline = time.monotonic() + 30
+        while (seen := http.get("/stats").json()["engine"]["requests_cancelled"]) < count \
+                and time.monotonic() < deadline:
+            time.sleep(0.1)
+        return seen
+
+    server = server_process([str(tiny_models("qwen3"))])
+    long = {"messages": [{"role": "user", "content": "go"}], "max_tokens": 30000, "temperature": 0, "n": 2}
+    with httpx.Client(base_url=server.url, timeout=60) as http:
+        with pytest.raises(httpx.ReadTimeout):
+            http.post("/v1/chat/completions", json=long, timeout=httpx.Timeout(60, read=1.0))
+        assert cancelled(http, 2) == 2
+        with http.stream("POST", "/v1/completions", json={"prompt": "go", "max_tokens": 30000, "temperature": 0,
+                                                          "n": 2, "stream": True}) as resp:
+            for line in resp.iter_lines():
+                if '"text":"' in line and '"text":""' not in line:
+                    break  # generated text: a choice is running on the engine
+        assert cancelled(http, 4) == 4
+        ok = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "max_tokens": 3,
+                                                     "n": 2})
+        assert ok.status_code == 200 and len(ok.json()["choices"]) == 2

@@ -60,8 +60,8 @@ async def completions(request: Request) -> Response:
     created = int(time.time())
     fingerprint = system_fingerprint(host)
     generations = choice_requests(generation, decoded.options.run.n)
-    gens, reports = await start_choices(request, engine, generations)
-    headers = response_headers(decoded.options.headers, reports[0])
+    gens, report = await start_choices(request, engine, generations)
+    headers = response_headers(decoded.options.headers, report)
     if decoded.request.stream:  # the stream owns the engine requests from here
         tally = UsageTally(len(gens), decoded.options.include_usage)
         streams = [_stream(gen, generation, model, created, index=i, tally=tally, fingerprint=fingerprint)
