@@ -24,7 +24,7 @@ from mlxrt.errors import MlxrtError
 from mlxrt.records import CacheReport, FinishEvent, GenerationRequest, TokenEvent
 
 __all__ = ["ClientDisconnected", "until_disconnect", "off_loop", "start_generation", "start_choices",
-           "closing_on_error", "drain_until_disconnect"]
+           "closing_on_error", "drain_until_disconnect", "drain_choices"]
 
 T = TypeVar("T")
 
@@ -125,3 +125,23 @@ async def drain_until_disconnect(request: Request, gen: Any,
     (and ``gen`` closed, freeing its batch row) when the client leaves; ``gen`` is closed on return."""
     async with aclosing(gen):
         return await until_disconnect(request, drain(gen, on_text))
+
+
+async def drain_choices(request: Request, gens: Sequence[Any], on_texts: Sequence[Callable[[str], Any]]
+                        ) -> list[tuple[FinishEvent, list[TokenEvent]]]:
+    """:func:`drain_until_disconnect` for the choices of one request, drained side by side
+    (each choice's text to its own ``on_texts`` callable). The client leaving, or one choice
+    failing, closes every one; all are closed on return."""
+    async def drained(gen: Any, on_text: Callable[[str], Any]) -> tuple[FinishEvent, list[TokenEvent]]:
+        async with aclosing(gen):
+            return await drain(gen, on_text)
+
+    tasks = [asyncio.ensure_future(drained(gen, on_text)) for gen, on_text in zip(gens, on_texts, strict=True)]
+    try:
+        return list(await until_disconnect(request, asyncio.gather(*tasks)))
+    except BaseException:
+        for task in tasks:  # every choice, whichever failed or was cancelled first
+            task.cancel()
+        for gen in gens:
+            await gen.aclose()
+        raise

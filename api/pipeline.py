@@ -24,10 +24,8 @@ Writing a dialect: docs/plugins/dialects.md.
 
 from __future__ import annotations
 
-import asyncio
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
-from contextlib import aclosing
 from typing import Any, Protocol, runtime_checkable
 
 import attrs
@@ -36,11 +34,11 @@ from litestar import Request, Response
 from mlxrt.api.app import claimed_fields
 from mlxrt.api.disconnect import (
     closing_on_error,
+    drain_choices,
     drain_until_disconnect,
     off_loop,
     start_choices,
     start_generation,
-    until_disconnect,
 )
 from mlxrt.api.generation import (
     FrameWriter,
@@ -54,7 +52,7 @@ from mlxrt.api.generation import (
 from mlxrt.api.models import host_for
 from mlxrt.api.sse import sse_data, sse_event, sse_response
 from mlxrt.api.wire import parse_json_object
-from mlxrt.assembly import ResponseAssembler, drain
+from mlxrt.assembly import ResponseAssembler
 from mlxrt.engine.admission import check_choices, choice_ceiling, plan_max_tokens
 from mlxrt.engine.sampling import choice_seed, resolve_sampling
 from mlxrt.errors import InvalidRequest, MlxrtError
@@ -381,19 +379,7 @@ async def _serve_choices(request: Request, dialect: Any, turn: Turn, rendered: R
                                 report=report, turn=turn)
         return sse_response(guarded(frames, dialect.error_frame), headers=headers)
 
-    async def drained(gen: Any, assembler: ResponseAssembler) -> tuple[FinishEvent, list[TokenEvent]]:
-        async with aclosing(gen):
-            return await drain(gen, assembler.feed)
-
-    tasks = [asyncio.ensure_future(drained(g, a)) for g, a in zip(gens, assemblers, strict=True)]
-    try:
-        results = await until_disconnect(request, asyncio.gather(*tasks))
-    except BaseException:
-        for task in tasks:  # every choice, whichever failed or was cancelled first
-            task.cancel()
-        for gen in gens:
-            await gen.aclose()
-        raise
+    results = await drain_choices(request, gens, [assembler.feed for assembler in assemblers])
     answers = tuple(_answer(assembler, finish, logprobs, turn=turn, generation=generation, model=model,
                             created=created) for assembler, (finish, logprobs) in zip(assemblers, results, strict=True))
     answer = attrs.evolve(answers[0], choices=answers)

@@ -17,7 +17,7 @@ from typing import Any
 from litestar import Request, Response, post
 
 from mlxrt.api.app import claimed_fields
-from mlxrt.api.disconnect import drain_until_disconnect, start_choices
+from mlxrt.api.disconnect import drain_choices, start_choices
 from mlxrt.api.generation import merged, refuse_overlong_text
 from mlxrt.api.models import host_for
 from mlxrt.api.pipeline import choice_requests, planned_text
@@ -69,13 +69,7 @@ async def completions(request: Request) -> Response:
         return sse_response(guarded(_closed(merged(streams), generation, model, created, tally, fingerprint)),
                             headers=headers)
     texts: list[list[str]] = [[] for _ in gens]
-    try:
-        results = [await drain_until_disconnect(request, gen, parts.append)
-                   for gen, parts in zip(gens, texts, strict=True)]
-    except BaseException:
-        for gen in gens:  # the choices not drained yet
-            await gen.aclose()
-        raise
+    results = await drain_choices(request, gens, [parts.append for parts in texts])
     bodies = [text_completion_body(
         id=generation.request_id, created=created, model=model, text="".join(parts) + finish.text,
         finish_reason=str(finish.finish_reason), finish=finish,
