@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from support import openai_client
+from support import Scripted, openai_client
 
 from mlxrt.engine.sampling import choice_seed
 
@@ -109,6 +109,25 @@ def test_choices_share_the_memory_budget():
     assert plan_max_tokens(100, None, 65536, choice_ceiling(4096, 3000, 3), choices=3) == 900
     with pytest.raises(OverBudget, match="for each of its n=3 choices"):
         plan_max_tokens(100, 950, 65536, choice_ceiling(4096, 3000, 3), choices=3)
+
+
+def test_choices_share_the_memory_budget_over_http(tiny_models, serve_app):
+    """Under --memory-budget, n=2 choices each get half the safe context: a max_tokens that
+    fits one answer alone is refused for two, naming n; a default max_tokens is capped to it."""
+    client = serve_app(tiny_models("qwen3"), extra=[("scripted", Scripted())], options={"memory_budget": 0.004})
+    safe = client.get("/stats").json()["engine"]["admission"]["safe_context"]
+    body = {"messages": MSG, "script": "ok"}
+    prompt = client.post("/v1/chat/completions", json=body).json()["usage"]["prompt_tokens"]
+    half = safe // 2 - prompt + 1  # one token more than half the budget holds with the prompt
+    alone = client.post("/v1/chat/completions", json={**body, "max_tokens": half})
+    assert alone.status_code == 200, alone.text
+    both = client.post("/v1/chat/completions", json={**body, "max_tokens": half, "n": 2})
+    assert both.status_code == 400
+    error = both.json()["error"]
+    assert error["code"] == "context_over_budget" and error["message"].endswith(
+        f"caps safe context at {safe // 2} for each of its n=2 choices — shorten the prompt or lower max_tokens or n")
+    capped = client.post("/v1/chat/completions", json={**body, "n": 2})
+    assert capped.status_code == 200 and [c["message"]["content"] for c in capped.json()["choices"]] == ["ok", "ok"]
 
 
 def test_system_fingerprint_is_stable_and_names_the_configuration(tiny_models, serve_app, qwen3_client):
