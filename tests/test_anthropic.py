@@ -222,6 +222,8 @@ BAD = [
     ({"max_tokens": 5, "messages": MSG, "output_config": {"effort": "extreme"}},
      "output_config.effort: Input should be 'low', 'medium', 'high' or 'max'"),
     ({"max_tokens": 5, "messages": MSG, "output_config": "high"}, "output_config must be of type dict"),
+    ({"max_tokens": 5, "messages": MSG, "output_config": {"effort": {"level": 1}}},
+     "output_config.effort: Input should be 'low', 'medium', 'high' or 'max'"),
     ({"max_tokens": 5, "messages": MSG, "stop_sequences": [1]}, "stop_sequences: must be a list of strings"),
     ({"max_tokens": 5, "messages": MSG, "tool_choice": {"type": "sometimes"}}, "tool_choice.type"),
     ({"max_tokens": 5, "messages": MSG, "tools": TOOLS, "tool_choice": {"type": "tool", "name": "nope"}},

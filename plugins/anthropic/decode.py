@@ -259,7 +259,7 @@ def _output_config(value: Any) -> tuple[str | None, tuple[str, ...]]:
     if value is None:
         return None, ()
     effort = value.get("effort")
-    if effort is not None and effort not in EFFORTS:
+    if effort is not None and (not isinstance(effort, str) or effort not in EFFORTS):
         raise _bad("output_config.effort: Input should be 'low', 'medium', 'high' or 'max'", "output_config")
     return effort, tuple(f"output_config.{k}" for k in value if k not in _OUTPUT_CONFIG)
 
