@@ -85,22 +85,25 @@ SILENT_TEMPLATE = STRICT_TEMPLATE.replace("{{- raise_exception('System role only
 
 @pytest.fixture
 def templated(tiny_models, serve_app, tmp_path):
-    def start(template: str):
-        folder = tmp_path / "strict"
-        shutil.copytree(tiny_models("qwen3"), folder)
-        (folder / "chat_template.jinja").unlink(missing_ok=True)
-        config = json.loads((folder / "tokenizer_config.json").read_text())
-        (folder / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": template}))
+    def start(template: str | None):
+        folder = tiny_models("qwen3")
+        if template is not None:
+            folder = tmp_path / "strict"
+            shutil.copytree(tiny_models("qwen3"), folder)
+            (folder / "chat_template.jinja").unlink(missing_ok=True)
+            config = json.loads((folder / "tokenizer_config.json").read_text())
+            (folder / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": template}))
         recorder = Recorder()
         return serve_app(folder, extra=[("scripted", Scripted()), ("recorder", recorder)]), recorder
 
     return start
 
 
-@pytest.mark.parametrize("template", [STRICT_TEMPLATE, SILENT_TEMPLATE], ids=["raises", "drops"])
-def test_system_entries_fold_into_user_turns_and_keep_the_prompt_a_prefix(templated, template):
+@pytest.mark.parametrize("template", [STRICT_TEMPLATE, SILENT_TEMPLATE, None], ids=["raises", "drops", "qwen3"])
+def test_system_entries_keep_each_turns_prompt_a_prefix_of_the_next(templated, template):
     """A template that cannot render a later system message gets it folded into the nearest user
-    turn at its place, by a rule that keeps turn N's prompt ids a prefix of turn N+1's."""
+    turn at its place, by a rule that keeps turn N's prompt ids a prefix of turn N+1's, as they
+    are where the template renders system messages in place (Qwen3)."""
     client, recorder = templated(template)
     call = {"type": "tool_use", "id": "toolu_1", "name": "get_weather", "input": {"city": "Paris"}}
     turn1 = [{"role": "system", "content": "Leading entry."},
@@ -117,14 +120,17 @@ def test_system_entries_fold_into_user_turns_and_keep_the_prompt_a_prefix(templa
     responses = [_post(client, turn, system="You are a CLI.") for turn in (turn1, turn2, turn3, turn4)]
     first, second, third, fourth = recorder.ids
     assert first == second[:len(first)] and second == third[:len(second)] and third == fourth[:len(third)]
+    # The prompt cache serves each next turn from the one before.
+    assert all(r.headers["x-mlxrt-cache"].startswith(("hit", "partial")) for r in responses[1:])
+    if template is None:
+        assert "<|im_start|>system\nReminder two.<|im_end|>\n" in recorder.texts[3]
+        return
     assert recorder.texts[0] == (
         "<|im_start|>system\nYou are a CLI.\n\nLeading entry.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n"
         "<|im_start|>user\nReminder one.\n\nWeather in Paris?<|im_end|>\n<|im_start|>assistant\n")
     # After a tool result: a user turn of its own; after a user turn: joined to it.
     assert "<|im_start|>tool\nsunny<|im_end|>\n<|im_start|>user\nReminder two.<|im_end|>\n" in recorder.texts[3]
     assert "<|im_start|>user\nThanks.\n\nReminder three.<|im_end|>\n" in recorder.texts[3]
-    # The prompt cache serves each next turn from the one before.
-    assert all(r.headers["x-mlxrt-cache"].startswith(("hit", "partial")) for r in responses[1:])
 
 
 # -- thinking blocks, adaptive thinking, effort -----------------------------------------------------

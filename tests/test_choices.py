@@ -40,6 +40,14 @@ def test_chat_choices_are_seeded_per_choice_and_reproducible(tiny_models, serve_
     assert both.usage.total_tokens == both.usage.prompt_tokens + both.usage.completion_tokens
 
 
+def test_chat_choices_carry_their_own_logprobs(qwen3_client):
+    out = openai_client(qwen3_client).chat.completions.create(model="m", messages=MSG, n=2, seed=2, logprobs=True,
+                                                              top_logprobs=2, **SAMPLED)
+    for choice in out.choices:
+        assert "".join(e.token for e in choice.logprobs.content) == choice.message.content
+        assert all(len(e.top_logprobs) == 2 for e in choice.logprobs.content)
+
+
 def test_chat_choices_stream(qwen3_client):
     client = openai_client(qwen3_client)
     whole = client.chat.completions.create(model="m", messages=MSG, n=3, seed=11, **SAMPLED)
