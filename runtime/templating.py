@@ -1,5 +1,6 @@
 """Chat templating: messages (and tools) → prompt token ids, with the family's template
-keyword arguments from ``mlxrt_chat_template_kwargs``."""
+keyword arguments from ``mlxrt_chat_template_kwargs``; system messages a template cannot render
+mid-conversation are folded by a rule that keeps the prompt cache hitting."""
 
 from __future__ import annotations
 
@@ -43,7 +44,9 @@ def render_chat(host: PluginHost, tokenizer: Any, profile: FamilyProfile, chat: 
     ``--chat-template-args`` come first, then the family's kwargs (by default, for a model with a
     thinking format, :func:`thinking_kwargs`: the client's ``reasoning_effort``, then
     ``--thinking``); the client's explicit
-    ``chat_template_kwargs`` win.
+    ``chat_template_kwargs`` win. System messages after the first are rendered at their place
+    where the template takes them there, else folded into user turns
+    (:func:`fold_system_messages`).
     Template errors are the client's (a message shape the template rejects): 400
     ``prompt build failed: …``.
     """

@@ -216,3 +216,48 @@ def test_fields_without_local_meaning_are_reported(recorded):
     finally:
         strict["strict"] = False
     assert refused.status_code == 400 and "output_config.format" in refused.json()["error"]["message"]
+
+
+# -- the fold rule, as a pure function ---------------------------------------------------------------
+
+
+def test_fold_system_messages_rule():
+    from mlxrt.templating import fold_system_messages
+
+    image = [{"type": "text", "text": "look"}, {"type": "image"}]
+    folded = fold_system_messages([
+        {"role": "system", "content": "A"}, {"role": "system", "content": "B"},
+        {"role": "user", "content": image}, {"role": "system", "content": "C"}, {"role": "system", "content": "D"},
+        {"role": "assistant", "content": "ok"}, {"role": "system", "content": "E"},
+        {"role": "user", "content": "next"}, {"role": "tool", "content": "r"}, {"role": "system", "content": "F"}])
+    assert folded == (
+        {"role": "system", "content": "A\n\nB"},
+        {"role": "user", "content": [*image, {"type": "text", "text": "C\n\nD"}]},
+        {"role": "assistant", "content": "ok"},
+        {"role": "user", "content": "E\n\nnext"},
+        {"role": "tool", "content": "r"},
+        {"role": "user", "content": "F"})
+
+
+def test_fold_keeps_each_turn_a_prefix_of_the_next():
+    """Whatever a request holds, appending the answer and more turns never changes how its own
+    messages fold."""
+    from hypothesis import given, settings
+    from hypothesis import strategies as st
+
+    from mlxrt.templating import fold_system_messages
+
+    roles = st.sampled_from(["system", "user", "assistant", "tool"])
+
+    @settings(max_examples=300, deadline=None)
+    @given(base=st.lists(roles, min_size=1, max_size=8), more=st.lists(roles, max_size=6))
+    def check(base, more):
+        def messages(kinds, start):
+            return [{"role": r, "content": f"{r}{start + i}"} for i, r in enumerate(kinds)]
+
+        turn = messages(base, 0)
+        nxt = turn + messages(["assistant", *more], len(base))
+        before = fold_system_messages(turn)
+        assert fold_system_messages(nxt)[:len(before)] == before
+
+    check()
