@@ -156,8 +156,9 @@ def test_system_fingerprint_is_stable_and_names_the_configuration(tiny_models, s
 
 
 def test_every_choice_is_cancelled_when_the_client_leaves(tiny_models, server_process):
-    """A real server (the in-process client never disconnects): n=2, streamed or not, and the
-    client gives up; both engine requests are cancelled, the running one and the waiting one."""
+    """A real server (the in-process client never disconnects): n=2, streamed or not, chat or
+    text, and the client gives up; both engine requests are cancelled, the running one and the
+    waiting one."""
     import time
 
     import httpx
@@ -181,6 +182,11 @@ def test_every_choice_is_cancelled_when_the_client_leaves(tiny_models, server_pr
                 if '"text":"' in line and '"text":""' not in line:
                     break  # generated text: a choice is running on the engine
         assert cancelled(http, 4) == 4
+        with http.stream("POST", "/v1/chat/completions", json={**long, "stream": True}) as resp:
+            for line in resp.iter_lines():
+                if '"content":"' in line and '"content":""' not in line:
+                    break
+        assert cancelled(http, 6) == 6
         ok = http.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "max_tokens": 3,
                                                      "n": 2})
         assert ok.status_code == 200 and len(ok.json()["choices"]) == 2

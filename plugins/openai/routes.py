@@ -92,8 +92,9 @@ async def _stream(gens: list[Any], id: str, assemblers: list[ResponseAssembler],
     tally = UsageTally(len(gens), include_usage)
     streams = [_choice_stream(gen, id, assembler, model, created, index=i, tally=tally, fingerprint=fingerprint)
                for i, (gen, assembler) in enumerate(zip(gens, assemblers, strict=True))]
-    async for frame in merged(streams):
-        yield frame
+    async with aclosing(merged(streams)) as frames:
+        async for frame in frames:
+            yield frame
     for closing in closing_frames(id=id, created=created, model=model, object="chat.completion.chunk",
                                   tally=tally, fingerprint=fingerprint):
         yield closing
