@@ -18,7 +18,7 @@ from litestar import Request, Response, post
 
 from mlxrt.api.app import claimed_fields
 from mlxrt.api.disconnect import drain_choices, start_choices
-from mlxrt.api.generation import merged, refuse_overlong_text
+from mlxrt.api.generation import refuse_overlong_text
 from mlxrt.api.models import host_for
 from mlxrt.api.pipeline import choice_requests, planned_text
 from mlxrt.api.sse import sse_data, sse_response
@@ -28,7 +28,7 @@ from mlxrt.plugins.openai.decode import decode_completion
 from mlxrt.plugins.openai.encode import (
     ROUTE_OPT,
     UsageTally,
-    closing_frames,
+    choice_frames,
     guarded,
     response_headers,
     system_fingerprint,
@@ -66,7 +66,8 @@ async def completions(request: Request) -> Response:
         tally = UsageTally(len(gens), decoded.options.include_usage)
         streams = [_stream(gen, generation, model, created, index=i, tally=tally, fingerprint=fingerprint)
                    for i, gen in enumerate(gens)]
-        return sse_response(guarded(_closed(merged(streams), generation, model, created, tally, fingerprint)),
+        return sse_response(guarded(choice_frames(streams, id=generation.request_id, created=created, model=model,
+                                                  object="text_completion", tally=tally, fingerprint=fingerprint)),
                             headers=headers)
     texts: list[list[str]] = [[] for _ in gens]
     results = await drain_choices(request, gens, [parts.append for parts in texts])
@@ -77,17 +78,6 @@ async def completions(request: Request) -> Response:
     ) for i, (parts, (finish, logprobs)) in enumerate(zip(texts, results, strict=True))]
     body = bodies[0] if len(bodies) == 1 else with_choices(bodies, [finish for finish, _ in results])
     return Response(content=body, status_code=200, headers=headers)
-
-
-async def _closed(frames: AsyncIterator[bytes], generation: GenerationRequest, model: str, created: int,
-                  tally: UsageTally, fingerprint: str) -> AsyncIterator[bytes]:
-    """Every choice's chunks, then the closing frames (usage chunk, ``[DONE]``)."""
-    async with aclosing(frames):
-        async for frame in frames:
-            yield frame
-    for closing in closing_frames(id=generation.request_id, created=created, model=model, object="text_completion",
-                                  tally=tally, fingerprint=fingerprint):
-        yield closing
 
 
 async def _stream(gen: Any, generation: GenerationRequest, model: str, created: int, *, index: int,

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
+from contextlib import aclosing
 from typing import Any
 
 from mlxrt.api import generation
@@ -14,7 +15,7 @@ from mlxrt.records import FinishEvent, TokenEvent, ToolCall
 
 __all__ = [
     "ROUTE_OPT", "CACHE_HEADER", "response_headers",
-    "usage", "completion_body", "chunk", "UsageTally", "closing_frames", "tool_calls_json", "with_choices",
+    "usage", "completion_body", "chunk", "UsageTally", "choice_frames", "closing_frames", "tool_calls_json", "with_choices",
     "logprob_entries", "logprobs_block", "text_completion_body", "text_completion_chunk", "guarded",
     "error_frame", "system_fingerprint", "GENERATION_FLAGS",
 ]
@@ -183,6 +184,18 @@ class UsageTally:
 
     def usage(self) -> dict[str, Any]:
         return usage(*(self._finishes[i] for i in sorted(self._finishes)))
+
+
+async def choice_frames(streams: Sequence[AsyncIterator[bytes]], *, id: str, created: int, model: str, object: str,
+                        tally: UsageTally, fingerprint: str | None = None) -> AsyncIterator[bytes]:
+    """A stream of every choice's chunks as they come (each choice's ``streams`` item ends
+    with its finish chunk), then :func:`closing_frames`. Closing it closes every choice."""
+    async with aclosing(generation.merged(streams)) as frames:
+        async for frame in frames:
+            yield frame
+    for closing in closing_frames(id=id, created=created, model=model, object=object, tally=tally,
+                                  fingerprint=fingerprint):
+        yield closing
 
 
 def closing_frames(*, id: str, created: int, model: str, object: str, tally: UsageTally,

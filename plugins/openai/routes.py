@@ -11,7 +11,6 @@ from typing import Any
 from litestar import Request, Response, post
 
 from mlxrt.api.errors import openai_error_body
-from mlxrt.api.generation import merged
 from mlxrt.api.pipeline import Answer, Turn, serve_chat
 from mlxrt.api.sse import sse_data
 from mlxrt.assembly import LogprobTrail, ResponseAssembler
@@ -21,8 +20,8 @@ from mlxrt.plugins.openai.embeddings import embeddings
 from mlxrt.plugins.openai.encode import (
     ROUTE_OPT,
     UsageTally,
+    choice_frames,
     chunk,
-    closing_frames,
     completion_body,
     error_frame,
     system_fingerprint,
@@ -85,19 +84,15 @@ async def chat_completions(request: Request) -> Response:
     return await serve_chat(request, CHAT)
 
 
-async def _stream(gens: list[Any], id: str, assemblers: list[ResponseAssembler], model: str, created: int, *,
-                  include_usage: bool, fingerprint: str) -> AsyncIterator[bytes]:
+def _stream(gens: list[Any], id: str, assemblers: list[ResponseAssembler], model: str, created: int, *,
+            include_usage: bool, fingerprint: str) -> AsyncIterator[bytes]:
     """Chat chunks of every choice (``n``: each its own engine request, its chunks indexed),
     then the closing frames. Owns ``gens``: closing this stream (the client left) closes them."""
     tally = UsageTally(len(gens), include_usage)
     streams = [_choice_stream(gen, id, assembler, model, created, index=i, tally=tally, fingerprint=fingerprint)
                for i, (gen, assembler) in enumerate(zip(gens, assemblers, strict=True))]
-    async with aclosing(merged(streams)) as frames:
-        async for frame in frames:
-            yield frame
-    for closing in closing_frames(id=id, created=created, model=model, object="chat.completion.chunk",
-                                  tally=tally, fingerprint=fingerprint):
-        yield closing
+    return choice_frames(streams, id=id, created=created, model=model, object="chat.completion.chunk", tally=tally,
+                         fingerprint=fingerprint)
 
 
 async def _choice_stream(gen: Any, id: str, assembler: ResponseAssembler, model: str, created: int, *,
