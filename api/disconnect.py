@@ -11,7 +11,7 @@ lost (or the response is complete), so the watcher costs nothing while the clien
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import aclosing, asynccontextmanager
 from typing import Any, TypeVar
 
@@ -23,8 +23,8 @@ from mlxrt.assembly import drain
 from mlxrt.errors import MlxrtError
 from mlxrt.records import CacheReport, FinishEvent, GenerationRequest, TokenEvent
 
-__all__ = ["ClientDisconnected", "until_disconnect", "off_loop", "start_generation", "closing_on_error",
-           "drain_until_disconnect"]
+__all__ = ["ClientDisconnected", "until_disconnect", "off_loop", "start_generation", "start_choices",
+           "closing_on_error", "drain_until_disconnect", "drain_choices"]
 
 T = TypeVar("T")
 
@@ -99,9 +99,49 @@ async def start_generation(request: Request, engine: Any, generation: Generation
         return gen, await until_disconnect(request, gen.started())
 
 
+async def start_choices(request: Request, engine: Any, generations: Sequence[GenerationRequest]
+                        ) -> tuple[list[Any], CacheReport]:
+    """:func:`start_generation` for the choices of one request (OpenAI's ``n``): all submitted
+    at once, so they run side by side where the lane has rows; waits until the first is
+    admitted and returns its report. The others may wait behind it (the serial lane runs one
+    at a time), so an error that keeps one of them out arrives in its events. If one is
+    refused at submission (``QueueFull``), the first fails before its first token, or the
+    client leaves, every one is closed and the error raised."""
+    gens: list[Any] = []
+    try:
+        for generation in generations:
+            gens.append(engine.generate(generation))
+        report = await until_disconnect(request, gens[0].started())
+    except BaseException:
+        for gen in gens:
+            await gen.aclose()
+        raise
+    return gens, report
+
+
 async def drain_until_disconnect(request: Request, gen: Any,
                                  on_text: Callable[[str], Any]) -> tuple[FinishEvent, list[TokenEvent]]:
     """The non-streaming path: :func:`mlxrt.assembly.drain` the whole generation, cancelled
     (and ``gen`` closed, freeing its batch row) when the client leaves; ``gen`` is closed on return."""
     async with aclosing(gen):
         return await until_disconnect(request, drain(gen, on_text))
+
+
+async def drain_choices(request: Request, gens: Sequence[Any], on_texts: Sequence[Callable[[str], Any]]
+                        ) -> list[tuple[FinishEvent, list[TokenEvent]]]:
+    """:func:`drain_until_disconnect` for the choices of one request, drained side by side
+    (each choice's text to its own ``on_texts`` callable). The client leaving, or one choice
+    failing, closes every one; all are closed on return."""
+    async def drained(gen: Any, on_text: Callable[[str], Any]) -> tuple[FinishEvent, list[TokenEvent]]:
+        async with aclosing(gen):
+            return await drain(gen, on_text)
+
+    tasks = [asyncio.ensure_future(drained(gen, on_text)) for gen, on_text in zip(gens, on_texts, strict=True)]
+    try:
+        return list(await until_disconnect(request, asyncio.gather(*tasks)))
+    except BaseException:
+        for task in tasks:  # every choice, whichever failed or was cancelled first
+            task.cancel()
+        for gen in gens:
+            await gen.aclose()
+        raise

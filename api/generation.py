@@ -22,7 +22,7 @@ from mlxrt.records import (
     ToolCall,
 )
 
-__all__ = ["CACHE_HEADER", "response_headers", "forced_openings", "forced_tool_call", "guarded",
+__all__ = ["CACHE_HEADER", "response_headers", "forced_openings", "forced_tool_call", "guarded", "merged",
            "tool_input", "FrameWriter", "assembled_stream", "structured_output", "json_schema_output",
            "turn_observer", "refuse_overlong_text", "check_text_length", "MAX_CHARS_PER_TOKEN"]
 
@@ -214,6 +214,46 @@ async def guarded(frames: AsyncIterator[bytes], error_frame: Callable[[MlxrtErro
                 yield frame
         except MlxrtError as exc:
             yield error_frame(exc)
+
+
+async def merged(streams: Sequence[AsyncIterator[bytes]]) -> AsyncIterator[bytes]:
+    """The frames of several streams (the choices of one request) as each produces them, every
+    stream's in its own order. The first error ends the merge and closes the other streams, as
+    does closing the merge (the client left): each closes its engine request."""
+    if len(streams) == 1:
+        async with aclosing(streams[0]) as only:
+            async for frame in only:
+                yield frame
+        return
+    import asyncio
+
+    queue: asyncio.Queue[tuple[bytes | None, BaseException | None]] = asyncio.Queue()
+
+    async def pump(stream: AsyncIterator[bytes]) -> None:
+        try:
+            async with aclosing(stream):
+                async for frame in stream:
+                    queue.put_nowait((frame, None))
+        except Exception as exc:  # handed to the reader, which raises it
+            queue.put_nowait((None, exc))
+            return
+        queue.put_nowait((None, None))
+
+    tasks = [asyncio.ensure_future(pump(stream)) for stream in streams]
+    try:
+        done = 0
+        while done < len(tasks):
+            frame, error = await queue.get()
+            if error is not None:
+                raise error
+            if frame is None:
+                done += 1
+            else:
+                yield frame
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
 
 
 class FrameWriter(Protocol):

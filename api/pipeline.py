@@ -15,7 +15,9 @@ logit-bias checks, ``tool_choice`` enforcement, ``mlxrt_prompt_canonicalize`` an
   request's own options (its tools) and reports the finished turn to observers;
 - :func:`serve_chat` runs a whole request for a :class:`Dialect` (a dialect with server-side
   state, such as Responses' stored conversations, binds it in its optional ``resolve`` step); a
-  dialect whose wire needs more (text completions' raw prompt) calls the steps itself.
+  dialect whose wire needs more (text completions' raw prompt) calls the steps itself;
+- :func:`choice_requests` makes the engine requests of a request for several choices
+  (``options.n``), which :func:`mlxrt.api.disconnect.start_choices` submits together.
 
 Writing a dialect: docs/plugins/dialects.md.
 """
@@ -33,8 +35,10 @@ from mlxrt.api.app import claimed_fields
 from mlxrt.api.auth import caller_of
 from mlxrt.api.disconnect import (
     closing_on_error,
+    drain_choices,
     drain_until_disconnect,
     off_loop,
+    start_choices,
     start_generation,
 )
 from mlxrt.api.generation import (
@@ -50,8 +54,8 @@ from mlxrt.api.models import host_for
 from mlxrt.api.sse import sse_data, sse_event, sse_response
 from mlxrt.api.wire import parse_json_object
 from mlxrt.assembly import ResponseAssembler
-from mlxrt.engine.admission import plan_max_tokens
-from mlxrt.engine.sampling import resolve_sampling
+from mlxrt.engine.admission import check_choices, choice_ceiling, plan_max_tokens
+from mlxrt.engine.sampling import choice_seed, resolve_sampling
 from mlxrt.errors import InvalidRequest, MlxrtError
 from mlxrt.records import (
     CacheReport,
@@ -72,7 +76,7 @@ from mlxrt.templating import (
 )
 
 __all__ = ["Turn", "Answer", "Dialect", "Framed", "plan", "prepare_request", "prepare", "planned_chat", "planned_text",
-           "assembler_for", "serve_chat", "route_opt",
+           "assembler_for", "serve_chat", "route_opt", "choice_requests",
            # Re-exported so a dialect needs this module, mlxrt.records and mlxrt.errors only:
            "ChatInput", "FrameWriter", "sse_data", "sse_event"]
 
@@ -108,7 +112,8 @@ class Answer:
 
     ``created``: when the request was planned (Unix seconds); ``logprobs``: the emitted tokens'
     events when the request asked for log-probabilities, else ``None``; ``turn``: the decoded
-    request it answers.
+    request it answers; ``choices``: every choice in index order (this answer is the first)
+    when the request asked for several (``options.n > 1``), else ``()``.
     """
 
     id: str
@@ -121,6 +126,7 @@ class Answer:
     created: int = 0
     logprobs: tuple[TokenEvent, ...] | None = None
     turn: Turn | None = None
+    choices: tuple[Answer, ...] = ()
 
 
 @runtime_checkable
@@ -133,8 +139,11 @@ class Dialect(Protocol):
     :ivar default_max_tokens: The answer's token limit when the body sets none
         (``--max-tokens`` overrides it; admission caps it to the context).
 
-    One member is optional, because most dialects keep no state between requests:
-    ``async def resolve(self, request: Request, turn: Turn) -> Turn``, run right after
+    Two members are optional. A dialect that answers several choices (``options.n > 1``, which
+    only its decoder can ask for) has ``stream_choices(gens, assemblers, *, id, model, created,
+    report, turn)``, :meth:`stream` over one engine request per choice, and reads
+    ``Answer.choices`` in :meth:`body`. And because most dialects keep no state between
+    requests, ``async def resolve(self, request: Request, turn: Turn) -> Turn``, run right after
     :meth:`decode` and before the model is chosen, binds the turn to what the server keeps
     for the client (Responses: the stored conversation ``previous_response_id`` continues,
     raising :class:`~mlxrt.errors.NotFound` for an unknown one, and where the answer is
@@ -219,7 +228,12 @@ def plan(host: Any, options: RequestOptions, prompt_ids: Sequence[int], *, diale
     requested = options.max_tokens
     if options.max_tokens_is_ceiling and requested is not None:
         default, requested = requested, None
-    max_tokens = plan_max_tokens(len(prompt_ids), requested, default, engine.context_ceiling)
+    ceiling = engine.context_ceiling
+    if options.n > 1:
+        config = getattr(engine, "config", None)
+        check_choices(options.n, getattr(config, "batch", 1), getattr(config, "max_queue", 0))
+        ceiling = choice_ceiling(engine.info.context_window, getattr(engine, "safe_context", None), options.n)
+    max_tokens = plan_max_tokens(len(prompt_ids), requested, default, ceiling, choices=options.n)
     sampling = resolve_sampling(options.sampling, host.options, engine.info.generation_config, seed=options.seed,
                                 logit_bias=options.logit_bias)
     forced, structured = forced_tool_call(host, options.forced_tools, options.tools, prompt_ids,
@@ -232,6 +246,16 @@ def plan(host: Any, options: RequestOptions, prompt_ids: Sequence[int], *, diale
         partition=partition,
     )
     return canonicalize(host, gen, dialect)
+
+
+def choice_requests(generation: GenerationRequest, n: int) -> tuple[GenerationRequest, ...]:
+    """The engine requests of ``n`` choices of one planned request: the first is
+    ``generation`` itself, each other has its own id (``<id>-<index>``) and a seed derived from
+    the request's (:func:`mlxrt.engine.sampling.choice_seed`)."""
+    return (generation, *(attrs.evolve(
+        generation, request_id=f"{generation.request_id}-{i}",
+        sampling=attrs.evolve(generation.sampling, seed=choice_seed(generation.sampling.seed, i)))
+        for i in range(1, n)))
 
 
 def prepare_request(host: Any, request: GenerationRequest) -> None:
@@ -284,14 +308,16 @@ async def planned_text(request: Request, host: Any, prompt: str, options: Reques
                           caller_of(request))
 
 
-def assembler_for(host: Any, turn: Turn, rendered: RenderedPrompt, generation: GenerationRequest) -> ResponseAssembler:
+def assembler_for(host: Any, turn: Turn, rendered: RenderedPrompt, generation: GenerationRequest, *,
+                  observed: bool = True) -> ResponseAssembler:
     """Engine events → reasoning, content and tool calls, with the request's own tools; the
-    finished turn is reported to ``mlxrt_turn_finished`` observers."""
+    finished turn is reported to ``mlxrt_turn_finished`` observers (unless not ``observed``:
+    of several choices, only the first is the conversation's turn)."""
     return ResponseAssembler(host.engine.profile, tools=turn.options.tools,
                              starts_in_thinking=rendered.starts_in_thinking,
                              on_finish=turn_observer(host, dialect=generation.dialect,
                                                      request_id=generation.request_id,
-                                                     messages=turn.chat.messages))
+                                                     messages=turn.chat.messages) if observed else None)
 
 
 async def serve_chat(request: Request, dialect: Dialect) -> Response:
@@ -312,6 +338,8 @@ async def serve_chat(request: Request, dialect: Dialect) -> Response:
     engine = host.engine
     model = engine.info.model_id
     created = int(time.time())
+    if turn.options.n > 1:
+        return await _serve_choices(request, dialect, turn, rendered, generation, created)
     assembler = assembler_for(host, turn, rendered, generation)
     # Admission errors (queue full, a failing sampler hook) surface here, as the status.
     gen, report = await start_generation(request, engine, generation)
@@ -322,10 +350,42 @@ async def serve_chat(request: Request, dialect: Dialect) -> Response:
                                     report=report, turn=turn)
             return sse_response(guarded(frames, dialect.error_frame), headers=headers)
     finish, logprobs = await drain_until_disconnect(request, gen, assembler.feed)
+    answer = _answer(assembler, finish, logprobs, turn=turn, generation=generation, model=model, created=created)
+    return Response(content=dialect.body(answer), status_code=200, headers=headers)
+
+
+def _answer(assembler: ResponseAssembler, finish: FinishEvent, logprobs: list[TokenEvent], *, turn: Turn,
+            generation: GenerationRequest, model: str, created: int) -> Answer:
+    """A drained generation's :class:`Answer` (the assembler flushed, the calls it keeps)."""
     _delta, reason = assembler.finish(finish)
     calls = assembler.tool_calls[:1] if turn.single_call else assembler.tool_calls
-    answer = Answer(id=generation.request_id, model=model, content="".join(assembler.content),
-                    reasoning="".join(assembler.reasoning), calls=calls, reason=reason, finish=finish,
-                    created=created, logprobs=tuple(logprobs) if generation.logprobs is not None else None,
-                    turn=turn)
+    return Answer(id=generation.request_id, model=model, content="".join(assembler.content),
+                  reasoning="".join(assembler.reasoning), calls=calls, reason=reason, finish=finish,
+                  created=created, logprobs=tuple(logprobs) if generation.logprobs is not None else None,
+                  turn=turn)
+
+
+async def _serve_choices(request: Request, dialect: Any, turn: Turn, rendered: RenderedPrompt,
+                         generation: GenerationRequest, created: int) -> Response:
+    """:func:`serve_chat` for several choices: one engine request each, submitted together."""
+    host = turn.host
+    stream_choices = getattr(dialect, "stream_choices", None)
+    if stream_choices is None:
+        raise InvalidRequest(f"n > 1 is not supported by the {dialect.name} dialect", param="n")
+    if generation.vision is not None:
+        raise InvalidRequest("n > 1 is not supported with image inputs", param="n")
+    generations = choice_requests(generation, turn.options.n)
+    assemblers = [assembler_for(host, turn, rendered, g, observed=i == 0) for i, g in enumerate(generations)]
+    model = host.engine.info.model_id
+    gens, report = await start_choices(request, host.engine, generations)
+    headers = response_headers(turn.headers, report)
+    if turn.stream:
+        frames = stream_choices(gens, assemblers, id=generation.request_id, model=model, created=created,
+                                report=report, turn=turn)
+        return sse_response(guarded(frames, dialect.error_frame), headers=headers)
+
+    results = await drain_choices(request, gens, [assembler.feed for assembler in assemblers])
+    answers = tuple(_answer(assembler, finish, logprobs, turn=turn, generation=generation, model=model,
+                            created=created) for assembler, (finish, logprobs) in zip(assemblers, results, strict=True))
+    answer = attrs.evolve(answers[0], choices=answers)
     return Response(content=dialect.body(answer), status_code=200, headers=headers)

@@ -486,6 +486,8 @@ class RequestOptions:
     :ivar num_draft_tokens: Draft tokens per step for speculative decoding (``None``: the
         server's ``--num-draft-tokens``).
     :ivar extra: Plugin-claimed request fields (``mlxrt_request_fields``), by name.
+    :ivar n: Choices to generate for the one prompt (OpenAI's ``n``): each is its own engine
+        request, seeded from ``seed`` (:func:`mlxrt.engine.sampling.choice_seed`).
     """
 
     sampling: Mapping[str, Any] = attrs.field(factory=dict)
@@ -501,6 +503,7 @@ class RequestOptions:
     structured: StructuredOutput | None = None
     num_draft_tokens: int | None = None
     extra: Mapping[str, Any] = attrs.field(factory=dict)
+    n: int = 1
 
 
 @attrs.frozen

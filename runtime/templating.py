@@ -1,5 +1,6 @@
 """Chat templating: messages (and tools) → prompt token ids, with the family's template
-keyword arguments from ``mlxrt_chat_template_kwargs``."""
+keyword arguments from ``mlxrt_chat_template_kwargs``; system messages a template cannot render
+mid-conversation are folded by a rule that keeps the prompt cache hitting."""
 
 from __future__ import annotations
 
@@ -17,7 +18,7 @@ if TYPE_CHECKING:
     from mlxrt.host import PluginHost
 
 __all__ = ["RenderedPrompt", "render_chat", "canonicalize", "DEFAULT_CHAT_TEMPLATE",
-           "thinking_switch", "thinking_kwargs", "rendered_request"]
+           "thinking_switch", "thinking_kwargs", "rendered_request", "fold_system_messages"]
 
 #: ChatML, for ``--use-default-chat-template`` on a model that ships no template.
 DEFAULT_CHAT_TEMPLATE = (
@@ -43,7 +44,9 @@ def render_chat(host: PluginHost, tokenizer: Any, profile: FamilyProfile, chat: 
     ``--chat-template-args`` come first, then the family's kwargs (by default, for a model with a
     thinking format, :func:`thinking_kwargs`: the client's ``reasoning_effort``, then
     ``--thinking``); the client's explicit
-    ``chat_template_kwargs`` win.
+    ``chat_template_kwargs`` win. System messages after the first are rendered at their place
+    where the template takes them there, else folded into user turns
+    (:func:`fold_system_messages`).
     Template errors are the client's (a message shape the template rejects): 400
     ``prompt build failed: …``.
     """
@@ -62,22 +65,13 @@ def render_chat(host: PluginHost, tokenizer: Any, profile: FamilyProfile, chat: 
         raise InvalidRequest(
             "prompt build failed: this model has no chat template; use /v1/completions"
         )
-    try:
-        text = tokenizer.apply_chat_template(
-            [dict(m) for m in chat.messages],
-            tools=[dict(t) for t in chat.tools] if chat.tools else None,
-            add_generation_prompt=True,
-            tokenize=False,
-            **kwargs,
-        )
-    except Exception as exc:  # jinja raises many types; all mean the input can't be rendered
-        raise InvalidRequest(f"prompt build failed: {exc}") from exc
+    messages, text = _placed_render(tokenizer, chat, kwargs)
     # The template writes BOS itself where the model wants it; HF tokenizes templated text
     # without adding special tokens again.
     ids = tokenizer.encode(text, add_special_tokens=False)
     turn_start = None
     if getattr(getattr(host, "engine", None), "keeps_snapshots", False) and not chat.images:
-        turn_start = _turn_start(tokenizer, chat, kwargs, text, ids)
+        turn_start = _turn_start(tokenizer, messages, chat.tools, kwargs, text, ids)
     rendered = RenderedPrompt(
         text=text,
         ids=tuple(ids),
@@ -92,16 +86,103 @@ def render_chat(host: PluginHost, tokenizer: Any, profile: FamilyProfile, chat: 
     return rendered
 
 
-def _turn_start(tokenizer: Any, chat: ChatInput, kwargs: Mapping[str, Any], text: str,
-                ids: Sequence[int]) -> int | None:
+def _apply(tokenizer: Any, messages: Sequence[Mapping[str, Any]], tools: Any, kwargs: Mapping[str, Any],
+           add_generation_prompt: bool = True) -> str:
+    return tokenizer.apply_chat_template(
+        [dict(m) for m in messages], tools=[dict(t) for t in tools] if tools else None,
+        add_generation_prompt=add_generation_prompt, tokenize=False, **kwargs)
+
+
+def _text_of(content: Any) -> str:
+    if isinstance(content, str):
+        return content
+    return "\n".join(p.get("text", "") for p in content or () if isinstance(p, Mapping))
+
+
+def _placed_render(tokenizer: Any, chat: ChatInput, kwargs: Mapping[str, Any]
+                   ) -> tuple[Sequence[Mapping[str, Any]], str]:
+    """The messages as rendered and the template's text.
+
+    System messages after the first message are rendered at their place when the template
+    takes them there (it renders without error and every one's text is in the prompt);
+    otherwise the conversation is rendered as :func:`fold_system_messages` folds it.
+    """
+    messages = chat.messages
+    later = [m for m in messages[1:] if m.get("role") == "system"]
+    try:
+        text = _apply(tokenizer, messages, chat.tools, kwargs)
+        if all(_text_of(m.get("content")).strip() in text for m in later):
+            return messages, text
+    except Exception as exc:  # jinja raises many types; all mean the input can't be rendered
+        if not later:
+            raise InvalidRequest(f"prompt build failed: {exc}") from exc
+    messages = fold_system_messages(messages)
+    try:
+        return messages, _apply(tokenizer, messages, chat.tools, kwargs)
+    except Exception as exc:
+        raise InvalidRequest(f"prompt build failed: {exc}") from exc
+
+
+def fold_system_messages(messages: Sequence[Mapping[str, Any]]) -> tuple[Mapping[str, Any], ...]:
+    """``messages`` with every system message after the first folded in, for a template that
+    cannot render a system message there (docs/dialects.md, "System entries inside messages").
+
+    System messages before the first other message join the first into one leading system
+    message. A later run of system messages goes into the user message right after it
+    (before that message's text), else into the user message right before it (after its text),
+    else becomes a user message of its own, at its place. The rule reads only a run's two
+    neighbours, and a conversation that grows by appending turns keeps them (a run that ended
+    one request is followed by the assistant's answer in the next, which reads like no message
+    at all), so each turn's prompt stays a prefix of the next one's and the prompt cache keeps
+    hitting. Joined texts are separated by a blank line.
+    """
+    out: list[dict[str, Any]] = []
+    lead = 0
+    while lead < len(messages) and messages[lead].get("role") == "system":
+        lead += 1
+    if lead:
+        out.append({**messages[0], "content": "\n\n".join(_text_of(m.get("content")) for m in messages[:lead])})
+    run: list[str] = []  # the texts of the system run being read
+    pending: str | None = None  # a run that joins the next message
+    for k in range(lead, len(messages)):
+        message = dict(messages[k])
+        if message.get("role") == "system":
+            run.append(_text_of(message.get("content")))
+            after = messages[k + 1] if k + 1 < len(messages) else None
+            if after is not None and after.get("role") == "system":
+                continue
+            text, run = "\n\n".join(run), []
+            if after is not None and after.get("role") == "user":
+                pending = text
+            elif out and out[-1].get("role") == "user":
+                out[-1] = {**out[-1], "content": _joined(out[-1].get("content"), text, first=False)}
+            else:
+                out.append({"role": "user", "content": text})
+            continue
+        if pending is not None:
+            message["content"] = _joined(message.get("content"), pending, first=True)
+            pending = None
+        out.append(message)
+    return tuple(out)
+
+
+def _joined(content: Any, text: str, *, first: bool) -> Any:
+    """A user message's ``content`` with ``text`` before (``first``) or after it."""
+    if isinstance(content, str) or content is None:
+        parts = [text, content or ""] if first else [content or "", text]
+        return "\n\n".join(p for p in parts if p)
+    part = {"type": "text", "text": text}
+    return [part, *content] if first else [*content, part]
+
+
+def _turn_start(tokenizer: Any, messages: Sequence[Mapping[str, Any]], tools: Any, kwargs: Mapping[str, Any],
+                text: str, ids: Sequence[int]) -> int | None:
     """How many of ``ids`` precede the generation prompt: the template rendered without it
     must be a prefix of ``text``, and the rest must tokenize to the tail of ``ids`` (a
     template that re-renders earlier turns differently, or a token spanning the seam, gives
     ``None``). Only the short tail is tokenized again."""
     try:
-        head = tokenizer.apply_chat_template(
-            [dict(m) for m in chat.messages], tools=[dict(t) for t in chat.tools] if chat.tools else None,
-            add_generation_prompt=False, tokenize=False, **kwargs)
+        head = _apply(tokenizer, messages, tools, kwargs, add_generation_prompt=False)
     except Exception:  # a template that insists on the generation prompt: no boundary
         return None
     if not isinstance(head, str) or not text.startswith(head) or len(head) == len(text):

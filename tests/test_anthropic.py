@@ -205,7 +205,25 @@ BAD = [
     ({"max_tokens": 5, "messages": []}, "messages: at least one message is required"),
     ({"max_tokens": 0, "messages": MSG}, "max_tokens must be at least 1"),
     ({"max_tokens": 5, "messages": MSG, "temperature": 1.5}, "temperature must be at most 1"),
-    ({"max_tokens": 5, "messages": [{"role": "system", "content": "x"}]}, "messages.0.role"),
+    ({"max_tokens": 5, "messages": [{"role": "tool", "content": "x"}]},
+     "messages.0.role: Input should be 'user', 'assistant' or 'system'"),
+    # System entries inside messages (current Claude Code): a string or text blocks only.
+    ({"max_tokens": 5, "messages": [*MSG, {"role": "system", "content": 5}]},
+     "messages.1.content: a system entry's content must be a string or a list of text blocks"),
+    ({"max_tokens": 5, "messages": [*MSG, {"role": "system"}]},
+     "messages.1.content: a system entry's content must be a string or a list of text blocks"),
+    ({"max_tokens": 5, "messages": [*MSG, {"role": "system", "content": [
+        {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}]}]},
+     "messages.1.content.0: a system entry takes text blocks only (got 'image')"),
+    ({"max_tokens": 5, "messages": [*MSG, {"role": "system", "content": [{"type": "text"}]}]},
+     "messages.1.content.0.text: Field required"),
+    ({"max_tokens": 5, "messages": [*MSG, {"role": "system", "content": ["hi"]}]},
+     "messages.1.content.0: a system entry takes text blocks only (got an object without a type)"),
+    ({"max_tokens": 5, "messages": MSG, "output_config": {"effort": "extreme"}},
+     "output_config.effort: Input should be 'low', 'medium', 'high' or 'max'"),
+    ({"max_tokens": 5, "messages": MSG, "output_config": "high"}, "output_config must be of type dict"),
+    ({"max_tokens": 5, "messages": MSG, "output_config": {"effort": {"level": 1}}},
+     "output_config.effort: Input should be 'low', 'medium', 'high' or 'max'"),
     ({"max_tokens": 5, "messages": MSG, "stop_sequences": [1]}, "stop_sequences: must be a list of strings"),
     ({"max_tokens": 5, "messages": MSG, "tool_choice": {"type": "sometimes"}}, "tool_choice.type"),
     ({"max_tokens": 5, "messages": MSG, "tools": TOOLS, "tool_choice": {"type": "tool", "name": "nope"}},
@@ -230,16 +248,23 @@ def test_max_tokens_is_a_ceiling(scripted):
     assert out.status_code == 200 and out.json()["stop_reason"] == "end_turn"
 
 
-def test_tool_result_images_become_a_note(scripted):
-    out = client_for(scripted).messages.create(model="m", max_tokens=10, tools=TOOLS, messages=[
-        {"role": "user", "content": "Look"},
-        {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_weather",
-                                           "input": {"city": "Paris"}}]},
-        {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": [
-            {"type": "text", "text": "see"},
-            {"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}}]}]},
-    ], extra_body={"script": "ok"})
-    assert out.content[0].text == "ok"
+def test_tool_result_images_follow_the_user_turn_rule(scripted):
+    """An image a tool returned is refused on a text-only model, as in a user turn (never
+    silently dropped); other block kinds become a note."""
+    def ask(block):
+        return scripted.post("/v1/messages", json={"max_tokens": 10, "tools": TOOLS, "script": "ok", "messages": [
+            {"role": "user", "content": "Look"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "get_weather",
+                                               "input": {"city": "Paris"}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1",
+                                          "content": [{"type": "text", "text": "see"}, block]}]}]})
+
+    image = ask({"type": "image", "source": {"type": "base64", "media_type": "image/png", "data": "AAAA"}})
+    assert image.status_code == 400, image.text
+    assert image.json()["error"]["message"] == \
+        "messages.2.content.0.content.1: the served model has no vision input"
+    document = ask({"type": "document", "source": {"type": "text", "media_type": "text/plain", "data": "x"}})
+    assert document.status_code == 200 and document.json()["content"][0]["text"] == "ok"
 
 
 def test_sdk_raises_bad_request_and_invalid_json(qwen3_client):

@@ -23,6 +23,7 @@ from mlxrt.loading import ModelSource, read_model_info
 
 TEXTS = ["The sea is blue.", "A cat sat on the mat and looked at the birds outside the window.", "hi",
          "def add(a, b):\n    return a + b"]
+INPUT_ERROR = "`input` must be a string, an array of strings, an array of token ids or an array of token-id arrays"
 NOT_EMBEDDING = ('served model "qwen3-0-gen" is not an embedding model; serve an embedding model '
                  "(e.g. Qwen3-Embedding) to use /v1/embeddings")
 
@@ -138,14 +139,25 @@ def test_non_embedding_model_is_a_400_naming_it(qwen3_client):
 
 
 @pytest.mark.parametrize("body,message", [
-    ({}, "`input` must be a string or array of strings"),
-    ({"input": 3}, "`input` must be a string or array of strings"),
-    ({"input": [1, 2, 3]}, "`input` must be a string or array of strings"),
-    ({"input": [[1, 2]]}, "`input` must be a string or array of strings"),
-    ({"input": []}, "`input` must be a string or array of strings"),
-    ({"input": ""}, "`input` must be a string or array of strings"),
-    ({"input": ["ok", None]}, "`input` must be a string or array of strings"),
-    ({"input": ["x"] * 2049}, "`input` may hold at most 2048 strings"),
+    ({}, INPUT_ERROR),
+    ({"input": 3}, INPUT_ERROR),
+    ({"input": []}, INPUT_ERROR),
+    ({"input": ""}, INPUT_ERROR),
+    ({"input": ["ok", None]}, INPUT_ERROR),
+    ({"input": ["x"] * 2049}, "`input` may hold at most 2048 inputs"),
+    # Token ids (OpenAI's API takes them): integers in the vocabulary, never mixed with text.
+    ({"input": ["ok", 12]}, f"{INPUT_ERROR}, not a mix of them"),
+    ({"input": [[1, 2], "ok"]}, f"{INPUT_ERROR}, not a mix of them"),
+    ({"input": [[1, 2], 3]}, f"{INPUT_ERROR}, not a mix of them"),
+    ({"input": [1, 2.5]}, "input[1] must be an integer token id, not 2.5"),
+    ({"input": [[1, 2], [3.0]]}, "input[1][0] must be an integer token id, not 3.0"),
+    ({"input": [[1, 2], ["a"]]}, 'input[1][0] must be an integer token id, not "a"'),
+    ({"input": [[1, True]]}, "input[0][1] must be an integer token id, not true"),
+    ({"input": [[1, 2], []]}, "input[1] must hold at least one token id"),
+    ({"input": [5, -1]}, "input[1]: token id -1 is not in the vocabulary (0 to "),
+    ({"input": [[5, 10**9]]}, "input[0][1]: token id 1000000000 is not in the vocabulary (0 to "),
+    ({"input": [[1]] * 2049}, "`input` may hold at most 2048 inputs"),
+    ({"input": [1, 2], "instruction": "find"}, "instruction applies to text inputs only"),
     ({"input": "hi", "encoding_format": "int8"}, 'encoding_format must be "float" or "base64"'),
     ({"input": "hi", "encoding_format": 1}, "encoding_format must be of type str"),
     ({"input": "hi", "dimensions": 0}, "dimensions must be at least 1"),
@@ -161,6 +173,23 @@ def test_bad_input_is_a_400_and_the_server_keeps_serving(emb, body, message):
     err = resp.json()["error"]
     assert err["message"].startswith(message) and err["type"] == "invalid_request_error"
     assert emb.post("/v1/embeddings", json={"input": "still here"}).status_code == 200
+
+
+def test_token_id_inputs_embed_like_their_text(emb, tiny_models):
+    """``[12, 34]`` is one input, ``[[12, 34], [56]]`` several: each embeds as the text those
+    ids spell (the end token appended as for text), through the official client too."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(tiny_models("qwen3_embedding") / "tokenizer.json"))
+    ids = [tokenizer.encode(t, add_special_tokens=False).ids for t in TEXTS[:2]]
+    client = openai_client(emb)
+    texts = client.embeddings.create(model="m", input=TEXTS[:2], encoding_format="float")
+    several = client.embeddings.create(model="m", input=ids, encoding_format="float")
+    one = client.embeddings.create(model="m", input=ids[0], encoding_format="float")
+    np.testing.assert_allclose(vectors(several), vectors(texts), atol=1e-5)
+    np.testing.assert_allclose(vectors(one), vectors(texts)[:1], atol=1e-5)
+    assert several.usage.prompt_tokens == texts.usage.prompt_tokens == sum(len(i) + 1 for i in ids)
+    assert [d.index for d in several.data] == [0, 1]
 
 
 def test_invalid_json_is_a_400(emb):

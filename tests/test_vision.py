@@ -328,6 +328,28 @@ def test_anthropic_count_tokens_counts_the_soft_tokens(gemma4):
     assert with_image.json()["input_tokens"] - text.json()["input_tokens"] > 62
 
 
+def test_anthropic_tool_result_image_reaches_the_vision_input(gemma4):
+    """An image a tool returned (an agent's screenshot) goes to the vision input, as in a user turn."""
+    image = {"type": "image", "source": {"type": "base64", "media_type": "image/png",
+                                         "data": base64.b64encode(png_bytes(gradient())).decode()}}
+
+    def body(result):
+        return {"model": "m", "max_tokens": 6, "temperature": 0, "tools": [
+            {"name": "screenshot", "input_schema": {"type": "object", "properties": {}}}], "messages": [
+            {"role": "user", "content": "What is on screen?"},
+            {"role": "assistant", "content": [{"type": "tool_use", "id": "toolu_1", "name": "screenshot",
+                                               "input": {}}]},
+            {"role": "user", "content": [{"type": "tool_result", "tool_use_id": "toolu_1", "content": result}]}]}
+
+    with_image = gemma4.post("/v1/messages/count_tokens", json=body([{"type": "text", "text": "shot"}, image]))
+    text = gemma4.post("/v1/messages/count_tokens", json=body([{"type": "text", "text": "shot"}]))
+    assert with_image.status_code == 200, with_image.text
+    assert with_image.json()["input_tokens"] - text.json()["input_tokens"] > 62
+    answered = gemma4.post("/v1/messages", json=body([{"type": "text", "text": "shot"}, image]))
+    assert answered.status_code == 200, answered.text
+    assert answered.json()["usage"]["input_tokens"] == with_image.json()["input_tokens"]
+
+
 def test_oversize_image_is_400(gemma4_dir, serve_app):
     import openai
 

@@ -2,9 +2,13 @@
 :class:`~mlxrt.records.ChatInput` (OpenAI-shaped messages, which every chat template reads).
 
 Blocks map as Anthropic's own OpenAI compatibility layer does: ``text`` blocks join into the
-message's content, an assistant's ``tool_use`` blocks become its ``tool_calls``, a user's
-``tool_result`` blocks become ``tool`` messages (before the rest of that user turn), and
-``thinking`` blocks of earlier turns are dropped (templates re-derive them).
+message's content, an assistant's ``tool_use`` blocks become its ``tool_calls`` and its
+``thinking`` blocks its ``reasoning_content`` (as the OpenAI dialect passes it, so the chat
+template renders the same prompt either way), a user's ``tool_result`` blocks become ``tool``
+messages (before the rest of that user turn, which also takes the results' images), and
+``system`` entries inside ``messages`` (current Claude Code) become system messages at their
+place (:func:`mlxrt.templating.render_chat` folds them into user turns for a template that
+cannot render them there).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ from mlxrt.errors import InvalidRequest
 from mlxrt.images import ImageRef, content_parts
 from mlxrt.plugins.anthropic.wire import (
     COUNT_RULES,
+    EFFORTS,
     MESSAGES_RULES,
     THINKING_TYPES,
     TOOL_CHOICE_TYPES,
@@ -38,9 +43,12 @@ from mlxrt.records import ChatInput
 __all__ = ["DecodedMessages", "decode_messages", "reasoning_effort"]
 
 _CONVERTER = strict_converter()
-_ROLES = frozenset({"user", "assistant"})
+_ROLES = frozenset({"user", "assistant", "system"})
 #: Body fields read besides the wire type's (``model`` is read and not acted on: one served model).
-_READ = frozenset({"messages", "system", "tools", "tool_choice", "thinking", "service_tier", "adapter"})
+_READ = frozenset({"messages", "system", "tools", "tool_choice", "thinking", "service_tier", "adapter",
+                   "output_config"})
+#: ``output_config`` keys read; any other is reported as ``output_config.<key>`` in ``x-mlxrt-ignored``.
+_OUTPUT_CONFIG = frozenset({"effort"})
 
 
 @attrs.frozen
@@ -70,8 +78,10 @@ def _text(block: Mapping[str, Any], where: str) -> str:
     return block["text"]
 
 
-def _flatten(content: Any, where: str) -> str:
-    """A tool_result's content (a string or text blocks) as one string."""
+def _tool_content(content: Any, where: str, images: list[ImageRef]) -> str:
+    """A tool_result's content (a string or blocks) as one string; its ``image`` blocks go to
+    ``images``, which the rest of the user turn carries (images in user turns are what every
+    vision template renders, and a model without vision refuses them as in any user turn)."""
     if content is None:
         return ""
     if isinstance(content, str):
@@ -82,13 +92,15 @@ def _flatten(content: Any, where: str) -> str:
     for j, block in enumerate(content):
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "text":
-            parts.append(_text(block, f"{where}[{j}]"))
+            parts.append(_text(block, f"{where}.{j}"))
+        elif kind == "image":
+            images.append(_image(block, f"{where}.{j}"))
         elif isinstance(kind, str):
-            # A tool's screenshot or PDF must not end an agent's session: the model is told
-            # what it cannot see instead.
-            parts.append(f"[{kind} omitted: the served model reads text only]")
+            # A tool's PDF or search result must not end an agent's session: the model is
+            # told what it cannot see instead.
+            parts.append(f"[{kind} omitted: the served model reads text and images only]")
         else:
-            raise _bad(f"{where}[{j}]: must be an object with a type", where)
+            raise _bad(f"{where}.{j}: must be an object with a type", where)
     return "\n".join(parts)
 
 
@@ -118,28 +130,56 @@ def _image(block: Mapping[str, Any], where: str) -> ImageRef:
                                        'or {"type": "url", "url"}')
 
 
-def _message(i: int, msg: Any, out: list[dict[str, Any]], images: list[ImageRef] | None = None) -> None:
+def _system_entry(where: str, content: Any) -> dict[str, Any]:
+    """A ``system`` entry inside ``messages`` (Claude Code's mid-conversation system): a string
+    or text blocks, joined with newlines as the ``system`` field's blocks are."""
+    if isinstance(content, str):
+        return {"role": "system", "content": content}
+    if not isinstance(content, list):
+        raise _bad(f"{where}.content: a system entry's content must be a string or a list of text blocks",
+                   "messages")
+    parts = []
+    for j, block in enumerate(content):
+        kind = block.get("type") if isinstance(block, dict) else None
+        if kind != "text":
+            got = f"{kind!r}" if isinstance(kind, str) else "an object without a type"
+            raise _bad(f"{where}.content.{j}: a system entry takes text blocks only (got {got})", "messages")
+        parts.append(_text(block, f"{where}.content.{j}"))
+    return {"role": "system", "content": "\n".join(parts)}
+
+
+def _message(i: int, msg: Any, out: list[dict[str, Any]], images: list[ImageRef]) -> None:
     where = f"messages.{i}"
     if not isinstance(msg, dict):
         raise _bad(f"{where}: must be an object", "messages")
     role = msg.get("role")
     if not isinstance(role, str) or role not in _ROLES:  # a dict or list role is unhashable
-        raise _bad(f"{where}.role: Input should be 'user' or 'assistant'", "messages")
+        raise _bad(f"{where}.role: Input should be 'user', 'assistant' or 'system'", "messages")
     content = msg.get("content")
+    if role == "system":
+        out.append(_system_entry(where, content))
+        return
     if isinstance(content, str):
         out.append({"role": role, "content": content})
         return
     if not isinstance(content, list):
         raise _bad(f"{where}.content: must be a string or a list of content blocks", "messages")
     texts: list[str | ImageRef] = []
+    #: Images of this turn's tool results: they lead the rest of the turn.
+    results: list[ImageRef] = []
+    thoughts: list[str] = []
     calls: list[dict[str, Any]] = []
     for j, block in enumerate(content):
         at = f"{where}.content.{j}"
         kind = block.get("type") if isinstance(block, dict) else None
         if kind == "text":
             texts.append(_text(block, at))
+        elif kind == "thinking" and role == "assistant":
+            if not isinstance(block.get("thinking"), str):
+                raise _bad(f"{at}.thinking: Field required (a string)", "messages")
+            thoughts.append(block["thinking"])
         elif kind in ("thinking", "redacted_thinking"):
-            continue
+            continue  # redacted: encrypted by Anthropic, nothing a local model can read
         elif kind == "tool_use" and role == "assistant":
             if not isinstance(block.get("name"), str):
                 raise _bad(f"{at}.name: Field required", "messages")
@@ -152,17 +192,21 @@ def _message(i: int, msg: Any, out: list[dict[str, Any]], images: list[ImageRef]
             if not isinstance(block.get("tool_use_id"), str):
                 raise _bad(f"{at}.tool_use_id: Field required", "messages")
             out.append({"role": "tool", "tool_call_id": block["tool_use_id"],
-                        "content": _flatten(block.get("content"), f"{at}.content")})
+                        "content": _tool_content(block.get("content"), f"{at}.content", results)})
         elif kind == "image":
             texts.append(_image(block, at))
         elif isinstance(kind, str):
             raise _bad(f"{at}.type: {kind!r} is not supported in a {role} message", "messages")
         else:
             raise _bad(f"{at}: must be an object with a type", "messages")
-    if texts or calls:
-        if images is not None:
-            images.extend(t for t in texts if isinstance(t, ImageRef))
+    texts = [*results, *texts]
+    if texts or calls or thoughts:
+        images.extend(t for t in texts if isinstance(t, ImageRef))
         message: dict[str, Any] = {"role": role, "content": content_parts(texts, "\n")}
+        if thoughts:
+            # The key the OpenAI dialect passes: templates render the reasoning of the
+            # current tool loop (Qwen3) and drop older turns' themselves.
+            message["reasoning_content"] = "\n".join(thoughts)
         if calls:
             message["tool_calls"] = calls
         out.append(message)
@@ -180,21 +224,44 @@ def _tools(tools: Any) -> tuple[dict[str, Any], ...] | None:
             continue  # a server tool (web_search, bash_…): the model cannot run it here
         if not isinstance(tool["input_schema"], dict):
             raise _bad(f"tools.{i}.input_schema: must be an object", "tools")
-        function = {"name": tool["name"], "parameters": tool["input_schema"]}
+        # OpenAI's key order: templates dump tools as JSON, so both dialects render them alike.
+        function: dict[str, Any] = {"name": tool["name"]}
         if isinstance(tool.get("description"), str):
             function["description"] = tool["description"]
+        function["parameters"] = tool["input_schema"]
         out.append({"type": "function", "function": function})
     return tuple(out) or None
 
 
-def reasoning_effort(thinking: ThinkingConfig | None) -> str | None:
-    """``thinking`` as a reasoning effort, the switch families read (``"none"`` is off)."""
-    if thinking is None or thinking.type == "adaptive":
-        return None
-    if thinking.type == "disabled":
+def reasoning_effort(thinking: ThinkingConfig | None, effort: str | None = None) -> str | None:
+    """``thinking`` and ``output_config.effort`` as a reasoning effort, the switch families
+    read (``"none"`` is off; ``None``: the template's default).
+
+    ``disabled`` is off whatever the effort; otherwise an explicit effort wins (``max`` reads as
+    ``high``, the strongest effort templates take), then an ``enabled`` budget (under 4096 low,
+    under 16384 medium, else high); ``adaptive`` alone is on at Anthropic's default effort, high.
+    """
+    if thinking is not None and thinking.type == "disabled":
         return "none"
+    if effort is not None:
+        return "high" if effort == "max" else effort
+    if thinking is None:
+        return None
+    if thinking.type == "adaptive":
+        return "high"
     budget = thinking.budget_tokens or 0
     return "low" if budget < 4096 else "medium" if budget < 16384 else "high"
+
+
+def _output_config(value: Any) -> tuple[str | None, tuple[str, ...]]:
+    """``output_config``: its ``effort`` and the keys mlxrt does not read (as
+    ``output_config.<key>``, for ``x-mlxrt-ignored``)."""
+    if value is None:
+        return None, ()
+    effort = value.get("effort")
+    if effort is not None and (not isinstance(effort, str) or effort not in EFFORTS):
+        raise _bad("output_config.effort: Input should be 'low', 'medium', 'high' or 'max'", "output_config")
+    return effort, tuple(f"output_config.{k}" for k in value if k not in _OUTPUT_CONFIG)
 
 
 def _structure(body: Mapping[str, Any]) -> MessagesRequest:
@@ -217,13 +284,14 @@ def decode_messages(body: Mapping[str, Any], claimed: Mapping[str, type] | None 
     claimed = claimed or {}
     rules = COUNT_RULES if count_only else MESSAGES_RULES
     known = {r.name for r in rules} | {f.name for f in attrs.fields(MessagesRequest)} | _READ | set(claimed)
-    ignored = ignored_fields(body, known, strict)
+    check_fields(body, rules)
+    effort, unread = _output_config(body.get("output_config"))
+    ignored = ignored_fields({**body, **dict.fromkeys(unread)}, known, strict)
     messages = body.get("messages")
     if messages is None:
         raise _bad("messages: Field required", "messages")
     if not count_only and body.get("max_tokens") is None:
         raise _bad("max_tokens: Field required", "max_tokens")
-    check_fields(body, rules)
     if not messages:
         raise _bad("messages: at least one message is required", "messages")
     stops = body.get("stop_sequences") or []
@@ -252,6 +320,6 @@ def decode_messages(body: Mapping[str, Any], claimed: Mapping[str, type] | None 
             raise _bad(f"tool_choice: type {choice.type!r} needs at least one tool", "tool_choice")
         forced = tuple(names)
     chat = ChatInput(messages=tuple(chat_messages), tools=tools,
-                     reasoning_effort=reasoning_effort(request.thinking), images=tuple(images))
+                     reasoning_effort=reasoning_effort(request.thinking, effort), images=tuple(images))
     return DecodedMessages(request=request, chat=chat, stop=tuple(s for s in stops if s), forced=forced,
                            extra=claimed_values(body, claimed), ignored=ignored, adapter=adapter_field(body))

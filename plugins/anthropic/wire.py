@@ -9,10 +9,12 @@ import attrs
 from mlxrt.api.wire import FieldRule
 
 __all__ = ["MessagesRequest", "ThinkingConfig", "ToolChoice", "MESSAGES_RULES", "COUNT_RULES",
-           "TOOL_CHOICE_TYPES", "THINKING_TYPES"]
+           "TOOL_CHOICE_TYPES", "THINKING_TYPES", "EFFORTS"]
 
 TOOL_CHOICE_TYPES = frozenset({"auto", "any", "tool", "none"})
 THINKING_TYPES = frozenset({"enabled", "disabled", "adaptive"})
+#: ``output_config.effort`` values (Anthropic's; ``max`` reads as ``high``).
+EFFORTS = frozenset({"low", "medium", "high", "max"})
 
 #: Fields of a count_tokens body (no max_tokens, no sampling).
 COUNT_RULES = (
@@ -22,6 +24,7 @@ COUNT_RULES = (
     FieldRule("tools", (list,)),
     FieldRule("tool_choice", (dict,)),
     FieldRule("thinking", (dict,)),
+    FieldRule("output_config", (dict,)),
 )
 
 #: Anthropic's ranges (temperature 0–1, unlike OpenAI's 0–2).

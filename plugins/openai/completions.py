@@ -17,22 +17,24 @@ from typing import Any
 from litestar import Request, Response, post
 
 from mlxrt.api.app import claimed_fields
-from mlxrt.api.disconnect import closing_on_error, drain_until_disconnect, start_generation
+from mlxrt.api.disconnect import drain_choices, start_choices
 from mlxrt.api.generation import refuse_overlong_text
 from mlxrt.api.models import host_for
-from mlxrt.api.pipeline import planned_text
+from mlxrt.api.pipeline import choice_requests, planned_text
 from mlxrt.api.sse import sse_data, sse_response
 from mlxrt.api.wire import parse_json_object
 from mlxrt.assembly import LogprobTrail
 from mlxrt.plugins.openai.decode import decode_completion
 from mlxrt.plugins.openai.encode import (
     ROUTE_OPT,
-    closing_frames,
-    finish_usage,
+    UsageTally,
+    choice_frames,
     guarded,
     response_headers,
+    system_fingerprint,
     text_completion_body,
     text_completion_chunk,
+    with_choices,
 )
 from mlxrt.records import FinishEvent, GenerationRequest, TokenEvent
 
@@ -56,29 +58,33 @@ async def completions(request: Request) -> Response:
                                     default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS)
     model = engine.info.model_id
     created = int(time.time())
-    gen, report = await start_generation(request, engine, generation)
-    async with closing_on_error(gen):  # until a stream owns it
-        headers = response_headers(decoded.options.headers, report)
-        if decoded.request.stream:
-            return sse_response(guarded(_stream(gen, generation, model, created,
-                                                include_usage=decoded.options.include_usage)),
-                                headers=headers)
-    parts: list[str] = []
-    finish, logprobs = await drain_until_disconnect(request, gen, parts.append)
-    parts.append(finish.text)
-    body = text_completion_body(
-        id=generation.request_id, created=created, model=model, text="".join(parts),
+    fingerprint = system_fingerprint(host)
+    generations = choice_requests(generation, decoded.options.run.n)
+    gens, report = await start_choices(request, engine, generations)
+    headers = response_headers(decoded.options.headers, report)
+    if decoded.request.stream:  # the stream owns the engine requests from here
+        tally = UsageTally(len(gens), decoded.options.include_usage)
+        streams = [_stream(gen, generation, model, created, index=i, tally=tally, fingerprint=fingerprint)
+                   for i, gen in enumerate(gens)]
+        return sse_response(guarded(choice_frames(streams, id=generation.request_id, created=created, model=model,
+                                                  object="text_completion", tally=tally, fingerprint=fingerprint)),
+                            headers=headers)
+    texts: list[list[str]] = [[] for _ in gens]
+    results = await drain_choices(request, gens, [parts.append for parts in texts])
+    bodies = [text_completion_body(
+        id=generation.request_id, created=created, model=model, text="".join(parts) + finish.text,
         finish_reason=str(finish.finish_reason), finish=finish,
-        logprobs=logprobs if generation.logprobs is not None else None,
-    )
+        logprobs=logprobs if generation.logprobs is not None else None, fingerprint=fingerprint, index=i,
+    ) for i, (parts, (finish, logprobs)) in enumerate(zip(texts, results, strict=True))]
+    body = bodies[0] if len(bodies) == 1 else with_choices(bodies, [finish for finish, _ in results])
     return Response(content=body, status_code=200, headers=headers)
 
 
-async def _stream(gen: Any, generation: GenerationRequest, model: str, created: int, *,
-                  include_usage: bool) -> AsyncIterator[bytes]:
-    """``text_completion`` chunks: one per non-empty text delta, then the finish chunk
-    (empty text, finish_reason, usage unless ``include_usage`` moves it to a last chunk
-    without choices), then ``[DONE]``. Owns ``gen``: closing this stream closes the request."""
+async def _stream(gen: Any, generation: GenerationRequest, model: str, created: int, *, index: int,
+                  tally: UsageTally, fingerprint: str) -> AsyncIterator[bytes]:
+    """One choice's ``text_completion`` chunks: one per non-empty text delta, then its finish
+    chunk (empty text, finish_reason, usage as :class:`UsageTally` says). Owns ``gen``:
+    closing this stream closes the request."""
     trail = LogprobTrail()
     carried: list[TokenEvent] = []  # entries of tokens whose text has not been sent yet
 
@@ -86,7 +92,8 @@ async def _stream(gen: Any, generation: GenerationRequest, model: str, created: 
         entries = carried[:]
         carried.clear()
         return sse_data(text_completion_chunk(id=generation.request_id, created=created, model=model,
-                                              text=text, logprobs=entries, **kw))
+                                              text=text, logprobs=entries, fingerprint=fingerprint, index=index,
+                                              **kw))
 
     async with aclosing(gen):
         # One frame per run of ready events: a stream that falls behind catches up in fewer frames.
@@ -98,11 +105,7 @@ async def _stream(gen: Any, generation: GenerationRequest, model: str, created: 
                     if text or event.text:
                         yield frame("".join(text) + event.text)
                     yield frame("", finish_reason=str(event.finish_reason),
-                                usage_body=finish_usage(event, include_usage))
-                    for closing in closing_frames(id=generation.request_id, created=created, model=model,
-                                                  object="text_completion", finish=event,
-                                                  include_usage=include_usage):
-                        yield closing
+                                usage_body=tally.finished(index, event))
                     return
                 carried.extend(trail.feed(event))
                 text.append(event.text)

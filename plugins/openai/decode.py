@@ -49,7 +49,6 @@ W = TypeVar("W", bound=GenerationFields)
 #: Fields mlx_lm.server accepts whose features mlxrt does not implement yet. A request that
 #: asks for them (a non-neutral value) is refused by name instead of ignored.
 _NOT_YET = {
-    "n": (1,),
     "adapters": (),
 }
 #: Fields every generation endpoint reads besides its rules, wire type and ``_NOT_YET`` table.
@@ -279,7 +278,7 @@ def decode_options(body: Mapping[str, Any], claimed: Mapping[str, type] | None, 
         sampling={name: getattr(request, name) for name in SAMPLING_FIELDS}, max_tokens=request.requested_max_tokens,
         seed=request.seed, stop=stop, logit_bias=logit_bias, logprobs=request.logprob_count,
         adapter=adapter_field(body), structured=structured_output(body.get("response_format")),
-        num_draft_tokens=request.num_draft_tokens, extra=extra,
+        num_draft_tokens=request.num_draft_tokens, extra=extra, n=request.n or 1,
     )
     options = DecodedOptions(request=request, run=run, include_usage=include_usage, ignored=ignored)
     return request, options

@@ -3,12 +3,15 @@
 The pooling and the model-side rules are :mod:`mlxrt.engine.embedding`'s; this module validates the
 request (each input's length before it is tokenized), tokenizes off the event loop (abandoned
 when the client leaves), runs one raw forward job on the engine worker and
-answers in OpenAI's shape (``float`` lists or ``base64`` little-endian float32).
+answers in OpenAI's shape (``float`` lists or ``base64`` little-endian float32). ``input`` is
+what OpenAI's API takes: a string, strings, one input as token ids (``[12, 34]``) or several
+(``[[12, 34], [56]]``); ids are checked against the model's vocabulary.
 """
 
 from __future__ import annotations
 
 import base64
+import json
 from typing import TYPE_CHECKING, Any
 
 from litestar import Request, Response, post
@@ -22,6 +25,7 @@ from mlxrt.engine.embedding import (
     embed_ids,
     encode_inputs,
     end_token_id,
+    ended_inputs,
     hidden_size,
     query_text,
 )
@@ -33,9 +37,10 @@ if TYPE_CHECKING:
 
 __all__ = ["embeddings", "MAX_INPUTS"]
 
-#: OpenAI's cap on the strings one request may embed.
+#: OpenAI's cap on the inputs one request may embed.
 MAX_INPUTS = 2048
-_INPUT_ERROR = "`input` must be a string or array of strings"
+_INPUT_ERROR = ("`input` must be a string, an array of strings, an array of token ids or an array of "
+                "token-id arrays")
 _RULES = (
     FieldRule("model", (str,)),
     FieldRule("encoding_format", (str,)),
@@ -45,14 +50,41 @@ _RULES = (
 )
 
 
-def _texts(body: dict[str, Any]) -> list[str]:
+def _is_number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _inputs(body: dict[str, Any], vocab: int | None) -> list[str] | list[list[int]]:
+    """``input`` as texts, or as token-id lists (each id an integer in the vocabulary)."""
     value = body.get("input")
-    texts = [value] if isinstance(value, str) else value
-    if not isinstance(texts, list) or not texts or not all(isinstance(t, str) and t for t in texts):
+    inputs = [value] if isinstance(value, str) else value
+    if not isinstance(inputs, list) or not inputs:
         raise InvalidRequest(_INPUT_ERROR, param="input")
-    if len(texts) > MAX_INPUTS:
-        raise InvalidRequest(f"`input` may hold at most {MAX_INPUTS} strings", param="input")
-    return texts
+    if all(isinstance(v, str) for v in inputs):
+        if not all(inputs):
+            raise InvalidRequest(f"{_INPUT_ERROR} (an empty string has nothing to embed)", param="input")
+        rows, names = inputs, None
+    elif all(_is_number(v) for v in inputs):  # one input, as token ids
+        rows, names = [inputs], ["input"]
+    elif all(isinstance(v, list) for v in inputs):
+        rows, names = inputs, [f"input[{i}]" for i in range(len(inputs))]
+    else:
+        raise InvalidRequest(f"{_INPUT_ERROR}, not a mix of them", param="input")
+    if len(rows) > MAX_INPUTS:
+        raise InvalidRequest(f"`input` may hold at most {MAX_INPUTS} inputs", param="input")
+    if names is None:
+        return rows
+    for name, row in zip(names, rows, strict=True):
+        if not row:
+            raise InvalidRequest(f"{name} must hold at least one token id", param="input")
+        for j, token in enumerate(row):
+            if not isinstance(token, int) or isinstance(token, bool):
+                raise InvalidRequest(f"{name}[{j}] must be an integer token id, not {json.dumps(token)}",
+                                     param="input")
+            if token < 0 or (vocab is not None and token >= vocab):
+                raise InvalidRequest(f"{name}[{j}]: token id {token} is not in the vocabulary"
+                                     + (f" (0 to {vocab - 1})" if vocab is not None else ""), param="input")
+    return rows
 
 
 def _encode(vector: np.ndarray, fmt: str) -> list[float] | str:
@@ -79,9 +111,10 @@ async def embeddings(request: Request) -> Response:
     if unreadable is not None:
         raise unreadable
     check_fields(body, _RULES)
-    texts = _texts(body)
-    if (context := info.context_window) is not None:
-        for text in texts:  # each input must fit the context: refused before it is tokenized
+    tokenizer = engine.tokenizer
+    inputs = _inputs(body, info.config_int("vocab_size") or getattr(tokenizer, "vocab_size", None))
+    if (context := info.context_window) is not None and isinstance(inputs[0], str):
+        for text in inputs:  # each input must fit the context: refused before it is tokenized
             check_text_length(text, context)
     fmt = body.get("encoding_format") or "float"
     if fmt not in ("float", "base64"):
@@ -91,9 +124,14 @@ async def embeddings(request: Request) -> Response:
     if dimensions is not None and width is not None and dimensions > width:
         raise InvalidRequest(f"dimensions must be at most {width}", param="dimensions")
     instruction = body.get("instruction")
-    tokenizer = engine.tokenizer
-    ids = await off_loop(request, encode_inputs, tokenizer, [query_text(t, instruction) for t in texts],
-                         end_token_id(info, tokenizer), info.context_window)
+    end_id = end_token_id(info, tokenizer)
+    if isinstance(inputs[0], str):
+        ids = await off_loop(request, encode_inputs, tokenizer, [query_text(t, instruction) for t in inputs],
+                             end_id, info.context_window)
+    elif instruction is not None:
+        raise InvalidRequest("instruction applies to text inputs only, not to token ids", param="instruction")
+    else:
+        ids = ended_inputs(inputs, end_id, info.context_window)
     vectors = await until_disconnect(request, engine.call(lambda loaded: embed_ids(loaded, ids,
                                                                                    dimensions=dimensions)))
     tokens = sum(len(i) for i in ids)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Sequence
+from contextlib import aclosing
 from typing import Any
 
 from mlxrt.api import generation
@@ -14,21 +15,58 @@ from mlxrt.records import FinishEvent, TokenEvent, ToolCall
 
 __all__ = [
     "ROUTE_OPT", "CACHE_HEADER", "response_headers",
-    "usage", "completion_body", "chunk", "finish_usage", "closing_frames", "tool_calls_json",
+    "usage", "completion_body", "chunk", "UsageTally", "choice_frames", "closing_frames", "tool_calls_json", "with_choices",
     "logprob_entries", "logprobs_block", "text_completion_body", "text_completion_chunk", "guarded",
-    "error_frame",
+    "error_frame", "system_fingerprint", "GENERATION_FLAGS",
 ]
 
 #: Route options every OpenAI handler carries: errors render as OpenAI error objects.
 ROUTE_OPT = {"dialect": "openai", "render_error": openai_error_body}
 
-def usage(finish: FinishEvent) -> dict[str, Any]:
+#: ``mlxrt serve`` options (``host.options`` keys) that change what a request generates: the
+#: server's sampling defaults, templating, weights' dtype, KV quantization, drafts, adapters.
+GENERATION_FLAGS = ("temp", "top_p", "top_k", "min_p", "max_tokens", "chat_template", "chat_template_args",
+                    "use_default_chat_template", "thinking", "dtype", "kv_quant", "kv_bits", "kv_group_size",
+                    "quantized_kv_start", "draft_model", "num_draft_tokens", "adapter_path")
+
+
+def system_fingerprint(host: Any) -> str:
+    """OpenAI's ``system_fingerprint``: ``fp_`` and 12 hex digits of a hash of what makes an
+    answer reproducible here — the model (id, folder, type), the dtype its weights are served
+    in, mlxrt's and MLX's versions and the generation flags (:data:`GENERATION_FLAGS`). The
+    same loaded model under the same configuration always says the same."""
+    import hashlib
+    import json
+
+    import mlx.core as mx
+
+    from mlxrt import __version__
+
+    engine = host.engine
+    info = engine.info
+    dtype = getattr(getattr(engine, "loaded", None), "dtype", None)
+    facts = {"model": [info.model_id, str(info.path), info.model_type],
+             "dtype": getattr(dtype, "served", None), "mlxrt": __version__, "mlx": mx.__version__,
+             "flags": {k: host.options.get(k) for k in GENERATION_FLAGS}}
+    digest = hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()
+    return f"fp_{digest[:12]}"
+
+def usage(finish: FinishEvent, *more: FinishEvent) -> dict[str, Any]:
+    """OpenAI's usage of one answer, or of its choices (``finish`` the first's, ``more`` the
+    others'): the prompt counted once, completion tokens summed."""
+    completion = finish.completion_tokens + sum(f.completion_tokens for f in more)
     return {
         "prompt_tokens": finish.prompt_tokens,
-        "completion_tokens": finish.completion_tokens,
-        "total_tokens": finish.prompt_tokens + finish.completion_tokens,
+        "completion_tokens": completion,
+        "total_tokens": finish.prompt_tokens + completion,
         "prompt_tokens_details": {"cached_tokens": finish.cached_tokens},
     }
+
+
+def with_choices(bodies: Sequence[dict[str, Any]], finishes: Sequence[FinishEvent]) -> dict[str, Any]:
+    """One response body for several choices (OpenAI's ``n``) from each choice's own body
+    (built with its ``index``): every body's choice, in order, and the usage of them all."""
+    return {**bodies[0], "choices": [c for body in bodies for c in body["choices"]], "usage": usage(*finishes)}
 
 
 def tool_calls_json(calls: tuple[ToolCall, ...], *, indexed: bool = False) -> list[dict[str, Any]]:
@@ -89,7 +127,8 @@ def logprobs_block(events: Sequence[TokenEvent] | None, *, legacy: bool = False)
 
 def completion_body(*, id: str, created: int, model: str, content: str, reasoning: str,
                     calls: tuple[ToolCall, ...], finish_reason: str, finish: FinishEvent,
-                    logprobs: Sequence[TokenEvent] | None = None) -> dict[str, Any]:
+                    logprobs: Sequence[TokenEvent] | None = None, fingerprint: str | None = None,
+                    index: int = 0) -> dict[str, Any]:
     message: dict[str, Any] = {"role": "assistant", "content": content if (content or not calls) else None}
     if reasoning:
         # mlx_lm.server and mlx-bun say "reasoning"; vLLM/DeepSeek clients read "reasoning_content".
@@ -101,7 +140,8 @@ def completion_body(*, id: str, created: int, model: str, content: str, reasonin
         "object": "chat.completion",
         "created": created,
         "model": model,
-        "choices": [{"index": 0, "message": message, "logprobs": logprobs_block(logprobs),
+        "system_fingerprint": fingerprint,
+        "choices": [{"index": index, "message": message, "logprobs": logprobs_block(logprobs),
                      "finish_reason": finish_reason}],
         "usage": usage(finish),
     }
@@ -109,14 +149,17 @@ def completion_body(*, id: str, created: int, model: str, content: str, reasonin
 
 def chunk(*, id: str, created: int, model: str, delta: dict[str, Any],
           finish_reason: str | None = None, usage_body: dict[str, Any] | None = None,
-          logprobs: Sequence[TokenEvent] | None = None) -> dict[str, Any]:
-    """One ``chat.completion.chunk``; ``logprobs`` are the entries of the tokens it carries."""
+          logprobs: Sequence[TokenEvent] | None = None, fingerprint: str | None = None,
+          index: int = 0) -> dict[str, Any]:
+    """One ``chat.completion.chunk`` of choice ``index``; ``logprobs`` are the entries of the
+    tokens it carries."""
     body: dict[str, Any] = {
         "id": id,
         "object": "chat.completion.chunk",
         "created": created,
         "model": model,
-        "choices": [{"index": 0, "delta": delta, "logprobs": logprobs_block(logprobs or None),
+        "system_fingerprint": fingerprint,
+        "choices": [{"index": index, "delta": delta, "logprobs": logprobs_block(logprobs or None),
                      "finish_reason": finish_reason}],
     }
     if usage_body is not None:
@@ -124,34 +167,59 @@ def chunk(*, id: str, created: int, model: str, delta: dict[str, Any],
     return body
 
 
-def finish_usage(finish: FinishEvent, include_usage: bool) -> dict[str, Any] | None:
-    """Usage for the finish chunk: there unless ``include_usage`` moves it to its own chunk.
+class UsageTally:
+    """Usage in a stream of ``n`` choices: the finish chunk of the last choice to finish carries
+    the usage of them all (:func:`usage`), unless ``include_usage`` moves it to OpenAI's last
+    chunk (:func:`closing_frames`); without it, mlx-bun's habit, clients that read usage from
+    the finish chunk find it there."""
 
-    Without ``stream_options.include_usage`` usage rides on the finish chunk (mlx-bun's habit;
-    OpenAI clients ignore it there)."""
-    return None if include_usage else usage(finish)
+    def __init__(self, n: int, include_usage: bool) -> None:
+        self.n, self.include_usage = n, include_usage
+        self._finishes: dict[int, FinishEvent] = {}
+
+    def finished(self, index: int, finish: FinishEvent) -> dict[str, Any] | None:
+        """Choice ``index`` finished: the usage its finish chunk carries, if any."""
+        self._finishes[index] = finish
+        return None if self.include_usage or len(self._finishes) < self.n else self.usage()
+
+    def usage(self) -> dict[str, Any]:
+        return usage(*(self._finishes[i] for i in sorted(self._finishes)))
 
 
-def closing_frames(*, id: str, created: int, model: str, object: str, finish: FinishEvent,
-                   include_usage: bool) -> list[bytes]:
-    """What follows the finish chunk: with ``include_usage``, OpenAI's last chunk (no choices,
+async def choice_frames(streams: Sequence[AsyncIterator[bytes]], *, id: str, created: int, model: str, object: str,
+                        tally: UsageTally, fingerprint: str | None = None) -> AsyncIterator[bytes]:
+    """A stream of every choice's chunks as they come (each choice's ``streams`` item ends
+    with its finish chunk), then :func:`closing_frames`. Closing it closes every choice."""
+    async with aclosing(generation.merged(streams)) as frames:
+        async for frame in frames:
+            yield frame
+    for closing in closing_frames(id=id, created=created, model=model, object=object, tally=tally,
+                                  fingerprint=fingerprint):
+        yield closing
+
+
+def closing_frames(*, id: str, created: int, model: str, object: str, tally: UsageTally,
+                   fingerprint: str | None = None) -> list[bytes]:
+    """What follows the finish chunks: with ``include_usage``, OpenAI's last chunk (no choices,
     the usage); then ``data: [DONE]``."""
     frames = []
-    if include_usage:
+    if tally.include_usage:
         frames.append(sse_data({"id": id, "object": object, "created": created, "model": model,
-                                "choices": [], "usage": usage(finish)}))
+                                "system_fingerprint": fingerprint, "choices": [], "usage": tally.usage()}))
     frames.append(sse_data("[DONE]"))
     return frames
 
 
 def text_completion_body(*, id: str, created: int, model: str, text: str, finish_reason: str,
-                         finish: FinishEvent, logprobs: Sequence[TokenEvent] | None = None) -> dict[str, Any]:
+                         finish: FinishEvent, logprobs: Sequence[TokenEvent] | None = None,
+                         fingerprint: str | None = None, index: int = 0) -> dict[str, Any]:
     return {
         "id": id,
         "object": "text_completion",
         "created": created,
         "model": model,
-        "choices": [{"index": 0, "text": text, "logprobs": logprobs_block(logprobs, legacy=True),
+        "system_fingerprint": fingerprint,
+        "choices": [{"index": index, "text": text, "logprobs": logprobs_block(logprobs, legacy=True),
                      "finish_reason": finish_reason}],
         "usage": usage(finish),
     }
@@ -159,13 +227,15 @@ def text_completion_body(*, id: str, created: int, model: str, text: str, finish
 
 def text_completion_chunk(*, id: str, created: int, model: str, text: str, finish_reason: str | None = None,
                           usage_body: dict[str, Any] | None = None,
-                          logprobs: Sequence[TokenEvent] | None = None) -> dict[str, Any]:
+                          logprobs: Sequence[TokenEvent] | None = None,
+                          fingerprint: str | None = None, index: int = 0) -> dict[str, Any]:
     body: dict[str, Any] = {
         "id": id,
         "object": "text_completion",
         "created": created,
         "model": model,
-        "choices": [{"index": 0, "text": text, "logprobs": logprobs_block(logprobs or None, legacy=True),
+        "system_fingerprint": fingerprint,
+        "choices": [{"index": index, "text": text, "logprobs": logprobs_block(logprobs or None, legacy=True),
                      "finish_reason": finish_reason}],
     }
     if usage_body is not None:

@@ -19,12 +19,14 @@ from mlxrt.plugins.openai.decode import decode_chat
 from mlxrt.plugins.openai.embeddings import embeddings
 from mlxrt.plugins.openai.encode import (
     ROUTE_OPT,
+    UsageTally,
+    choice_frames,
     chunk,
-    closing_frames,
     completion_body,
     error_frame,
-    finish_usage,
+    system_fingerprint,
     tool_calls_json,
+    with_choices,
 )
 from mlxrt.plugins.openai.models import codex_catalog, get_model, list_models
 from mlxrt.records import CacheReport, FinishEvent, TokenEvent
@@ -52,13 +54,22 @@ class Chat:
         return f"chatcmpl-{uuid.uuid4()}"
 
     def body(self, answer: Answer) -> dict[str, Any]:
-        return completion_body(id=answer.id, created=answer.created, model=answer.model, content=answer.content,
-                               reasoning=answer.reasoning, calls=answer.calls, finish_reason=str(answer.reason),
-                               finish=answer.finish, logprobs=answer.logprobs)
+        fingerprint = system_fingerprint(answer.turn.host)
+        choices = answer.choices or (answer,)
+        bodies = [completion_body(id=a.id, created=a.created, model=a.model, content=a.content, reasoning=a.reasoning,
+                                  calls=a.calls, finish_reason=str(a.reason), finish=a.finish, logprobs=a.logprobs,
+                                  fingerprint=fingerprint, index=i) for i, a in enumerate(choices)]
+        return bodies[0] if len(bodies) == 1 else with_choices(bodies, [a.finish for a in choices])
 
     def stream(self, gen: Any, assembler: ResponseAssembler, *, id: str, model: str, created: int,
                report: CacheReport, turn: Turn) -> AsyncIterator[bytes]:
-        return _stream(gen, id, assembler, model, created, include_usage=turn.wire.options.include_usage)
+        return self.stream_choices([gen], [assembler], id=id, model=model, created=created, report=report,
+                                   turn=turn)
+
+    def stream_choices(self, gens: list[Any], assemblers: list[ResponseAssembler], *, id: str, model: str,
+                       created: int, report: CacheReport, turn: Turn) -> AsyncIterator[bytes]:
+        return _stream(gens, id, assemblers, model, created, include_usage=turn.wire.options.include_usage,
+                       fingerprint=system_fingerprint(turn.host))
 
     render_error = staticmethod(openai_error_body)
     error_frame = staticmethod(error_frame)
@@ -73,10 +84,22 @@ async def chat_completions(request: Request) -> Response:
     return await serve_chat(request, CHAT)
 
 
-async def _stream(gen: Any, id: str, assembler: ResponseAssembler,
-                  model: str, created: int, *, include_usage: bool) -> AsyncIterator[bytes]:
-    """Chat chunks. Each carries the logprobs of the tokens released since the previous one:
-    text the reasoning splitter or tool router holds back keeps its entries until it is sent.
+def _stream(gens: list[Any], id: str, assemblers: list[ResponseAssembler], model: str, created: int, *,
+            include_usage: bool, fingerprint: str) -> AsyncIterator[bytes]:
+    """Chat chunks of every choice (``n``: each its own engine request, its chunks indexed),
+    then the closing frames. Owns ``gens``: closing this stream (the client left) closes them."""
+    tally = UsageTally(len(gens), include_usage)
+    streams = [_choice_stream(gen, id, assembler, model, created, index=i, tally=tally, fingerprint=fingerprint)
+               for i, (gen, assembler) in enumerate(zip(gens, assemblers, strict=True))]
+    return choice_frames(streams, id=id, created=created, model=model, object="chat.completion.chunk", tally=tally,
+                         fingerprint=fingerprint)
+
+
+async def _choice_stream(gen: Any, id: str, assembler: ResponseAssembler, model: str, created: int, *,
+                         index: int, tally: UsageTally, fingerprint: str) -> AsyncIterator[bytes]:
+    """One choice's chunks, up to its finish chunk. Each carries the logprobs of the tokens
+    released since the previous one: text the reasoning splitter or tool router holds back
+    keeps its entries until it is sent.
 
     Owns ``gen``: closing this stream (the client left) closes the engine request."""
     trail = LogprobTrail()
@@ -86,7 +109,7 @@ async def _stream(gen: Any, id: str, assembler: ResponseAssembler,
         entries = carried[:]
         carried.clear()
         return sse_data(chunk(id=id, created=created, model=model, delta=delta,
-                              logprobs=entries, **kw))
+                              logprobs=entries, fingerprint=fingerprint, index=index, **kw))
 
     def delta_body(content: str, reasoning: str) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -112,11 +135,7 @@ async def _stream(gen: Any, id: str, assembler: ResponseAssembler,
                         yield frame(delta_body(last.content, last.reasoning))
                     if assembler.tool_calls:
                         yield frame({"tool_calls": tool_calls_json(assembler.tool_calls, indexed=True)})
-                    yield frame({}, finish_reason=str(reason), usage_body=finish_usage(event, include_usage))
-                    for closing in closing_frames(id=id, created=created, model=model,
-                                                  object="chat.completion.chunk", finish=event,
-                                                  include_usage=include_usage):
-                        yield closing
+                    yield frame({}, finish_reason=str(reason), usage_body=tally.finished(index, event))
                     return
                 carried.extend(trail.feed(event))
                 delta = assembler.feed(event.text)

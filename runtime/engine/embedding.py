@@ -34,6 +34,7 @@ __all__ = [
     "query_text",
     "end_token_id",
     "encode_inputs",
+    "ended_inputs",
     "embed_ids",
     "hidden_size",
     "plan_batches",
@@ -97,9 +98,18 @@ def encode_inputs(tokenizer: Any, texts: Sequence[str], end_id: int, context: in
 
     :raises InvalidRequest: An input longer than the model's context window.
     """
+    return ended_inputs([list(tokenizer.encode(text)) for text in texts], end_id, context)
+
+
+def ended_inputs(inputs: Sequence[Sequence[int]], end_id: int, context: int | None) -> list[list[int]]:
+    """Token ids per input (a tokenized text, or ids the client sent), each ending with
+    ``end_id`` exactly once (appended when missing: pooling reads that token).
+
+    :raises InvalidRequest: An input longer than the model's context window.
+    """
     out = []
-    for i, text in enumerate(texts):
-        ids = list(tokenizer.encode(text))
+    for i, given in enumerate(inputs):
+        ids = list(given)
         if not ids or ids[-1] != end_id:
             ids.append(end_id)
         if context is not None and len(ids) > context:

@@ -18,7 +18,7 @@ if TYPE_CHECKING:
     from mlxrt.host import PluginHost
 
 __all__ = ["build_sampler", "build_logits_processors", "resolve_sampling", "xtc_special_tokens", "SeedSource",
-           "seeded"]
+           "choice_seed", "seeded"]
 
 _GOLDEN = 0x9E3779B9
 _MASK = (1 << 63) - 1
@@ -50,6 +50,18 @@ def _mix(value: int) -> int:
     value = ((value ^ (value >> 30)) * 0xBF58476D1CE4E5B9) & 0xFFFFFFFFFFFFFFFF
     value = ((value ^ (value >> 27)) * 0x94D049BB133111EB) & 0xFFFFFFFFFFFFFFFF
     return (value ^ (value >> 31)) & _MASK
+
+
+def choice_seed(seed: int | None, index: int) -> int | None:
+    """The seed of choice ``index`` of a request that asked for several (OpenAI's ``n``).
+
+    Choice 0 runs on the request's seed itself (so it answers what ``n: 1`` would); each other
+    choice on a seed derived from it, so the choices differ and the same request gives the same
+    choices again. Without a request seed every choice draws its own default seed.
+    """
+    if seed is None or index == 0:
+        return seed
+    return _mix((seed & _MASK) ^ (index * _GOLDEN))
 
 
 def seeded(sampler: Sampler, seed: int) -> Sampler:
