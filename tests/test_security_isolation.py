@@ -1,0 +1,37 @@
+"""Isolation between callers and bounded resources, the data side (issue 31): IPv6 spellings of
+private IPv4 addresses, per-caller stores, adapters that belong to their key, the server's own
+origins, threads that loads give back."""
+
+from __future__ import annotations
+
+import ipaddress
+
+import pytest
+
+# -- finding 14: IPv6 forms that embed an IPv4 address ---------------------------------------
+
+
+def _load(url: str):
+    from mlxrt.images import ImageLimits, ImageRef, load_image
+
+    return load_image(ImageRef(where="messages[0].content[1]", url=url), ImageLimits(fetch_timeout=2.0))
+
+
+@pytest.mark.parametrize("host", ["64:ff9b::7f00:1", "64:ff9b::a00:1", "64:ff9b:1::7f00:1", "2002:7f00:1::",
+                                  "2002:c0a8:101::1", "::7f00:1", "::ffff:127.0.0.1", "::ffff:0:7f00:1",
+                                  "::ffff:10.0.0.1", "64:ff9b::a9fe:a9fe"])
+def test_ipv6_forms_embedding_a_private_ipv4_address_are_refused(host):
+    from mlxrt.errors import InvalidRequest
+
+    with pytest.raises(InvalidRequest, match="is a private or loopback address"):
+        _load(f"http://[{host}]:9/x.png")
+
+
+@pytest.mark.parametrize("address, public", [("64:ff9b::808:808", True), ("2002:808:808::1", True),
+                                             ("::ffff:8.8.8.8", True), ("2606:4700::1111", True),
+                                             ("64:ff9b::7f00:1", False), ("2002:a9fe:a9fe::", False),
+                                             ("::1", False), ("::", False)])
+def test_embedded_ipv4_addresses_are_judged_as_ipv4(address, public):
+    from mlxrt.images import _public
+
+    assert _public(ipaddress.ip_address(address)) is public
