@@ -1,5 +1,5 @@
 """The mlxrt-memory plugin (plugins/mlxrt-memory, installed by scripts/setup): opt-in capture of
-finished turns, ``GET /v1/memory/synthesize`` over a tiny random checkpoint (whose answers the
+finished turns, ``POST /v1/memory/synthesize`` over a tiny random checkpoint (whose answers the
 JSON-schema constraint keeps parseable), dry runs, the one-run lock, disconnects, a crash and
 its rerun, the ``mlxrt memory`` commands, and one slow run on SmolLM2."""
 
@@ -60,7 +60,7 @@ def test_memory_is_off_without_memory_dir(qwen3_client):
     out = openai_client(qwen3_client).chat.completions.create(
         model="m", messages=[{"role": "user", "content": "Hello"}], max_tokens=4)
     assert out.choices[0].finish_reason in ("stop", "length")
-    resp = qwen3_client.get("/v1/memory/synthesize")
+    resp = qwen3_client.post("/v1/memory/synthesize", json={})
     assert resp.status_code == 404
     assert "start the server with --memory-dir" in resp.json()["error"]["message"]
 
@@ -81,7 +81,7 @@ def test_capture_dry_run_run_and_rerun(tiny_models, serve_app, tmp_path):
     assert sorted(t["dialect"] for t in exported) == ["anthropic", "openai", "openai"]
     assert exported[0]["messages"] == ask
 
-    dry = events_of(client.get("/v1/memory/synthesize?dry=1").text)
+    dry = events_of(client.post("/v1/memory/synthesize?dry=1", json={}).text)
     assert [e["stage"] for e in dry[:-2]] == list(STAGE_NAMES)
     assert all(e["type"] == "stage" and e["message"].startswith("planned") for e in dry[:-2])
     assert dry[0]["message"] == "planned: 3 turns pending"
@@ -89,7 +89,7 @@ def test_capture_dry_run_run_and_rerun(tiny_models, serve_app, tmp_path):
     assert client.get("/v1/memory/status").json()["counts"] == status["counts"]  # wrote nothing
     assert commits(vault) == 0 and not list(vault.glob("*.md"))
 
-    run = events_of(client.get("/v1/memory/synthesize").text)
+    run = events_of(client.post("/v1/memory/synthesize", json={}).text)
     assert run[-1] == "[DONE]"
     summary = run[-2]
     assert summary["type"] == "summary" and summary["status"] == "done"
@@ -101,7 +101,7 @@ def test_capture_dry_run_run_and_rerun(tiny_models, serve_app, tmp_path):
     assert len(list(vault.glob("*.md"))) == articles + 1  # and index.md
     assert f"{articles} articles." in (vault / "index.md").read_text()
 
-    again = events_of(client.get("/v1/memory/synthesize").text)[-2]
+    again = events_of(client.post("/v1/memory/synthesize", json={}).text)[-2]
     assert again["status"] == "done" and again["stages"][0]["count"] == 0  # nothing new to ingest
     assert again["commit"] is None and commits(vault) == 1  # an unchanged vault is not recommitted
     assert {k: v for k, v in again["counts"].items() if k != "runs"} == \
@@ -223,14 +223,14 @@ def test_killed_then_disconnected_then_finished(tiny_models, server_process, tmp
             openai_client(http).chat.completions.create(model="m", max_tokens=4, messages=[
                 {"role": "user", "content": f"Note {i}: Grace Hopper wrote a compiler."}])
         wait_for(lambda: http.get("/v1/memory/status").json()["counts"]["turns"] == 6)
-        with http.stream("GET", "/v1/memory/synthesize") as resp:
+        with http.stream("POST", "/v1/memory/synthesize", json={}) as resp:
             read_until(resp, lambda e: e["type"] == "log" and e["stage"] == "extract")  # one segment done
             server.proc.kill()
             server.proc.wait()
 
     server = server_process(args)  # the same folder
     with httpx.Client(base_url=server.url, timeout=60) as http:
-        with http.stream("GET", "/v1/memory/synthesize") as resp:
+        with http.stream("POST", "/v1/memory/synthesize", json={}) as resp:
             read_until(resp, lambda e: e == {"type": "stage", "stage": "extract", "message": "running"})
         # the client left in the middle of extract (model calls): the run stops after it
         wait_for(lambda: not http.get("/v1/memory/status").json()["running"], timeout=60)
@@ -258,6 +258,24 @@ def test_killed_then_disconnected_then_finished(tiny_models, server_process, tmp
     assert placed == db.execute("SELECT COUNT(*) FROM (SELECT DISTINCT slug, fact FROM facts)").fetchone()[0] > 0
 
 
+def test_a_keyless_synthesis_get_needs_the_same_origin_proof(tiny_models, serve_app, tmp_path):
+    """A GET with neither Origin nor Sec-Fetch-Site (an old browser's cross-site image or link
+    looks like that) starts nothing; the server's own page and POST clients may start runs."""
+    client = serve_app(tiny_models("qwen3"), options={"memory_dir": str(tmp_path / "m"), "port": 8123})
+    refused = client.get("/v1/memory/synthesize")
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "cross_origin_refused"
+    assert "other clients use POST" in refused.json()["error"]["message"]
+    assert client.get("/v1/memory/synthesize", headers={"sec-fetch-site": "cross-site"}).status_code == 403
+    assert client.get("/v1/memory/synthesize", headers={"origin": "http://evil.test"}).status_code == 403
+    assert client.post("/v1/memory/synthesize", content=b"dry=0",
+                       headers={"content-type": "application/x-www-form-urlencoded"}).status_code == 415
+    assert client.get("/v1/memory/status").json()["counts"]["runs"] == 0  # no run was started
+    for headers in ({"sec-fetch-site": "same-origin"}, {"origin": "http://localhost:8123"}):
+        assert events_of(client.get("/v1/memory/synthesize", headers=headers).text)[-1] == "[DONE]"
+    assert events_of(client.post("/v1/memory/synthesize", json={}).text)[-1] == "[DONE]"
+    assert client.get("/v1/memory/status").json()["counts"]["runs"] == 3
+
+
 def test_one_server_per_memory_folder(tmp_path):
     from mlxrt_memory.synthesis import MemoryFolderBusy
 
@@ -282,7 +300,7 @@ def test_smollm2_writes_a_wiki(server_process, tmp_path):
         openai_client(http).chat.completions.create(model="default", temperature=0, max_tokens=24, messages=[
             {"role": "user", "content": "My sister Alice Martin lives in Paris and works at Airbus as an engineer."}])
         wait_for(lambda: http.get("/v1/memory/status").json()["counts"]["turns"] == 1)
-        events = events_of(http.get("/v1/memory/synthesize").text)
+        events = events_of(http.post("/v1/memory/synthesize", json={}).text)
     summary = events[-2]
     assert events[-1] == "[DONE]" and summary["status"] == "done", events
     assert summary["counts"]["articles"] >= 1 and summary["commit"]

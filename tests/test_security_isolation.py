@@ -35,3 +35,24 @@ def test_embedded_ipv4_addresses_are_judged_as_ipv4(address, public):
     from mlxrt.images import _public
 
     assert _public(ipaddress.ip_address(address)) is public
+
+
+# -- finding 16: the server's own pages under every loopback name ----------------------------
+
+
+def test_own_pages_under_any_loopback_name_may_change_state(tiny_models, serve_app):
+    client = serve_app(tiny_models("llama"), options={"port": 8123})
+    for origin in ("http://localhost:8123", "http://127.0.0.1:8123", "http://[::1]:8123", "http://LOCALHOST:8123/"):
+        resp = client.delete("/v1/adapters/x", headers={"origin": origin})
+        assert resp.status_code == 404, (origin, resp.text)  # through the edge: not mounted
+    for origin in ("http://localhost:8124", "http://localhost", "https://localhost:8123", "http://evil.test:8123",
+                   "http://localhost.evil.test:8123", "null"):
+        resp = client.delete("/v1/adapters/x", headers={"origin": origin})
+        assert resp.status_code == 403, origin
+        assert resp.json()["error"]["code"] == "cross_origin_refused"
+
+
+def test_loopback_names_are_not_own_origins_off_loopback(tiny_models, serve_app):
+    client = serve_app(tiny_models("llama"), options={"host": "0.0.0.0", "port": 8123})
+    assert client.delete("/v1/adapters/x", headers={"origin": "http://localhost:8123"}).status_code == 403
+    assert client.delete("/v1/adapters/x", headers={"origin": "http://127.0.0.1"}).status_code == 404  # Host's own

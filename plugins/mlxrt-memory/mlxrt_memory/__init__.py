@@ -1,7 +1,7 @@
 """mlxrt-memory: opt-in capture of finished chat turns and the memory-synthesis endpoint.
 
 Off unless ``mlxrt serve --memory-dir DIR``: then every finished chat turn is stored in
-``DIR/memory.sqlite3`` and ``GET /v1/memory/synthesize`` turns the store into a git-tracked
+``DIR/memory.sqlite3`` and ``POST /v1/memory/synthesize`` turns the store into a git-tracked
 Markdown wiki in ``DIR/vault`` (docs/memory.md). Built only on public hooks. This module
 stays light: the store, the stages and the routes are imported when first used.
 """
@@ -27,7 +27,7 @@ def mlxrt_serve_options() -> list[Any]:
 
     return [click.Option(["--memory-dir"], type=click.Path(file_okay=False), default=None,
                          help="Capture finished chat turns into this folder's SQLite store and serve "
-                              "GET /v1/memory/synthesize, which writes a git-tracked Markdown wiki there "
+                              "POST /v1/memory/synthesize, which writes a git-tracked Markdown wiki there "
                               "(mlxrt-memory plugin). Off when not given.")]
 
 

@@ -73,8 +73,8 @@ def register(cli: click.Group) -> None:
 
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         try:
-            with httpx.stream("GET", f"{url.rstrip('/')}/v1/memory/synthesize", params={"dry": int(dry)},
-                              headers=headers, timeout=httpx.Timeout(10, read=None)) as resp:
+            with httpx.stream("POST", f"{url.rstrip('/')}/v1/memory/synthesize", params={"dry": int(dry)},
+                              json={}, headers=headers, timeout=httpx.Timeout(10, read=None)) as resp:
                 if resp.status_code != 200:
                     resp.read()
                     raise click.ClickException(f"{resp.status_code}: {_message(resp.text)}")

@@ -1,4 +1,4 @@
-"""HTTP routes: ``GET /v1/memory/synthesize`` (SSE) and ``GET /v1/memory/status``.
+"""HTTP routes: ``POST /v1/memory/synthesize`` (SSE; ``GET`` for the server's own pages) and ``GET /v1/memory/status``.
 
 The run goes on a worker thread of its own task, not the response's: a client that leaves
 only sets the stop flag, and the run ends at its next stage boundary, releasing the one-run
@@ -13,7 +13,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
-from litestar import Request, get
+from litestar import Request, get, route
 from litestar.response import Stream
 
 from mlxrt.api.sse import sse_data, sse_response
@@ -35,10 +35,12 @@ def service_of(host: Any) -> MemoryService:
     return service
 
 
-# A GET (EventSource can only GET) that writes the vault: marked state-changing so that, on a
-# key-less server, a page of another origin cannot start a run (mlxrt.api.edge).
-@get("/v1/memory/synthesize", summary="Run the memory-synthesis stages, streamed as server-sent events",
-     tags=["memory"], opt={"state_changing": True})
+# POST for clients; GET too, because EventSource can only GET. Marked state-changing: on a
+# key-less server a page of another origin cannot start a run, and the GET is served only to
+# a request that proves it comes from the server's own page (mlxrt.api.edge).
+@route("/v1/memory/synthesize", http_method=["GET", "POST"], status_code=200,
+       summary="Run the memory-synthesis stages, streamed as server-sent events", tags=["memory"],
+       opt={"state_changing": True})
 async def synthesize(request: Request) -> Stream:
     raw = request.query_params.get("dry", "0")
     if raw.lower() not in _FLAGS:
