@@ -40,8 +40,8 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from mlxrt.cache.prompt_cache import PromptCache, snapshots_from
-from mlxrt.engine import workers
 from mlxrt.cache.prompt_store import open_prompt_cache
+from mlxrt.engine import workers
 from mlxrt.engine.adapters import AdapterRegistry, adapter_id_for
 from mlxrt.engine.bridge import WAKE, Call, Generation, Outbox
 from mlxrt.engine.config import EngineConfig
