@@ -8,6 +8,7 @@ so the route's error renderer applies). Keys are compared in constant time.
 
 from __future__ import annotations
 
+import hashlib
 import hmac
 from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
@@ -17,7 +18,7 @@ from litestar.handlers import BaseRouteHandler
 
 from mlxrt.errors import MlxrtError
 
-__all__ = ["Unauthorized", "api_key_guard", "read_keys", "presented_key"]
+__all__ = ["Unauthorized", "api_key_guard", "caller_of", "read_keys", "presented_key"]
 
 
 class Unauthorized(MlxrtError):
@@ -57,6 +58,16 @@ def presented_key(connection: ASGIConnection) -> str | None:
             return token.strip()
     key = connection.headers.get("x-api-key")
     return key.strip() if key else None
+
+
+def caller_of(connection: ASGIConnection) -> str:
+    """Who is calling, for everything kept per caller (stored responses, prompt-cache entries):
+    a SHA-256 digest of the API key the request authenticated with, so each key is its own
+    partition and the key itself is never kept; ``""`` on a server without ``--api-key``
+    (one partition: every client is trusted alike)."""
+    if not connection.app.state.host.options.get("api_keys"):
+        return ""
+    return hashlib.sha256((presented_key(connection) or "").encode()).hexdigest()
 
 
 def api_key_guard(keys: Sequence[str]) -> Callable[[ASGIConnection, BaseRouteHandler], None]:

@@ -30,6 +30,7 @@ import attrs
 from litestar import Request, Response
 
 from mlxrt.api.app import claimed_fields
+from mlxrt.api.auth import caller_of
 from mlxrt.api.disconnect import (
     closing_on_error,
     drain_until_disconnect,
@@ -89,6 +90,8 @@ class Turn:
     :ivar wire: The dialect's own decoded body, for its encoder (the pipeline never reads it).
     :ivar host: The host serving the turn, set by the pipeline once the model is chosen, for an
         encoder that needs the model (Responses counts reasoning tokens with its tokenizer).
+    :ivar store: The client lets the server keep the turn (Responses' ``store: false`` does
+        not): told to turn observers (:attr:`mlxrt.records.FinishedTurn.store`).
     """
 
     chat: ChatInput
@@ -99,6 +102,7 @@ class Turn:
     single_call: bool = False
     wire: Any = None
     host: Any = None
+    store: bool = True
 
 
 @attrs.frozen
@@ -279,14 +283,17 @@ async def planned_text(request: Request, host: Any, prompt: str, options: Reques
     return await off_loop(request, _plan_text, host, prompt, options, dialect, request_id, default_max_tokens)
 
 
-def assembler_for(host: Any, turn: Turn, rendered: RenderedPrompt, generation: GenerationRequest) -> ResponseAssembler:
+def assembler_for(host: Any, turn: Turn, rendered: RenderedPrompt, generation: GenerationRequest, *,
+                  caller: str = "") -> ResponseAssembler:
     """Engine events → reasoning, content and tool calls, with the request's own tools; the
-    finished turn is reported to ``mlxrt_turn_finished`` observers."""
+    finished turn is reported to ``mlxrt_turn_finished`` observers, as ``caller``'s
+    (:func:`mlxrt.api.auth.caller_of`)."""
     return ResponseAssembler(host.engine.profile, tools=turn.options.tools,
                              starts_in_thinking=rendered.starts_in_thinking,
                              on_finish=turn_observer(host, dialect=generation.dialect,
                                                      request_id=generation.request_id,
-                                                     messages=turn.chat.messages))
+                                                     messages=turn.chat.messages, caller=caller,
+                                                     store=turn.store))
 
 
 async def serve_chat(request: Request, dialect: Dialect) -> Response:
@@ -307,7 +314,7 @@ async def serve_chat(request: Request, dialect: Dialect) -> Response:
     engine = host.engine
     model = engine.info.model_id
     created = int(time.time())
-    assembler = assembler_for(host, turn, rendered, generation)
+    assembler = assembler_for(host, turn, rendered, generation, caller=caller_of(request))
     # Admission errors (queue full, a failing sampler hook) surface here, as the status.
     gen, report = await start_generation(request, engine, generation)
     async with closing_on_error(gen):  # until a stream owns it

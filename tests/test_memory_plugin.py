@@ -5,6 +5,7 @@ its rerun, the ``mlxrt memory`` commands, and one slow run on SmolLM2."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import sqlite3
@@ -117,7 +118,7 @@ def test_one_run_at_a_time_bad_query_and_api_key(tiny_models, serve_app, tmp_pat
     key = {"Authorization": "Bearer k1"}
     bad = client.get("/v1/memory/synthesize?dry=maybe", headers=key)
     assert bad.status_code == 400 and bad.json()["error"]["message"] == "dry must be 0 or 1, got 'maybe'"
-    service = client.app.state.host.plugin_states["memory"]
+    service = client.app.state.host.plugin_states["memory"].partition(hashlib.sha256(b"k1").hexdigest())
     with service.lock:  # a run in progress
         busy = client.get("/v1/memory/synthesize", headers=key)
         assert busy.status_code == 409
@@ -276,16 +277,85 @@ def test_a_keyless_synthesis_get_needs_the_same_origin_proof(tiny_models, serve_
     assert client.get("/v1/memory/status").json()["counts"]["runs"] == 3
 
 
-def test_one_server_per_memory_folder(tmp_path):
-    from mlxrt_memory.synthesis import MemoryFolderBusy
+def test_each_api_key_has_its_own_memory_and_store_false_is_not_kept(tiny_models, serve_app, tmp_path,
+                                                                    monkeypatch):
+    """Key A's turns, synthesis events, status and vault show nothing of key B's; a Responses
+    request with ``store: false`` is not captured; the folder and its files are private."""
+    import os
+    import stat
 
-    first = MemoryService.open(tmp_path)
+    import mlxrt_memory.routes
+    import openai
+
+    monkeypatch.setattr(mlxrt_memory.routes, "EngineEditor", lambda host: ScriptedEditor())
+    folder = tmp_path / "m"
+    client = serve_app(tiny_models("qwen3"), options={"memory_dir": str(folder), "api_keys": ["key-a", "key-b"]})
+    sdk = {k: openai.OpenAI(base_url=f"{client.base_url}/v1", api_key=k, http_client=client, max_retries=0)
+           for k in ("key-a", "key-b")}
+    key = {k: {"Authorization": f"Bearer {k}"} for k in sdk}
+    sdk["key-a"].chat.completions.create(model="m", max_tokens=4, messages=[
+        {"role": "user", "content": "Zebra Falcon signed the merger for 412 million."}])
+    sdk["key-b"].responses.create(model="m", max_output_tokens=4, store=False,
+                                  input="Secret Person must never be remembered.")
+    sdk["key-b"].chat.completions.create(model="m", max_tokens=4, messages=[
+        {"role": "user", "content": "Grace Hopper wrote a compiler."}])
+    for k in sdk:
+        wait_for(lambda k=k: client.get("/v1/memory/status", headers=key[k]).json()["counts"]["turns"] >= 1)
+    time.sleep(0.2)  # a store: false turn, had it been captured, would be written by now
+    assert client.get("/v1/memory/status", headers=key["key-b"]).json()["counts"]["turns"] == 1
+
+    run_a = client.post("/v1/memory/synthesize", json={}, headers=key["key-a"]).text
+    assert "created zebra-falcon" in run_a and "grace-hopper" not in run_a and "secret" not in run_a.lower()
+    status_b = client.get("/v1/memory/status", headers=key["key-b"]).json()
+    assert status_b["counts"]["articles"] == 0 and status_b["counts"]["runs"] == 0
+    assert "zebra" not in json.dumps(status_b).lower()
+    run_b = client.post("/v1/memory/synthesize", json={}, headers=key["key-b"]).text
+    assert "created grace-hopper" in run_b and "zebra" not in run_b.lower() and "secret" not in run_b.lower()
+    status_a = client.get("/v1/memory/status", headers=key["key-a"]).json()
+    assert "grace" not in json.dumps(status_a).lower() and status_a["counts"]["articles"] == 1
+    assert "created zebra-falcon" in json.dumps(status_a["progress"])
+
+    parts = {k: folder / "callers" / hashlib.sha256(k.encode()).hexdigest()[:32] for k in sdk}
+    assert sorted(p.name for p in parts["key-a"].joinpath("vault").glob("*.md")) == ["index.md", "zebra-falcon.md"]
+    assert sorted(p.name for p in parts["key-b"].joinpath("vault").glob("*.md")) == ["grace-hopper.md", "index.md"]
+    assert "key-a" not in "".join(os.listdir(folder / "callers"))  # digests, never the keys
+    exported = cli("export", "--memory-dir", str(folder), "--api-key", "key-b").stdout
+    assert "Grace Hopper" in exported and "Secret Person" not in exported and "Zebra" not in exported
+
+    def mode(path: Path) -> int:
+        return stat.S_IMODE(path.stat().st_mode)
+
+    assert mode(folder) == mode(folder / "callers") == 0o700
+    for part in (folder, *parts.values()):
+        assert mode(part) == mode(part / "vault") == 0o700
+        assert mode(part / "memory.sqlite3") == 0o600
+    assert mode(parts["key-a"] / "vault" / "zebra-falcon.md") == 0o600
+    assert mode(folder / "memory.lock") == 0o600
+
+
+def test_one_server_per_memory_folder(tmp_path):
+    from mlxrt_memory.synthesis import MemoryFolder, MemoryFolderBusy
+
+    first = MemoryFolder.open(tmp_path)
     try:
         with pytest.raises(MemoryFolderBusy, match="in use by another mlxrt server"):
-            MemoryService.open(tmp_path)
+            MemoryFolder.open(tmp_path)
     finally:
         first.close()
-    MemoryService.open(tmp_path).close()  # free again once closed
+    MemoryFolder.open(tmp_path).close()  # free again once closed
+
+
+def test_a_second_server_on_a_memory_folder_fails_to_start(tiny_models, tmp_path):
+    from mlxrt_memory.synthesis import MemoryFolder
+
+    held = MemoryFolder.open(tmp_path / "m")  # as a running server holds it
+    try:
+        out = subprocess.run([MLXRT_BIN, "serve", str(tiny_models("qwen3")), "--memory-dir", str(tmp_path / "m"),
+                              "--port", "9"], capture_output=True, text=True, cwd="/", timeout=120)
+    finally:
+        held.close()
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "is in use by another mlxrt server" in out.stderr and "--memory-dir" in out.stderr
 
 
 GGUF = embedded_gguf_path()

@@ -16,10 +16,11 @@ import anyio
 from litestar import Request, get, route
 from litestar.response import Stream
 
+from mlxrt.api.auth import caller_of
 from mlxrt.api.sse import sse_data, sse_response
 from mlxrt.errors import InvalidRequest, NotFound
 from mlxrt_memory.editor import EngineEditor
-from mlxrt_memory.synthesis import MemoryService, RunBusy, run_synthesis
+from mlxrt_memory.synthesis import MemoryFolder, MemoryService, RunBusy, run_synthesis
 
 __all__ = ["ROUTES", "service_of"]
 
@@ -28,11 +29,12 @@ PROGRESS_KEPT = 50
 _FLAGS = {"1": True, "true": True, "0": False, "false": False}
 
 
-def service_of(host: Any) -> MemoryService:
-    service = host.plugin_states.get("memory")
-    if service is None:
+def service_of(request: Request) -> MemoryService:
+    """The memory of the caller (:func:`mlxrt.api.auth.caller_of`): its own turns, runs and vault."""
+    memory: MemoryFolder | None = request.app.state.host.plugin_states.get("memory")
+    if memory is None:
         raise NotFound("memory is off: start the server with --memory-dir DIR to capture turns and synthesize")
-    return service
+    return memory.partition(caller_of(request))
 
 
 # POST for clients; GET too, because EventSource can only GET. Marked state-changing: on a
@@ -47,7 +49,7 @@ async def synthesize(request: Request) -> Stream:
         raise InvalidRequest(f"dry must be 0 or 1, got {raw!r}", param="dry")
     dry = _FLAGS[raw.lower()]
     host = request.app.state.host
-    service = service_of(host)
+    service = await anyio.to_thread.run_sync(service_of, request)  # a first use opens SQLite and git
     if not service.lock.acquire(blocking=False):
         raise RunBusy()
     loop = asyncio.get_running_loop()
@@ -92,7 +94,7 @@ async def synthesize(request: Request) -> Stream:
 @get("/v1/memory/status", summary="What the memory store holds and the current synthesis run's progress",
      tags=["memory"])
 async def memory_status(request: Request) -> dict[str, Any]:
-    service = service_of(request.app.state.host)
+    service = await anyio.to_thread.run_sync(service_of, request)
     counts = await anyio.to_thread.run_sync(service.store.counts)
     return {"folder": str(service.folder), "vault": str(service.vault.root), "running": service.running(),
             "counts": counts, "progress": list(service.progress)}

@@ -80,7 +80,8 @@ class Vault:
     @classmethod
     def open(cls, folder: Path) -> Vault:
         vault = cls(folder / VAULT_DIR)
-        vault.root.mkdir(parents=True, exist_ok=True)
+        vault.root.mkdir(mode=0o700, parents=True, exist_ok=True)
+        os.chmod(vault.root, 0o700)  # the articles say what the conversations said
         if not (vault.root / ".git").exists():
             vault.git("init", "--quiet")
         # A git command killed with its process leaves its lock; the caller owns the folder
@@ -106,7 +107,10 @@ class Vault:
         if path.exists() and path.read_text(encoding="utf-8") == text:
             return False
         partial = path.with_name(f".{path.name}.partial")
-        partial.write_text(text, encoding="utf-8")
+        fd = os.open(partial, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        os.fchmod(fd, 0o600)  # a leftover partial keeps its old mode through O_CREAT
+        with os.fdopen(fd, "w", encoding="utf-8") as out:
+            out.write(text)
         os.replace(partial, path)
         return True
 
