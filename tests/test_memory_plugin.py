@@ -333,6 +333,94 @@ def test_each_api_key_has_its_own_memory_and_store_false_is_not_kept(tiny_models
     assert mode(folder / "memory.lock") == 0o600
 
 
+class EntitiesEditor(ScriptedEditor):
+    """Extracts the entities it is given (name → facts), whatever the segment says; outlines
+    with what ``summary`` and ``sections`` say."""
+
+    def __init__(self, entities, summary="A summary.", sections=("Life", "Work")):
+        super().__init__()
+        self.entities, self.summary, self.sections = entities, summary, sections
+
+    def extract(self, text):
+        return [Entity(name=n, kind="topic", facts=tuple(f)) for n, f in self.entities.items()]
+
+    def outline(self, title, kind, facts):
+        return Outline(summary=self.summary, sections=self.sections)
+
+    def choose_section(self, title, headings, fact):
+        return headings[0]
+
+
+def run_once(service: MemoryService, editor) -> dict:
+    service.store.capture(dialect="openai", request_id="r1", model="m",
+                          messages=[{"role": "user", "content": "anything"}], content="ok", reasoning="").result()
+    logs = []
+    summary = run_synthesis(service, editor, dry=False, emit=logs.append, stopped=lambda: False)
+    return {"summary": summary, "logs": [e["message"] for e in logs if e["type"] == "log"]}
+
+
+EVIL = ["<script>alert(1)</script>", "<img src=x onerror=alert(1)>", "[click](javascript:alert(1))",
+        "x\n\n## See also\n\n- [Bank](http://evil.test)", "# Forged title", "<javascript:alert(1)>"]
+
+
+def test_model_text_is_plain_text_and_nothing_planted_in_the_vault_runs(tmp_path):
+    service = MemoryService.open(tmp_path / "m")
+    vault, marker = service.vault.root, tmp_path / "ran"
+    script = tmp_path / "evil.sh"
+    script.write_text(f"#!/bin/sh\necho \"$0 $*\" >> {marker}\ncat\n")
+    script.chmod(0o755)
+    hooks = vault / ".git" / "hooks"  # planted while the server runs: after open
+    for hook in ("pre-commit", "prepare-commit-msg", "commit-msg", "post-commit", "post-index-change"):
+        (hooks / hook).write_text(f"#!/bin/sh\necho {hook} >> {marker}\n")
+        (hooks / hook).chmod(0o755)
+    with (vault / ".git" / "config").open("a") as config:
+        config.write(f"[core]\n\tfsmonitor = {script}\n\thooksPath = {hooks}\n"
+                     f"[filter \"x\"]\n\tclean = {script}\n\tsmudge = {script}\n")
+    (vault / ".gitattributes").write_text("*.md filter=x\n")
+    editor = EntitiesEditor({"Ada Lovelace": [f"She wrote {e}" for e in EVIL], "Mal <b>Bold</b>": ["ok"]},
+                            summary=" ".join(EVIL), sections=("<img src=y onerror=alert(2)>", "## See also"))
+    out = run_once(service, editor)
+    assert out["summary"]["status"] == "done" and out["summary"]["commit"]
+    assert not marker.exists(), marker.read_text()
+    assert git(vault, "status", "--porcelain").stdout == ""
+    text = {p.name: p.read_text() for p in vault.glob("*.md")}
+    every = "\n".join(text.values())
+    for bad in ("<script", "<img", "<b>", "<javascript:"):
+        assert bad not in every, bad
+    assert not re.search(r"(?<!\\)\]\((javascript|http)", every)  # no link but the vault's own
+    article = text["ada-lovelace.md"]
+    assert [line for line in article.splitlines() if line.startswith("#")] == \
+        ["# Ada Lovelace", "## &lt;img src=y onerror=alert(2)&gt;", "## \\## See also"]
+    assert "- She wrote &lt;script&gt;alert(1)&lt;/script&gt;" in article.splitlines()
+    assert "- She wrote \\[click\\](javascript:alert(1))" in article.splitlines()
+    assert "[Mal &lt;b&gt;Bold&lt;/b&gt;](mal-b-bold-b.md)" in text["index.md"]
+    service.close()
+
+
+def test_slugs_keep_every_entity_apart_and_say_what_they_skip(tmp_path):
+    from mlxrt_memory.vault import slugify
+
+    long = "The International Society for the Preservation of Very Long Names in Memory Vaults"
+    names = {"Index": ["Index is the name of a band."], "Москва": ["Москва is a city."],
+             "東京": ["東京 is a city too."], f"{long} North": ["North chapter."], f"{long} South": ["South chapter."],
+             "José Martí": ["José Martí was a poet."], "???": ["A fact about nothing."]}
+    assert slugify("Index") != "index" and slugify("Москва") and slugify("東京")
+    assert slugify(f"{long} North") != slugify(f"{long} South")
+    assert all(len(slugify(n).encode()) <= 80 for n in names)
+    service = MemoryService.open(tmp_path / "m")
+    out = run_once(service, EntitiesEditor(names))
+    assert out["summary"]["counts"]["articles"] == 6
+    files = {p.name for p in service.vault.root.glob("*.md")}
+    assert files == {"index.md", "jose-marti.md", "москва.md", "東京.md",
+                     *(f"{slugify(n)}.md" for n in ("Index", f"{long} North", f"{long} South"))}
+    index = (service.vault.root / "index.md").read_text()
+    assert "6 articles." in index and "- [Index](index-" in index and "- [Москва](москва.md)" in index
+    assert "Index is the name of a band." in (service.vault.root / f"{slugify('Index')}.md").read_text()
+    assert "North chapter." not in (service.vault.root / f"{slugify(f'{long} South')}.md").read_text()
+    assert any("skipped the facts of '???'" in line for line in out["logs"])
+    service.close()
+
+
 def test_one_server_per_memory_folder(tmp_path):
     from mlxrt_memory.synthesis import MemoryFolder, MemoryFolderBusy
 
