@@ -56,3 +56,22 @@ def test_loopback_names_are_not_own_origins_off_loopback(tiny_models, serve_app)
     client = serve_app(tiny_models("llama"), options={"host": "0.0.0.0", "port": 8123})
     assert client.delete("/v1/adapters/x", headers={"origin": "http://localhost:8123"}).status_code == 403
     assert client.delete("/v1/adapters/x", headers={"origin": "http://127.0.0.1"}).status_code == 404  # Host's own
+
+
+# -- finding 11: the response store's byte cap is each caller's ------------------------------
+
+
+def test_one_keys_stored_responses_are_never_evicted_by_another_keys_traffic(tiny_models, serve_app):
+    import openai
+
+    client = serve_app(tiny_models("qwen3"), options={"api_keys": ["key-a", "key-b"], "response_store_bytes": 1})
+    sdk = {k: openai.OpenAI(base_url=f"{client.base_url}/v1", api_key=k, http_client=client, max_retries=0)
+           for k in ("key-a", "key-b")}
+    kept = sdk["key-a"].responses.create(model="m", input="remember this", max_output_tokens=4)
+    flood = [sdk["key-b"].responses.create(model="m", input=f"flood {i}", max_output_tokens=4) for i in range(3)]
+    assert sdk["key-a"].responses.retrieve(kept.id).id == kept.id  # key B's traffic evicted nothing of A's
+    assert sdk["key-b"].responses.retrieve(flood[-1].id).id == flood[-1].id
+    for old in flood[:-1]:  # B's own cap (1 byte: its latest entry only) evicts B's own entries
+        with pytest.raises(openai.NotFoundError):
+            sdk["key-b"].responses.retrieve(old.id)
+    assert client.get("/stats", headers={"Authorization": "Bearer key-a"}).json()["responses"]["evicted"] == 2
