@@ -72,7 +72,7 @@ from mlxrt.templating import (
 )
 
 __all__ = ["Turn", "Answer", "Dialect", "Framed", "plan", "prepare_request", "prepare", "planned_chat", "planned_text",
-           "assembler_for", "serve_chat", "route_opt",
+           "assembler_for", "owned_adapters", "serve_chat", "route_opt",
            # Re-exported so a dialect needs this module, mlxrt.records and mlxrt.errors only:
            "ChatInput", "FrameWriter", "sse_data", "sse_event"]
 
@@ -283,6 +283,15 @@ async def planned_text(request: Request, host: Any, prompt: str, options: Reques
     return await off_loop(request, _plan_text, host, prompt, options, dialect, request_id, default_max_tokens)
 
 
+def owned_adapters(request: Request, host: Any, options: RequestOptions) -> RequestOptions:
+    """``options`` with its ``adapter`` names as the caller means them: its own mounts, else the
+    server's; another API key's adapter is unknown (400), as if it were not mounted."""
+    registry = getattr(host.engine, "adapters", None)
+    if registry is None or options.adapter is None:
+        return options
+    return attrs.evolve(options, adapter=registry.qualify(options.adapter, caller_of(request)))
+
+
 def assembler_for(host: Any, turn: Turn, rendered: RenderedPrompt, generation: GenerationRequest, *,
                   caller: str = "") -> ResponseAssembler:
     """Engine events → reasoning, content and tool calls, with the request's own tools; the
@@ -306,7 +315,7 @@ async def serve_chat(request: Request, dialect: Dialect) -> Response:
     if (resolve := getattr(dialect, "resolve", None)) is not None:  # optional: most dialects keep no state
         turn = await resolve(request, turn)
     host = await host_for(request, turn.model)
-    turn = attrs.evolve(turn, host=host)
+    turn = attrs.evolve(turn, host=host, options=owned_adapters(request, host, turn.options))
     await refuse_overlong_text(request, body, host)
     rendered, generation = await planned_chat(request, host, turn.chat, turn.options, dialect=dialect.name,
                                               request_id=dialect.new_id(),

@@ -75,3 +75,61 @@ def test_one_keys_stored_responses_are_never_evicted_by_another_keys_traffic(tin
         with pytest.raises(openai.NotFoundError):
             sdk["key-b"].responses.retrieve(old.id)
     assert client.get("/stats", headers={"Authorization": "Bearer key-a"}).json()["responses"]["evicted"] == 2
+
+
+# -- finding 15: adapters stay under their roots, mount once, and belong to their key --------
+
+
+@pytest.fixture
+def adapter_roots(tiny_models, tmp_path):
+    from mlxrt.testing import write_random_adapter
+
+    model = tiny_models("qwen3")
+    root = tmp_path / "adapters"
+    write_random_adapter(root / "a", model, seed=1, rank=2)
+    outside = write_random_adapter(tmp_path / "outside" / "evil", model, seed=2, rank=2)
+    (root / "link").symlink_to(outside, target_is_directory=True)
+    return {"model": model, "root": root, "a": root / "a"}
+
+
+def test_a_symlink_out_of_the_root_is_not_listed_and_a_folder_mounts_once(adapter_roots, serve_app):
+    client = serve_app(adapter_roots["model"], options={"adapter_dir": (str(adapter_roots["root"]),)})
+    listed = client.get("/v1/adapters/available").json()["adapters"]
+    assert [row["id"] for row in listed] == ["a"] and "outside" not in str(listed)
+    assert client.post("/v1/adapters", json={"id": "a", "path": str(adapter_roots["a"])}).status_code == 200
+    again = client.post("/v1/adapters", json={"id": "a-again", "path": str(adapter_roots["a"])})
+    assert again.status_code == 400 and again.json()["error"]["code"] == "adapter_exists"
+    assert 'already mounted as "a"' in again.json()["error"]["message"]
+    assert [a["id"] for a in client.get("/v1/adapters").json()["adapters"]] == ["a"]
+
+
+def test_an_adapter_belongs_to_the_key_that_mounted_it(adapter_roots, serve_app):
+    import hashlib
+
+    client = serve_app(adapter_roots["model"], options={"adapter_dir": (str(adapter_roots["root"]),),
+                                                        "api_keys": ["key-a", "key-b"]})
+    a, b = ({"Authorization": f"Bearer {k}"} for k in ("key-a", "key-b"))
+
+    def complete(headers, adapter):
+        return client.post("/v1/completions", headers=headers, json={"prompt": "hi", "max_tokens": 3,
+                                                                     "temperature": 0, "adapter": adapter})
+
+    mount = {"id": "mine", "path": str(adapter_roots["a"])}
+    assert client.post("/v1/adapters", headers=a, json=mount).status_code == 200
+    assert complete(a, "mine").status_code == 200
+    used = complete(b, "mine")
+    assert used.status_code == 400 and used.json()["error"]["code"] == "unknown_adapter"
+    assert "mine" not in used.json()["error"]["message"].partition("mounted:")[2]
+    prefixed = hashlib.sha256(b"key-a").hexdigest()[:16] + "/mine"
+    assert complete(b, prefixed).status_code == 400
+    assert client.get("/v1/adapters", headers=b).json()["adapters"] == []
+    assert client.get("/v1/adapters/available", headers=b).json()["adapters"][0]["mounted"] is None
+    assert client.get("/v1/adapters/available", headers=a).json()["adapters"][0]["mounted"] == "mine"
+    assert client.delete("/v1/adapters/mine", headers=b).status_code == 404
+    assert "mine" not in client.get("/stats", headers=b).json()["engine"]["adapters"]["mounted"]
+    # B's own mount of the same folder and id is B's: unmounting it leaves A's.
+    assert client.post("/v1/adapters", headers=b, json=mount).status_code == 200
+    assert client.delete("/v1/adapters/mine", headers=b).status_code == 200
+    assert complete(a, "mine").status_code == 200
+    assert client.delete("/v1/adapters/mine", headers=a).status_code == 200
+    assert complete(a, "mine").status_code == 400

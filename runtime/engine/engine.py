@@ -321,17 +321,18 @@ class Engine:
         self._inbox.put(Call(fn, done, None))
         return done.result()
 
-    async def mount_adapter(self, adapter_id: str, path: str) -> dict[str, Any]:
-        """Mount an adapter folder as ``adapter_id`` (on the worker, between decode steps); the
-        folder must lie under an adapter root (:meth:`~mlxrt.engine.adapters.AdapterRegistry.confine`)."""
+    async def mount_adapter(self, adapter_id: str, path: str, owner: str = "") -> dict[str, Any]:
+        """Mount an adapter folder as ``owner``'s ``adapter_id`` (on the worker, between decode
+        steps); the folder must lie under an adapter root
+        (:meth:`~mlxrt.engine.adapters.AdapterRegistry.confine`)."""
         adapter = await self.call(lambda loaded: self.adapters.mount(loaded.model, adapter_id,
-                                                                     self.adapters.confine(path)))
+                                                                     self.adapters.confine(path), owner))
         return adapter.describe()
 
-    async def unmount_adapter(self, adapter_id: str) -> dict[str, Any]:
-        """Unmount ``adapter_id``: new requests cannot select it; rows already running with it
-        finish with it (its arrays are freed after them). 404 if it is not mounted."""
-        adapter = await self.call(lambda _loaded: self.adapters.unmount(adapter_id, self._adapters_in_use()))
+    async def unmount_adapter(self, adapter_id: str, owner: str = "") -> dict[str, Any]:
+        """Unmount ``owner``'s ``adapter_id``: new requests cannot select it; rows already running
+        with it finish with it (its arrays are freed after them). 404 if it is not mounted."""
+        adapter = await self.call(lambda _loaded: self.adapters.unmount(adapter_id, self._adapters_in_use(), owner))
         return {"id": adapter.id, "removed_layers": len(adapter.layers)}
 
     def stats(self) -> dict[str, Any]:
@@ -358,7 +359,9 @@ class Engine:
             "admission": {"safe_context": self.safe_context, "context_ceiling": self.context_ceiling,
                           **(self.memory.describe() if self.memory else {})},
             "prompt_cache": {**self.prompt_cache.stats(), "last_miss": self.last_miss},
-            "adapters": {"mounted": [a.id for a in self.adapters.list()], "default": list(self.adapters.default)},
+            # The server's own adapters; API keys' mounts are their own (GET /v1/adapters), counted only.
+            "adapters": {"mounted": [a.id for a in self.adapters.list("")], "default": list(self.adapters.default),
+                         "mounted_by_keys": len(self.adapters.list()) - len(self.adapters.list(""))},
             "kv_quant": self.kv.describe() if self.kv is not None else None,
             "speculative": self.speculator.describe() if self.speculator is not None else None,
             "mlx_active_bytes": _active_memory(),
