@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -83,10 +84,25 @@ def mlxrt_turn_finished(turn: Any, host: Any) -> None:
         return
     if not getattr(turn, "store", True):  # the client said not to keep it (Responses' store: false)
         return
-    service = memory.partition(getattr(turn, "caller", ""))  # each API key's turns apart
-    done = service.store.capture(dialect=turn.dialect, request_id=turn.request_id, model=turn.model,
+    caller = getattr(turn, "caller", "")  # each API key's turns go to its own partition
+    service = memory.opened(caller)
+    if service is None:  # a caller's first turn: opening its SQLite and git is not for the event loop
+        threading.Thread(target=_capture_first, args=(memory, caller, turn), name="mlxrt-memory-open",
+                         daemon=True).start()
+        return
+    _capture(service, turn).add_done_callback(_report_failure)
+
+
+def _capture(service: Any, turn: Any) -> Any:
+    return service.store.capture(dialect=turn.dialect, request_id=turn.request_id, model=turn.model,
                                  messages=list(turn.messages), content=turn.content, reasoning=turn.reasoning)
-    done.add_done_callback(_report_failure)
+
+
+def _capture_first(memory: Any, caller: str, turn: Any) -> None:
+    try:
+        _capture(memory.partition(caller), turn).result()
+    except Exception as exc:  # noqa: BLE001 - logged as any failed capture
+        log.error("memory: a turn was not captured: %s", exc)
 
 
 def _report_failure(done: Any) -> None:

@@ -154,22 +154,30 @@ class MemoryFolder:
         with self._lock:
             service = self._parts.get(caller)
             if service is None:
+                if self._owner is None:
+                    raise RuntimeError("the memory folder is closed (the server is stopping)")
                 folder = self.folder_of(caller)
                 if caller:
                     private_dir(self.root / CALLERS_DIR)
                 service = self._parts[caller] = MemoryService.open(folder)
             return service
 
+    def opened(self, caller: str) -> MemoryService | None:
+        """``caller``'s partition if it is open already (no disk access)."""
+        with self._lock:
+            return self._parts.get(caller)
+
     def partitions(self) -> list[MemoryService]:
         with self._lock:
             return list(self._parts.values())
 
     def close(self) -> None:
+        with self._lock:
+            owner, self._owner = self._owner, None  # no partition opens from here on
         for service in self.partitions():
             service.close()
-        if self._owner is not None:
-            self._owner.close()  # releases the folder's lock
-            self._owner = None
+        if owner is not None:
+            owner.close()  # releases the folder's lock
 
 
 def _event(type_: str, stage: str | None, message: str) -> dict[str, Any]:
