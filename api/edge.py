@@ -40,7 +40,7 @@ from litestar.handlers import BaseRouteHandler
 from mlxrt.errors import MlxrtError
 
 __all__ = ["EdgePolicy", "HostNotAllowed", "UnsupportedMediaType", "BrowserRefused", "PluginUnavailable",
-           "edge_guard", "is_loopback", "loopback_hosts", "parse_hosts", "is_json_media_type"]
+           "edge_guard", "is_loopback", "loopback_hosts", "own_origins", "parse_hosts", "is_json_media_type"]
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
