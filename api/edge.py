@@ -14,7 +14,12 @@ things keep those pages from using it (issue 22, docs/operators.md "Security mod
   inference POST) refuse a browser's request, one whose ``Origin`` is not the server's own or
   an origin listed in ``--allowed-origins`` (``*`` does not count), or that says
   ``Sec-Fetch-Site: cross-site``/``same-site``, unless API keys are set (a page cannot know
-  the key).
+  the key). Bound to loopback, the server's own origin is any loopback name on its port
+  (``http://localhost:PORT``, ``http://127.0.0.1:PORT``, ``http://[::1]:PORT``), whichever
+  name the page was opened under. A state-changing GET (a route that opts in) needs more: a
+  browser that sends neither ``Origin`` nor Fetch Metadata cannot be told from a plain
+  client, so such a GET must prove it comes from the server's own page (its own or a listed
+  ``Origin``, or ``Sec-Fetch-Site: same-origin``/``none``); plain clients use the route's POST.
 
 Routes opt out with ``opt={"json_body": False}`` (a route that reads another body type) and
 ``opt={"state_changing": False}`` (a non-GET route that changes nothing); a GET that acts
@@ -35,7 +40,7 @@ from litestar.handlers import BaseRouteHandler
 from mlxrt.errors import MlxrtError
 
 __all__ = ["EdgePolicy", "HostNotAllowed", "UnsupportedMediaType", "BrowserRefused", "PluginUnavailable",
-           "edge_guard", "is_loopback", "loopback_hosts", "parse_hosts", "is_json_media_type"]
+           "edge_guard", "is_loopback", "loopback_hosts", "own_origins", "parse_hosts", "is_json_media_type"]
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
@@ -71,7 +76,12 @@ class BrowserRefused(MlxrtError):
     status = 403
     type = "permission_error"
 
-    def __init__(self, origin: str | None) -> None:
+    def __init__(self, origin: str | None, *, unproven: bool = False) -> None:
+        if unproven:
+            super().__init__("this GET changes server state and the server has no API key: it is served to the "
+                             "server's own pages only (Origin or Sec-Fetch-Site: same-origin); other clients use "
+                             "POST on the same path", code="cross_origin_refused")
+            return
         who = f"origin {origin!r}" if origin else "a cross-site page"
         super().__init__(f"{who} may not call this route: it changes server state and the server has no "
                          "API key. List the origin in --allowed-origins or start the server with --api-key.",
@@ -128,11 +138,14 @@ class EdgePolicy:
     :ivar origins: Origins listed in ``--allowed-origins`` (``*`` left out): pages allowed to
         call state-changing routes.
     :ivar keyed: API keys are required; state-changing routes then trust the key, not the origin.
+    :ivar own: The server's own origins besides ``scheme://Host``: bound to loopback, each
+        loopback name on the served port (a page opened at ``localhost`` calling ``127.0.0.1``).
     """
 
     hosts: frozenset[str] | None
     origins: frozenset[str] = frozenset()
     keyed: bool = False
+    own: frozenset[str] = frozenset()
 
     @classmethod
     def from_options(cls, options: dict[str, Any]) -> EdgePolicy:
@@ -147,7 +160,18 @@ class EdgePolicy:
         else:
             hosts = None  # reachable by any name the operator gave it: --allowed-hosts to check
         origins = frozenset(o.rstrip("/").lower() for o in options.get("cors_origins") or () if o != "*")
-        return cls(hosts=hosts, origins=origins, keyed=bool(options.get("api_keys")))
+        return cls(hosts=hosts, origins=origins, keyed=bool(options.get("api_keys")),
+                   own=own_origins(bind, options.get("port")))
+
+
+def own_origins(bind: str | None, port: Any) -> frozenset[str]:
+    """The origins of the server's own pages under every loopback name (``http://localhost:PORT``,
+    ``http://127.0.0.1:PORT``, ``http://[::1]:PORT``, the bound address): none unless it is
+    bound to loopback on a known port (no other machine can serve those origins)."""
+    if not is_loopback(bind) or not isinstance(port, int) or not 0 < port < 65536:
+        return frozenset()
+    names = {"localhost", "127.0.0.1", "[::1]", *([f"[{bind}]" if ":" in bind else bind] if bind else [])}
+    return frozenset(f"http://{name}" + ("" if port == 80 else f":{port}") for name in names)
 
 
 def is_loopback(bind: str | None) -> bool:
@@ -186,20 +210,25 @@ def edge_guard(policy: EdgePolicy, host: Any, owners: dict[tuple[str, str], str]
             if not is_json_media_type(content_type):
                 raise UnsupportedMediaType(content_type)
         if not policy.keyed and _state_changing(method, opt):
-            _refuse_browsers(headers, host_header, policy.origins)
+            _refuse_browsers(headers, host_header, policy, proof=method in _SAFE_METHODS)
 
     return guard
 
 
-def _refuse_browsers(headers: Any, host_header: str, origins: frozenset[str]) -> None:
+def _refuse_browsers(headers: Any, host_header: str, policy: EdgePolicy, *, proof: bool = False) -> None:
+    """Refuse a page of another origin. ``proof``: a GET that acts must also show it is not one
+    (an old browser sends neither ``Origin`` nor ``Sec-Fetch-Site`` on a cross-site GET)."""
     origin = headers.get("origin")
     if origin is not None:
         origin = origin.strip().rstrip("/").lower()
         # The server's own pages (plugins/pages) send their own origin: scheme://Host.
-        own = origin.partition("://")[2] == host_header.strip().lower()
-        if not own and origin not in origins:
+        own = origin.partition("://")[2] == host_header.strip().lower() or origin in policy.own
+        if not own and origin not in policy.origins:
             raise BrowserRefused(origin)
         return
-    if headers.get("sec-fetch-site", "").lower() in ("cross-site", "same-site"):
+    site = headers.get("sec-fetch-site", "").lower()
+    if site in ("cross-site", "same-site"):
         raise BrowserRefused(None)
+    if proof and site not in ("same-origin", "none"):
+        raise BrowserRefused(None, unproven=True)
 

@@ -71,10 +71,11 @@ def check_text_length(body: Any, ceiling: int) -> None:
         )
 
 
-def turn_observer(host: Any, *, dialect: str, request_id: str,
-                  messages: Sequence[Mapping[str, Any]]) -> Callable[[ResponseAssembler, FinishReason], None] | None:
+def turn_observer(host: Any, *, dialect: str, request_id: str, messages: Sequence[Mapping[str, Any]],
+                  caller: str = "", store: bool = True) -> Callable[[ResponseAssembler, FinishReason], None] | None:
     """The ``on_finish`` of a chat request's :class:`ResponseAssembler`: reports the answered
-    turn to ``mlxrt_turn_finished`` observers (``None`` when no plugin observes turns).
+    turn to ``mlxrt_turn_finished`` observers (``None`` when no plugin observes turns), with
+    who asked (``caller``) and whether the client lets it be kept (``store``).
 
     An observer's failure is logged, never raised (:meth:`mlxrt.host.PluginHost.notify`): the
     client's answer is already complete.
@@ -88,7 +89,7 @@ def turn_observer(host: Any, *, dialect: str, request_id: str,
         turn = FinishedTurn(dialect=dialect, request_id=request_id, model=host.engine.info.model_id,
                             messages=tuple(messages), content="".join(assembler.content),
                             reasoning="".join(assembler.reasoning), tool_calls=assembler.tool_calls,
-                            finish_reason=reason)
+                            finish_reason=reason, caller=caller, store=store)
         host.notify("mlxrt_turn_finished", turn=turn, host=host)
 
     return report

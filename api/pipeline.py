@@ -76,7 +76,7 @@ from mlxrt.templating import (
 )
 
 __all__ = ["Turn", "Answer", "Dialect", "Framed", "plan", "prepare_request", "prepare", "planned_chat", "planned_text",
-           "assembler_for", "serve_chat", "route_opt", "choice_requests",
+           "assembler_for", "owned_adapters", "serve_chat", "route_opt", "choice_requests",
            # Re-exported so a dialect needs this module, mlxrt.records and mlxrt.errors only:
            "ChatInput", "FrameWriter", "sse_data", "sse_event"]
 
@@ -94,6 +94,8 @@ class Turn:
     :ivar wire: The dialect's own decoded body, for its encoder (the pipeline never reads it).
     :ivar host: The host serving the turn, set by the pipeline once the model is chosen, for an
         encoder that needs the model (Responses counts reasoning tokens with its tokenizer).
+    :ivar store: The client lets the server keep the turn (Responses' ``store: false`` does
+        not): told to turn observers (:attr:`mlxrt.records.FinishedTurn.store`).
     """
 
     chat: ChatInput
@@ -104,6 +106,7 @@ class Turn:
     single_call: bool = False
     wire: Any = None
     host: Any = None
+    store: bool = True
 
 
 @attrs.frozen
@@ -308,16 +311,27 @@ async def planned_text(request: Request, host: Any, prompt: str, options: Reques
                           caller_of(request))
 
 
+def owned_adapters(request: Request, host: Any, options: RequestOptions) -> RequestOptions:
+    """``options`` with its ``adapter`` names as the caller means them: its own mounts, else the
+    server's; another API key's adapter is unknown (400), as if it were not mounted."""
+    registry = getattr(host.engine, "adapters", None)
+    if registry is None or options.adapter is None:
+        return options
+    return attrs.evolve(options, adapter=registry.qualify(options.adapter, caller_of(request)))
+
+
 def assembler_for(host: Any, turn: Turn, rendered: RenderedPrompt, generation: GenerationRequest, *,
-                  observed: bool = True) -> ResponseAssembler:
+                  caller: str = "", observed: bool = True) -> ResponseAssembler:
     """Engine events → reasoning, content and tool calls, with the request's own tools; the
-    finished turn is reported to ``mlxrt_turn_finished`` observers (unless not ``observed``:
-    of several choices, only the first is the conversation's turn)."""
+    finished turn is reported to ``mlxrt_turn_finished`` observers, as ``caller``'s
+    (:func:`mlxrt.api.auth.caller_of`), unless not ``observed`` (of several choices, only the
+    first is the conversation's turn)."""
     return ResponseAssembler(host.engine.profile, tools=turn.options.tools,
                              starts_in_thinking=rendered.starts_in_thinking,
                              on_finish=turn_observer(host, dialect=generation.dialect,
                                                      request_id=generation.request_id,
-                                                     messages=turn.chat.messages) if observed else None)
+                                                     messages=turn.chat.messages, caller=caller,
+                                                     store=turn.store) if observed else None)
 
 
 async def serve_chat(request: Request, dialect: Dialect) -> Response:
@@ -330,7 +344,7 @@ async def serve_chat(request: Request, dialect: Dialect) -> Response:
     if (resolve := getattr(dialect, "resolve", None)) is not None:  # optional: most dialects keep no state
         turn = await resolve(request, turn)
     host = await host_for(request, turn.model)
-    turn = attrs.evolve(turn, host=host)
+    turn = attrs.evolve(turn, host=host, options=owned_adapters(request, host, turn.options))
     await refuse_overlong_text(request, body, host)
     rendered, generation = await planned_chat(request, host, turn.chat, turn.options, dialect=dialect.name,
                                               request_id=dialect.new_id(),
@@ -340,7 +354,7 @@ async def serve_chat(request: Request, dialect: Dialect) -> Response:
     created = int(time.time())
     if turn.options.n > 1:
         return await _serve_choices(request, dialect, turn, rendered, generation, created)
-    assembler = assembler_for(host, turn, rendered, generation)
+    assembler = assembler_for(host, turn, rendered, generation, caller=caller_of(request))
     # Admission errors (queue full, a failing sampler hook) surface here, as the status.
     gen, report = await start_generation(request, engine, generation)
     async with closing_on_error(gen):  # until a stream owns it
@@ -375,7 +389,8 @@ async def _serve_choices(request: Request, dialect: Any, turn: Turn, rendered: R
     if generation.vision is not None:
         raise InvalidRequest("n > 1 is not supported with image inputs", param="n")
     generations = choice_requests(generation, turn.options.n)
-    assemblers = [assembler_for(host, turn, rendered, g, observed=i == 0) for i, g in enumerate(generations)]
+    assemblers = [assembler_for(host, turn, rendered, g, caller=caller_of(request), observed=i == 0)
+                  for i, g in enumerate(generations)]
     model = host.engine.info.model_id
     gens, report = await start_choices(request, host.engine, generations)
     headers = response_headers(turn.headers, report)

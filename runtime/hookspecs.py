@@ -294,7 +294,9 @@ def mlxrt_turn_finished(turn: FinishedTurn, host: PluginHost) -> None:
 
     Called once per chat-style request (OpenAI chat, Anthropic Messages, Responses), streamed
     or not, when the dialect has assembled the whole answer; a request the client abandoned or
-    that failed is not reported. Runs **on the event loop**: hand slow work (disk, network) to
+    that failed is not reported. A plugin that keeps turns keeps each ``turn.caller``'s apart
+    (the API key's digest) and keeps none whose ``turn.store`` is false (Responses'
+    ``store: false``). Runs **on the event loop**: hand slow work (disk, network) to
     your own thread. An exception is logged with the plugin's name and never reaches the
     client, whose answer is already complete.
 

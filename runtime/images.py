@@ -219,11 +219,31 @@ _REDIRECTS = frozenset({301, 302, 303, 307, 308})
 _BAD_URL_CHARS = re.compile(r"[\\\x00-\x20\x7f%@]")
 
 
+#: IPv6 prefixes whose last 32 bits are an IPv4 address the packet reaches: NAT64 (well-known
+#: and local-use, RFC 6052 and 8215), IPv4-compatible (``::a.b.c.d``, deprecated but routed by
+#: some stacks) and IPv4-translated (``::ffff:0:a.b.c.d``, RFC 2765).
+_EMBEDDING_V4 = tuple(ipaddress.IPv6Network(n) for n in ("64:ff9b::/96", "64:ff9b:1::/48", "::/96",
+                                                         "::ffff:0:0:0/96"))
+
+
+def _embedded_ipv4(address: ipaddress.IPv6Address) -> ipaddress.IPv4Address | None:
+    """The IPv4 address an IPv6 address carries (mapped, 6to4, NAT64, compatible, translated)."""
+    if address.ipv4_mapped is not None:
+        return address.ipv4_mapped
+    if address.sixtofour is not None:
+        return address.sixtofour
+    if any(address in net for net in _EMBEDDING_V4):
+        return ipaddress.IPv4Address(int(address) & 0xFFFFFFFF)
+    return None
+
+
 def _public(address: ipaddress.IPv4Address | ipaddress.IPv6Address) -> bool:
     """A globally routable unicast address (not private, loopback, link-local, shared, multicast,
-    reserved or unspecified; an IPv4-mapped IPv6 address is judged as its IPv4 address)."""
-    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
-        address = address.ipv4_mapped
+    reserved or unspecified). An IPv6 address that embeds an IPv4 address (``::ffff:127.0.0.1``,
+    ``64:ff9b::7f00:1``, ``2002:7f00:1::``, ``::7f00:1``) is judged as that IPv4 address: those
+    forms reach it through NAT64, 6to4 relays or the host's own stack."""
+    if isinstance(address, ipaddress.IPv6Address) and (v4 := _embedded_ipv4(address)) is not None:
+        address = v4
     return address.is_global and not address.is_multicast
 
 

@@ -615,6 +615,10 @@ class FinishedTurn:
     :ivar reasoning: The answer's reasoning text, if the model reasoned.
     :ivar tool_calls: The tool calls the answer made.
     :ivar finish_reason: Why generation ended.
+    :ivar caller: Who asked (:func:`mlxrt.api.auth.caller_of`: the API key's digest, ``""``
+        without keys): an observer that keeps turns keeps each caller's apart.
+    :ivar store: Whether the client lets the server keep the turn (Responses' ``store: false``
+        says no): an observer must not store a turn with ``store`` false.
     """
 
     dialect: str
@@ -625,6 +629,8 @@ class FinishedTurn:
     reasoning: str = ""
     tool_calls: tuple[ToolCall, ...] = ()
     finish_reason: FinishReason = FinishReason.STOP
+    caller: str = ""
+    store: bool = True
 
 
 class PluginStatus(enum.StrEnum):

@@ -206,6 +206,7 @@ def test_requests_with_different_adapters_share_a_decode_batch(lora, batch_serve
 def test_mount_use_unmount_under_load_never_serves_the_wrong_adapter(lora, batch_server):
     with httpx.Client(base_url=batch_server.url, timeout=120) as http:
         http.delete("/v1/adapters/c")
+        http.delete("/v1/adapters/b")  # a folder mounts once: b's folder is mounted as c here
         assert http.post("/v1/adapters", json={"id": "c", "path": str(lora["b"])}).status_code == 200
         expected = {p: _text(http, p, adapter="c", max_tokens=24) for p in PROMPTS}
         base = {p: _text(http, p, adapter="none", max_tokens=24) for p in PROMPTS}

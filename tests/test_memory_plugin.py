@@ -1,10 +1,11 @@
 """The mlxrt-memory plugin (plugins/mlxrt-memory, installed by scripts/setup): opt-in capture of
-finished turns, ``GET /v1/memory/synthesize`` over a tiny random checkpoint (whose answers the
+finished turns, ``POST /v1/memory/synthesize`` over a tiny random checkpoint (whose answers the
 JSON-schema constraint keeps parseable), dry runs, the one-run lock, disconnects, a crash and
 its rerun, the ``mlxrt memory`` commands, and one slow run on SmolLM2."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import sqlite3
@@ -60,7 +61,7 @@ def test_memory_is_off_without_memory_dir(qwen3_client):
     out = openai_client(qwen3_client).chat.completions.create(
         model="m", messages=[{"role": "user", "content": "Hello"}], max_tokens=4)
     assert out.choices[0].finish_reason in ("stop", "length")
-    resp = qwen3_client.get("/v1/memory/synthesize")
+    resp = qwen3_client.post("/v1/memory/synthesize", json={})
     assert resp.status_code == 404
     assert "start the server with --memory-dir" in resp.json()["error"]["message"]
 
@@ -81,7 +82,7 @@ def test_capture_dry_run_run_and_rerun(tiny_models, serve_app, tmp_path):
     assert sorted(t["dialect"] for t in exported) == ["anthropic", "openai", "openai"]
     assert exported[0]["messages"] == ask
 
-    dry = events_of(client.get("/v1/memory/synthesize?dry=1").text)
+    dry = events_of(client.post("/v1/memory/synthesize?dry=1", json={}).text)
     assert [e["stage"] for e in dry[:-2]] == list(STAGE_NAMES)
     assert all(e["type"] == "stage" and e["message"].startswith("planned") for e in dry[:-2])
     assert dry[0]["message"] == "planned: 3 turns pending"
@@ -89,7 +90,7 @@ def test_capture_dry_run_run_and_rerun(tiny_models, serve_app, tmp_path):
     assert client.get("/v1/memory/status").json()["counts"] == status["counts"]  # wrote nothing
     assert commits(vault) == 0 and not list(vault.glob("*.md"))
 
-    run = events_of(client.get("/v1/memory/synthesize").text)
+    run = events_of(client.post("/v1/memory/synthesize", json={}).text)
     assert run[-1] == "[DONE]"
     summary = run[-2]
     assert summary["type"] == "summary" and summary["status"] == "done"
@@ -101,7 +102,7 @@ def test_capture_dry_run_run_and_rerun(tiny_models, serve_app, tmp_path):
     assert len(list(vault.glob("*.md"))) == articles + 1  # and index.md
     assert f"{articles} articles." in (vault / "index.md").read_text()
 
-    again = events_of(client.get("/v1/memory/synthesize").text)[-2]
+    again = events_of(client.post("/v1/memory/synthesize", json={}).text)[-2]
     assert again["status"] == "done" and again["stages"][0]["count"] == 0  # nothing new to ingest
     assert again["commit"] is None and commits(vault) == 1  # an unchanged vault is not recommitted
     assert {k: v for k, v in again["counts"].items() if k != "runs"} == \
@@ -117,7 +118,7 @@ def test_one_run_at_a_time_bad_query_and_api_key(tiny_models, serve_app, tmp_pat
     key = {"Authorization": "Bearer k1"}
     bad = client.get("/v1/memory/synthesize?dry=maybe", headers=key)
     assert bad.status_code == 400 and bad.json()["error"]["message"] == "dry must be 0 or 1, got 'maybe'"
-    service = client.app.state.host.plugin_states["memory"]
+    service = client.app.state.host.plugin_states["memory"].partition(hashlib.sha256(b"k1").hexdigest())
     with service.lock:  # a run in progress
         busy = client.get("/v1/memory/synthesize", headers=key)
         assert busy.status_code == 409
@@ -223,14 +224,14 @@ def test_killed_then_disconnected_then_finished(tiny_models, server_process, tmp
             openai_client(http).chat.completions.create(model="m", max_tokens=4, messages=[
                 {"role": "user", "content": f"Note {i}: Grace Hopper wrote a compiler."}])
         wait_for(lambda: http.get("/v1/memory/status").json()["counts"]["turns"] == 6)
-        with http.stream("GET", "/v1/memory/synthesize") as resp:
+        with http.stream("POST", "/v1/memory/synthesize", json={}) as resp:
             read_until(resp, lambda e: e["type"] == "log" and e["stage"] == "extract")  # one segment done
             server.proc.kill()
             server.proc.wait()
 
     server = server_process(args)  # the same folder
     with httpx.Client(base_url=server.url, timeout=60) as http:
-        with http.stream("GET", "/v1/memory/synthesize") as resp:
+        with http.stream("POST", "/v1/memory/synthesize", json={}) as resp:
             read_until(resp, lambda e: e == {"type": "stage", "stage": "extract", "message": "running"})
         # the client left in the middle of extract (model calls): the run stops after it
         wait_for(lambda: not http.get("/v1/memory/status").json()["running"], timeout=60)
@@ -258,16 +259,191 @@ def test_killed_then_disconnected_then_finished(tiny_models, server_process, tmp
     assert placed == db.execute("SELECT COUNT(*) FROM (SELECT DISTINCT slug, fact FROM facts)").fetchone()[0] > 0
 
 
-def test_one_server_per_memory_folder(tmp_path):
-    from mlxrt_memory.synthesis import MemoryFolderBusy
+def test_a_keyless_synthesis_get_needs_the_same_origin_proof(tiny_models, serve_app, tmp_path):
+    """A GET with neither Origin nor Sec-Fetch-Site (an old browser's cross-site image or link
+    looks like that) starts nothing; the server's own page and POST clients may start runs."""
+    client = serve_app(tiny_models("qwen3"), options={"memory_dir": str(tmp_path / "m"), "port": 8123})
+    refused = client.get("/v1/memory/synthesize")
+    assert refused.status_code == 403 and refused.json()["error"]["code"] == "cross_origin_refused"
+    assert "other clients use POST" in refused.json()["error"]["message"]
+    assert client.get("/v1/memory/synthesize", headers={"sec-fetch-site": "cross-site"}).status_code == 403
+    assert client.get("/v1/memory/synthesize", headers={"origin": "http://evil.test"}).status_code == 403
+    assert client.post("/v1/memory/synthesize", content=b"dry=0",
+                       headers={"content-type": "application/x-www-form-urlencoded"}).status_code == 415
+    assert client.get("/v1/memory/status").json()["counts"]["runs"] == 0  # no run was started
+    for headers in ({"sec-fetch-site": "same-origin"}, {"origin": "http://localhost:8123"}):
+        assert events_of(client.get("/v1/memory/synthesize", headers=headers).text)[-1] == "[DONE]"
+    assert events_of(client.post("/v1/memory/synthesize", json={}).text)[-1] == "[DONE]"
+    assert client.get("/v1/memory/status").json()["counts"]["runs"] == 3
 
-    first = MemoryService.open(tmp_path)
+
+def test_each_api_key_has_its_own_memory_and_store_false_is_not_kept(tiny_models, serve_app, tmp_path,
+                                                                    monkeypatch):
+    """Key A's turns, synthesis events, status and vault show nothing of key B's; a Responses
+    request with ``store: false`` is not captured; the folder and its files are private."""
+    import os
+    import stat
+
+    import mlxrt_memory.routes
+    import openai
+
+    monkeypatch.setattr(mlxrt_memory.routes, "EngineEditor", lambda host: ScriptedEditor())
+    folder = tmp_path / "m"
+    client = serve_app(tiny_models("qwen3"), options={"memory_dir": str(folder), "api_keys": ["key-a", "key-b"]})
+    sdk = {k: openai.OpenAI(base_url=f"{client.base_url}/v1", api_key=k, http_client=client, max_retries=0)
+           for k in ("key-a", "key-b")}
+    key = {k: {"Authorization": f"Bearer {k}"} for k in sdk}
+    sdk["key-a"].chat.completions.create(model="m", max_tokens=4, messages=[
+        {"role": "user", "content": "Zebra Falcon signed the merger for 412 million."}])
+    sdk["key-b"].responses.create(model="m", max_output_tokens=4, store=False,
+                                  input="Secret Person must never be remembered.")
+    sdk["key-b"].chat.completions.create(model="m", max_tokens=4, messages=[
+        {"role": "user", "content": "Grace Hopper wrote a compiler."}])
+    for k in sdk:
+        wait_for(lambda k=k: client.get("/v1/memory/status", headers=key[k]).json()["counts"]["turns"] >= 1)
+    time.sleep(0.2)  # a store: false turn, had it been captured, would be written by now
+    assert client.get("/v1/memory/status", headers=key["key-b"]).json()["counts"]["turns"] == 1
+
+    run_a = client.post("/v1/memory/synthesize", json={}, headers=key["key-a"]).text
+    assert "created zebra-falcon" in run_a and "grace-hopper" not in run_a and "secret" not in run_a.lower()
+    status_b = client.get("/v1/memory/status", headers=key["key-b"]).json()
+    assert status_b["counts"]["articles"] == 0 and status_b["counts"]["runs"] == 0
+    assert "zebra" not in json.dumps(status_b).lower()
+    run_b = client.post("/v1/memory/synthesize", json={}, headers=key["key-b"]).text
+    assert "created grace-hopper" in run_b and "zebra" not in run_b.lower() and "secret" not in run_b.lower()
+    status_a = client.get("/v1/memory/status", headers=key["key-a"]).json()
+    assert "grace" not in json.dumps(status_a).lower() and status_a["counts"]["articles"] == 1
+    assert "created zebra-falcon" in json.dumps(status_a["progress"])
+
+    parts = {k: folder / "callers" / hashlib.sha256(k.encode()).hexdigest()[:32] for k in sdk}
+    assert sorted(p.name for p in parts["key-a"].joinpath("vault").glob("*.md")) == ["index.md", "zebra-falcon.md"]
+    assert sorted(p.name for p in parts["key-b"].joinpath("vault").glob("*.md")) == ["grace-hopper.md", "index.md"]
+    assert "key-a" not in "".join(os.listdir(folder / "callers"))  # digests, never the keys
+    exported = cli("export", "--memory-dir", str(folder), "--api-key", "key-b").stdout
+    assert "Grace Hopper" in exported and "Secret Person" not in exported and "Zebra" not in exported
+
+    def mode(path: Path) -> int:
+        return stat.S_IMODE(path.stat().st_mode)
+
+    assert mode(folder) == mode(folder / "callers") == 0o700
+    for part in (folder, *parts.values()):
+        assert mode(part) == mode(part / "vault") == 0o700
+        assert mode(part / "memory.sqlite3") == 0o600
+    assert mode(parts["key-a"] / "vault" / "zebra-falcon.md") == 0o600
+    assert mode(folder / "memory.lock") == 0o600
+
+
+class EntitiesEditor(ScriptedEditor):
+    """Extracts the entities it is given (name → facts), whatever the segment says; outlines
+    with what ``summary`` and ``sections`` say."""
+
+    def __init__(self, entities, summary="A summary.", sections=("Life", "Work")):
+        super().__init__()
+        self.entities, self.summary, self.sections = entities, summary, sections
+
+    def extract(self, text):
+        return [Entity(name=n, kind="topic", facts=tuple(f)) for n, f in self.entities.items()]
+
+    def outline(self, title, kind, facts):
+        return Outline(summary=self.summary, sections=self.sections)
+
+    def choose_section(self, title, headings, fact):
+        return headings[0]
+
+
+def run_once(service: MemoryService, editor) -> dict:
+    service.store.capture(dialect="openai", request_id="r1", model="m",
+                          messages=[{"role": "user", "content": "anything"}], content="ok", reasoning="").result()
+    logs = []
+    summary = run_synthesis(service, editor, dry=False, emit=logs.append, stopped=lambda: False)
+    return {"summary": summary, "logs": [e["message"] for e in logs if e["type"] == "log"]}
+
+
+EVIL = ["<script>alert(1)</script>", "<img src=x onerror=alert(1)>", "[click](javascript:alert(1))",
+        "x\n\n## See also\n\n- [Bank](http://evil.test)", "# Forged title", "<javascript:alert(1)>"]
+
+
+def test_model_text_is_plain_text_and_nothing_planted_in_the_vault_runs(tmp_path):
+    service = MemoryService.open(tmp_path / "m")
+    vault, marker = service.vault.root, tmp_path / "ran"
+    script = tmp_path / "evil.sh"
+    script.write_text(f"#!/bin/sh\necho \"$0 $*\" >> {marker}\ncat\n")
+    script.chmod(0o755)
+    hooks = vault / ".git" / "hooks"  # planted while the server runs: after open
+    for hook in ("pre-commit", "prepare-commit-msg", "commit-msg", "post-commit", "post-index-change"):
+        (hooks / hook).write_text(f"#!/bin/sh\necho {hook} >> {marker}\n")
+        (hooks / hook).chmod(0o755)
+    with (vault / ".git" / "config").open("a") as config:
+        config.write(f"[core]\n\tfsmonitor = {script}\n\thooksPath = {hooks}\n"
+                     f"[filter \"x\"]\n\tclean = {script}\n\tsmudge = {script}\n")
+    (vault / ".gitattributes").write_text("*.md filter=x\n")
+    editor = EntitiesEditor({"Ada Lovelace": [f"She wrote {e}" for e in EVIL], "Mal <b>Bold</b>": ["ok"]},
+                            summary=" ".join(EVIL), sections=("<img src=y onerror=alert(2)>", "## See also"))
+    out = run_once(service, editor)
+    assert out["summary"]["status"] == "done" and out["summary"]["commit"]
+    assert not marker.exists(), marker.read_text()
+    assert git(vault, "status", "--porcelain").stdout == ""
+    text = {p.name: p.read_text() for p in vault.glob("*.md")}
+    every = "\n".join(text.values())
+    for bad in ("<script", "<img", "<b>", "<javascript:"):
+        assert bad not in every, bad
+    assert not re.search(r"(?<!\\)\]\((javascript|http)", every)  # no link but the vault's own
+    article = text["ada-lovelace.md"]
+    assert [line for line in article.splitlines() if line.startswith("#")] == \
+        ["# Ada Lovelace", "## &lt;img src=y onerror=alert(2)&gt;", "## \\## See also"]
+    assert "- She wrote &lt;script&gt;alert(1)&lt;/script&gt;" in article.splitlines()
+    assert "- She wrote \\[click\\](javascript:alert(1))" in article.splitlines()
+    assert "[Mal &lt;b&gt;Bold&lt;/b&gt;](mal-b-bold-b.md)" in text["index.md"]
+    service.close()
+
+
+def test_slugs_keep_every_entity_apart_and_say_what_they_skip(tmp_path):
+    from mlxrt_memory.vault import slugify
+
+    long = "The International Society for the Preservation of Very Long Names in Memory Vaults"
+    names = {"Index": ["Index is the name of a band."], "Москва": ["Москва is a city."],
+             "東京": ["東京 is a city too."], f"{long} North": ["North chapter."], f"{long} South": ["South chapter."],
+             "José Martí": ["José Martí was a poet."], "???": ["A fact about nothing."]}
+    assert slugify("Index") != "index" and slugify("Москва") and slugify("東京")
+    assert slugify(f"{long} North") != slugify(f"{long} South")
+    assert all(len(slugify(n).encode()) <= 80 for n in names)
+    service = MemoryService.open(tmp_path / "m")
+    out = run_once(service, EntitiesEditor(names))
+    assert out["summary"]["counts"]["articles"] == 6
+    files = {p.name for p in service.vault.root.glob("*.md")}
+    assert files == {"index.md", "jose-marti.md", "москва.md", "東京.md",
+                     *(f"{slugify(n)}.md" for n in ("Index", f"{long} North", f"{long} South"))}
+    index = (service.vault.root / "index.md").read_text()
+    assert "6 articles." in index and "- [Index](index-" in index and "- [Москва](москва.md)" in index
+    assert "Index is the name of a band." in (service.vault.root / f"{slugify('Index')}.md").read_text()
+    assert "North chapter." not in (service.vault.root / f"{slugify(f'{long} South')}.md").read_text()
+    assert any("skipped the facts of '???'" in line for line in out["logs"])
+    service.close()
+
+
+def test_one_server_per_memory_folder(tmp_path):
+    from mlxrt_memory.synthesis import MemoryFolder, MemoryFolderBusy
+
+    first = MemoryFolder.open(tmp_path)
     try:
         with pytest.raises(MemoryFolderBusy, match="in use by another mlxrt server"):
-            MemoryService.open(tmp_path)
+            MemoryFolder.open(tmp_path)
     finally:
         first.close()
-    MemoryService.open(tmp_path).close()  # free again once closed
+    MemoryFolder.open(tmp_path).close()  # free again once closed
+
+
+def test_a_second_server_on_a_memory_folder_fails_to_start(tiny_models, tmp_path):
+    from mlxrt_memory.synthesis import MemoryFolder
+
+    held = MemoryFolder.open(tmp_path / "m")  # as a running server holds it
+    try:
+        out = subprocess.run([MLXRT_BIN, "serve", str(tiny_models("qwen3")), "--memory-dir", str(tmp_path / "m"),
+                              "--port", "9"], capture_output=True, text=True, cwd="/", timeout=120)
+    finally:
+        held.close()
+    assert out.returncode == 2, out.stdout + out.stderr
+    assert "is in use by another mlxrt server" in out.stderr and "--memory-dir" in out.stderr
 
 
 GGUF = embedded_gguf_path()
@@ -282,7 +458,7 @@ def test_smollm2_writes_a_wiki(server_process, tmp_path):
         openai_client(http).chat.completions.create(model="default", temperature=0, max_tokens=24, messages=[
             {"role": "user", "content": "My sister Alice Martin lives in Paris and works at Airbus as an engineer."}])
         wait_for(lambda: http.get("/v1/memory/status").json()["counts"]["turns"] == 1)
-        events = events_of(http.get("/v1/memory/synthesize").text)
+        events = events_of(http.post("/v1/memory/synthesize", json={}).text)
     summary = events[-2]
     assert events[-1] == "[DONE]" and summary["status"] == "done", events
     assert summary["counts"]["articles"] >= 1 and summary["commit"]

@@ -358,3 +358,25 @@ def test_local_hugging_face_models_by_repo_id_or_a_unique_part_of_one(three, ser
     assert caught.value.body["code"] == "ambiguous_model" and "acme/tiny-qwen3-instruct" in caught.value.body["message"]
     rows = {m["id"]: m["loaded"] for m in client.get("/v1/models").json()["data"]}
     assert rows["other/smol-gemma"] is True and rows["acme/tiny-qwen3-instruct"] is False
+
+
+def _os_threads() -> int:
+    """Threads of this process as the OS counts them (MLX's native ones included)."""
+    import os
+
+    return len(os.listdir("/proc/self/task"))
+
+
+@pytest.mark.skipif(not __import__("os").path.isdir("/proc/self/task"), reason="counts threads through /proc")
+def test_swapping_models_gives_back_the_threads_of_each_load(three, serve_app):
+    """--max-models 1 and two aliases: every request loads a model and unloads the other; the
+    process keeps the threads it had after the first swap (each load leaked one before)."""
+    client = serve_app(three["llama"], options={**MULTI, "max_models": 1,
+                                                "model_alias": [f"a={three['llama']}", f"b={three['qwen3']}"]})
+    chat(client, "b")
+    chat(client, "a")  # warm: the anyio threads of a load and the pooled engine worker exist
+    before = _os_threads()
+    for name in "ba" * 4:
+        chat(client, name)
+    assert loads(client) == {"llama": 6, "qwen3": 5}
+    assert _os_threads() - before <= 1, (before, _os_threads())

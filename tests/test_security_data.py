@@ -466,6 +466,7 @@ def test_mounting_is_confined_to_the_adapter_dirs(adapter_roots, serve_app):
     nul = mount(str(r["inside"]) + "\x00/etc")
     assert nul.status_code == 400 and "NUL" in nul.json()["error"]["message"]
     assert mount(str(r["inside"]), "good").status_code == 200
+    assert client.delete("/v1/adapters/good").status_code == 200  # a folder mounts once (issue 31)
     assert mount(str(r["root"] / "inner"), "inner").status_code == 200  # a link resolving inside is fine
     assert client.get("/health").status_code == 200
 

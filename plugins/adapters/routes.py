@@ -1,7 +1,8 @@
 """Route handlers of the adapters plugin.
 
 Mount and unmount run on the engine's worker between decode steps (``Engine.call``), so no
-array is changed or freed under a running step. Folder scans run off the event loop.
+array is changed or freed under a running step. Folder scans run off the event loop. An
+adapter belongs to the caller that mounted it (:func:`mlxrt.api.auth.caller_of`).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import anyio
 from litestar import Request, delete, get, post
 from litestar.params import PathParameter
 
+from mlxrt.api.auth import caller_of
 from mlxrt.errors import EngineError, InvalidRequest
 
 __all__ = ["ROUTES", "list_adapters", "available_adapters", "mount_adapter", "unmount_adapter"]
@@ -27,9 +29,10 @@ def _engine(request: Request) -> Any:
 
 @get("/v1/adapters", summary="Mounted LoRA adapters", tags=["adapters"])
 async def list_adapters(request: Request) -> dict[str, Any]:
-    """Every mounted adapter (id, path, rank, scale, layers) and the server's default."""
+    """Every adapter the caller may use (its own mounts and the server's: id, path, rank, scale,
+    layers) and the server's default."""
     engine = _engine(request)
-    return {"adapters": [a.describe() for a in engine.adapters.list()],
+    return {"adapters": [a.describe() for a in engine.adapters.list(caller_of(request))],
             "default": "+".join(engine.adapters.default) or None}
 
 
@@ -39,7 +42,7 @@ async def available_adapters(request: Request) -> dict[str, Any]:
     ``--adapter-dir`` folders and beside the ``--adapter`` folder; ``mounted`` is the id a
     folder is mounted under, ``error`` why it cannot be mounted."""
     engine = _engine(request)
-    found = await anyio.to_thread.run_sync(engine.adapters.available)
+    found = await anyio.to_thread.run_sync(engine.adapters.available, caller_of(request))
     return {"adapters": found}
 
 
@@ -63,13 +66,14 @@ async def mount_adapter(request: Request) -> dict[str, Any]:
         adapter_id = adapter_id_for(path)
     if not isinstance(adapter_id, str):
         raise InvalidRequest("id must be a string", param="id")
-    return await engine.mount_adapter(adapter_id, path)
+    return await engine.mount_adapter(adapter_id, path, caller_of(request))
 
 
 @delete("/v1/adapters/{adapter_id:str}", summary="Unmount a LoRA adapter", tags=["adapters"], status_code=200)
 async def unmount_adapter(request: Request, adapter_id: Annotated[str, PathParameter()]) -> dict[str, Any]:
-    """Unmount; requests already running with it finish with it. 404 if it is not mounted."""
-    return await _engine(request).unmount_adapter(adapter_id)
+    """Unmount the caller's own adapter; requests already running with it finish with it. 404
+    if the caller has none mounted under that id."""
+    return await _engine(request).unmount_adapter(adapter_id, caller_of(request))
 
 
 ROUTES = (list_adapters, available_adapters, mount_adapter, unmount_adapter)

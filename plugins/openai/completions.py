@@ -20,7 +20,7 @@ from mlxrt.api.app import claimed_fields
 from mlxrt.api.disconnect import drain_choices, start_choices
 from mlxrt.api.generation import refuse_overlong_text
 from mlxrt.api.models import host_for
-from mlxrt.api.pipeline import choice_requests, planned_text
+from mlxrt.api.pipeline import choice_requests, owned_adapters, planned_text
 from mlxrt.api.sse import sse_data, sse_response
 from mlxrt.api.wire import parse_json_object
 from mlxrt.assembly import LogprobTrail
@@ -53,7 +53,8 @@ async def completions(request: Request) -> Response:
     host = await host_for(request, decoded.request.model)
     await refuse_overlong_text(request, body, host)
     engine = host.engine
-    generation = await planned_text(request, host, decoded.prompt, decoded.options.run, dialect="openai",
+    options = owned_adapters(request, host, decoded.options.run)
+    generation = await planned_text(request, host, decoded.prompt, options, dialect="openai",
                                     request_id=f"cmpl-{uuid.uuid4()}",
                                     default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS)
     model = engine.info.model_id

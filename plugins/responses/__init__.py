@@ -32,5 +32,5 @@ def mlxrt_serve_options() -> Sequence[Any]:
         click.Option(["--response-store-ttl"], type=click.FloatRange(min=1), default=3600.0, show_default=True,
                      help="Responses API: seconds a stored response stays resumable (previous_response_id)."),
         click.Option(["--response-store-bytes"], type=click.IntRange(min=1), default=32 * 1024 * 1024,
-                     show_default=True, help="Responses API: byte cap of the response store (LRU beyond it)."),
+                     show_default=True, help="Responses API: byte cap of the response store, per API key (LRU beyond it)."),
     ]

@@ -112,7 +112,8 @@ class Responses:
         )
         # The chat is known once resolve() has found the conversation this request continues.
         return Turn(chat=ChatInput(messages=()), options=options, model=wire.model, stream=bool(wire.stream),
-                    headers=decoded.headers, single_call=not wire.parallel_tool_calls, wire=decoded)
+                    headers=decoded.headers, single_call=not wire.parallel_tool_calls, wire=decoded,
+                    store=bool(wire.store))
 
     async def resolve(self, request: Request, turn: Turn) -> Turn:
         """The whole conversation (a stored response's input and output before this request's

@@ -6,7 +6,9 @@ One store per app (the app host's ``plugin_state("responses")``), never a module
 
 Every entry is bound to its creator's ``owner`` (a digest of the API key it was created with, or
 ``""`` on a server without keys, where the unguessable id alone is the capability): a lookup
-under another owner finds nothing, exactly as if the id did not exist.
+under another owner finds nothing, exactly as if the id did not exist. The byte cap is each
+owner's: an owner's entries are evicted only by its own traffic, never by another key's (the
+store holds at most the cap times the number of keys).
 """
 
 from __future__ import annotations
@@ -39,10 +41,14 @@ class StoredResponse:
 
 
 class ResponseStore:
+    """Stored responses, one least-recently-used list and byte cap per owner."""
+
     def __init__(self, *, ttl_s: float = DEFAULT_TTL_S, max_bytes: int = DEFAULT_MAX_BYTES,
                  clock: Callable[[], float] = time.monotonic) -> None:
         self.ttl_s, self.max_bytes, self._clock = ttl_s, max_bytes, clock
-        self._items: OrderedDict[str, StoredResponse] = OrderedDict()
+        self._items: OrderedDict[str, StoredResponse] = OrderedDict()  # every owner's, by use
+        self._owned: dict[str, OrderedDict[str, None]] = {}  # owner → its ids, least recently used first
+        self._owned_bytes: dict[str, int] = {}
         self.bytes = 0
         self.evicted = 0
         self.expired = 0
@@ -53,10 +59,12 @@ class ResponseStore:
         self._drop(id)
         self._items[id] = StoredResponse(id=id, input=input, body=body, stored_at=self._clock(), size=size,
                                          owner=owner)
+        self._owned.setdefault(owner, OrderedDict())[id] = None
+        self._owned_bytes[owner] = self._owned_bytes.get(owner, 0) + size
         self.bytes += size
-        while self.bytes > self.max_bytes and len(self._items) > 1:
-            oldest = next(iter(self._items))
-            self._drop(oldest)
+        own = self._owned[owner]
+        while self._owned_bytes[owner] > self.max_bytes and len(own) > 1:  # only this owner's entries
+            self._drop(next(iter(own)))
             self.evicted += 1
 
     def get(self, id: str, owner: str = "") -> StoredResponse | None:
@@ -65,7 +73,8 @@ class ResponseStore:
         item = self._items.get(id)
         if item is None or not hmac.compare_digest(item.owner.encode(), owner.encode()):
             return None
-        self._items.move_to_end(id)  # least recently used goes first
+        self._items.move_to_end(id)
+        self._owned[owner].move_to_end(id)  # least recently used goes first
         return item
 
     def delete(self, id: str, owner: str = "") -> bool:
@@ -73,6 +82,7 @@ class ResponseStore:
         return self.get(id, owner) is not None and self._drop(id)
 
     def stats(self) -> dict[str, Any]:
+        """Totals over every owner (``max_bytes`` is each owner's cap)."""
         self._expire()
         return {"entries": len(self._items), "bytes": self.bytes, "max_bytes": self.max_bytes,
                 "ttl_s": self.ttl_s, "evicted": self.evicted, "expired": self.expired}
@@ -82,6 +92,11 @@ class ResponseStore:
         if item is None:
             return False
         self.bytes -= item.size
+        own = self._owned[item.owner]
+        del own[id]
+        self._owned_bytes[item.owner] -= item.size
+        if not own:  # an owner with nothing stored keeps no bookkeeping
+            del self._owned[item.owner], self._owned_bytes[item.owner]
         return True
 
     def _expire(self) -> None:

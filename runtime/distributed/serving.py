@@ -196,7 +196,7 @@ class DistributedEngine(Engine):
         if self._thread is not None and self.failure is not None:
             # The worker may be stuck in a collective with a dead peer: do not wait long.
             self._inbox.put(None)
-            self._thread.join(timeout=2)
+            self._finished.wait(timeout=2)  # a stuck worker is not given back to the pool
             self._thread = None
             return
         super().stop()

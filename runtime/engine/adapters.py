@@ -69,6 +69,9 @@ class Adapter:
     layers: tuple[str, ...]  # module paths it changes
     size_bytes: int
     base_model: str | None = None
+    #: Who mounted it (:func:`mlxrt.api.auth.caller_of`): ``""`` for the server's own (``--adapter``,
+    #: or any mount on a server without API keys), usable by every caller; else only by that key.
+    owner: str = ""
 
     def describe(self) -> dict[str, Any]:
         return {"id": self.id, "path": self.path, "rank": self.rank, "scale": self.scale,
@@ -205,12 +208,22 @@ def read_adapter_config(folder: Path) -> dict[str, Any]:
     return config
 
 
+def qualified(owner: str, adapter_id: str) -> str:
+    """The registry's name of ``owner``'s adapter ``adapter_id``: the id itself for the server's
+    (owner ``""``), ``<owner prefix>/<id>`` for an API key's (``/`` is never in a client's id)."""
+    return f"{owner[:16]}/{adapter_id}" if owner else adapter_id
+
+
 class AdapterRegistry:
     """The served model's mounted adapters and the selection its LoRA layers read.
 
     :meth:`mount`, :meth:`unmount`, :meth:`select`, :meth:`select_rows` and :meth:`release`
     run on the engine's worker only. :meth:`resolve`, :meth:`list` and :meth:`available` are
     safe from the event loop (the mounted table is replaced, never changed in place).
+
+    Adapters belong to the caller that mounted them: with API keys, a key's mounts are in its
+    own namespace (:func:`qualified`), which only that key lists, selects (:meth:`qualify`) and
+    unmounts; the server's own (``--adapter``) every key may use.
     """
 
     def __init__(self, dirs: Sequence[str | Path] = ()) -> None:
@@ -224,11 +237,34 @@ class AdapterRegistry:
 
     # -- any thread --------------------------------------------------------------------------
 
-    def list(self) -> list[Adapter]:
-        return list(self._mounted.values())
+    def list(self, owner: str | None = None) -> list[Adapter]:
+        """Every mounted adapter (``owner`` ``None``), or those ``owner`` may use: its own and
+        the server's."""
+        return [a for a in self._mounted.values() if owner is None or a.owner in ("", owner)]
 
-    def get(self, adapter_id: str) -> Adapter | None:
-        return self._mounted.get(adapter_id)
+    def get(self, adapter_id: str, owner: str = "") -> Adapter | None:
+        return self._mounted.get(qualified(owner, adapter_id))
+
+    def qualify(self, value: str | None, owner: str) -> str | None:
+        """A request's ``adapter`` field as ``owner`` means it, in registry names: each id is the
+        caller's own adapter, else the server's; any other (another key's) is unknown (400)."""
+        if value is None or not owner:
+            return value
+        names = parse_adapter_spec(value)
+        if not names:
+            return value
+        out = []
+        for name in names:
+            own = qualified(owner, name)
+            if "/" not in name and own in self._mounted:
+                out.append(own)
+            elif "/" not in name and name in self._mounted:
+                out.append(name)
+            else:
+                listed = ", ".join(sorted({a.id for a in self.list(owner)})) or "(none)"
+                raise InvalidRequest(f"unknown adapter \"{name}\" — mounted: {listed}", param="adapter",
+                                     code="unknown_adapter")
+        return "+".join(out)
 
     def resolve(self, value: str | None) -> tuple[str, ...]:
         """A request's ``adapter`` field → the adapter set it runs with (``None``: the
@@ -250,23 +286,28 @@ class AdapterRegistry:
         keys = []
         for name in names:
             if name not in mounted:
-                listed = ", ".join(sorted(mounted)) or "(none)"
+                listed = ", ".join(sorted(n for n in mounted if "/" not in n)) or "(none)"
                 raise InvalidRequest(f"unknown adapter \"{name}\" — mounted: {listed}", param="adapter",
                                      code="unknown_adapter")
             keys.append(mounted[name].key)
         return tuple(keys)
 
-    def available(self) -> list[dict[str, Any]]:
-        """Adapter folders directly under the configured directories (or given as one)."""
+    def available(self, owner: str = "") -> list[dict[str, Any]]:
+        """Adapter folders directly under the configured directories (or given as one); a folder
+        a symlink leads out of every root is not listed (it could not be mounted either).
+        ``mounted``: the id ``owner`` (or the server) has it mounted under."""
         found: list[dict[str, Any]] = []
         seen: set[Path] = set()
-        mounted_paths = {a.path: a.id for a in self._mounted.values()}
+        mine = sorted(self.list(owner), key=lambda a: a.owner != owner)  # its own before the server's
+        mounted_paths: dict[str, str] = {}
+        for adapter in mine:
+            mounted_paths.setdefault(adapter.path, adapter.id)
         for root in self.dirs:
             candidates = [root] if (root / ADAPTER_CONFIG).is_file() else (
                 sorted(p for p in root.iterdir() if p.is_dir()) if root.is_dir() else [])
             for folder in candidates:
                 folder = folder.resolve()
-                if folder in seen or not (folder / ADAPTER_CONFIG).is_file():
+                if folder in seen or not self._inside_roots(folder) or not (folder / ADAPTER_CONFIG).is_file():
                     continue
                 seen.add(folder)
                 row: dict[str, Any] = {"id": folder.name, "path": str(folder),
@@ -300,22 +341,28 @@ class AdapterRegistry:
             folder = Path(path).expanduser().resolve()
         except (OSError, RuntimeError, ValueError):  # a symlink loop, an unknown ~user
             raise refused from None
+        if self._inside_roots(folder):
+            return folder
+        raise refused
+
+    def _inside_roots(self, folder: Path) -> bool:
+        """Whether the resolved ``folder`` lies under a resolved adapter root."""
         for root in self.dirs:
             try:
                 if folder.is_relative_to(root.resolve()):
-                    return folder
+                    return True
             except (OSError, RuntimeError):
                 continue
-        raise refused
+        return False
 
     # -- worker thread -----------------------------------------------------------------------
 
-    def mount(self, model: Any, adapter_id: str, path: str | Path) -> Adapter:
-        """Validate ``path`` against ``model`` and mount it as ``adapter_id``.
+    def mount(self, model: Any, adapter_id: str, path: str | Path, owner: str = "") -> Adapter:
+        """Validate ``path`` against ``model`` and mount it as ``owner``'s ``adapter_id``.
 
-        :raises InvalidRequest: a bad id, a folder that is not an mlx-lm adapter, tensors that
-            name no linear layer of the model or whose shapes do not fit it (every problem
-            is listed).
+        :raises InvalidRequest: a bad id, an id or a folder ``owner`` already has mounted, a
+            folder that is not an mlx-lm adapter, tensors that name no linear layer of the model
+            or whose shapes do not fit it (every problem is listed).
         """
         import mlx.core as mx
         from mlx.utils import tree_unflatten
@@ -323,10 +370,14 @@ class AdapterRegistry:
         if not adapter_id or _BAD_ID.search(adapter_id) or adapter_id.lower() in NO_ADAPTER:
             raise InvalidRequest(f"adapter id {adapter_id!r} may not be empty, \"none\", or contain '+', ',', "
                                  "'/' or spaces", param="id", code="invalid_adapter")
-        if adapter_id in self._mounted:
+        if qualified(owner, adapter_id) in self._mounted:
             raise InvalidRequest(f"adapter \"{adapter_id}\" is already mounted; unmount it first", param="id",
                                  code="adapter_exists")
         folder = Path(path).expanduser().resolve()
+        again = next((a for a in self._mounted.values() if a.owner == owner and a.path == str(folder)), None)
+        if again is not None:  # one folder, one mount: another id would only double its memory
+            raise InvalidRequest(f"adapter folder {folder} is already mounted as \"{again.id}\"; use that id, or "
+                                 "unmount it first", param="path", code="adapter_exists")
         config = read_adapter_config(folder)
         rank = int(config["lora_parameters"]["rank"])
         scale = float(config["lora_parameters"]["scale"])
@@ -383,19 +434,21 @@ class AdapterRegistry:
         adapter = Adapter(
             id=adapter_id, key=key, path=str(folder), rank=rank, scale=scale, layers=tuple(sorted(deltas)),
             size_bytes=sum(a.nbytes + b.nbytes for a, b in deltas.values()),
-            base_model=config.get("model") if isinstance(config.get("model"), str) else None,
+            base_model=config.get("model") if isinstance(config.get("model"), str) else None, owner=owner,
         )
-        self._mounted = {**self._mounted, adapter_id: adapter}
+        self._mounted = {**self._mounted, qualified(owner, adapter_id): adapter}
         return adapter
 
-    def unmount(self, adapter_id: str, in_use: Iterable[str] = ()) -> Adapter:
-        """Make ``adapter_id`` unselectable; its arrays go now, or when the rows in
-        ``in_use`` (mount keys of running rows) no longer need them (:meth:`release`)."""
-        adapter = self._mounted.get(adapter_id)
+    def unmount(self, adapter_id: str, in_use: Iterable[str] = (), owner: str = "") -> Adapter:
+        """Make ``owner``'s ``adapter_id`` unselectable (another caller's is not found); its
+        arrays go now, or when the rows in ``in_use`` (mount keys of running rows) no longer
+        need them (:meth:`release`)."""
+        name = qualified(owner, adapter_id)
+        adapter = self._mounted.get(name)
         if adapter is None:
             raise NotFound(f"adapter {adapter_id} not mounted", param="id", code="adapter_not_found")
-        self._mounted = {k: v for k, v in self._mounted.items() if k != adapter_id}
-        if adapter_id in self.default:
+        self._mounted = {k: v for k, v in self._mounted.items() if k != name}
+        if name in self.default:
             self.default = ()
         self._retiring.add(adapter.key)
         self.release(in_use)

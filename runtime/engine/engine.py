@@ -31,6 +31,7 @@ import math
 import queue
 import threading
 import time
+import weakref
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from pathlib import Path
@@ -40,6 +41,7 @@ import attrs
 
 from mlxrt.cache.prompt_cache import PromptCache, snapshots_from
 from mlxrt.cache.prompt_store import open_prompt_cache
+from mlxrt.engine import workers
 from mlxrt.engine.adapters import AdapterRegistry, adapter_id_for
 from mlxrt.engine.bridge import WAKE, Call, Generation, Outbox
 from mlxrt.engine.config import EngineConfig
@@ -199,27 +201,31 @@ class Engine:
         if self._thread is not None:
             raise EngineError("the engine already has a model")
         ready: Future[None] = Future()
-        self._thread = threading.Thread(target=self._run, args=(info, ready), name="mlxrt-engine", daemon=True)
-        self._thread.start()
+        # A pooled thread (mlxrt.engine.workers): a thread per load leaked MLX's native threads.
+        worker = workers.take()
+        self._thread, self._finished = worker.thread, threading.Event()
+        worker.submit(lambda stream: self._run(info, ready, stream))
         try:
             ready.result()
         except BaseException:
-            self._thread.join(timeout=5)
+            self._finished.wait(timeout=5)
             self._thread = None
             raise
         # A worker still running when the interpreter exits makes MLX abort the process
-        # (status 134): stop it first if nobody did, then let the main thread clean up too.
-        atexit.unregister(_clear_main_streams)  # registered once, however many engines ran
-        atexit.register(_clear_main_streams)
-        atexit.register(self.stop)  # atexit runs last-registered first: stop, then clear
+        # (status 134): stop every engine first, then end the workers, then let the main
+        # thread clean up too (one handler, registered once, however many engines ran).
+        _LIVE.add(self)
+        atexit.unregister(_at_exit)
+        atexit.register(_at_exit)
 
     def stop(self) -> None:
-        """Stop the worker (between decode steps) and wait for it. Idempotent."""
+        """Stop the engine (between decode steps) and wait for it; its worker thread goes back
+        to the pool for the next engine. Idempotent."""
         if self._thread is not None:
             self._inbox.put(None)
-            self._thread.join(timeout=30)
+            self._finished.wait(timeout=30)
             self._thread = None
-            atexit.unregister(self.stop)
+            _LIVE.discard(self)
 
     def generate(self, request: GenerationRequest) -> Generation:
         """Submit ``request``; its :class:`Generation` handle.
@@ -315,17 +321,18 @@ class Engine:
         self._inbox.put(Call(fn, done, None))
         return done.result()
 
-    async def mount_adapter(self, adapter_id: str, path: str) -> dict[str, Any]:
-        """Mount an adapter folder as ``adapter_id`` (on the worker, between decode steps); the
-        folder must lie under an adapter root (:meth:`~mlxrt.engine.adapters.AdapterRegistry.confine`)."""
+    async def mount_adapter(self, adapter_id: str, path: str, owner: str = "") -> dict[str, Any]:
+        """Mount an adapter folder as ``owner``'s ``adapter_id`` (on the worker, between decode
+        steps); the folder must lie under an adapter root
+        (:meth:`~mlxrt.engine.adapters.AdapterRegistry.confine`)."""
         adapter = await self.call(lambda loaded: self.adapters.mount(loaded.model, adapter_id,
-                                                                     self.adapters.confine(path)))
+                                                                     self.adapters.confine(path), owner))
         return adapter.describe()
 
-    async def unmount_adapter(self, adapter_id: str) -> dict[str, Any]:
-        """Unmount ``adapter_id``: new requests cannot select it; rows already running with it
-        finish with it (its arrays are freed after them). 404 if it is not mounted."""
-        adapter = await self.call(lambda _loaded: self.adapters.unmount(adapter_id, self._adapters_in_use()))
+    async def unmount_adapter(self, adapter_id: str, owner: str = "") -> dict[str, Any]:
+        """Unmount ``owner``'s ``adapter_id``: new requests cannot select it; rows already running
+        with it finish with it (its arrays are freed after them). 404 if it is not mounted."""
+        adapter = await self.call(lambda _loaded: self.adapters.unmount(adapter_id, self._adapters_in_use(), owner))
         return {"id": adapter.id, "removed_layers": len(adapter.layers)}
 
     def stats(self) -> dict[str, Any]:
@@ -352,7 +359,9 @@ class Engine:
             "admission": {"safe_context": self.safe_context, "context_ceiling": self.context_ceiling,
                           **(self.memory.describe() if self.memory else {})},
             "prompt_cache": {**self.prompt_cache.stats(), "last_miss": self.last_miss},
-            "adapters": {"mounted": [a.id for a in self.adapters.list()], "default": list(self.adapters.default)},
+            # The server's own adapters; API keys' mounts are their own (GET /v1/adapters), counted only.
+            "adapters": {"mounted": [a.id for a in self.adapters.list("")], "default": list(self.adapters.default),
+                         "mounted_by_keys": len(self.adapters.list()) - len(self.adapters.list(""))},
             "kv_quant": self.kv.describe() if self.kv is not None else None,
             "speculative": self.speculator.describe() if self.speculator is not None else None,
             "mlx_active_bytes": _active_memory(),
@@ -360,13 +369,17 @@ class Engine:
 
     # -- worker thread ---------------------------------------------------------------------------
 
-    def _run(self, info: ModelInfo, ready: Future[None]) -> None:
+    def _run(self, info: ModelInfo, ready: Future[None], stream: Any) -> None:
+        try:
+            self._serve(info, ready, stream)
+        finally:
+            self._finished.set()
+
+    def _serve(self, info: ModelInfo, ready: Future[None], stream: Any) -> None:
         import mlx.core as mx
 
-        # The engine's own stream, made on this thread: every MLX op of the engine runs on it.
-        # (mlx-lm's default generation stream is thread-local; generating on it from a worker
-        # thread makes MLX 0.32's CPU backend abort the process at exit.)
-        self._stream = mx.new_stream(mx.default_device())
+        # The worker's stream (mlxrt.engine.workers): every MLX op of the engine runs on it.
+        self._stream = stream
         with mx.stream(self._stream):
             try:
                 self.loaded, self.profile = load_model(info, self.host)
@@ -388,9 +401,6 @@ class Engine:
                         self._batch.close()
                     self.prompt_cache.close()  # finishes the prompt-cache writes still queued
                     mx.synchronize(self._stream)
-        # MLX wants each thread that made streams to destroy them before it ends (and the main
-        # thread before the interpreter shuts down): left to teardown they abort the process.
-        mx.clear_streams()
 
 
     def _setup(self) -> None:
@@ -731,6 +741,18 @@ class Engine:
             call.loop.call_soon_threadsafe(settle, call.done.set_exception, exc)
         else:
             call.loop.call_soon_threadsafe(settle, call.done.set_result, result)
+
+
+#: Engines with a model loaded, stopped at exit (weakly held: a dropped engine is not kept).
+_LIVE: weakref.WeakSet[Engine] = weakref.WeakSet()
+
+
+def _at_exit() -> None:
+    """Stop every engine, end the worker threads, then clear the main thread's MLX streams."""
+    for engine in list(_LIVE):
+        engine.stop()
+    workers.close()
+    _clear_main_streams()
 
 
 def _clear_main_streams() -> None:

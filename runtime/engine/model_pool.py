@@ -416,6 +416,8 @@ class ModelPool:
         self._repoint()
         if engine is not None:
             await anyio.to_thread.run_sync(engine.stop)
+            del engine
+            await anyio.to_thread.run_sync(_return_memory)
 
     def _repoint(self) -> None:
         """``host.engine``: the served model's engine when resident, else the latest loaded."""
@@ -501,6 +503,20 @@ class ModelPool:
             gauge("mlxrt_model_running_rows", "Requests the model is generating.", None,
                   per_model("running_rows"), ("model",)),
         ]
+
+
+def _return_memory() -> None:
+    """After an unload: free the engine's arrays now and hand MLX's buffer cache back to the
+    system, so the next model does not load on top of the last one's weights."""
+    import gc
+
+    gc.collect()
+    try:
+        import mlx.core as mx
+
+        mx.clear_cache()
+    except Exception:  # an MLX without a buffer cache
+        log.debug("clearing MLX's buffer cache", exc_info=True)
 
 
 def _size(n: int) -> str:

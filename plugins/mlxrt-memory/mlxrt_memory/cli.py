@@ -17,11 +17,18 @@ __all__ = ["register"]
 
 _DIR = click.option("--memory-dir", required=True, type=click.Path(file_okay=False, exists=True),
                     help="The folder given to 'mlxrt serve --memory-dir'.")
+_KEY = click.option("--api-key", default=None, envvar="MLXRT_API_KEY",
+                    help="Read this API key's memory (a server with keys keeps each key's apart).")
 
 
-def _store(folder: str) -> Any:
+def _store(folder: str, api_key: str | None = None) -> Any:
+    import hashlib
+
     from mlxrt_memory.store import STORE_FILE, MemoryStore
+    from mlxrt_memory.synthesis import CALLERS_DIR
 
+    if api_key:
+        folder = str(Path(folder) / CALLERS_DIR / hashlib.sha256(api_key.encode()).hexdigest()[:32])
     path = Path(folder) / STORE_FILE
     if not path.exists():
         raise click.ClickException(f"no memory store in {folder} (expected {STORE_FILE}; "
@@ -36,10 +43,11 @@ def register(cli: click.Group) -> None:
 
     @memory.command("status")
     @_DIR
+    @_KEY
     @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
-    def status(memory_dir: str, as_json: bool) -> None:
+    def status(memory_dir: str, api_key: str | None, as_json: bool) -> None:
         """What the store holds and what the next synthesis run would take up."""
-        store = _store(memory_dir)
+        store = _store(memory_dir, api_key)
         counts = store.counts()
         last = store.rows("SELECT id, status, started_at, finished_at, commit_hash FROM runs ORDER BY id DESC LIMIT 1")
         out = {**counts, "last_run": dict(last[0]) if last else None}
@@ -55,10 +63,11 @@ def register(cli: click.Group) -> None:
 
     @memory.command("export")
     @_DIR
+    @_KEY
     @click.option("--out", type=click.File("w"), default="-", help="Write here (default: stdout).")
-    def export(memory_dir: str, out: Any) -> None:
+    def export(memory_dir: str, api_key: str | None, out: Any) -> None:
         """Every captured turn as one JSON object per line, oldest first."""
-        for row in _store(memory_dir).rows("SELECT * FROM turns ORDER BY id"):
+        for row in _store(memory_dir, api_key).rows("SELECT * FROM turns ORDER BY id"):
             record = dict(row)
             record["messages"] = json.loads(record["messages"])
             out.write(json.dumps(record, ensure_ascii=False) + "\n")
@@ -73,8 +82,8 @@ def register(cli: click.Group) -> None:
 
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         try:
-            with httpx.stream("GET", f"{url.rstrip('/')}/v1/memory/synthesize", params={"dry": int(dry)},
-                              headers=headers, timeout=httpx.Timeout(10, read=None)) as resp:
+            with httpx.stream("POST", f"{url.rstrip('/')}/v1/memory/synthesize", params={"dry": int(dry)},
+                              json={}, headers=headers, timeout=httpx.Timeout(10, read=None)) as resp:
                 if resp.status_code != 200:
                     resp.read()
                     raise click.ClickException(f"{resp.status_code}: {_message(resp.text)}")

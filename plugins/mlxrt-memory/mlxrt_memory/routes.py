@@ -1,4 +1,4 @@
-"""HTTP routes: ``GET /v1/memory/synthesize`` (SSE) and ``GET /v1/memory/status``.
+"""HTTP routes: ``POST /v1/memory/synthesize`` (SSE; ``GET`` for the server's own pages) and ``GET /v1/memory/status``.
 
 The run goes on a worker thread of its own task, not the response's: a client that leaves
 only sets the stop flag, and the run ends at its next stage boundary, releasing the one-run
@@ -13,13 +13,14 @@ from collections.abc import AsyncIterator
 from typing import Any
 
 import anyio
-from litestar import Request, get
+from litestar import Request, get, route
 from litestar.response import Stream
 
+from mlxrt.api.auth import caller_of
 from mlxrt.api.sse import sse_data, sse_response
 from mlxrt.errors import InvalidRequest, NotFound
 from mlxrt_memory.editor import EngineEditor
-from mlxrt_memory.synthesis import MemoryService, RunBusy, run_synthesis
+from mlxrt_memory.synthesis import MemoryFolder, MemoryService, RunBusy, run_synthesis
 
 __all__ = ["ROUTES", "service_of"]
 
@@ -28,24 +29,27 @@ PROGRESS_KEPT = 50
 _FLAGS = {"1": True, "true": True, "0": False, "false": False}
 
 
-def service_of(host: Any) -> MemoryService:
-    service = host.plugin_states.get("memory")
-    if service is None:
+def service_of(request: Request) -> MemoryService:
+    """The memory of the caller (:func:`mlxrt.api.auth.caller_of`): its own turns, runs and vault."""
+    memory: MemoryFolder | None = request.app.state.host.plugin_states.get("memory")
+    if memory is None:
         raise NotFound("memory is off: start the server with --memory-dir DIR to capture turns and synthesize")
-    return service
+    return memory.partition(caller_of(request))
 
 
-# A GET (EventSource can only GET) that writes the vault: marked state-changing so that, on a
-# key-less server, a page of another origin cannot start a run (mlxrt.api.edge).
-@get("/v1/memory/synthesize", summary="Run the memory-synthesis stages, streamed as server-sent events",
-     tags=["memory"], opt={"state_changing": True})
+# POST for clients; GET too, because EventSource can only GET. Marked state-changing: on a
+# key-less server a page of another origin cannot start a run, and the GET is served only to
+# a request that proves it comes from the server's own page (mlxrt.api.edge).
+@route("/v1/memory/synthesize", http_method=["GET", "POST"], status_code=200,
+       summary="Run the memory-synthesis stages, streamed as server-sent events", tags=["memory"],
+       opt={"state_changing": True})
 async def synthesize(request: Request) -> Stream:
     raw = request.query_params.get("dry", "0")
     if raw.lower() not in _FLAGS:
         raise InvalidRequest(f"dry must be 0 or 1, got {raw!r}", param="dry")
     dry = _FLAGS[raw.lower()]
     host = request.app.state.host
-    service = service_of(host)
+    service = await anyio.to_thread.run_sync(service_of, request)  # a first use opens SQLite and git
     if not service.lock.acquire(blocking=False):
         raise RunBusy()
     loop = asyncio.get_running_loop()
@@ -90,7 +94,7 @@ async def synthesize(request: Request) -> Stream:
 @get("/v1/memory/status", summary="What the memory store holds and the current synthesis run's progress",
      tags=["memory"])
 async def memory_status(request: Request) -> dict[str, Any]:
-    service = service_of(request.app.state.host)
+    service = await anyio.to_thread.run_sync(service_of, request)
     counts = await anyio.to_thread.run_sync(service.store.counts)
     return {"folder": str(service.folder), "vault": str(service.vault.root), "running": service.running(),
             "counts": counts, "progress": list(service.progress)}

@@ -102,6 +102,9 @@ def extract(ctx: StageContext) -> int:
     for row in rows:
         entities = ctx.editor.extract(row["text"])
         facts = [(row["id"], e.name, e.kind, f) for e in entities for f in e.facts if slugify(e.name)]
+        # A name with no letter or digit cannot name an article: say so, never drop it silently.
+        for nameless in sorted({e.name for e in entities if not slugify(e.name)}):
+            ctx.log(f"segment {row['id']}: skipped the facts of {nameless!r}: its name has no letter or digit")
 
         def save(c: sqlite3.Connection, seg: int = row["id"], facts: list[Any] = facts) -> None:
             c.executemany("INSERT OR IGNORE INTO facts (segment_id, entity, kind, fact) VALUES (?, ?, ?, ?)", facts)
@@ -169,7 +172,7 @@ def patch(ctx: StageContext) -> int:
         def save(c: sqlite3.Connection, row: sqlite3.Row = row) -> None:
             (body,) = c.execute("SELECT body FROM sections WHERE slug = ? AND heading = ?",
                                 (row["slug"], row["section"])).fetchone()
-            bullet = f"- {row['fact']}"
+            bullet = f"- {' '.join(row['fact'].split())}"  # one line: a fact is one bullet
             if bullet not in body.splitlines():
                 c.execute("UPDATE sections SET body = ? WHERE slug = ? AND heading = ?",
                           ((body + "\n" if body else "") + bullet, row["slug"], row["section"]))

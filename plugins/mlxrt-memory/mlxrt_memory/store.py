@@ -11,6 +11,7 @@ the next run picks up exactly what is left.
 from __future__ import annotations
 
 import json
+import os
 import queue
 import sqlite3
 import threading
@@ -74,6 +75,13 @@ class MemoryStore:
     def open(cls, folder: Path) -> MemoryStore:
         folder.mkdir(parents=True, exist_ok=True)
         store = cls(folder / STORE_FILE)
+        # Everything said to the server is in this file: 0600 before SQLite first writes it
+        # (its -wal and -shm files take the database's mode), tightened if it exists.
+        os.close(os.open(store.path, os.O_RDWR | os.O_CREAT, 0o600))
+        os.chmod(store.path, 0o600)
+        for extra in ("-wal", "-shm"):
+            if (side := store.path.with_name(store.path.name + extra)).exists():
+                os.chmod(side, 0o600)
         with closing(sqlite3.connect(store.path)) as conn:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.executescript(SCHEMA)
