@@ -69,6 +69,7 @@ from mlxrt.templating import (
     render_chat,
     rendered_request,
 )
+from mlxrt.text.tool_calls import PARTIAL_CALL_HEADER
 
 __all__ = ["Turn", "Answer", "Dialect", "Framed", "plan", "prepare_request", "prepare", "planned_chat", "planned_text",
            "assembler_for", "serve_chat", "route_opt",
@@ -318,6 +319,8 @@ async def serve_chat(request: Request, dialect: Dialect) -> Response:
             return sse_response(guarded(frames, dialect.error_frame), headers=headers)
     finish, logprobs = await drain_until_disconnect(request, gen, assembler.feed)
     _delta, reason = assembler.finish(finish)
+    if assembler.dropped_partial_call:  # a stream's headers are gone by then: the log says it
+        headers[PARTIAL_CALL_HEADER] = "dropped"
     calls = assembler.tool_calls[:1] if turn.single_call else assembler.tool_calls
     answer = Answer(id=generation.request_id, model=model, content="".join(assembler.content),
                     reasoning="".join(assembler.reasoning), calls=calls, reason=reason, finish=finish,
