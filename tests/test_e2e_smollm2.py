@@ -39,3 +39,20 @@ def test_a_gguf_file_is_a_model_source(serve_app):
                                                         max_tokens=24)
     assert "Paris" in out.choices[0].message.content
     assert client.get("/v1/models").json()["data"][0]["context_window"] == 8192
+
+
+def test_parse_with_a_float_field_finishes(serve_app):
+    """``client.chat.completions.parse`` with a float field: the number has bounded digits, so
+    the object closes within max_tokens 200 and parses (issue 32: it used to run to the limit)."""
+    from pydantic import BaseModel
+
+    class City(BaseModel):
+        name: str
+        population_millions: float
+
+    client = openai_client(serve_app(GGUF))
+    out = client.chat.completions.parse(model="m", messages=[{"role": "user", "content": "Paris as JSON."}],
+                                        response_format=City, max_tokens=200, temperature=0)
+    choice = out.choices[0]
+    assert choice.finish_reason == "stop" and isinstance(choice.message.parsed, City)
+    assert abs(choice.message.parsed.population_millions) < 1e16

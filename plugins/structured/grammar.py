@@ -34,10 +34,14 @@ def grammar_text(structured: StructuredOutput) -> str:
     """The llguidance grammar for a constraint; a client error is an :class:`InvalidRequest`."""
     import llguidance
 
+    from mlxrt.text.json_numbers import bounded_numbers
+
     param = structured.param
     try:
         if structured.kind == "json_schema":
-            return llguidance.LLMatcher.grammar_from_json_schema(structured.spec, defaults=_JSON_OPTIONS)
+            # Numbers get a bounded number of digits (docs/structured-outputs.md).
+            schema = bounded_numbers(json.loads(structured.spec))
+            return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=_JSON_OPTIONS)
         if structured.kind == "json_object":
             return llguidance.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=_JSON_OPTIONS)
         if structured.kind == "regex":

@@ -24,6 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mlxrt.records import StructuredOutput
+from mlxrt.text.json_numbers import bounded_numbers, number_regex
 
 __all__ = ["CallGrammar", "tool_call_constraint", "value_regex", "schema_properties"]
 
@@ -69,7 +70,7 @@ class CallGrammar:
              item_separator: str = ", ") -> str:
         """A JSON value valid under ``schema``, printed with the given separators and no other
         whitespace (so the model cannot stall in spaces)."""
-        body = dict(schema) if isinstance(schema, Mapping) and schema else {"type": "object"}
+        body = dict(bounded_numbers(schema)) if isinstance(schema, Mapping) and schema else {"type": "object"}
         guidance = {"whitespace_flexible": False, "key_separator": key_separator,
                     "item_separator": item_separator, **(body.get("x-guidance") or {})}
         body["x-guidance"] = guidance
@@ -122,10 +123,8 @@ def value_regex(schema: Mapping[str, Any] | None, *, text: str = r"[^<]*") -> st
         members = [v if isinstance(v, str) else json.dumps(v) for v in schema["enum"]]
         return "(?:" + "|".join(re.escape(m) for m in members) + ")"
     kind = schema.get("type")
-    if kind == "integer":
-        return r"-?[0-9]{1,18}"
-    if kind == "number":
-        return r"-?[0-9]{1,18}(?:\.[0-9]{1,12})?"
+    if kind in ("integer", "number"):
+        return number_regex(integer=kind == "integer")
     if kind == "boolean":
         return "(?:true|false)"
     return text
