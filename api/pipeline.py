@@ -47,7 +47,7 @@ from mlxrt.api.generation import (
 )
 from mlxrt.api.models import host_for
 from mlxrt.api.sse import sse_data, sse_event, sse_response
-from mlxrt.api.wire import parse_json_object
+from mlxrt.api.wire import IGNORED_HEADER, parse_json_object
 from mlxrt.assembly import ResponseAssembler
 from mlxrt.engine.admission import plan_max_tokens
 from mlxrt.engine.sampling import resolve_sampling
@@ -313,6 +313,9 @@ async def serve_chat(request: Request, dialect: Dialect) -> Response:
     gen, report = await start_generation(request, engine, generation)
     async with closing_on_error(gen):  # until a stream owns it
         headers = response_headers(turn.headers, report)
+        if turn.options.tools and engine.profile.tool_parser is None:
+            # The template rendered the tools but nothing can read calls back: say so.
+            headers[IGNORED_HEADER] = ", ".join(filter(None, [headers.get(IGNORED_HEADER), "tools"]))
         if turn.stream:
             frames = dialect.stream(gen, assembler, id=generation.request_id, model=model, created=created,
                                     report=report, turn=turn)

@@ -24,7 +24,7 @@ from cattrs.strategies import configure_union_passthrough
 from mlxrt.errors import InvalidRequest
 
 __all__ = ["FieldRule", "check_fields", "parse_json_object", "strict_converter", "structure",
-           "claimed_values", "ignored_fields", "ignored_headers"]
+           "claimed_values", "ignored_fields", "ignored_headers", "IGNORED_HEADER"]
 
 T = TypeVar("T")
 
@@ -212,6 +212,11 @@ def ignored_fields(body: Mapping[str, Any], known: set[str] | frozenset[str], st
     return ignored
 
 
+#: Names the body fields the server did not act on (unknown ones; ``tools`` on a model that
+#: cannot parse tool calls).
+IGNORED_HEADER = "x-mlxrt-ignored"
+
+
 def ignored_headers(ignored: Sequence[str]) -> dict[str, str]:
     """``x-mlxrt-ignored``, naming the body fields nobody read (none: no header)."""
-    return {"x-mlxrt-ignored": ", ".join(ignored)} if ignored else {}
+    return {IGNORED_HEADER: ", ".join(ignored)} if ignored else {}

@@ -17,7 +17,8 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mlxrt import ToolCall
-from mlxrt.text.tool_calls import tool_parameters, typed_arguments
+from mlxrt.text.generic_tools import JsonToolCallParser
+from mlxrt.text.tool_calls import tool_parameters
 from mlxrt.text.tool_grammar import CallGrammar, schema_properties, value_regex
 
 __all__ = ["Qwen3JsonParser", "Qwen3XmlParser"]
@@ -37,32 +38,9 @@ def _blocks(text: str) -> list[str]:
     return blocks
 
 
-class Qwen3JsonParser:
-    start = "<tool_call>"
-    end = "</tool_call>"
-
-    def opening(self, name: str) -> str:
-        return f'<tool_call>\n{{"name": {json.dumps(name)}, "arguments": '
-
-    def call_grammar(self, name: str, parameters: Mapping[str, Any], g: CallGrammar) -> str:
-        """One call: the opening, arguments valid under the tool's schema (printed as the
-        template prints JSON), the close."""
-        close = g.literal("}\n" + self.end)
-        return f"{g.literal(self.opening(name))} {g.json(parameters)} {close}"
-
-    def parse(self, text: str, tools: Sequence[Mapping[str, Any]] | None) -> list[ToolCall]:
-        calls = []
-        for block in _blocks(text):
-            obj = json.loads(block)
-            if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-                raise ValueError("a tool call must be a JSON object with a string name")
-            args = obj.get("arguments", {})
-            if isinstance(args, str):
-                args = json.loads(args or "{}")
-            if not isinstance(args, dict):
-                raise ValueError("tool call arguments must be a JSON object")
-            calls.append(ToolCall(name=obj["name"], arguments=typed_arguments(obj["name"], args, tools)))
-        return calls
+class Qwen3JsonParser(JsonToolCallParser):
+    """Qwen3's ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``: mlxrt's generic
+    JSON call format (:class:`mlxrt.text.generic_tools.JsonToolCallParser`)."""
 
 
 _STRING_TYPES = {"string", "str", "text", "varchar", "char", "enum"}
