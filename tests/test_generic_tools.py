@@ -129,3 +129,12 @@ def test_tools_a_template_renders_but_nothing_parses_are_reported(tiny_models, t
     assert "x-mlxrt-ignored" not in client.post("/v1/chat/completions", json={**body, "tools": None}).headers
     refused = client.post("/v1/chat/completions", json={**body, "tool_choice": "required"})
     assert refused.status_code == 400 and "cannot be enforced" in refused.json()["error"]["message"]
+
+
+def test_anthropic_count_tokens_counts_the_tools(generic):
+    client = generic()
+    body = {"model": "m", "messages": MSG}
+    tools = [{"name": "get_weather", "description": "Weather for a city.", "input_schema": SCHEMAS["get_weather"]}]
+    bare = client.post("/v1/messages/count_tokens", json=body).json()["input_tokens"]
+    with_tools = client.post("/v1/messages/count_tokens", json={**body, "tools": tools}).json()["input_tokens"]
+    assert with_tools > bare + 50
