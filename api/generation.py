@@ -181,7 +181,8 @@ def forced_tool_call(host: Any, names: Sequence[str], tools: Sequence[Mapping[st
 
     engine = host.engine
     if not names:
-        if structured is None and STRUCTURED_OUTPUTS in declared(host):
+        renders_tools = getattr(engine.profile, "tool_prompt", None) is not None
+        if tools and renders_tools and structured is None and STRUCTURED_OUTPUTS in declared(host):
             # tool_choice "auto" on a model whose tools mlxrt renders: text, or a well-formed call
             structured = auto_tool_constraint(engine.profile, engine.tokenizer, tools)
         return (), structured
