@@ -300,6 +300,24 @@ def test_numbers_have_a_bounded_number_of_digits(tiny, serve_app):
         whole, _, frac = re.sub(r"^-", "", json.dumps(value["f"])).partition(".")
         assert len(whole) <= 16 and len(frac) <= 10 and len(str(abs(value["n"]))) <= 16, text
         assert len(value["xs"]) <= 1 and all(abs(x) < 1e16 for x in value["xs"])
+    # json_object's numbers too, however deep (its strings stay free, so no sampled check here)
+    import llguidance
+    import llguidance.hf
+    import transformers
+
+    from mlxrt.plugins.structured.grammar import grammar_text
+    from mlxrt.records import StructuredOutput
+
+    hf = transformers.AutoTokenizer.from_pretrained(str(tiny))
+    ll = llguidance.hf.from_tokenizer(hf, n_vocab=len(hf))
+    grammar = grammar_text(StructuredOutput(kind="json_object", param="response_format"))
+
+    def accepts(text):
+        matcher = llguidance.LLMatcher(ll, grammar)
+        return matcher.consume_tokens(ll.tokenize_str(text)) and matcher.is_accepting()
+
+    assert accepts('{"a":[1,{"b":"x","c":null}],"d":true,"e":-2.5}') and accepts("{}")
+    assert not accepts('{"a":12345678901234567}') and not accepts('{"a":[[1.12345678901]]}')
     # a bound of the schema's own is kept; only the missing ones are added, nested too
     bounded = bounded_numbers({"anyOf": [{"type": "number", "minimum": 0}, {"type": ["integer", "null"]}]})
     assert bounded["anyOf"][0] == {"type": "number", "minimum": 0, "exclusiveMaximum": 10**16, "multipleOf": 1e-10}

@@ -12,7 +12,8 @@ grammar bounds its integral part to 16 digits:
 - a ``number``'s fraction has at most :data:`FRACTION_DIGITS` (10) digits (``multipleOf``
   ``1e-10``, the finest step llguidance represents exactly).
 
-A bound the schema sets itself is kept (``minimum: 0`` still gets the upper bound). The
+A bound the schema sets itself is kept (``minimum: 0`` still gets the upper bound);
+``json_object`` is compiled as :data:`JSON_OBJECT`, so its numbers are bounded too. The
 structured-output plugin and the forced tool-call grammars (:mod:`mlxrt.text.tool_grammar`)
 both compile schemas through :func:`bounded_numbers`; XML-style tool markups use
 :func:`number_regex`.
@@ -23,7 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-__all__ = ["INTEGRAL_DIGITS", "FRACTION_DIGITS", "bounded_numbers", "number_regex"]
+__all__ = ["INTEGRAL_DIGITS", "FRACTION_DIGITS", "JSON_OBJECT", "bounded_numbers", "number_regex"]
 
 INTEGRAL_DIGITS = 16
 FRACTION_DIGITS = 10
@@ -34,6 +35,17 @@ _ONE = ("items", "additionalProperties", "additionalItems", "not", "if", "then",
         "propertyNames", "unevaluatedProperties", "unevaluatedItems")
 _LIST = ("anyOf", "oneOf", "allOf", "prefixItems")
 _MAP = ("properties", "patternProperties", "$defs", "definitions", "dependentSchemas")
+
+
+#: ``response_format: {"type": "json_object"}``: any JSON object, spelled out (values nest
+#: through ``$defs``) so that its numbers can be bounded like a schema's.
+JSON_OBJECT: Mapping[str, Any] = {
+    "type": "object", "additionalProperties": {"$ref": "#/$defs/value"},
+    "$defs": {"value": {"anyOf": [
+        {"type": "object", "additionalProperties": {"$ref": "#/$defs/value"}},
+        {"type": "array", "items": {"$ref": "#/$defs/value"}},
+        {"type": "string"}, {"type": "number"}, {"type": "boolean"}, {"type": "null"}]}},
+}
 
 
 def bounded_numbers(schema: Any) -> Any:
