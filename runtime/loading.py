@@ -290,12 +290,16 @@ def with_tool_prompt(profile: FamilyProfile, tokenizer: Any, host: PluginHost) -
     if prompt is None:
         if profile.tool_parser is not None:  # the family reads its model's calls its own way
             return profile
-        prompt, plugin = GenericToolPrompt(), "default"
+        prompt, plugin = GenericToolPrompt(), None
     with_tools = profile.tool_stream_mode_with_tools
     if with_tools is ToolStreamMode.PLAIN:
         with_tools = ToolStreamMode.BUFFERED_TEXT
+    # mlxrt's own prompt is no family's answer: the model stays in its tier and family
+    provenance = {**profile.provenance, "tool_prompt": plugin or "default"}
+    if plugin is not None:
+        provenance["tool_parser"] = plugin
     return attrs.evolve(profile, tool_prompt=prompt, tool_parser=prompt.parser, tool_stream_mode_with_tools=with_tools,
-                        provenance={**profile.provenance, "tool_prompt": plugin, "tool_parser": plugin})
+                        provenance=provenance)
 
 
 def load_weights(info: ModelInfo, host: PluginHost) -> tuple[LoadedModel, str | None]:
