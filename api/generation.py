@@ -173,14 +173,20 @@ def forced_tool_call(host: Any, names: Sequence[str], tools: Sequence[Mapping[st
     :mod:`mlxrt.text.tool_grammar`) and a plugin declares ``structured_outputs`` (:mod:`mlxrt.capabilities`): the whole call,
     markup and schema-valid arguments, is enforced. Otherwise the call's opening is forced
     (:func:`forced_openings`) and the model writes the arguments. A forced call cannot also
-    follow another constraint (``response_format``): the client's 400.
+    follow another constraint (``response_format``): the client's 400. With no forced call, a
+    model whose tools mlxrt renders itself (:mod:`mlxrt.text.generic_tools`) has its reply held
+    to free text or one well-formed call (:func:`mlxrt.text.tool_grammar.auto_tool_constraint`).
     """
-    if not names:
-        return (), structured
     from mlxrt.text.tool_calls import reasoning_lead
-    from mlxrt.text.tool_grammar import tool_call_constraint
+    from mlxrt.text.tool_grammar import auto_tool_constraint, tool_call_constraint
 
     engine = host.engine
+    if not names:
+        renders_tools = getattr(engine.profile, "tool_prompt", None) is not None
+        if tools and renders_tools and structured is None and STRUCTURED_OUTPUTS in declared(host):
+            # tool_choice "auto" on a model whose tools mlxrt renders: text, or a well-formed call
+            structured = auto_tool_constraint(engine.profile, engine.tokenizer, tools)
+        return (), structured
     if STRUCTURED_OUTPUTS in declared(host):
         lead = reasoning_lead(engine.profile, engine.tokenizer, prompt_ids)
         constraint = tool_call_constraint(engine.profile, engine.tokenizer, names, tools, lead, param=param)

@@ -52,7 +52,7 @@ from mlxrt.api.generation import (
 )
 from mlxrt.api.models import host_for
 from mlxrt.api.sse import sse_data, sse_event, sse_response
-from mlxrt.api.wire import parse_json_object
+from mlxrt.api.wire import IGNORED_HEADER, parse_json_object
 from mlxrt.assembly import ResponseAssembler
 from mlxrt.engine.admission import check_choices, choice_ceiling, plan_max_tokens
 from mlxrt.engine.sampling import choice_seed, resolve_sampling
@@ -74,6 +74,7 @@ from mlxrt.templating import (
     render_chat,
     rendered_request,
 )
+from mlxrt.text.tool_calls import PARTIAL_CALL_HEADER
 
 __all__ = ["Turn", "Answer", "Dialect", "Framed", "plan", "prepare_request", "prepare", "planned_chat", "planned_text",
            "assembler_for", "owned_adapters", "serve_chat", "route_opt", "choice_requests",
@@ -359,6 +360,9 @@ async def serve_chat(request: Request, dialect: Dialect) -> Response:
     gen, report = await start_generation(request, engine, generation)
     async with closing_on_error(gen):  # until a stream owns it
         headers = response_headers(turn.headers, report)
+        if turn.options.tools and engine.profile.tool_parser is None:
+            # The template rendered the tools but nothing can read calls back: say so.
+            headers[IGNORED_HEADER] = ", ".join(filter(None, [headers.get(IGNORED_HEADER), "tools"]))
         if turn.stream:
             frames = dialect.stream(gen, assembler, id=generation.request_id, model=model, created=created,
                                     report=report, turn=turn)
@@ -372,6 +376,8 @@ def _answer(assembler: ResponseAssembler, finish: FinishEvent, logprobs: list[To
             generation: GenerationRequest, model: str, created: int) -> Answer:
     """A drained generation's :class:`Answer` (the assembler flushed, the calls it keeps)."""
     _delta, reason = assembler.finish(finish)
+    if assembler.dropped_partial_call:  # a stream's headers are gone by then: the log says it
+        headers[PARTIAL_CALL_HEADER] = "dropped"
     calls = assembler.tool_calls[:1] if turn.single_call else assembler.tool_calls
     return Answer(id=generation.request_id, model=model, content="".join(assembler.content),
                   reasoning="".join(assembler.reasoning), calls=calls, reason=reason, finish=finish,

@@ -24,7 +24,7 @@ from cattrs.strategies import configure_union_passthrough
 from mlxrt.errors import InvalidRequest
 
 __all__ = ["FieldRule", "check_fields", "parse_json_object", "strict_converter", "structure",
-           "claimed_values", "ignored_fields", "ignored_headers"]
+           "claimed_values", "ignored_fields", "ignored_headers", "IGNORED_HEADER"]
 
 T = TypeVar("T")
 
@@ -212,6 +212,9 @@ def ignored_fields(body: Mapping[str, Any], known: set[str] | frozenset[str], st
     return ignored
 
 
+#: Names the body fields the server did not act on (unknown ones; ``tools`` on a model that
+#: cannot parse tool calls).
+IGNORED_HEADER = "x-mlxrt-ignored"
 #: Ignored fields ``x-mlxrt-ignored`` names at most (a body may hold thousands).
 MAX_IGNORED_NAMED = 32
 
@@ -225,4 +228,4 @@ def ignored_headers(ignored: Sequence[str]) -> dict[str, str]:
     named = [name if name.isascii() and name.isprintable() else name.encode("unicode_escape").decode("ascii")
              for name in ignored[:MAX_IGNORED_NAMED]]
     more = len(ignored) - len(named)
-    return {"x-mlxrt-ignored": ", ".join(named) + (f" (and {more} more)" if more else "")}
+    return {IGNORED_HEADER: ", ".join(named) + (f" (and {more} more)" if more else "")}

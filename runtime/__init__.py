@@ -30,6 +30,7 @@ from mlxrt.records import (
     TokenEvent,
     ToolCall,
     ToolParser,
+    ToolPrompt,
     ToolStreamMode,
     VisionAdapter,
 )
@@ -62,6 +63,7 @@ __all__ = [
     "TokenEvent",
     "ToolCall",
     "ToolParser",
+    "ToolPrompt",
     "ToolStreamMode",
     "SplicedPrompt",
     "VisionAdapter",

@@ -44,20 +44,29 @@ class ResponseAssembler:
         self.reasoning: list[str] = []
         self.tool_calls: tuple[ToolCall, ...] = ()
         self.warning: str | None = None
+        #: A tool call cut off by ``max_tokens`` or a stop string was dropped (set by finish).
+        self.dropped_partial_call = False
 
     def feed(self, text: str) -> Delta:
         reasoning, content = self._split.feed(text)
         return self._record(Delta(content=self._tools.feed(content), reasoning=reasoning))
 
     def finish(self, event: FinishEvent) -> tuple[Delta, FinishReason]:
-        """Flush held text (``event.text`` first); return the last delta and the finish reason."""
+        """Flush held text (``event.text`` first); return the last delta and the finish reason.
+
+        A generation cut by ``max_tokens`` or a stop string inside a tool call keeps its own
+        reason (``length``/``stop``), never ``tool_calls``: the unfinished call is dropped
+        (:meth:`mlxrt.text.tool_calls.ToolRouter.finish`); calls closed before it are kept.
+        """
+        cut = event.finish_reason == FinishReason.LENGTH or event.stop_sequence is not None
         r1, c1 = self._split.feed(event.text) if event.text else ("", "")
-        r2, c2 = self._split.flush()
+        r2, c2 = self._split.flush(cut=cut)
         content = self._tools.feed(c1 + c2)
-        routed = self._tools.finish()
+        routed = self._tools.finish(cut=cut)
         self.tool_calls, self.warning = routed.calls, routed.warning
+        self.dropped_partial_call = routed.dropped
         delta = self._record(Delta(content=content + routed.content, reasoning=r1 + r2))
-        reason = FinishReason.TOOL_CALLS if self.tool_calls else event.finish_reason
+        reason = FinishReason.TOOL_CALLS if self.tool_calls and not routed.dropped else event.finish_reason
         if self._on_finish is not None:
             self._on_finish(self, reason)
         return delta, reason

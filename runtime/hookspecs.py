@@ -58,6 +58,7 @@ if TYPE_CHECKING:
         Sampler,
         ThinkingFormat,
         ToolParser,
+        ToolPrompt,
         ToolStreamMode,
         VisionAdapter,
     )
@@ -109,6 +110,38 @@ def mlxrt_tool_parser(info: ModelInfo) -> ToolParser | None:
     Called once per model load, on the engine thread. Stops at first non-None result.
 
     .. versionadded:: 0.1
+    """
+
+
+@hookspec(firstresult=True)
+def mlxrt_tool_prompt(info: ModelInfo) -> ToolPrompt | None:
+    """Give the way tools reach this model when its chat template renders none.
+
+    At load mlxrt renders a probe tool through the model's template; when the tool does not
+    appear in the prompt (the embedded SmolLM2's template, most generic-tier models'), tools
+    would silently vanish, so mlxrt renders them itself with the :class:`mlxrt.ToolPrompt` this
+    hook returns, or with its generic one (:class:`mlxrt.text.generic_tools.GenericToolPrompt`:
+    the tools in a system message, calls as ``<tool_call>{"name": …, "arguments": …}</tool_call>``)
+    when no plugin answers. The prompt's ``parser`` then reads the calls (it replaces any
+    ``mlxrt_tool_parser`` answer: the model writes what the prompt asked for), and with the
+    ``structured`` plugin ``tool_choice`` ``"auto"``, ``"required"`` and named are enforced by
+    grammar (``auto_grammar``, the parser's ``call_grammar``).
+
+    :param info: The loaded model's description.
+    :returns: A :class:`mlxrt.ToolPrompt` (``render(messages, tools)`` → the conversation to
+        template; ``parser``; optionally ``auto_grammar(tools, g)``), or ``None`` if this
+        plugin has no tool prompt for the model. Not called for a model whose template renders
+        tools.
+
+    Called once per model load, on the engine thread. Stops at first non-None result.
+
+    Example (a family whose models were tuned on a ``[CALL]{json}[/CALL]`` format)::
+
+        @hookimpl
+        def mlxrt_tool_prompt(info):
+            return MyToolPrompt() if _ours(info) else None
+
+    .. versionadded:: 0.2
     """
 
 

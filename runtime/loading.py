@@ -299,6 +299,30 @@ def resolve_profile(info: ModelInfo, host: PluginHost) -> FamilyProfile:
     )
 
 
+def with_tool_prompt(profile: FamilyProfile, tokenizer: Any, host: PluginHost) -> FamilyProfile:
+    """``profile`` with a :class:`~mlxrt.records.ToolPrompt` when the model's chat template
+    renders no tools (``mlxrt_tool_prompt``, else mlxrt's generic one unless a family gave its
+    own parser): its parser reads the calls and buffers them while streaming."""
+    from mlxrt.text.generic_tools import GenericToolPrompt, template_renders_tools
+
+    if template_renders_tools(tokenizer):
+        return profile
+    plugin, prompt = host.first_answer("mlxrt_tool_prompt", info=profile.info)
+    if prompt is None:
+        if profile.tool_parser is not None:  # the family reads its model's calls its own way
+            return profile
+        prompt, plugin = GenericToolPrompt(), None
+    with_tools = profile.tool_stream_mode_with_tools
+    if with_tools is ToolStreamMode.PLAIN:
+        with_tools = ToolStreamMode.BUFFERED_TEXT
+    # mlxrt's own prompt is no family's answer: the model stays in its tier and family
+    provenance = {**profile.provenance, "tool_prompt": plugin or "default"}
+    if plugin is not None:
+        provenance["tool_parser"] = plugin
+    return attrs.evolve(profile, tool_prompt=prompt, tool_parser=prompt.parser, tool_stream_mode_with_tools=with_tools,
+                        provenance=provenance)
+
+
 def load_weights(info: ModelInfo, host: PluginHost) -> tuple[LoadedModel, str | None]:
     """The model and tokenizer through the family hooks (mlx-lm when none answers), cast as
     ``--dtype`` says (default ``auto``, :mod:`mlxrt.sources.dtype_choice`); with the name of the plugin
@@ -337,6 +361,7 @@ def load_model(info: ModelInfo, host: PluginHost) -> tuple[LoadedModel, FamilyPr
     loaded, plugin = load_weights(info, host)
     profile = resolve_profile(info, host)
     profile = attrs.evolve(profile, provenance={"load_model": plugin or "mlx-lm", **profile.provenance})
+    profile = with_tool_prompt(profile, loaded.tokenizer, host)
     from mlxrt.sources.self_test import run_self_test
 
     return loaded, attrs.evolve(profile, self_test=run_self_test(profile, loaded.tokenizer))

@@ -28,6 +28,7 @@ __all__ = [
     "ToolCall",
     "ToolParser",
     "ToolCallOpening",
+    "ToolPrompt",
     "ToolCallGrammar",
     "StructuredOutput",
     "RequestOptions",
@@ -203,6 +204,26 @@ class ToolCallOpening(Protocol):
     def opening(self, name: str) -> str: ...
 
 
+@runtime_checkable
+class ToolPrompt(Protocol):
+    """How tools reach a model whose chat template renders none (``mlxrt_tool_prompt``).
+
+    ``render(messages, tools)`` returns the conversation to give the template instead: the
+    tools described (a system message, typically), past calls and tool results written the way
+    the prompt asks for them. ``parser`` reads the calls the model then writes (a
+    :class:`ToolParser`; with ``opening``/``call_grammar`` for ``tool_choice`` enforcement).
+    Optional: ``auto_grammar(tools, g)`` → a grammar expression (see
+    :class:`mlxrt.text.tool_grammar.CallGrammar`) that holds a ``tool_choice: "auto"`` reply to
+    free text or one well-formed call (applied when the ``structured`` plugin is present).
+    mlxrt's own is :class:`mlxrt.text.generic_tools.GenericToolPrompt`.
+    """
+
+    parser: ToolParser
+
+    def render(self, messages: Sequence[Mapping[str, Any]],
+               tools: Sequence[Mapping[str, Any]]) -> list[dict[str, Any]]: ...
+
+
 @attrs.frozen
 class SplicedPrompt:
     """A prompt with its images spliced in: what :meth:`VisionAdapter.splice` returns.
@@ -299,6 +320,9 @@ class FamilyProfile:
     tool_stream_mode: ToolStreamMode = ToolStreamMode.PLAIN
     tool_stream_mode_with_tools: ToolStreamMode = ToolStreamMode.BUFFERED_TEXT
     vision: VisionAdapter | None = None
+    #: How mlxrt renders tools itself, for a chat template that renders none (``None``: the
+    #: template does); its parser is then :attr:`tool_parser`.
+    tool_prompt: ToolPrompt | None = None
     provenance: Mapping[str, str] = attrs.field(factory=dict)
     #: The load-time self-test: capability (``template``, ``tools``, ``tool_result``,
     #: ``thinking``) → ``"pass"``, ``"fail: why"`` or ``"n/a"`` (see :mod:`mlxrt.sources.self_test`).

@@ -41,6 +41,9 @@ class RenderedPrompt:
 def render_chat(host: PluginHost, tokenizer: Any, profile: FamilyProfile, chat: ChatInput) -> RenderedPrompt:
     """Render ``chat`` with the model's chat template and tokenize it.
 
+    A model whose template renders no tools has them rendered by its profile's
+    :class:`~mlxrt.records.ToolPrompt` (:mod:`mlxrt.text.generic_tools`).
+
     ``--chat-template-args`` come first, then the family's kwargs (by default, for a model with a
     thinking format, :func:`thinking_kwargs`: the client's ``reasoning_effort``, then
     ``--thinking``); the client's explicit
@@ -65,6 +68,9 @@ def render_chat(host: PluginHost, tokenizer: Any, profile: FamilyProfile, chat: 
         raise InvalidRequest(
             "prompt build failed: this model has no chat template; use /v1/completions"
         )
+    if chat.tools and profile.tool_prompt is not None:
+        # The template renders no tools: mlxrt writes them (and past calls) into the messages.
+        chat = attrs.evolve(chat, messages=tuple(profile.tool_prompt.render(chat.messages, chat.tools)), tools=None)
     messages, text = _placed_render(tokenizer, chat, kwargs)
     # The template writes BOS itself where the model wants it; HF tokenizes templated text
     # without adding special tokens again.

@@ -39,3 +39,43 @@ def test_a_gguf_file_is_a_model_source(serve_app):
                                                         max_tokens=24)
     assert "Paris" in out.choices[0].message.content
     assert client.get("/v1/models").json()["data"][0]["context_window"] == 8192
+
+
+def test_parse_with_a_float_field_finishes(serve_app):
+    """``client.chat.completions.parse`` with a float field: the number has bounded digits, so
+    the object closes within max_tokens 200 and parses (issue 32: it used to run to the limit)."""
+    from pydantic import BaseModel
+
+    class City(BaseModel):
+        name: str
+        population_millions: float
+
+    client = openai_client(serve_app(GGUF))
+    out = client.chat.completions.parse(model="m", messages=[{"role": "user", "content": "Paris as JSON."}],
+                                        response_format=City, max_tokens=200, temperature=0)
+    choice = out.choices[0]
+    assert choice.finish_reason == "stop" and isinstance(choice.message.parsed, City)
+    assert abs(choice.message.parsed.population_millions) < 1e16
+
+
+def test_tool_choice_required_returns_a_tool_call(serve_app):
+    """SmolLM2's template renders no tools: mlxrt's generic tool prompt and grammar make
+    ``tool_choice: "required"`` a call with schema-valid arguments (issue 32)."""
+    import json
+
+    tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city.",
+                                               "parameters": {"type": "object", "required": ["city"],
+                                                              "properties": {"city": {"type": "string"}}}}}]
+    client = openai_client(serve_app(GGUF))
+    for stream in (False, True):
+        out = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Weather in Paris?"}],
+                                             tools=tools, tool_choice="required", max_tokens=60, temperature=0,
+                                             stream=stream)
+        if stream:
+            chunks = list(out)
+            calls = [c for ch in chunks if ch.choices for c in (ch.choices[0].delta.tool_calls or [])]
+        else:
+            calls = out.choices[0].message.tool_calls
+            assert out.choices[0].finish_reason == "tool_calls"
+        assert len(calls) == 1 and calls[0].function.name == "get_weather"
+        assert isinstance(json.loads(calls[0].function.arguments)["city"], str)

@@ -43,7 +43,8 @@ def test_minicpm5_is_recognised_although_its_model_type_is_llama(minicpm5, tiny_
     assert profile.provenance["tool_parser"] == "minicpm5" and profile.thinking_format.open == "<think>"
     assert dict(profile.self_test) == PASS
     _loaded, smol = load(tiny_models("llama"))  # another llama: nobody's
-    assert smol.tier == "generic" and smol.tool_parser is None
+    assert smol.tier == "generic" and smol.provenance["tool_prompt"] == "default"  # mlxrt's generic tools
+    assert smol.tool_parser is smol.tool_prompt.parser and "tool_parser" not in smol.provenance
 
 
 def test_gemma4_thinking_is_the_channel(tiny_models):
@@ -79,7 +80,8 @@ def test_v1_models_reports_family_tier_and_self_test(tiny_models, serve_app, mod
     row = client.get("/v1/models").json()["data"][0]
     assert row["family"] == family
     assert row["tier"] == ("generic" if family == "mlx-lm" else "family")
-    assert row["reasoning"] is (family != "mlx-lm") and row["tools"] is (family != "mlx-lm")
-    expected = PASS if family != "mlx-lm" else {"template": "pass", "tools": "n/a", "tool_result": "n/a",
+    # the tiny llama's template renders no tools: mlxrt's generic tool prompt serves them
+    assert row["reasoning"] is (family != "mlx-lm") and row["tools"] is True
+    expected = PASS if family != "mlx-lm" else {"template": "pass", "tools": "pass", "tool_result": "pass",
                                                   "thinking": "n/a"}
     assert row["self_test"] == expected

@@ -29,8 +29,8 @@ def test_profile_answers_come_from_qwen(tiny_models, model_type):
 
 def test_other_families_are_not_claimed_by_qwen(tiny_models):
     profile = profile_of(tiny_models("llama"))
-    assert profile.thinking_format is None and profile.tool_parser is None
-    assert "thinking_format" not in profile.provenance
+    assert profile.thinking_format is None and "thinking_format" not in profile.provenance
+    assert "tool_parser" not in profile.provenance  # (its tools are mlxrt's generic ones)
 
 
 def test_reasoning_effort_none_turns_thinking_off(tiny_models, serve_app):
@@ -62,7 +62,8 @@ def test_generic_tier_serves_plain_chat(tiny_models, serve_app):
         model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=4, temperature=0)
     assert out.choices[0].message.role == "assistant"
     profile = client.app.state.host.engine.profile
-    assert profile.provenance == {"load_model": "mlx-lm"} and profile.tier == "generic"
+    # its template renders no tools: mlxrt's generic tool prompt, no family's answer
+    assert profile.provenance == {"load_model": "mlx-lm", "tool_prompt": "default"} and profile.tier == "generic"
     row = client.get("/v1/models/" + client.app.state.host.engine.info.model_id).json()
     assert row["tier"] == "generic" and row["family"] == "mlx-lm" and row["reasoning"] is False
 

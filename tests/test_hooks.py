@@ -388,3 +388,47 @@ def test_hook_mlxrt_turn_finished(tiny_models, serve_app):
         ("responses", "Lille.", "stop")]
     assert all(t.messages[-1]["content"] == "Capital of France?" for t in turns)
     assert turns[0].request_id.startswith("chatcmpl-") and turns[0].model
+
+
+PROMPT_TOOLS = [{"type": "function", "function": {"name": "get_time", "parameters": {"type": "object"}}},
+                {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object"}}}]
+TOOL_MSG = [{"role": "user", "content": "Time?"}]
+
+
+class ToolPromptPlugin:
+    """A family's own tool prompt (``mlxrt_tool_prompt``): calls as ``[CALL]{json}[/CALL]``."""
+
+    class Parser:
+        start, end = "[CALL]", "[/CALL]"
+
+        def parse(self, text, tools):
+            from mlxrt import ToolCall
+
+            body = json.loads(text[len(self.start):text.index(self.end)])
+            return [ToolCall(name=body["name"], arguments=json.dumps(body["arguments"]))]
+
+    class Prompt:
+        def __init__(self):
+            self.parser = ToolPromptPlugin.Parser()
+
+        def render(self, messages, tools):
+            names = ", ".join(t["function"]["name"] for t in tools)
+            return [{"role": "system", "content": f"PLUGIN TOOLS: {names}"}, *messages]
+
+    @hookimpl
+    def mlxrt_tool_prompt(self, info):
+        return self.Prompt()
+
+
+def test_hook_mlxrt_tool_prompt(tiny_models, serve_app):
+    """A model whose template renders no tools gets the plugin's own tool prompt and parser."""
+    client = serve_app(tiny_models("llama"), extra=[("scripted", Scripted()), ("prompt", ToolPromptPlugin())])
+    oai = openai_client(client)
+    script = '[CALL]{"name": "get_time", "arguments": {}}[/CALL]'
+    out = oai.chat.completions.create(model="m", messages=TOOL_MSG, tools=PROMPT_TOOLS, max_tokens=60,
+                                      extra_body={"script": script})
+    assert [(c.function.name, c.function.arguments) for c in out.choices[0].message.tool_calls] == [("get_time", "{}")]
+    system = [{"role": "system", "content": "Be brief."}, *TOOL_MSG]  # (else the template adds its own)
+    bare = oai.chat.completions.create(model="m", messages=system, max_tokens=1)
+    with_tools = oai.chat.completions.create(model="m", messages=system, tools=PROMPT_TOOLS, max_tokens=1)
+    assert 4 < with_tools.usage.prompt_tokens - bare.usage.prompt_tokens < 40  # its short text, not ours

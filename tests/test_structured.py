@@ -294,3 +294,48 @@ def test_an_open_think_block_stays_free_and_the_answer_follows_the_schema(tiny_m
     message = out.choices[0].message
     assert (message.model_extra or {}).get("reasoning_content", "").strip() == "let me plan"
     jsonschema.validate(json.loads(message.content), POINT)
+
+
+def test_numbers_have_a_bounded_number_of_digits(tiny, serve_app):
+    """A model that would write digits forever (every digit token boosted) is stopped at 16
+    integral and 10 fraction digits; the answer closes well within max_tokens."""
+    from tokenizers import Tokenizer
+
+    from mlxrt.text.json_numbers import bounded_numbers
+
+    tok = Tokenizer.from_file(str(tiny / "tokenizer.json"))
+    digits = {tok.token_to_id(str(d)): 100 for d in range(10)}
+    schema = {"type": "object", "properties": {"f": {"type": "number"}, "n": {"type": "integer"},
+                                               "xs": {"type": "array", "items": {"type": "number"}, "maxItems": 1}},
+              "required": ["f", "n", "xs"], "additionalProperties": False}
+    client = openai_client(serve_app(tiny))
+    for stream in (False, True):
+        text, finish = _chat(client, _schema_format(schema, "nums"), seed=1, max_tokens=120, stream=stream,
+                             logit_bias=digits)
+        assert finish == "stop", text
+        value = json.loads(text)
+        whole, _, frac = re.sub(r"^-", "", json.dumps(value["f"])).partition(".")
+        assert len(whole) <= 16 and len(frac) <= 10 and len(str(abs(value["n"]))) <= 16, text
+        assert len(value["xs"]) <= 1 and all(abs(x) < 1e16 for x in value["xs"])
+    # json_object's numbers too, however deep (its strings stay free, so no sampled check here)
+    import llguidance
+    import llguidance.hf
+    import transformers
+
+    from mlxrt.plugins.structured.grammar import grammar_text
+    from mlxrt.records import StructuredOutput
+
+    hf = transformers.AutoTokenizer.from_pretrained(str(tiny))
+    ll = llguidance.hf.from_tokenizer(hf, n_vocab=len(hf))
+    grammar = grammar_text(StructuredOutput(kind="json_object", param="response_format"))
+
+    def accepts(text):
+        matcher = llguidance.LLMatcher(ll, grammar)
+        return matcher.consume_tokens(ll.tokenize_str(text)) and matcher.is_accepting()
+
+    assert accepts('{"a":[1,{"b":"x","c":null}],"d":true,"e":-2.5}') and accepts("{}")
+    assert not accepts('{"a":12345678901234567}') and not accepts('{"a":[[1.12345678901]]}')
+    # a bound of the schema's own is kept; only the missing ones are added, nested too
+    bounded = bounded_numbers({"anyOf": [{"type": "number", "minimum": 0}, {"type": ["integer", "null"]}]})
+    assert bounded["anyOf"][0] == {"type": "number", "minimum": 0, "exclusiveMaximum": 10**16, "multipleOf": 1e-10}
+    assert bounded["anyOf"][1]["maximum"] == 10**16 - 1 and "multipleOf" not in bounded["anyOf"][1]

@@ -135,3 +135,21 @@ def test_text_after_the_last_call_is_content():
     router.feed('<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>\n\nDone.')
     routed = router.finish()
     assert [c.name for c in routed.calls] == ["get_weather"] and routed.content == "Done."
+
+
+def test_a_cut_drops_the_unfinished_call_and_keeps_the_closed_ones():
+    closed = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Rome"}}\n</tool_call>'
+    for text, calls, content in [
+        ("Hi <tool_ca", [], "Hi "),  # inside the start marker: no half marker either
+        ('Hi <tool_call>\n{"name": "get_weather", "arguments": {}}', [], "Hi "),  # closed JSON, no end marker
+        (closed + "\nNext <tool_call>\n{", ["get_weather"], "Next"),
+    ]:
+        router = ToolRouter(Qwen3JsonParser(), TOOLS, ToolStreamMode.BUFFERED_TEXT)
+        out = router.feed(text)
+        routed = router.finish(cut=True)
+        assert [c.name for c in routed.calls] == calls and (out + routed.content).strip() == content.strip()
+        assert routed.dropped
+    router = ToolRouter(Qwen3JsonParser(), TOOLS, ToolStreamMode.BUFFERED_TEXT)
+    router.feed('<tool_call>\n{"name": "get_time", "arguments": {}}')
+    routed = router.finish()  # the model ended its turn (EOS): an unclosed last call is still read
+    assert [c.name for c in routed.calls] == ["get_time"] and not routed.dropped

@@ -10,13 +10,15 @@ call and of several calls in one turn).
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mlxrt import ToolCall
-from mlxrt.text.tool_calls import tool_parameters, typed_arguments
+from mlxrt.text.generic_tools import JsonToolCallParser
+from mlxrt.text.tool_calls import tool_parameters
 from mlxrt.text.tool_grammar import CallGrammar, schema_properties, value_regex
 
 __all__ = ["Qwen3JsonParser", "Qwen3XmlParser"]
@@ -36,44 +38,59 @@ def _blocks(text: str) -> list[str]:
     return blocks
 
 
-class Qwen3JsonParser:
-    start = "<tool_call>"
-    end = "</tool_call>"
-
-    def opening(self, name: str) -> str:
-        return f'<tool_call>\n{{"name": {json.dumps(name)}, "arguments": '
-
-    def call_grammar(self, name: str, parameters: Mapping[str, Any], g: CallGrammar) -> str:
-        """One call: the opening, arguments valid under the tool's schema (printed as the
-        template prints JSON), the close."""
-        close = g.literal("}\n" + self.end)
-        return f"{g.literal(self.opening(name))} {g.json(parameters)} {close}"
-
-    def parse(self, text: str, tools: Sequence[Mapping[str, Any]] | None) -> list[ToolCall]:
-        calls = []
-        for block in _blocks(text):
-            obj = json.loads(block)
-            if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
-                raise ValueError("a tool call must be a JSON object with a string name")
-            args = obj.get("arguments", {})
-            if isinstance(args, str):
-                args = json.loads(args or "{}")
-            if not isinstance(args, dict):
-                raise ValueError("tool call arguments must be a JSON object")
-            calls.append(ToolCall(name=obj["name"], arguments=typed_arguments(obj["name"], args, tools)))
-        return calls
+class Qwen3JsonParser(JsonToolCallParser):
+    """Qwen3's ``<tool_call>{"name": ..., "arguments": {...}}</tool_call>``: mlxrt's generic
+    JSON call format (:class:`mlxrt.text.generic_tools.JsonToolCallParser`)."""
 
 
-def _typed(raw: str, schema: Mapping[str, Any]) -> Any:
-    value = raw.strip("\n")
-    kind = schema.get("type")
-    if kind == "string" or (kind is None and value[:1] not in "[{0123456789-tfn"):
+_STRING_TYPES = {"string", "str", "text", "varchar", "char", "enum"}
+_INT_PREFIXES = ("int", "uint", "long", "short", "unsigned")
+
+
+def _xml_value(raw: str, schema: Mapping[str, Any] | None) -> Any:
+    """One ``<parameter>`` value as mlx-lm's ``qwen3_coder`` parser (and vLLM's) reads it.
+
+    Exactly one newline is stripped at each end (the ones the template puts around a value);
+    ``null`` is ``None``; a parameter without a schema ``type`` keeps its text (vLLM's rule;
+    mlx-lm decodes a JSON object or array there when the parameter's schema is not empty); typed values are
+    converted by their type (integers through ``float``, numbers to ``int`` when integral,
+    booleans by ``== "true"``, objects/arrays as JSON, then Python literals). A union type
+    (``["string", "null"]``) is read by its first non-null member, a string when it has one
+    (mlx-lm stringifies the list; a deliberate difference, tests/golden/tool_parser_parity.json).
+    """
+    value = raw[1:] if raw.startswith("\n") else raw
+    value = value[:-1] if value.endswith("\n") else value
+    if value.lower() == "null":
+        return None
+    if schema is None:
         return value
+    if "type" not in schema:
+        return value
+    kind = schema["type"]
+    if isinstance(kind, list):
+        kinds = [str(k).lower() for k in kind if k != "null"]
+        kind = "string" if "string" in kinds else (kinds[0] if kinds else "string")
+    kind = str(kind).strip().lower()
+    if kind in _STRING_TYPES:
+        return value
+    if kind.startswith(_INT_PREFIXES):
+        number = float(value)
+        if number != int(number):
+            raise ValueError(f"parameter value {value!r} is not a valid integer")
+        return int(number)
+    if kind.startswith(("num", "float")):
+        number = float(value)
+        return int(number) if number == int(number) else number
+    if kind in ("boolean", "bool", "binary"):
+        return value.lower() == "true"
+    if kind in ("object", "array", "arr") or kind.startswith(("dict", "list")):
+        try:
+            return json.loads(value, strict=False)
+        except json.JSONDecodeError:
+            pass
     try:
-        return json.loads(value)
-    except json.JSONDecodeError:
-        if kind in ("integer", "number", "boolean", "object", "array"):
-            raise ValueError(f"parameter value {value!r} is not a valid {kind}") from None
+        return ast.literal_eval(value)
+    except (ValueError, SyntaxError):
         return value
 
 
@@ -105,6 +122,7 @@ class Qwen3XmlParser:
                 raise ValueError("a tool call must contain <function=NAME>")
             name, body = fn.group(1), fn.group(2)
             props = tool_parameters(tools, name).get("properties") or {}
-            args = {key: _typed(val, props.get(key) or {}) for key, val in _PARAMETER.findall(body)}
+            args = {key: _xml_value(val, props[key] if isinstance(props.get(key), Mapping) else None)
+                    for key, val in _PARAMETER.findall(body)}
             calls.append(ToolCall(name=name, arguments=json.dumps(args, ensure_ascii=False)))
         return calls

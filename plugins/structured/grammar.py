@@ -34,12 +34,16 @@ def grammar_text(structured: StructuredOutput) -> str:
     """The llguidance grammar for a constraint; a client error is an :class:`InvalidRequest`."""
     import llguidance
 
+    from mlxrt.text.json_numbers import JSON_OBJECT, bounded_numbers
+
     param = structured.param
     try:
         if structured.kind == "json_schema":
-            return llguidance.LLMatcher.grammar_from_json_schema(structured.spec, defaults=_JSON_OPTIONS)
+            # Numbers get a bounded number of digits (docs/structured-outputs.md).
+            schema = bounded_numbers(json.loads(structured.spec))
+            return llguidance.LLMatcher.grammar_from_json_schema(schema, defaults=_JSON_OPTIONS)
         if structured.kind == "json_object":
-            return llguidance.LLMatcher.grammar_from_json_schema({"type": "object"}, defaults=_JSON_OPTIONS)
+            return llguidance.LLMatcher.grammar_from_json_schema(bounded_numbers(JSON_OBJECT), defaults=_JSON_OPTIONS)
         if structured.kind == "regex":
             return llguidance.LLMatcher.grammar_from_regex(structured.spec)
         if structured.kind == "lark":  # a whole grammar (a forced tool call: mlxrt.text.tool_grammar)

@@ -53,8 +53,11 @@ def _check_tools(profile: FamilyProfile, tokenizer: Any) -> tuple[str, str]:
     messages = [{"role": "user", "content": _QUESTION},
                 {"role": "assistant", "content": "", "tool_calls": [call]},
                 {"role": "tool", "tool_call_id": "call_selftest", "name": "get_weather", "content": _RESULT}]
+    tools: list[Any] | None = list(SELF_TEST_TOOLS)
+    if profile.tool_prompt is not None:  # the template renders no tools: mlxrt's tool prompt does
+        messages, tools = profile.tool_prompt.render(messages, list(SELF_TEST_TOOLS)), None
     try:
-        text = _render(tokenizer, messages, tools=list(SELF_TEST_TOOLS), add_generation_prompt=True)
+        text = _render(tokenizer, messages, tools=tools, add_generation_prompt=True)
     except Exception as exc:  # the template's own error: report it
         return f"fail: the template cannot render a tool call ({type(exc).__name__}: {exc})", "n/a"
     after = text[text.find(_QUESTION) + len(_QUESTION):] if _QUESTION in text else text

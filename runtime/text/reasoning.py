@@ -68,9 +68,16 @@ class ReasoningSplitter:
             self._strip = not text
         return text
 
-    def flush(self) -> tuple[str, str]:
+    def flush(self, *, cut: bool = False) -> tuple[str, str]:
+        """Release held text. ``cut``: the generation was stopped (``max_tokens``, a stop
+        string) inside the open tag (Gemma 4's ``<|channel>thought\n`` is several tokens), so
+        the block had begun: what follows the partial tag is reasoning, the tag itself no text."""
         held, self._held = self._held, ""
-        return (held, "") if self.thinking else ("", self._content(held))
+        if self.thinking:
+            return held, ""
+        if cut and len(held) > 1 and not self._seen_open and not self._closed:
+            return "", ""  # held is a prefix of the open tag (see feed)
+        return "", self._content(held)
 
 
 def _partial(buf: str, tag: str) -> int:

@@ -3,7 +3,10 @@
 Routing (``buffered-text`` and ``gemma-sentinel`` modes): content streams as usual until the
 family parser's start marker appears; from there the text is buffered and parsed when
 generation ends. A call that cannot be parsed is returned as content with a warning: never
-dropped silently, never a server error. In ``gemma-sentinel`` mode the markers are the
+dropped silently, never a server error. A call the generation was cut inside (``max_tokens`` or
+a stop string ended the turn before the call's end marker) is no call: it is dropped, with a
+warning in the log and ``RoutedTools.dropped`` set for the response's
+``x-mlxrt-partial-tool-call`` header; calls closed before the cut are kept (mlx-lm's rule). In ``gemma-sentinel`` mode the markers are the
 tokenizer's own single sentinel tokens (the family checked they exist), which the engine's
 detokenizer always writes out as their text.
 
@@ -23,17 +26,29 @@ import attrs
 
 from mlxrt.records import ToolCall, ToolParser, ToolStreamMode
 
-__all__ = ["ToolRouter", "RoutedTools", "typed_arguments", "ForcedPrefix", "tool_choice_processors",
+__all__ = ["ToolRouter", "RoutedTools", "PARTIAL_CALL_HEADER", "typed_arguments", "ForcedPrefix", "tool_choice_processors",
            "tool_choice_prefixes", "reasoning_lead", "tool_parameters"]
 
 log = logging.getLogger("mlxrt.tools")
 
 
+#: Response header set when a call cut by ``max_tokens`` or a stop string was dropped.
+PARTIAL_CALL_HEADER = "x-mlxrt-partial-tool-call"
+
+
 @attrs.frozen
 class RoutedTools:
+    """What routing made of an answer: the rest of its content, its calls, and what went wrong.
+
+    :ivar warning: Why markup was not read as calls (a malformed call, returned as content),
+        or that a partial call was dropped.
+    :ivar dropped: A call the generation was cut inside was dropped (no call, no markup).
+    """
+
     content: str
     calls: tuple[ToolCall, ...]
     warning: str | None = None
+    dropped: bool = False
 
 
 class ToolRouter:
@@ -64,17 +79,38 @@ class ToolRouter:
         self._held = buf[len(buf) - keep:]
         return buf[: len(buf) - keep]
 
-    def finish(self) -> RoutedTools:
+    def finish(self, *, cut: bool = False) -> RoutedTools:
+        """The answer's calls. ``cut``: the generation was stopped by ``max_tokens`` or a stop
+        string, so a call not closed by the parser's end marker is unfinished: dropped."""
         held, self._held = self._held, ""
         if self._capture is None:
+            if cut and len(held) > 1:  # the cut fell inside a call's start marker
+                return self._dropped(RoutedTools(content="", calls=()), held)
             return RoutedTools(content=held, calls=())
         text, self._capture = self._capture, None
         assert self.parser is not None
         # Text after the last closed call is the model's again (a closing remark): content.
-        cut = text.rfind(self.parser.end)
-        tail = text[cut + len(self.parser.end):] if cut >= 0 else ""
-        if self.parser.start in tail or not tail.strip():
+        end = text.rfind(self.parser.end)
+        tail = text[end + len(self.parser.end):] if end >= 0 else text
+        if cut and (end < 0 or self.parser.start in tail):
+            fragment = tail[tail.find(self.parser.start):] if self.parser.start in tail else tail
+            text = text[: len(text) - len(fragment)]
+            if end < 0:
+                return self._dropped(RoutedTools(content=held, calls=()), fragment)
+            routed = self._parsed(held, text, text[end + len(self.parser.end):])
+            return self._dropped(routed, fragment)
+        if end < 0 or self.parser.start in tail or not tail.strip():
             tail = ""
+        return self._parsed(held, text, tail)
+
+    def _dropped(self, routed: RoutedTools, fragment: str) -> RoutedTools:
+        warning = f"dropped a tool call cut off by the end of generation: {fragment[:200]!r}"
+        log.warning(warning)
+        return attrs.evolve(routed, warning=routed.warning or warning, dropped=True)
+
+    def _parsed(self, held: str, text: str, tail: str) -> RoutedTools:
+        """Parse the calls of ``text`` (the captured text, ``tail`` its closing remark)."""
+        assert self.parser is not None
         body = text[: len(text) - len(tail)]
         try:
             calls = self.parser.parse(body, self.tools)

@@ -24,8 +24,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mlxrt.records import StructuredOutput
+from mlxrt.text.json_numbers import bounded_numbers, number_regex
 
-__all__ = ["CallGrammar", "tool_call_constraint", "value_regex", "schema_properties"]
+__all__ = ["CallGrammar", "tool_call_constraint", "auto_tool_constraint", "value_regex", "schema_properties"]
 
 
 def schema_properties(parameters: Mapping[str, Any] | None) -> list[tuple[str, Mapping[str, Any], bool]]:
@@ -69,7 +70,7 @@ class CallGrammar:
              item_separator: str = ", ") -> str:
         """A JSON value valid under ``schema``, printed with the given separators and no other
         whitespace (so the model cannot stall in spaces)."""
-        body = dict(schema) if isinstance(schema, Mapping) and schema else {"type": "object"}
+        body = dict(bounded_numbers(schema)) if isinstance(schema, Mapping) and schema else {"type": "object"}
         guidance = {"whitespace_flexible": False, "key_separator": key_separator,
                     "item_separator": item_separator, **(body.get("x-guidance") or {})}
         body["x-guidance"] = guidance
@@ -104,6 +105,13 @@ class CallGrammar:
                 first = self._rule(f"{head} | {first}") if first else f"({head})?"
         return first
 
+    def text_without(self, marker: str) -> str:
+        """Any text (empty included) in which ``marker`` never appears."""
+        name = f"T{len(self._rules)}"
+        escaped = re.escape(marker).replace("/", "\\/")
+        self._rules.append(f"{name}: /(?s:.*)/ & ~/(?s:.*{escaped}.*)/")
+        return name
+
     def grammar(self, start: str) -> str:
         return "\n".join([f"start: {start}", *self._rules]) + "\n"
 
@@ -122,10 +130,8 @@ def value_regex(schema: Mapping[str, Any] | None, *, text: str = r"[^<]*") -> st
         members = [v if isinstance(v, str) else json.dumps(v) for v in schema["enum"]]
         return "(?:" + "|".join(re.escape(m) for m in members) + ")"
     kind = schema.get("type")
-    if kind == "integer":
-        return r"-?[0-9]{1,18}"
-    if kind == "number":
-        return r"-?[0-9]{1,18}(?:\.[0-9]{1,12})?"
+    if kind in ("integer", "number"):
+        return number_regex(integer=kind == "integer")
     if kind == "boolean":
         return "(?:true|false)"
     return text
@@ -153,3 +159,15 @@ def tool_call_constraint(profile: Any, tokenizer: Any, names: Sequence[str],
     if lead:
         start = f"{g.literal(lead)} ({start})"
     return StructuredOutput(kind="lark", spec=g.grammar(start), param=param)
+
+
+def auto_tool_constraint(profile: Any, tokenizer: Any, tools: Sequence[Mapping[str, Any]] | None, *,
+                         param: str = "tools") -> StructuredOutput | None:
+    """The constraint for ``tool_choice`` ``"auto"`` on a model whose tools mlxrt renders itself
+    (``profile.tool_prompt`` with ``auto_grammar``): free text or one whole, schema-valid call.
+    ``None`` for any other model (its family's own markup is left free)."""
+    make = getattr(profile.tool_prompt, "auto_grammar", None)
+    if not tools or not callable(make):
+        return None
+    g = CallGrammar(tokenizer)
+    return StructuredOutput(kind="lark", spec=g.grammar(make(tools, g)), param=param)

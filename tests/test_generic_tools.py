@@ -1,0 +1,140 @@
+"""Tools on a model whose chat template renders none (issue 32, item 3).
+
+The tiny ``llama`` checkpoint's template is SmolLM2's (no tools), and no family claims it:
+mlxrt renders the tools itself (mlxrt.text.generic_tools), parses the generic
+``<tool_call>{json}</tool_call>`` format back, and with the ``structured`` plugin holds the
+reply to text or one schema-valid call, so every ``tool_choice`` works on the generic tier.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import pytest
+from support import Scripted, anthropic_client, openai_client
+
+TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city.",
+                                           "parameters": {"type": "object", "additionalProperties": False,
+                                                          "required": ["city"], "properties": {
+                                                              "city": {"enum": ["Paris", "Oslo"]},
+                                                              "days": {"type": "integer", "minimum": 1,
+                                                                       "maximum": 7}}}}},
+         {"type": "function", "function": {"name": "get_time", "parameters": {
+             "type": "object", "properties": {}, "additionalProperties": False}}}]
+SCHEMAS = {t["function"]["name"]: t["function"]["parameters"] for t in TOOLS}
+MSG = [{"role": "user", "content": "Weather in Paris?"}]
+
+
+@pytest.fixture
+def generic(tiny_models, serve_app):
+    def start(**kw):
+        return serve_app(tiny_models("llama"), extra=(Scripted(),), **kw)
+
+    return start
+
+
+def test_the_tools_reach_the_prompt_and_the_self_test_passes(generic):
+    client = generic()
+    oai = openai_client(client)
+    system = [{"role": "system", "content": "Be brief."}, *MSG]  # (else the template adds its own)
+    bare = oai.chat.completions.create(model="m", messages=system, max_tokens=1)
+    with_tools = oai.chat.completions.create(model="m", messages=system, tools=TOOLS, max_tokens=1)
+    assert with_tools.usage.prompt_tokens > bare.usage.prompt_tokens + 80  # the generic tool prompt
+    row = client.get("/v1/models").json()["data"][0]
+    assert row["tier"] == "generic" and row["self_test"]["tools"] == "pass"
+    assert row["self_test"]["tool_result"] == "pass"
+
+
+def test_a_generic_call_is_parsed_in_every_dialect(generic):
+    client = generic(disable=("structured",))  # the script alone writes the call
+    script = 'Sure.\n<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris", "days": "2"}}\n</tool_call>'
+    oai = openai_client(client)
+    out = oai.chat.completions.create(model="m", messages=MSG, tools=TOOLS, max_tokens=100,
+                                      extra_body={"script": script})
+    (call,) = out.choices[0].message.tool_calls
+    assert out.choices[0].finish_reason == "tool_calls"
+    assert (call.function.name, json.loads(call.function.arguments)) == ("get_weather", {"city": "Paris", "days": 2})
+    assert out.choices[0].message.content.strip() == "Sure."
+    msg = anthropic_client(client).messages.create(
+        model="m", messages=MSG, max_tokens=100, extra_body={"script": script},
+        tools=[{"name": "get_weather", "input_schema": SCHEMAS["get_weather"]}])
+    assert msg.stop_reason == "tool_use"
+    assert [(b.name, b.input) for b in msg.content if b.type == "tool_use"] == [
+        ("get_weather", {"city": "Paris", "days": 2})]
+    resp = oai.responses.create(model="m", input="Weather in Paris?", max_output_tokens=100,
+                                extra_body={"script": script},
+                                tools=[{"type": "function", "name": "get_weather",
+                                        "parameters": SCHEMAS["get_weather"]}])
+    assert [(i.name, json.loads(i.arguments)) for i in resp.output if i.type == "function_call"] == [
+        ("get_weather", {"city": "Paris", "days": 2})]
+
+
+@pytest.mark.parametrize("choice", ["required", "named", "auto"])
+def test_tool_choice_is_enforced_by_grammar(generic, choice):
+    """The random model writes under the grammar: "required"/named always a schema-valid call;
+    "auto" either text without call markup or a schema-valid call."""
+    oai = openai_client(generic())
+    tool_choice = {"type": "function", "function": {"name": "get_weather"}} if choice == "named" else choice
+    seen_calls = 0
+    for seed, stream in ((0, False), (1, True), (2, False), (3, False)):
+        out = oai.chat.completions.create(model="m", messages=MSG, tools=TOOLS, tool_choice=tool_choice,
+                                          max_tokens=60, temperature=1.0, seed=seed, stream=stream)
+        if stream:
+            chunks = list(out)
+            calls = [c for ch in chunks for c in (ch.choices[0].delta.tool_calls or [])]
+            content = "".join(ch.choices[0].delta.content or "" for ch in chunks)
+            finish = [ch.choices[0].finish_reason for ch in chunks if ch.choices[0].finish_reason][0]
+        else:
+            calls, content = out.choices[0].message.tool_calls or [], out.choices[0].message.content or ""
+            finish = out.choices[0].finish_reason
+        assert "<tool_call" not in content and "</tool_call" not in content
+        if choice != "auto" or calls:
+            assert finish == "tool_calls" and len(calls) == 1, (choice, seed, content)
+            name = calls[0].function.name
+            assert name == "get_weather" if choice == "named" else name in SCHEMAS
+            jsonschema.validate(json.loads(calls[0].function.arguments), SCHEMAS[name])
+            seen_calls += 1
+    assert seen_calls == 4 or choice == "auto"
+
+
+def test_past_calls_and_results_are_rendered(generic):
+    oai = openai_client(generic())
+    call = {"id": "call_1", "type": "function",
+            "function": {"name": "get_weather", "arguments": '{"city": "Paris"}'}}
+    history = [*MSG, {"role": "assistant", "content": None, "tool_calls": [call]}]
+    result = {"role": "tool", "tool_call_id": "call_1", "content": "sunny sunny sunny sunny"}
+    short = oai.chat.completions.create(model="m", messages=history, tools=TOOLS, max_tokens=1)
+    full = oai.chat.completions.create(model="m", messages=[*history, result], tools=TOOLS, max_tokens=1)
+    assert full.usage.prompt_tokens > short.usage.prompt_tokens + 4
+
+
+def test_tools_a_template_renders_but_nothing_parses_are_reported(tiny_models, tmp_path, serve_app):
+    """A generic-tier model whose own template renders tools: mlxrt leaves the rendering to it,
+    but no parser can read calls back, so the answer says ``x-mlxrt-ignored: tools`` and an
+    enforced ``tool_choice`` is a 400, never silently dropped."""
+    import shutil
+
+    path = tmp_path / "llama-tools"
+    shutil.copytree(tiny_models("llama"), path)
+    config = json.loads((path / "tokenizer_config.json").read_text())
+    config["chat_template"] = ("{% if tools %}<|im_start|>system\n{{ tools | tojson }}<|im_end|>\n{% endif %}"
+                               "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
+                               "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
+    client = serve_app(path)
+    body = {"model": "m", "messages": MSG, "tools": TOOLS, "max_tokens": 2}
+    answer = client.post("/v1/chat/completions", json=body)
+    assert answer.status_code == 200 and answer.headers["x-mlxrt-ignored"] == "tools"
+    assert "x-mlxrt-ignored" not in client.post("/v1/chat/completions", json={**body, "tools": None}).headers
+    refused = client.post("/v1/chat/completions", json={**body, "tool_choice": "required"})
+    assert refused.status_code == 400 and "cannot be enforced" in refused.json()["error"]["message"]
+
+
+def test_anthropic_count_tokens_counts_the_tools(generic):
+    client = generic()
+    body = {"model": "m", "messages": MSG}
+    tools = [{"name": "get_weather", "description": "Weather for a city.", "input_schema": SCHEMAS["get_weather"]}]
+    bare = client.post("/v1/messages/count_tokens", json=body).json()["input_tokens"]
+    with_tools = client.post("/v1/messages/count_tokens", json={**body, "tools": tools}).json()["input_tokens"]
+    assert with_tools > bare + 50
