@@ -368,13 +368,15 @@ async def serve_chat(request: Request, dialect: Dialect) -> Response:
                                     report=report, turn=turn)
             return sse_response(guarded(frames, dialect.error_frame), headers=headers)
     finish, logprobs = await drain_until_disconnect(request, gen, assembler.feed)
-    answer = _answer(assembler, finish, logprobs, turn=turn, generation=generation, model=model, created=created)
+    answer = _answer(assembler, finish, logprobs, turn=turn, generation=generation, model=model, created=created,
+                     headers=headers)
     return Response(content=dialect.body(answer), status_code=200, headers=headers)
 
 
 def _answer(assembler: ResponseAssembler, finish: FinishEvent, logprobs: list[TokenEvent], *, turn: Turn,
-            generation: GenerationRequest, model: str, created: int) -> Answer:
-    """A drained generation's :class:`Answer` (the assembler flushed, the calls it keeps)."""
+            generation: GenerationRequest, model: str, created: int, headers: dict[str, str]) -> Answer:
+    """A drained generation's :class:`Answer` (the assembler flushed, the calls it keeps); a
+    dropped partial call is said in ``headers``."""
     _delta, reason = assembler.finish(finish)
     if assembler.dropped_partial_call:  # a stream's headers are gone by then: the log says it
         headers[PARTIAL_CALL_HEADER] = "dropped"
@@ -407,6 +409,6 @@ async def _serve_choices(request: Request, dialect: Any, turn: Turn, rendered: R
 
     results = await drain_choices(request, gens, [assembler.feed for assembler in assemblers])
     answers = tuple(_answer(assembler, finish, logprobs, turn=turn, generation=generation, model=model,
-                            created=created) for assembler, (finish, logprobs) in zip(assemblers, results, strict=True))
+                            created=created, headers=headers) for assembler, (finish, logprobs) in zip(assemblers, results, strict=True))
     answer = attrs.evolve(answers[0], choices=answers)
     return Response(content=dialect.body(answer), status_code=200, headers=headers)
