@@ -88,6 +88,18 @@ inline void block4x4(const uint32_t* wp, const float* const* xm, int k, __m128* 
   }
 }
 
+// The rows of x a call works on, and each one's bias term sum_g bias[g] * sum(x_g).
+template <int MM>
+inline void start_rows(const Problem& p, const float* bi, int m0, const float** xm, float* bacc) {
+  for (int m = 0; m < MM; ++m) {
+    xm[m] = p.x + static_cast<size_t>(m0 + m) * p.K;
+    const float* xs = p.xsum + static_cast<size_t>(m0 + m) * p.G;
+    float b = 0.f;
+    for (int g = 0; g < p.G; ++g) b += bi[g] * xs[g];
+    bacc[m] = b;
+  }
+}
+
 template <int MM>
 void row4(const Problem& p, const uint32_t* wr, const float* sc, const float* bi, int m0, int r) {
   const int K = p.K, G = p.G, gs = p.group_size;
@@ -95,12 +107,8 @@ void row4(const Problem& p, const uint32_t* wr, const float* sc, const float* bi
   float bacc[MM];
   __m256 acc[MM];
   __m128 acc4[MM];
+  start_rows<MM>(p, bi, m0, xm, bacc);
   for (int m = 0; m < MM; ++m) {
-    xm[m] = p.x + static_cast<size_t>(m0 + m) * K;
-    const float* xs = p.xsum + static_cast<size_t>(m0 + m) * G;
-    float b = 0.f;
-    for (int g = 0; g < G; ++g) b += bi[g] * xs[g];
-    bacc[m] = b;
     acc[m] = _mm256_setzero_ps();
     acc4[m] = _mm_setzero_ps();
   }
@@ -139,19 +147,13 @@ void row4(const Problem& p, const uint32_t* wr, const float* sc, const float* bi
 
 template <int MM>
 void row8(const Problem& p, const uint32_t* wr, const float* sc, const float* bi, int m0, int r) {
-  const int K = p.K, G = p.G, gs = p.group_size;
+  const int G = p.G, gs = p.group_size;
   const uint8_t* bytes = reinterpret_cast<const uint8_t*>(wr);
   const float* xm[MM];
   float bacc[MM];
   __m256 acc[MM];
-  for (int m = 0; m < MM; ++m) {
-    xm[m] = p.x + static_cast<size_t>(m0 + m) * K;
-    const float* xs = p.xsum + static_cast<size_t>(m0 + m) * G;
-    float b = 0.f;
-    for (int g = 0; g < G; ++g) b += bi[g] * xs[g];
-    bacc[m] = b;
-    acc[m] = _mm256_setzero_ps();
-  }
+  start_rows<MM>(p, bi, m0, xm, bacc);
+  for (int m = 0; m < MM; ++m) acc[m] = _mm256_setzero_ps();
   int k = 0;
   constexpr int NA = chains<MM>();
   for (int g = 0; g < G; ++g) {

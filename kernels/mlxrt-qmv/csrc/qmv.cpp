@@ -258,6 +258,21 @@ void run_typed(
   }
 }
 
+// Checks that the last three inputs (weights, scales, biases) are row contiguous, as the kernels
+// read them, allocates the output and registers the arrays with the stream's encoder.
+mx::cpu::CommandEncoder& start_eval(const char* name, const std::vector<mx::array>& inputs, mx::array& out,
+                                    mx::Stream stream) {
+  for (size_t i = inputs.size() - 3; i < inputs.size(); ++i) {
+    if (!inputs[i].flags().row_contiguous)
+      throw std::runtime_error(std::string("[") + name + "] the weights, scales and biases must be row contiguous");
+  }
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& encoder = mx::cpu::get_command_encoder(stream);
+  for (const auto& a : inputs) encoder.set_input_array(a);
+  encoder.set_output_array(out);
+  return encoder;
+}
+
 int rows_of(const mx::array& x) {
   return x.ndim() == 0 ? 0 : static_cast<int>(x.size() / x.shape(-1));
 }
@@ -329,30 +344,12 @@ std::vector<mx::Shape> Dequantize::output_shapes(const std::vector<mx::array>& i
   return {{inputs[0].shape(0), inputs[0].shape(1) * 32 / bits_}};
 }
 
-bool Dequantize::is_equivalent(const mx::Primitive& other) const {
-  const auto& o = static_cast<const Dequantize&>(other);
-  return group_size_ == o.group_size_ && bits_ == o.bits_;
-}
-
-void Dequantize::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
-  throw std::runtime_error("[MlxrtDequantize] runs on the CPU only");
-}
-
 void Dequantize::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
   const auto& w = inputs[0];
   const auto& scales = inputs[1];
   const auto& biases = inputs[2];
   auto& out = outputs[0];
-  for (const auto* a : {&w, &scales, &biases}) {
-    if (!a->flags().row_contiguous)
-      throw std::runtime_error("[MlxrtDequantize] the weights, scales and biases must be row contiguous");
-  }
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  auto& encoder = mx::cpu::get_command_encoder(stream());
-  encoder.set_input_array(w);
-  encoder.set_input_array(scales);
-  encoder.set_input_array(biases);
-  encoder.set_output_array(out);
+  auto& encoder = start_eval(name(), inputs, out, stream());
   const int N = out.shape(0), K = out.shape(1), gs = group_size_, bits = bits_;
   auto launch = [&](auto tag) {
     using T = decltype(tag);
@@ -370,13 +367,13 @@ std::vector<mx::Shape> QuantizedMatvec::output_shapes(const std::vector<mx::arra
   return {shape};
 }
 
-bool QuantizedMatvec::is_equivalent(const mx::Primitive& other) const {
-  const auto& o = static_cast<const QuantizedMatvec&>(other);
+bool QuantizedPrimitive::is_equivalent(const mx::Primitive& other) const {
+  const auto& o = static_cast<const QuantizedPrimitive&>(other);
   return group_size_ == o.group_size_ && bits_ == o.bits_;
 }
 
-void QuantizedMatvec::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
-  throw std::runtime_error("[MlxrtQuantizedMatvec] runs on the CPU only");
+void QuantizedPrimitive::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
+  throw std::runtime_error(std::string("[") + name() + "] runs on the CPU only");
 }
 
 void QuantizedMatvec::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
@@ -385,17 +382,7 @@ void QuantizedMatvec::eval_cpu(const std::vector<mx::array>& inputs, std::vector
   const auto& scales = inputs[2];
   const auto& biases = inputs[3];
   auto& out = outputs[0];
-  for (const auto* a : {&w, &scales, &biases}) {
-    if (!a->flags().row_contiguous)
-      throw std::runtime_error("[MlxrtQuantizedMatvec] the weights, scales and biases must be row contiguous");
-  }
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  auto& encoder = mx::cpu::get_command_encoder(stream());
-  encoder.set_input_array(x);
-  encoder.set_input_array(w);
-  encoder.set_input_array(scales);
-  encoder.set_input_array(biases);
-  encoder.set_output_array(out);
+  auto& encoder = start_eval(name(), inputs, out, stream());
   const int K = x.shape(-1);
   const int M = static_cast<int>(x.size() / K);
   const int N = w.shape(0);

@@ -44,42 +44,37 @@ std::string kernel_name();
 int threads();
 void set_threads(int n);
 
-class QuantizedMatvec : public mx::Primitive {
+// What both primitives share: the quantization they read, CPU only.
+class QuantizedPrimitive : public mx::Primitive {
  public:
-  QuantizedMatvec(mx::Stream stream, int group_size, int bits)
+  QuantizedPrimitive(mx::Stream stream, int group_size, int bits)
       : mx::Primitive(stream), group_size_(group_size), bits_(bits) {}
-
-  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
-  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override;
-
-  const char* name() const override {
-    return "MlxrtQuantizedMatvec";
-  }
   bool is_equivalent(const mx::Primitive& other) const override;
 
- private:
+ protected:
   int group_size_;
   int bits_;
 };
 
-class Dequantize : public mx::Primitive {
+class QuantizedMatvec : public QuantizedPrimitive {
  public:
-  Dequantize(mx::Stream stream, int group_size, int bits)
-      : mx::Primitive(stream), group_size_(group_size), bits_(bits) {}
-
+  using QuantizedPrimitive::QuantizedPrimitive;
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
-  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override;
+  const char* name() const override {
+    return "MlxrtQuantizedMatvec";
+  }
+};
 
+class Dequantize : public QuantizedPrimitive {
+ public:
+  using QuantizedPrimitive::QuantizedPrimitive;
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override;
   const char* name() const override {
     return "MlxrtDequantize";
   }
-  bool is_equivalent(const mx::Primitive& other) const override;
-
- private:
-  int group_size_;
-  int bits_;
 };
 
 } // namespace mlxrt_qmv
