@@ -1,6 +1,7 @@
 """The mlxrt-qmv kernel (kernels/mlxrt-qmv): its products equal MLX's own, mlxrt swaps it into a
 quantized model's layers without changing greedy tokens, ``--dtype auto`` weighs it by measurement,
-and ``--version`` / ``/stats`` say whether it is there. Skips where the kernel is not built."""
+and ``--version`` / ``/stats`` say whether it is there. The kernel's tests skip where it is not
+built; the last one checks mlxrt without it."""
 
 from __future__ import annotations
 
@@ -17,7 +18,11 @@ from mlxrt.engine import qmv
 from mlxrt.records import ModelInfo
 from mlxrt.sources.dtype_choice import DtypeFacts, Machine, Timing, choose_dtype, decide, time_paths
 
-qmv_ext = pytest.importorskip("mlxrt_qmv", reason="mlxrt-qmv is not built (scripts/setup builds it with a compiler)")
+try:
+    import mlxrt_qmv as qmv_ext
+except ImportError:
+    qmv_ext = None
+needs_kernel = pytest.mark.skipif(qmv_ext is None, reason="mlxrt-qmv is not built (scripts/setup builds it with a compiler)")
 MLXRT_BIN = str(Path(sys.executable).parent / "mlxrt")
 
 
@@ -39,6 +44,7 @@ def _close_to_mlx(x, w, s, b, gs, bits, got):
 SHAPES = {32: [(7, 96), (33, 160), (1536, 576), (576, 1536)], 64: [(5, 192), (576, 1536)], 128: [(9, 384), (130, 256)]}
 
 
+@needs_kernel
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("gs", [32, 64, 128])
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 8])
@@ -50,6 +56,7 @@ def test_float32_products_equal_mlx_quantized_matmul(bits, gs, rows):
         _close_to_mlx(x, w, s, b, gs, bits, qmv_ext.quantized_matmul(x, w, s, b, gs, bits))
 
 
+@needs_kernel
 @pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16])
 @pytest.mark.parametrize("bits", [4, 8])
 def test_half_precision_is_at_least_as_close_to_the_exact_product_as_mlx(dtype, bits):
@@ -66,6 +73,7 @@ def test_half_precision_is_at_least_as_close_to_the_exact_product_as_mlx(dtype, 
     assert err <= max(mx.abs(ref.astype(mx.float32) - exact).max().item(), ulp)
 
 
+@needs_kernel
 def test_leading_dimensions_strided_x_and_what_it_leaves_to_mlx():
     w, s, b = _quantized(96, 128, 32, 4)
     x = mx.random.normal((2, 3, 128))
@@ -79,6 +87,7 @@ def test_leading_dimensions_strided_x_and_what_it_leaves_to_mlx():
     assert not qmv_ext.supported(x, w3, 32, 3)
 
 
+@needs_kernel
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("dtype", [mx.float32, mx.float16])
 def test_dequantize_equals_mlx(bits, dtype):
@@ -88,6 +97,7 @@ def test_dequantize_equals_mlx(bits, dtype):
         assert got.dtype == ref.dtype and mx.allclose(got, ref, rtol=1e-3, atol=1e-3).item()
 
 
+@needs_kernel
 def test_the_portable_kernel_gives_the_same_products():
     code = ("import mlx.core as mx, mlxrt_qmv as q\n"
             "assert q.kernel_name() == 'generic', q.kernel_name()\n"
@@ -132,6 +142,7 @@ def _greedy(model: nn.Module, prompt: list[int], n: int) -> list[int]:
     return out
 
 
+@needs_kernel
 def test_install_swaps_layers_and_greedy_tokens_stay_the_same():
     model = _tiny_quantized_model()
     prompt = list(range(5, 45))  # 40 tokens: the prefill goes the dequantize + BLAS way
@@ -148,6 +159,7 @@ def test_install_swaps_layers_and_greedy_tokens_stay_the_same():
     assert mx.allclose(model(mx.array([prompt[:3]])), logits_before, rtol=1e-4, atol=1e-4).item()
 
 
+@needs_kernel
 def test_auto_weighs_the_kernel_against_float32_by_measurement():
     facts = DtypeFacts("quantized 4-bit", 10**6, 0, 4096)
     machine = Machine(on_cpu=True, blas_fast=True, blas_name="MKL")
@@ -172,6 +184,7 @@ def test_auto_weighs_the_kernel_against_float32_by_measurement():
     assert time_paths(nn.Sequential(nn.Linear(8, 8)), qmv_ext) is None
 
 
+@needs_kernel
 def test_version_reports_the_kernel_and_mlxrt_qmv_0_turns_it_off():
     def version(**env: str) -> str:
         run = subprocess.run([MLXRT_BIN, "--version"], capture_output=True, text=True, cwd="/",
@@ -204,6 +217,7 @@ def q4_checkpoint(tmp_path_factory):
     return folder
 
 
+@needs_kernel
 def test_served_quantized_model_answers_alike_with_and_without_the_kernel(q4_checkpoint, server_process):
     import httpx
 
@@ -219,3 +233,17 @@ def test_served_quantized_model_answers_alike_with_and_without_the_kernel(q4_che
         log = server.stop()
         assert ("quantized kernel: mlxrt-qmv" in log) is (name == "kernel")
     assert answers["kernel"] == answers["mlx"] and answers["kernel"]
+
+
+def test_without_the_kernel_mlxrt_keeps_mlx_s_own_layers():
+    code = ("import sys; sys.modules['mlxrt_qmv'] = None\n"
+            "import mlx.nn as nn\n"
+            "from mlxrt.engine import qmv\n"
+            "st = qmv.status()\n"
+            "assert not st.active and st.text == 'none (mlxrt-qmv not installed)', st.text\n"
+            "assert st.as_dict()['active'] is False\n"
+            "model = nn.Sequential(nn.Linear(64, 64))\n"
+            "nn.quantize(model, group_size=32, bits=4)\n"
+            "assert qmv.install(model) == 0 and type(model.layers[0]) is nn.QuantizedLinear\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
