@@ -247,3 +247,32 @@ def test_without_the_kernel_mlxrt_keeps_mlx_s_own_layers():
             "assert qmv.install(model) == 0 and type(model.layers[0]) is nn.QuantizedLinear\n")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
+
+
+@needs_kernel
+def test_callers_on_several_threads_get_their_own_products():
+    # Several models' engine threads may call it at once (--max-models): the thread pool takes one
+    # job at a time and the others compute alone.
+    import threading
+
+    w, s, b = _quantized(1536, 576, 32, 4)
+    xs = [mx.random.normal((1, 576)) for _ in range(3)]
+    refs = [mx.quantized_matmul(x, w, s, b, transpose=True, group_size=32, bits=4) for x in xs]
+    mx.eval(w, s, b, xs, refs)
+    wrong: list[int] = []
+
+    def work(i: int) -> None:
+        stream = mx.new_stream(mx.cpu)
+        for _ in range(100):
+            with mx.stream(stream):
+                y = qmv_ext.quantized_matmul(xs[i], w, s, b, 32, 4)
+                mx.eval(y)
+            if not mx.allclose(y, refs[i], rtol=1e-4, atol=1e-4).item():
+                wrong.append(i)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not wrong

@@ -74,7 +74,9 @@ class Pool {
     return static_cast<int>(workers_.size()) + 1;
   }
   void run(const std::function<void(int)>& job) {
-    if (workers_.empty()) {
+    // One job at a time: a second caller (another model's engine thread) works alone.
+    std::unique_lock<std::mutex> busy(run_mu_, std::try_to_lock);
+    if (workers_.empty() || !busy.owns_lock()) {
       job(0);
       return;
     }
@@ -122,6 +124,7 @@ class Pool {
   }
 
   std::vector<std::thread> workers_;
+  std::mutex run_mu_;
   std::mutex mu_;
   std::condition_variable cv_;
   std::atomic<uint64_t> gen_{0};
