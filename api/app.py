@@ -23,6 +23,7 @@ import mlxrt
 from mlxrt.api.errors import exception_handlers
 from mlxrt.compat import lean_litestar
 from mlxrt.engine.blas import current as current_blas
+from mlxrt.engine.qmv import status as qmv_status
 from mlxrt.errors import PluginError
 
 __all__ = ["create_app", "claimed_fields"]
@@ -75,6 +76,7 @@ async def stats(request: Request) -> dict[str, Any]:
         "server": {"version": mlxrt.__version__, "started_at": host.options.get("started_at")},
         "blas": current_blas().as_dict(),
         "dtype": _weights_dtype(engine),
+        "quantized_kernel": qmv_status().as_dict(),
         "model": {"id": engine.info.model_id, "model_type": engine.info.model_type,
                   "family": engine.profile.family, "tier": engine.profile.tier,
                   "self_test": dict(engine.profile.self_test), "provenance": dict(engine.profile.provenance)},

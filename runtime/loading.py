@@ -334,6 +334,11 @@ def load_weights(info: ModelInfo, host: PluginHost) -> tuple[LoadedModel, str | 
     choice = _choose_dtype(loaded, info, host, lazy=lazy)
     if choice is not None and choice.cast:
         cast_weights(loaded.model, choice.cast, model_id=info.model_id)
+    elif choice is not None and not lazy:
+        from mlxrt.engine import qmv
+
+        if (count := qmv.install(loaded.model)):
+            log.info("%d quantized layers of %s run on the %s", count, info.model_id, qmv.status().text)
     return attrs.evolve(loaded, dtype=choice), plugin
 
 
@@ -341,6 +346,7 @@ def _choose_dtype(loaded: LoadedModel, info: ModelInfo, host: PluginHost, *, laz
     import mlx.core as mx
     import mlx.nn as nn
 
+    from mlxrt.engine import qmv
     from mlxrt.engine.blas import current
     from mlxrt.engine.memory import parse_size
     from mlxrt.sources.dtype_choice import blas_name, choose_dtype
@@ -353,7 +359,7 @@ def _choose_dtype(loaded: LoadedModel, info: ModelInfo, host: PluginHost, *, laz
                         budget=parse_size(budget, default_unit="GB") if budget is not None else None,
                         blas_fast=blas.fast, blas_name=blas_name(blas.kind),
                         on_cpu=mx.default_device() == mx.cpu, lazy=lazy,
-                        models=int(host.options.get("max_models") or 1))
+                        models=int(host.options.get("max_models") or 1), kernel=qmv.status().module)
 
 
 def load_model(info: ModelInfo, host: PluginHost) -> tuple[LoadedModel, FamilyProfile]:

@@ -60,7 +60,16 @@ def _version_text() -> str:
     from mlxrt.engine.blas import current
 
     parts.append(f"BLAS: {current()}")
+    from mlxrt.engine import qmv
+
+    parts.append(f"quantized kernel: {qmv.status().text}")
     return ", ".join(parts)
+
+
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value and not ctx.resilient_parsing:
+        click.echo(_version_text())
+        ctx.exit()
 
 
 def _plugins_table(host: PluginHost) -> str:
@@ -112,6 +121,7 @@ def _serve(host: PluginHost, model: str | None, opts: dict[str, Any]) -> None:
     import uvicorn
 
     from mlxrt.engine.blas import current as current_blas
+    from mlxrt.engine.qmv import status as qmv_status
 
     engine = host.engine
     dtype = getattr(getattr(engine, "loaded", None), "dtype", None)
@@ -119,7 +129,8 @@ def _serve(host: PluginHost, model: str | None, opts: dict[str, Any]) -> None:
         f"mlxrt {mlxrt.__version__} serving {engine.info.model_id} ({engine.info.model_type}, family "
         f"{engine.profile.family}, {engine.lane} lane"
         f"{f', draft model {engine.speculator.info.model_id}' if engine.speculator is not None else ''}, "
-        f"BLAS: {current_blas()}{f', dtype: {dtype}' if dtype is not None else ''}) on "
+        f"BLAS: {current_blas()}{f', dtype: {dtype}' if dtype is not None else ''}, "
+        f"quantized kernel: {qmv_status().text}) on "
         f"http://{opts['host']}:{opts['port']}",
         err=True,
     )
@@ -299,7 +310,9 @@ def _cors_origins(given: str | None) -> list[str] | None:
 
 def build_cli(host: PluginHost) -> click.Group:
     @click.group(context_settings={"help_option_names": ["-h", "--help"]})
-    @click.version_option(mlxrt.__version__, "--version", message=_version_text())
+    # The text is built only when asked for: it imports the quantized kernel (and so mlx.core).
+    @click.option("--version", is_flag=True, expose_value=False, is_eager=True, help="Show the version and exit.",
+                  callback=_print_version)
     @_NO_SYSTEM_BLAS
     def cli() -> None:
         """mlxrt: a plugin-architecture model runtime and inference server built on MLX."""

@@ -11,7 +11,12 @@ of these hold, and keeps the stored dtype otherwise:
   usable memory budget: ``--memory-budget`` (or :func:`mlxrt.sources.fit.machine_budget`, a share of
   physical memory), divided among ``--max-models``, less :data:`mlxrt.engine.memory.MARGIN`;
 * every quantized layer is of a kind mlx-lm can dequantize, and the weights are not loaded
-  lazily for ``--distributed`` (casting would read every shard on every rank).
+  lazily for ``--distributed`` (casting would read every shard on every rank);
+* and, where the mlxrt-qmv kernel is installed (:mod:`mlxrt.engine.qmv`) and the model has
+  layers it computes, float32 is faster by measurement: :func:`time_paths` times, at load, one
+  decode step's products of the model's own matrices — the kernel on the stored weights against
+  float32 matrices of the same shapes through the BLAS — and ``auto`` keeps the stored weights
+  when the kernel is faster (a quantized model is then also smaller and starts sooner).
 
 An explicit ``--dtype float32|bfloat16|float16`` casts as asked; ``--dtype stored`` never casts.
 
@@ -25,6 +30,7 @@ stored dtype where the static one said float32.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -34,7 +40,7 @@ from mlxrt.records import ModelInfo
 if TYPE_CHECKING:
     from mlxrt.engine.blas import BlasStatus
 
-__all__ = ["DtypeChoice", "DtypeFacts", "Machine", "decide", "choose_dtype", "static_facts", "machine_facts",
+__all__ = ["DtypeChoice", "DtypeFacts", "Machine", "Timing", "time_paths", "decide", "choose_dtype", "static_facts", "machine_facts",
            "blas_name", "stored_dtype", "float32_bytes", "DTYPES", "CAST_BYTES"]
 
 #: What ``--dtype`` accepts.
@@ -87,6 +93,88 @@ class DtypeChoice:
     def as_dict(self) -> dict[str, Any]:
         return {"served": self.served, "stored": self.stored, "cast": self.cast,
                 "requested": self.requested, "reason": self.reason, "text": str(self)}
+
+
+@attrs.frozen
+class Timing:
+    """One decode step's products of a model's quantized matrices, measured at load: through the
+    mlxrt-qmv ``kernel`` on the stored weights (``kernel_s``) and as float32 through the BLAS
+    (``float32_s``), in seconds."""
+
+    kernel_s: float
+    float32_s: float
+    kernel: str
+
+    @property
+    def text(self) -> str:
+        return (f"measured at load: a token's matrices {self.kernel_s * 1e3:.1f} ms with the mlxrt-qmv kernel "
+                f"({self.kernel}), {self.float32_s * 1e3:.1f} ms as float32")
+
+
+#: Float32 elements the float32 timing streams through (64 MB, more than a CPU's last-level
+#: cache, so the matrices come from memory as a whole model's do); also the largest matrix it
+#: builds: a bigger one is timed on its first rows and scaled.
+_TIMING_ELEMENTS = 16 * 1024 * 1024
+
+
+def time_paths(model: Any, module: Any, *, rounds: int = 3) -> Timing | None:
+    """Time one row through every matrix the kernel would compute (``None``: there is none): the
+    kernel ``module`` (``mlxrt_qmv``) on the stored weights themselves, and float32 matrices of
+    the same shapes (views of one 64 MB buffer, so cheap to build) through the BLAS, each the best
+    of ``rounds`` taken in turn after a warm-up. The tied output head (a quantized embedding's ``as_linear``)
+    counts when the model has no ``lm_head`` module. ~0.2 s for SmolLM2-135M."""
+    import time
+    from collections import Counter
+
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    from mlxrt.engine.qmv import eligible
+
+    modules = dict(model.named_modules())
+    tied = not any(name == "lm_head" or name.endswith(".lm_head") for name in modules)
+    layers = [m for m in modules.values() if eligible(m) and (
+        isinstance(m, nn.QuantizedLinear) or (tied and isinstance(m, nn.QuantizedEmbedding)))]
+    if not layers:
+        return None
+
+    def in_dim(layer: Any) -> int:
+        return layer["weight"].shape[1] * 32 // layer.bits
+
+    def timed(run: Any) -> float:
+        t0 = time.perf_counter()
+        run()
+        return time.perf_counter() - t0
+
+    xs = {(k, layer["scales"].dtype): mx.ones((1, k), dtype=layer["scales"].dtype)
+          for layer in layers for k in [in_dim(layer)]}
+
+    def kernel_pass() -> None:
+        mx.eval([module.quantized_matmul(xs[in_dim(m), m["scales"].dtype], m["weight"], m["scales"], m["biases"],
+                                         m.group_size, m.bits) for m in layers])
+
+    buf = mx.ones((_TIMING_ELEMENTS,), dtype=mx.float32)
+    mx.eval(buf)
+    float32_runs = []  # (run, seconds of one run -> seconds of the model's matrices of that shape)
+    for (n, k), count in Counter((m["weight"].shape[0], in_dim(m)) for m in layers).items():
+        rows = min(n, max(1, _TIMING_ELEMENTS // k))
+        copies = max(1, min(count, _TIMING_ELEMENTS // (rows * k)))
+        mats = [buf[i * rows * k:(i + 1) * rows * k].reshape(rows, k) for i in range(copies)]
+        x = mx.ones((1, k), dtype=mx.float32)
+        float32_runs.append((lambda x=x, mats=mats: mx.eval([x @ w.T for w in mats]), n / rows * count / copies))
+
+    def float32_pass() -> float:
+        return sum(timed(run) * scale for run, scale in float32_runs)
+
+    # Warm up both, then alternate them, so that a burst of other load on the machine hits both.
+    kernel_pass()
+    float32_pass()
+    kernel_s = float32_s = float("inf")
+    for _ in range(rounds):
+        kernel_s = min(kernel_s, timed(kernel_pass))
+        float32_s = min(float32_s, float32_pass())
+    del buf
+    return Timing(kernel_s, float32_s, module.kernel_name())
 
 
 def _quantized_bits(model: Any) -> list[int]:
@@ -152,11 +240,12 @@ def _float32_kv(config: Any, window: int | None) -> tuple[int, int]:
 
 
 def decide(requested: str, facts: DtypeFacts, machine: Machine, *, budget: int | None, lazy: bool = False,
-           models: int = 1) -> DtypeChoice:
+           models: int = 1, timing: Callable[[], Timing | None] | None = None) -> DtypeChoice:
     """The rule of the module docstring: what ``--dtype requested`` serves for a model with these
     ``facts`` on this ``machine``; ``budget`` is ``--memory-budget`` in bytes (``None``: a share
     of physical memory), shared by ``models`` resident models (``--max-models``) as the model
-    pool shares it."""
+    pool shares it; ``timing`` (called only when float32 would otherwise be chosen) measures the
+    kernel against float32 (:func:`time_paths`; ``None``: no kernel, the rule alone decides)."""
     stored = facts.stored
     if requested in CAST_BYTES:
         return DtypeChoice(requested, stored, requested, f"--dtype {requested}")
@@ -185,18 +274,25 @@ def decide(requested: str, facts: DtypeFacts, machine: Machine, *, budget: int |
     need = f"float32 weights {_gb(weights)} + KV for {facts.ctx} tokens {_gb(kv_bytes)}"
     if weights + kv_bytes > usable:
         return DtypeChoice(requested, stored, None, f"{keep}: {need} exceed {_gb(usable)} ({source})")
+    measured = timing() if timing is not None else None
+    if measured is not None and measured.kernel_s <= measured.float32_s:
+        return DtypeChoice(requested, stored, None, f"{keep}, the faster: {measured.text}")
     return DtypeChoice(requested, stored, "float32",
-                       f"auto: CPU with {machine.blas_name}; {need} fit in {_gb(usable)} ({source})")
+                       f"auto: CPU with {machine.blas_name}; {need} fit in {_gb(usable)} ({source})"
+                       + (f"; the faster: {measured.text}" if measured is not None else ""))
 
 
 def choose_dtype(requested: str, model: Any, info: ModelInfo, *, budget: int | None, blas_fast: bool,
-                 blas_name: str, on_cpu: bool, lazy: bool = False, models: int = 1) -> DtypeChoice:
+                 blas_name: str, on_cpu: bool, lazy: bool = False, models: int = 1,
+                 kernel: Any = None) -> DtypeChoice:
     """What ``--dtype requested`` means for this loaded ``model``: :func:`decide` on the facts
-    the model itself gives."""
+    the model itself gives, with :func:`time_paths` when the mlxrt-qmv ``kernel`` module is given."""
     ctx, kv_bytes = _float32_kv(info.config, info.context_window)
     left = _undequantizable(model)
     facts = DtypeFacts(stored_dtype(model), float32_bytes(model), kv_bytes, ctx, left[0] if left else None)
-    return decide(requested, facts, Machine(on_cpu, blas_fast, blas_name), budget=budget, lazy=lazy, models=models)
+    timing = (lambda: time_paths(model, kernel)) if kernel is not None else None
+    return decide(requested, facts, Machine(on_cpu, blas_fast, blas_name), budget=budget, lazy=lazy, models=models,
+                  timing=timing)
 
 
 def static_facts(config: Any, summary: Any, window: int | None) -> DtypeFacts:

@@ -1,0 +1,407 @@
+// The MlxrtQuantizedMatvec primitive: its op, its CPU evaluation (x laid out once, output rows
+// split over a small pool of threads) and the choice of kernel for this CPU.
+#include "qmv.h"
+
+#include <sched.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdlib>
+#include <cstring>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <sstream>
+#include <stdexcept>
+#include <thread>
+#include <vector>
+
+#include "kernels.h"
+#include "mlx/backend/common/utils.h"
+#include "mlx/backend/cpu/encoder.h"
+
+namespace mlxrt_qmv {
+
+namespace {
+
+inline void cpu_relax() {
+#if defined(__x86_64__) || defined(__i386__)
+  __builtin_ia32_pause();
+#elif defined(__aarch64__)
+  asm volatile("yield");
+#endif
+}
+
+int env_int(const char* name, int fallback) {
+  const char* v = std::getenv(name);
+  if (v == nullptr || *v == '\0') return fallback;
+  return std::atoi(v);
+}
+
+int default_threads() {
+  int n = env_int("MLXRT_QMV_THREADS", 0);
+  if (n > 0) return n;
+  cpu_set_t set;
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) n = CPU_COUNT(&set);
+  if (n <= 0) n = static_cast<int>(std::thread::hardware_concurrency());
+  return std::max(1, n);
+}
+
+// Workers that wait for a job, spin a little after each one (MLXRT_QMV_SPIN_US, default 100 µs:
+// a decode step's products come tens of µs apart, and a sleeping thread takes about as long to
+// wake), then sleep on a condition variable. A job shares its work out itself (an atomic row
+// counter) and the caller works too, so the caller never waits for a worker that has not been
+// scheduled yet (on a loaded machine it may not run for milliseconds): once the caller finds no
+// work left it closes the job and waits only for the workers inside it; a worker that arrives
+// later sees it closed and leaves.
+class Pool {
+ public:
+  explicit Pool(int n) : spin_us_(env_int("MLXRT_QMV_SPIN_US", 100)) {
+    for (int i = 1; i < n; ++i) workers_.emplace_back([this, i] { loop(i); });
+  }
+  ~Pool() {
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      stop_ = true;
+      gen_.fetch_add(1);
+    }
+    cv_.notify_all();
+    for (auto& t : workers_) t.join();
+  }
+  int size() const {
+    return static_cast<int>(workers_.size()) + 1;
+  }
+  void run(const std::function<void(int)>& job) {
+    // One job at a time: a second caller (another model's engine thread) works alone.
+    std::unique_lock<std::mutex> busy(run_mu_, std::try_to_lock);
+    if (workers_.empty() || !busy.owns_lock()) {
+      job(0);
+      return;
+    }
+    {
+      std::lock_guard<std::mutex> lk(mu_);
+      job_ = &job;
+      closed_.store(false);
+      gen_.fetch_add(1);
+    }
+    cv_.notify_all();
+    job(0);
+    closed_.store(true); // seq_cst with inside_: a worker either is counted or sees it closed
+    int spins = 0;
+    while (inside_.load() != 0) {
+      if (++spins < 4096)
+        cpu_relax();
+      else
+        std::this_thread::yield();
+    }
+  }
+
+ private:
+  void loop(int id) {
+    uint64_t seen = 0; // the generation at construction: a job posted before this thread ran is still new
+    for (;;) {
+      uint64_t g = gen_.load();
+      if (g == seen && spin_us_ > 0) {
+        const auto until = std::chrono::steady_clock::now() + std::chrono::microseconds(spin_us_);
+        while ((g = gen_.load()) == seen) {
+          for (int i = 0; i < 32; ++i) cpu_relax();
+          if (std::chrono::steady_clock::now() > until) break;
+        }
+      }
+      if (g == seen) {
+        std::unique_lock<std::mutex> lk(mu_);
+        cv_.wait(lk, [&] { return gen_.load() != seen; });
+        g = gen_.load();
+      }
+      seen = g;
+      if (stop_) return;
+      inside_.fetch_add(1);
+      if (!closed_.load() && gen_.load() == g) (*job_)(id);
+      inside_.fetch_sub(1);
+    }
+  }
+
+  std::vector<std::thread> workers_;
+  std::mutex run_mu_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::atomic<uint64_t> gen_{0};
+  std::atomic<int> inside_{0};
+  std::atomic<bool> closed_{true};
+  const std::function<void(int)>* job_ = nullptr;
+  bool stop_ = false;
+  int spin_us_;
+};
+
+std::mutex pool_mu;
+std::shared_ptr<Pool> the_pool;
+std::atomic<int> wanted_threads{0};
+
+std::shared_ptr<Pool> pool() {
+  std::lock_guard<std::mutex> lk(pool_mu);
+  int n = wanted_threads.load();
+  if (n <= 0) {
+    n = default_threads();
+    wanted_threads.store(n);
+  }
+  if (!the_pool || the_pool->size() != n) {
+    the_pool.reset();
+    the_pool = std::make_shared<Pool>(n);
+  }
+  return the_pool;
+}
+
+const Kernel& kernel() {
+  static const Kernel k = [] {
+    const char* forced = std::getenv("MLXRT_QMV_KERNEL");
+    const bool generic = forced != nullptr && std::strcmp(forced, "generic") == 0;
+#if defined(__x86_64__) || defined(_M_X64)
+    if (!generic && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("f16c"))
+      return Kernel{"avx2+fma", rows_avx2, 8, dequant_avx2};
+#endif
+    (void)generic;
+    return Kernel{"generic", rows_generic, 0, dequant_generic};
+  }();
+  return k;
+}
+
+// Below this many weight bytes one thread does the whole product: waking others costs more.
+constexpr size_t SINGLE_THREAD_BYTES = 64 * 1024;
+
+// Runs fn over the output rows of p, on the pool's threads when the weights are big enough.
+void split_rows(RowsFn fn, const Problem& p) {
+  const int N = p.N;
+  const size_t wbytes = static_cast<size_t>(N) * p.K * p.bits / 8;
+  auto pl = wbytes >= SINGLE_THREAD_BYTES ? pool() : nullptr;
+  if (!pl || pl->size() == 1) {
+    fn(p, 0, N);
+    return;
+  }
+  const int chunk = std::max(1, std::min(64, N / (pl->size() * 8)));
+  std::atomic<int> next{0};
+  std::function<void(int)> job = [&](int) {
+    for (;;) {
+      const int r0 = next.fetch_add(chunk, std::memory_order_relaxed);
+      if (r0 >= N) return;
+      fn(p, r0, std::min(N, r0 + chunk));
+    }
+  };
+  pl->run(job);
+}
+
+template <typename T>
+void run_dequant(const uint32_t* w, const T* scales, const T* biases, T* out, int N, int K, int group_size, int bits) {
+  thread_local std::vector<float> buf;
+  float* outf = reinterpret_cast<float*>(out);
+  if constexpr (!std::is_same_v<T, float>) {
+    buf.resize(static_cast<size_t>(N) * K);
+    outf = buf.data();
+  }
+  ScaleType st = ScaleType::f32;
+  if constexpr (std::is_same_v<T, mx::float16_t>) st = ScaleType::f16;
+  if constexpr (std::is_same_v<T, mx::bfloat16_t>) st = ScaleType::bf16;
+  Problem p{nullptr, nullptr, w, scales, biases, st, 0, N, K, K / group_size, group_size, bits, outf};
+  split_rows(kernel().dequant, p);
+  if constexpr (!std::is_same_v<T, float>) {
+    for (size_t i = 0; i < static_cast<size_t>(N) * K; ++i) out[i] = static_cast<T>(outf[i]);
+  }
+}
+
+template <typename T>
+void run_typed(
+    const T* x,
+    const mx::Shape& xshape,
+    const mx::Strides& xstrides,
+    bool x_contiguous,
+    const uint32_t* w,
+    const T* scales,
+    const T* biases,
+    T* out,
+    int M,
+    int N,
+    int K,
+    int group_size,
+    int bits) {
+  const Kernel& kern = kernel();
+  const int G = K / group_size;
+  // x as float32 in the kernel's layout, and its per-group sums (for the biases).
+  thread_local std::vector<float> buf;
+  const size_t outsize = std::is_same_v<T, float> ? 0 : static_cast<size_t>(M) * N;
+  buf.resize(static_cast<size_t>(M) * K * 2 + static_cast<size_t>(M) * G + outsize);
+  float* xf = buf.data();
+  float* xp = xf + static_cast<size_t>(M) * K;
+  float* xsum = xp + static_cast<size_t>(M) * K;
+  float* outf = std::is_same_v<T, float> ? reinterpret_cast<float*>(out) : xsum + static_cast<size_t>(M) * G;
+  const size_t total = static_cast<size_t>(M) * K;
+  if (x_contiguous) {
+    for (size_t i = 0; i < total; ++i) xf[i] = static_cast<float>(x[i]);
+  } else {
+    for (size_t i = 0; i < total; ++i) xf[i] = static_cast<float>(x[mx::elem_to_loc(static_cast<int64_t>(i), xshape, xstrides)]);
+  }
+  for (int m = 0; m < M; ++m) {
+    const float* xr = xf + static_cast<size_t>(m) * K;
+    for (int g = 0; g < G; ++g) {
+      float s = 0.f;
+      for (int e = 0; e < group_size; ++e) s += xr[g * group_size + e];
+      xsum[static_cast<size_t>(m) * G + g] = s;
+    }
+    permute_x(xr, xp + static_cast<size_t>(m) * K, K, bits == 4 ? kern.x_width : 0);
+  }
+  ScaleType st = ScaleType::f32;
+  if constexpr (std::is_same_v<T, mx::float16_t>) st = ScaleType::f16;
+  if constexpr (std::is_same_v<T, mx::bfloat16_t>) st = ScaleType::bf16;
+  Problem p{xp, xsum, w, scales, biases, st, M, N, K, G, group_size, bits, outf};
+
+  split_rows(kern.rows, p);
+  if constexpr (!std::is_same_v<T, float>) {
+    for (size_t i = 0; i < static_cast<size_t>(M) * N; ++i) out[i] = static_cast<T>(outf[i]);
+  }
+}
+
+// Checks that the last three inputs (weights, scales, biases) are row contiguous, as the kernels
+// read them, allocates the output and registers the arrays with the stream's encoder.
+mx::cpu::CommandEncoder& start_eval(const char* name, const std::vector<mx::array>& inputs, mx::array& out,
+                                    mx::Stream stream) {
+  for (size_t i = inputs.size() - 3; i < inputs.size(); ++i) {
+    if (!inputs[i].flags().row_contiguous)
+      throw std::runtime_error(std::string("[") + name + "] the weights, scales and biases must be row contiguous");
+  }
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& encoder = mx::cpu::get_command_encoder(stream);
+  for (const auto& a : inputs) encoder.set_input_array(a);
+  encoder.set_output_array(out);
+  return encoder;
+}
+
+int rows_of(const mx::array& x) {
+  return x.ndim() == 0 ? 0 : static_cast<int>(x.size() / x.shape(-1));
+}
+
+} // namespace
+
+std::string kernel_name() {
+  return kernel().name;
+}
+
+int threads() {
+  return pool()->size();
+}
+
+void set_threads(int n) {
+  wanted_threads.store(n > 0 ? n : default_threads());
+}
+
+bool supported(const mx::array& x, const mx::array& w, int group_size, int bits, mx::StreamOrDevice s) {
+  const auto stream = mx::to_stream(s);
+  if (stream.device != mx::Device::cpu) return false;
+  if (bits != 4 && bits != 8) return false;
+  if (group_size != 32 && group_size != 64 && group_size != 128) return false;
+  if (w.ndim() != 2 || w.dtype() != mx::uint32 || x.ndim() < 1) return false;
+  const int rows = rows_of(x);
+  return rows >= 1 && rows <= MAX_ROWS && x.shape(-1) == w.shape(1) * 32 / bits;
+}
+
+mx::array quantized_matmul(
+    const mx::array& x,
+    const mx::array& w,
+    const mx::array& scales,
+    const mx::array& biases,
+    int group_size,
+    int bits,
+    mx::StreamOrDevice s) {
+  if (!supported(x, w, group_size, bits, s) || scales.ndim() != 2 || biases.shape() != scales.shape() ||
+      scales.shape(0) != w.shape(0) || scales.shape(1) * group_size != x.shape(-1))
+    return mx::quantized_matmul(x, w, scales, biases, true, group_size, bits, "affine", s);
+  const auto dtype = mx::promote_types(x.dtype(), scales.dtype());
+  if (dtype != mx::float32 && dtype != mx::float16 && dtype != mx::bfloat16)
+    return mx::quantized_matmul(x, w, scales, biases, true, group_size, bits, "affine", s);
+  auto out_shape = x.shape();
+  out_shape.back() = w.shape(0);
+  return mx::array(
+      std::move(out_shape),
+      dtype,
+      std::make_shared<QuantizedMatvec>(mx::to_stream(s), group_size, bits),
+      {mx::astype(x, dtype, s), w, mx::astype(scales, dtype, s), mx::astype(biases, dtype, s)});
+}
+
+mx::array dequantize(const mx::array& w, const mx::array& scales, const mx::array& biases, int group_size, int bits,
+                     mx::StreamOrDevice s) {
+  const auto stream = mx::to_stream(s);
+  const bool ok = stream.device == mx::Device::cpu && (bits == 4 || bits == 8) &&
+      (group_size == 32 || group_size == 64 || group_size == 128) && w.ndim() == 2 && w.dtype() == mx::uint32 &&
+      scales.ndim() == 2 && biases.shape() == scales.shape() && scales.shape(0) == w.shape(0) &&
+      scales.shape(1) * group_size == w.shape(1) * 32 / bits && biases.dtype() == scales.dtype() &&
+      (scales.dtype() == mx::float32 || scales.dtype() == mx::float16 || scales.dtype() == mx::bfloat16);
+  if (!ok) return mx::dequantize(w, scales, biases, group_size, bits, "affine", std::nullopt, std::nullopt, s);
+  return mx::array(
+      {w.shape(0), w.shape(1) * 32 / bits},
+      scales.dtype(),
+      std::make_shared<Dequantize>(stream, group_size, bits),
+      {w, scales, biases});
+}
+
+std::vector<mx::Shape> Dequantize::output_shapes(const std::vector<mx::array>& inputs) {
+  return {{inputs[0].shape(0), inputs[0].shape(1) * 32 / bits_}};
+}
+
+void Dequantize::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  const auto& w = inputs[0];
+  const auto& scales = inputs[1];
+  const auto& biases = inputs[2];
+  auto& out = outputs[0];
+  auto& encoder = start_eval(name(), inputs, out, stream());
+  const int N = out.shape(0), K = out.shape(1), gs = group_size_, bits = bits_;
+  auto launch = [&](auto tag) {
+    using T = decltype(tag);
+    encoder.dispatch([wp = w.data<uint32_t>(), sp = scales.data<T>(), bp = biases.data<T>(), op = out.data<T>(), N, K,
+                      gs, bits]() { run_dequant<T>(wp, sp, bp, op, N, K, gs, bits); });
+  };
+  if (out.dtype() == mx::float32) return launch(float{});
+  if (out.dtype() == mx::float16) return launch(mx::float16_t{});
+  return launch(mx::bfloat16_t{});
+}
+
+std::vector<mx::Shape> QuantizedMatvec::output_shapes(const std::vector<mx::array>& inputs) {
+  auto shape = inputs[0].shape();
+  shape.back() = inputs[1].shape(0);
+  return {shape};
+}
+
+bool QuantizedPrimitive::is_equivalent(const mx::Primitive& other) const {
+  const auto& o = static_cast<const QuantizedPrimitive&>(other);
+  return group_size_ == o.group_size_ && bits_ == o.bits_;
+}
+
+void QuantizedPrimitive::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
+  throw std::runtime_error(std::string("[") + name() + "] runs on the CPU only");
+}
+
+void QuantizedMatvec::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  const auto& x = inputs[0];
+  const auto& w = inputs[1];
+  const auto& scales = inputs[2];
+  const auto& biases = inputs[3];
+  auto& out = outputs[0];
+  auto& encoder = start_eval(name(), inputs, out, stream());
+  const int K = x.shape(-1);
+  const int M = static_cast<int>(x.size() / K);
+  const int N = w.shape(0);
+  const bool xc = x.flags().row_contiguous;
+  const int gs = group_size_, bits = bits_;
+  auto launch = [&](auto tag) {
+    using T = decltype(tag);
+    encoder.dispatch([xp = x.data<T>(), xshape = x.shape(), xstrides = x.strides(), xc, wp = w.data<uint32_t>(),
+                      sp = scales.data<T>(), bp = biases.data<T>(), op = out.data<T>(), M, N, K, gs, bits]() {
+      run_typed<T>(xp, xshape, xstrides, xc, wp, sp, bp, op, M, N, K, gs, bits);
+    });
+  };
+  if (out.dtype() == mx::float32) return launch(float{});
+  if (out.dtype() == mx::float16) return launch(mx::float16_t{});
+  if (out.dtype() == mx::bfloat16) return launch(mx::bfloat16_t{});
+  throw std::runtime_error("[MlxrtQuantizedMatvec] floating point inputs only");
+}
+
+} // namespace mlxrt_qmv

@@ -1,0 +1,80 @@
+// mlxrt_qmv: a quantized matrix-vector product for MLX's CPU backend, as a custom primitive.
+#pragma once
+
+#include <string>
+
+#include "mlx/ops.h"
+#include "mlx/primitives.h"
+
+namespace mx = mlx::core;
+
+namespace mlxrt_qmv {
+
+// The most rows of x the primitive takes; quantized_matmul hands larger inputs to MLX. Up to
+// ~32 rows it beats dequantize + BLAS (measured: benchmarks/qmv.py --rows).
+constexpr int MAX_ROWS = 32;
+
+// x @ dequantize(w, scales, biases).T, as mx::quantized_matmul(x, w, scales, biases,
+// transpose=true, group_size, bits) in affine mode computes it. Runs the primitive on the CPU
+// for bits 4 or 8, group sizes 32/64/128 and at most MAX_ROWS rows of x; anything else (a GPU
+// stream, more rows, other bits) is mx::quantized_matmul itself.
+mx::array quantized_matmul(
+    const mx::array& x,
+    const mx::array& w,
+    const mx::array& scales,
+    const mx::array& biases,
+    int group_size,
+    int bits,
+    mx::StreamOrDevice s = {});
+
+// dequantize(w, scales, biases) as mx::dequantize computes it (affine mode), in the dtype of the
+// scales, at memory speed on the CPU (MLX's own CPU dequantize runs at ~0.5 GB/s); other
+// arguments go to mx::dequantize. mlxrt multiplies more than MAX_ROWS rows by its result
+// through the BLAS.
+mx::array dequantize(const mx::array& w, const mx::array& scales, const mx::array& biases, int group_size, int bits,
+                     mx::StreamOrDevice s = {});
+
+// Whether quantized_matmul would run the primitive for these arguments (not MLX's own).
+bool supported(const mx::array& x, const mx::array& w, int group_size, int bits, mx::StreamOrDevice s = {});
+
+// The kernel this CPU runs ("avx2+fma", "generic").
+std::string kernel_name();
+// Threads the primitive splits output rows over (MLXRT_QMV_THREADS, default: the CPUs this
+// process may run on); set_threads changes it for later calls.
+int threads();
+void set_threads(int n);
+
+// What both primitives share: the quantization they read, CPU only.
+class QuantizedPrimitive : public mx::Primitive {
+ public:
+  QuantizedPrimitive(mx::Stream stream, int group_size, int bits)
+      : mx::Primitive(stream), group_size_(group_size), bits_(bits) {}
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  bool is_equivalent(const mx::Primitive& other) const override;
+
+ protected:
+  int group_size_;
+  int bits_;
+};
+
+class QuantizedMatvec : public QuantizedPrimitive {
+ public:
+  using QuantizedPrimitive::QuantizedPrimitive;
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override;
+  const char* name() const override {
+    return "MlxrtQuantizedMatvec";
+  }
+};
+
+class Dequantize : public QuantizedPrimitive {
+ public:
+  using QuantizedPrimitive::QuantizedPrimitive;
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override;
+  const char* name() const override {
+    return "MlxrtDequantize";
+  }
+};
+
+} // namespace mlxrt_qmv

@@ -1,0 +1,39 @@
+"""A quantized matrix-vector product for MLX's CPU backend: the ``MlxrtQuantizedMatvec`` primitive.
+
+``quantized_matmul(x, w, scales, biases, group_size, bits)`` equals
+``mx.quantized_matmul(x, w, scales, biases, transpose=True, group_size=..., bits=...)`` in affine
+mode (the ``mx.quantize`` layout) and runs a kernel that reads the packed weights once, for
+bits 4 or 8, group sizes 32/64/128 and at most :data:`MAX_ROWS` rows of ``x`` on the CPU, its
+output rows split over threads (``MLXRT_QMV_THREADS``); other arguments go to
+``mx.quantized_matmul`` itself. ``kernel_name()`` says which kernel this CPU runs (``avx2+fma``
+or ``generic``; ``MLXRT_QMV_KERNEL=generic`` forces the portable one). ``dequantize(w, scales,
+biases, group_size, bits)`` equals ``mx.dequantize`` (affine) and runs at memory speed, so that
+more rows than :data:`MAX_ROWS` can go through the BLAS (``x @ dequantize(...).T``).
+
+Importing this package raises ``ImportError`` when the installed MLX is not the one the
+extension was built against (:data:`BUILT_FOR_MLX`): the primitive is C++ against MLX's ABI.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from mlxrt_qmv import _ext
+
+__all__ = ["quantized_matmul", "dequantize", "supported", "kernel_name", "threads", "set_threads", "MAX_ROWS", "BUILT_FOR_MLX"]
+
+#: The MLX version whose headers the extension was compiled with.
+BUILT_FOR_MLX: str = _ext.MLX_VERSION
+#: The most rows of ``x`` the primitive takes.
+MAX_ROWS: int = _ext.MAX_ROWS
+
+if mx.__version__.split(".dev")[0] != BUILT_FOR_MLX:
+    raise ImportError(f"mlxrt_qmv was built for mlx {BUILT_FOR_MLX}, this is mlx {mx.__version__}: "
+                      "rebuild it (pip install --no-build-isolation --force-reinstall ./kernels/mlxrt-qmv)")
+
+quantized_matmul = _ext.quantized_matmul
+dequantize = _ext.dequantize
+supported = _ext.supported
+kernel_name = _ext.kernel_name
+threads = _ext.threads
+set_threads = _ext.set_threads

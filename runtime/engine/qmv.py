@@ -1,0 +1,155 @@
+"""The mlxrt-qmv kernel, when installed: quantized linear layers that read their packed weights
+at memory bandwidth on the CPU.
+
+``mlxrt-qmv`` (``kernels/mlxrt-qmv``, a separate distribution that ``scripts/setup`` builds where
+a compiler exists) adds custom MLX primitives for ``x @ dequantize(w).T`` with a few rows of ``x``
+(at most ``MAX_ROWS``, 32) and for ``dequantize``, on 4- or 8-bit affine weights with group
+sizes 32/64/128. MLX's own CPU ``quantized_matmul`` reads 4-bit weights at ~1 GB/s, and slower
+still with more rows (docs/performance.md, "Quantized decode on the CPU").
+
+:func:`status` says whether the kernel can be used in this process (installed, built for this
+MLX, MLX on the CPU; ``MLXRT_QMV=0`` turns it off) and is what ``mlxrt --version``, the start
+line and ``GET /stats`` report. :func:`install` swaps a model's eligible quantized layers for
+subclasses whose forward calls the kernel, or for more rows (a long prompt's prefill) multiplies
+by the kernel's dequantized weights through the BLAS; without the kernel nothing changes.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import attrs
+
+__all__ = ["QmvStatus", "status", "install", "eligible", "load"]
+
+
+@attrs.frozen
+class QmvStatus:
+    """Whether the kernel is usable (``module`` is ``mlxrt_qmv`` then), which one this CPU
+    runs (``kernel``), on how many threads, and why not when it is not (``reason``)."""
+
+    module: Any = attrs.field(default=None, eq=False, repr=False)
+    kernel: str | None = None
+    threads: int = 0
+    version: str | None = None
+    reason: str = ""
+
+    @property
+    def active(self) -> bool:
+        return self.module is not None
+
+    @property
+    def text(self) -> str:
+        if self.active:
+            return f"mlxrt-qmv {self.version} ({self.kernel}, {self.threads} threads)"
+        return f"none ({self.reason})"
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"active": self.active, "kernel": self.kernel, "threads": self.threads, "version": self.version,
+                "reason": self.reason or None, "text": self.text}
+
+
+_status: QmvStatus | None = None
+
+
+def load() -> QmvStatus:
+    """Import the kernel once per process (later calls return the same answer)."""
+    global _status
+    if _status is None:
+        _status = _load()
+    return _status
+
+
+status = load
+
+
+def _load() -> QmvStatus:
+    if os.environ.get("MLXRT_QMV", "") in ("0", "off", "false"):
+        return QmvStatus(reason="MLXRT_QMV=0")
+    try:
+        import mlxrt_qmv
+    except ImportError as exc:
+        missing = isinstance(exc, ModuleNotFoundError) and exc.name == "mlxrt_qmv"
+        return QmvStatus(reason="mlxrt-qmv not installed" if missing else f"mlxrt-qmv unusable: {exc}")
+    import mlx.core as mx
+
+    if mx.default_device() != mx.cpu:
+        return QmvStatus(reason="MLX runs on a GPU")
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        dist = version("mlxrt-qmv")
+    except PackageNotFoundError:
+        dist = "?"
+    return QmvStatus(module=mlxrt_qmv, kernel=mlxrt_qmv.kernel_name(), threads=mlxrt_qmv.threads(), version=dist)
+
+
+def eligible(layer: Any) -> bool:
+    """Whether the kernel computes this layer's product: an affine 4/8-bit quantized linear (or
+    quantized embedding, for ``as_linear``) with biases and group size 32, 64 or 128."""
+    return (getattr(layer, "mode", "affine") == "affine" and getattr(layer, "bits", None) in (4, 8)
+            and getattr(layer, "group_size", None) in (32, 64, 128) and "biases" in layer
+            and "scales" in layer and layer["weight"].ndim == 2)
+
+
+def install(model: Any, st: QmvStatus | None = None) -> int:
+    """Make ``model``'s eligible ``nn.QuantizedLinear`` and ``nn.QuantizedEmbedding`` layers
+    (whose ``as_linear`` is a tied output head) compute through the kernel; return how many.
+    The layers stay instances of their MLX classes (subclasses swapped in), so everything that
+    checks ``isinstance`` or reads their parameters sees no difference."""
+    st = st if st is not None else load()
+    if not st.active:
+        return 0
+    import mlx.core as mx
+
+    classes = _classes(st.module)
+    count = 0
+    for _name, layer in model.named_modules():
+        kind = type(layer)
+        if kind in classes and eligible(layer):
+            # The primitive reads rows in place: make sure they are (a no-op copy otherwise).
+            for key in ("weight", "scales", "biases"):
+                layer[key] = mx.contiguous(layer[key])
+            layer.__class__ = classes[kind]
+            count += 1
+    if count:
+        mx.eval(model.parameters())
+    return count
+
+
+_CLASSES: dict[type, type] = {}
+
+
+def _classes(module: Any) -> dict[type, type]:
+    """The kernel-backed subclass of each quantized layer class (built once)."""
+    if _CLASSES:
+        return _CLASSES
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    qmm, dequantize, max_rows = module.quantized_matmul, module.dequantize, module.MAX_ROWS
+
+    def product(layer: Any, x: mx.array) -> mx.array:
+        w, scales, biases, gs, bits = layer["weight"], layer["scales"], layer["biases"], layer.group_size, layer.bits
+        if x.size <= max_rows * x.shape[-1]:
+            return qmm(x, w, scales, biases, gs, bits)
+        return x @ dequantize(w, scales, biases, gs, bits).T
+
+    class KernelQuantizedLinear(nn.QuantizedLinear):
+        """``nn.QuantizedLinear`` whose product runs the mlxrt-qmv kernel."""
+
+        def __call__(self, x: mx.array) -> mx.array:
+            y = product(self, x)
+            if "bias" in self:
+                y = y + self["bias"]
+            return y
+
+    class KernelQuantizedEmbedding(nn.QuantizedEmbedding):
+        """``nn.QuantizedEmbedding`` whose ``as_linear`` (a tied output head) runs the kernel."""
+
+        def as_linear(self, x: mx.array) -> mx.array:
+            return product(self, x)
+
+    _CLASSES.update({nn.QuantizedLinear: KernelQuantizedLinear, nn.QuantizedEmbedding: KernelQuantizedEmbedding})
+    return _CLASSES

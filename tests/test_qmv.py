@@ -1,0 +1,278 @@
+"""The mlxrt-qmv kernel (kernels/mlxrt-qmv): its products equal MLX's own, mlxrt swaps it into a
+quantized model's layers without changing greedy tokens, ``--dtype auto`` weighs it by measurement,
+and ``--version`` / ``/stats`` say whether it is there. The kernel's tests skip where it is not
+built; the last one checks mlxrt without it."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import pytest
+
+from mlxrt.engine import qmv
+from mlxrt.records import ModelInfo
+from mlxrt.sources.dtype_choice import DtypeFacts, Machine, Timing, choose_dtype, decide, time_paths
+
+try:
+    import mlxrt_qmv as qmv_ext
+except ImportError:
+    qmv_ext = None
+needs_kernel = pytest.mark.skipif(qmv_ext is None, reason="mlxrt-qmv is not built (scripts/setup builds it with a compiler)")
+MLXRT_BIN = str(Path(sys.executable).parent / "mlxrt")
+
+
+def _quantized(n: int, k: int, gs: int, bits: int, dtype=mx.float32, seed: int = 0):
+    mx.random.seed(seed)
+    w = (mx.random.normal((n, k)) / k**0.5).astype(dtype)
+    return mx.quantize(w, group_size=gs, bits=bits)
+
+
+def _close_to_mlx(x, w, s, b, gs, bits, got):
+    ref = mx.quantized_matmul(x, w, s, b, transpose=True, group_size=gs, bits=bits)
+    assert got.shape == ref.shape and got.dtype == ref.dtype
+    scale = mx.abs(ref).max().item() + 1e-6
+    assert mx.allclose(got, ref, rtol=1e-4, atol=1e-5 * scale).item(), mx.abs(got - ref).max().item()
+
+
+# N x K pairs per group size: odd row counts, K an odd number of 64-element blocks (the AVX2
+# kernel's tail at group size 32), and SmolLM2's 1536x576 / 576x1536.
+SHAPES = {32: [(7, 96), (33, 160), (1536, 576), (576, 1536)], 64: [(5, 192), (576, 1536)], 128: [(9, 384), (130, 256)]}
+
+
+@needs_kernel
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("gs", [32, 64, 128])
+@pytest.mark.parametrize("rows", [1, 2, 3, 5, 8])
+def test_float32_products_equal_mlx_quantized_matmul(bits, gs, rows):
+    for n, k in SHAPES[gs]:
+        w, s, b = _quantized(n, k, gs, bits, seed=rows)
+        x = mx.random.normal((rows, k))
+        assert qmv_ext.supported(x, w, gs, bits)
+        _close_to_mlx(x, w, s, b, gs, bits, qmv_ext.quantized_matmul(x, w, s, b, gs, bits))
+
+
+@needs_kernel
+@pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16])
+@pytest.mark.parametrize("bits", [4, 8])
+def test_half_precision_is_at_least_as_close_to_the_exact_product_as_mlx(dtype, bits):
+    # MLX accumulates in the half type; the kernel in float32, rounding once at the end.
+    w, s, b = _quantized(576, 1536, 64, bits, dtype)
+    x = mx.random.normal((3, 1536)).astype(dtype)
+    exact = x.astype(mx.float32) @ mx.dequantize(w, s.astype(mx.float32), b.astype(mx.float32), group_size=64,
+                                                 bits=bits).T
+    ref = mx.quantized_matmul(x, w, s, b, transpose=True, group_size=64, bits=bits)
+    got = qmv_ext.quantized_matmul(x, w, s, b, 64, bits)
+    assert got.dtype == dtype
+    ulp = 2.0 ** (-8 if dtype == mx.bfloat16 else -11) * mx.abs(exact).max().item()
+    err = mx.abs(got.astype(mx.float32) - exact).max().item()
+    assert err <= max(mx.abs(ref.astype(mx.float32) - exact).max().item(), ulp)
+
+
+@needs_kernel
+def test_leading_dimensions_strided_x_and_what_it_leaves_to_mlx():
+    w, s, b = _quantized(96, 128, 32, 4)
+    x = mx.random.normal((2, 3, 128))
+    _close_to_mlx(x, w, s, b, 32, 4, qmv_ext.quantized_matmul(x, w, s, b, 32, 4))
+    strided = mx.random.normal((128, 4)).T  # 4 rows of 128, not row contiguous
+    _close_to_mlx(strided, w, s, b, 32, 4, qmv_ext.quantized_matmul(strided, w, s, b, 32, 4))
+    many = mx.random.normal((qmv_ext.MAX_ROWS + 1, 128))
+    assert not qmv_ext.supported(many, w, 32, 4)  # mx.quantized_matmul computes it
+    _close_to_mlx(many, w, s, b, 32, 4, qmv_ext.quantized_matmul(many, w, s, b, 32, 4))
+    w3, s3, b3 = mx.quantize(mx.random.normal((64, 96)), group_size=32, bits=3)
+    assert not qmv_ext.supported(x, w3, 32, 3)
+
+
+@needs_kernel
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("dtype", [mx.float32, mx.float16])
+def test_dequantize_equals_mlx(bits, dtype):
+    for gs, (n, k) in [(32, (33, 160)), (64, (5, 192)), (128, (9, 384))]:
+        w, s, b = _quantized(n, k, gs, bits, dtype)
+        got, ref = qmv_ext.dequantize(w, s, b, gs, bits), mx.dequantize(w, s, b, group_size=gs, bits=bits)
+        assert got.dtype == ref.dtype and mx.allclose(got, ref, rtol=1e-3, atol=1e-3).item()
+
+
+@needs_kernel
+def test_the_portable_kernel_gives_the_same_products():
+    code = ("import mlx.core as mx, mlxrt_qmv as q\n"
+            "assert q.kernel_name() == 'generic', q.kernel_name()\n"
+            "for bits in (4, 8):\n"
+            "  for gs, k in ((32, 96), (128, 256)):\n"
+            "    w, s, b = mx.quantize(mx.random.normal((130, k)), group_size=gs, bits=bits)\n"
+            "    x = mx.random.normal((3, k))\n"
+            "    ref = mx.quantized_matmul(x, w, s, b, transpose=True, group_size=gs, bits=bits)\n"
+            "    assert mx.allclose(q.quantized_matmul(x, w, s, b, gs, bits), ref, rtol=1e-4, atol=1e-4).item()\n"
+            "    assert mx.allclose(q.dequantize(w, s, b, gs, bits), mx.dequantize(w, s, b, group_size=gs, bits=bits)).item()\n")
+    run = subprocess.run([sys.executable, "-c", code], env={**os.environ, "MLXRT_QMV_KERNEL": "generic"},
+                         capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+
+
+def _tiny_quantized_model() -> nn.Module:
+    from mlx_lm.models import llama
+
+    args = llama.ModelArgs(model_type="llama", hidden_size=128, num_hidden_layers=2, intermediate_size=256,
+                           num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=512,
+                           tie_word_embeddings=True)
+    mx.random.seed(3)
+    model = llama.Model(args)
+    nn.quantize(model, group_size=32, bits=4)
+    # the embedding (and so the tied head) at 8 bits, as in a GGUF Q4_1 + Q8_0 file
+    model.model.embed_tokens = nn.QuantizedEmbedding.from_embedding(
+        nn.Embedding(512, 128), group_size=32, bits=8)
+    mx.eval(model.parameters())
+    return model
+
+
+def _greedy(model: nn.Module, prompt: list[int], n: int) -> list[int]:
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache = make_prompt_cache(model)
+    tokens, out = mx.array([prompt]), []
+    for _ in range(n):
+        logits = model(tokens, cache=cache)[:, -1, :]
+        nxt = int(mx.argmax(logits, axis=-1).item())
+        out.append(nxt)
+        tokens = mx.array([[nxt]])
+    return out
+
+
+@needs_kernel
+def test_install_swaps_layers_and_greedy_tokens_stay_the_same():
+    model = _tiny_quantized_model()
+    prompt = list(range(5, 45))  # 40 tokens: the prefill goes the dequantize + BLAS way
+    before = _greedy(model, prompt, 12)
+    logits_before = model(mx.array([prompt[:3]]))
+    count = qmv.install(model)
+    # 7 linear layers a block, 2 blocks, and the embedding (its as_linear is the tied head)
+    assert count == 2 * 7 + 1
+    kinds = {type(m).__name__ for _, m in model.named_modules()}
+    assert {"KernelQuantizedLinear", "KernelQuantizedEmbedding"} <= kinds and "QuantizedLinear" not in kinds
+    assert all(isinstance(m, nn.QuantizedLinear) for _, m in model.named_modules()
+               if type(m).__name__ == "KernelQuantizedLinear")
+    assert _greedy(model, prompt, 12) == before
+    assert mx.allclose(model(mx.array([prompt[:3]])), logits_before, rtol=1e-4, atol=1e-4).item()
+
+
+@needs_kernel
+def test_auto_weighs_the_kernel_against_float32_by_measurement():
+    facts = DtypeFacts("quantized 4-bit", 10**6, 0, 4096)
+    machine = Machine(on_cpu=True, blas_fast=True, blas_name="MKL")
+    keep = decide("auto", facts, machine, budget=10**9, timing=lambda: Timing(0.002, 0.006, "avx2+fma"))
+    assert keep.cast is None and keep.reason.startswith("auto keeps the stored dtype, the faster: measured at load")
+    cast = decide("auto", facts, machine, budget=10**9, timing=lambda: Timing(0.006, 0.002, "avx2+fma"))
+    assert cast.cast == "float32" and "the faster: measured at load" in cast.reason
+
+    def never():
+        raise AssertionError("timed although the rule already keeps the stored dtype")
+
+    assert decide("auto", facts, Machine(True, False, "bundled"), budget=10**9, timing=never).cast is None
+    assert decide("stored", facts, machine, budget=10**9, timing=never).cast is None
+    # on a real model: both paths timed on its own shapes
+    model = _tiny_quantized_model()
+    timing = time_paths(model, qmv_ext)
+    assert timing is not None and timing.kernel_s > 0 and timing.float32_s > 0
+    info = ModelInfo(model_id="m", path=None, model_type="llama", config={})
+    choice = choose_dtype("auto", model, info, budget=10**9, blas_fast=True, blas_name="MKL", on_cpu=True,
+                          kernel=qmv_ext)
+    assert "measured at load" in choice.reason
+    assert time_paths(nn.Sequential(nn.Linear(8, 8)), qmv_ext) is None
+
+
+@needs_kernel
+def test_version_reports_the_kernel_and_mlxrt_qmv_0_turns_it_off():
+    def version(**env: str) -> str:
+        run = subprocess.run([MLXRT_BIN, "--version"], capture_output=True, text=True, cwd="/",
+                             env={**os.environ, **env}, timeout=120)
+        assert run.returncode == 0, run.stderr
+        return run.stdout
+
+    assert f"quantized kernel: mlxrt-qmv 0.1.0 ({qmv_ext.kernel_name()}, " in version()
+    assert "quantized kernel: none (MLXRT_QMV=0)" in version(MLXRT_QMV="0")
+
+
+@pytest.fixture(scope="module")
+def q4_checkpoint(tmp_path_factory):
+    """A tiny qwen3 checkpoint quantized to 4 bits, group 32, as mlx-lm saves one."""
+    import shutil
+
+    from mlx_lm.utils import load_model, quantize_model, save_config, save_model
+
+    from mlxrt.testing import write_tiny_checkpoint
+
+    src = write_tiny_checkpoint(tmp_path_factory.mktemp("f32") / "qwen3", "qwen3")
+    folder = tmp_path_factory.mktemp("q4") / "qwen3-q4"
+    model, config = load_model(src)
+    model, config = quantize_model(model, config, group_size=32, bits=4)
+    save_model(folder, model)
+    save_config(config, folder / "config.json")
+    for f in src.iterdir():
+        if f.suffix in (".json", ".jinja") and not (folder / f.name).exists():
+            shutil.copy(f, folder / f.name)
+    return folder
+
+
+@needs_kernel
+def test_served_quantized_model_answers_alike_with_and_without_the_kernel(q4_checkpoint, server_process):
+    import httpx
+
+    body = {"prompt": "one two three", "max_tokens": 16, "temperature": 0}
+    answers = {}
+    for name, env in (("kernel", {}), ("mlx", {"MLXRT_QMV": "0"})):
+        server = server_process([str(q4_checkpoint), "--dtype", "stored"], env=env)
+        stats = httpx.get(f"{server.url}/stats", timeout=30).json()
+        reply = httpx.post(f"{server.url}/v1/completions", json=body, timeout=60)
+        assert reply.status_code == 200, reply.text
+        answers[name] = reply.json()["choices"][0]["text"]
+        assert stats["quantized_kernel"]["active"] is (name == "kernel")
+        log = server.stop()
+        assert ("quantized kernel: mlxrt-qmv" in log) is (name == "kernel")
+    assert answers["kernel"] == answers["mlx"] and answers["kernel"]
+
+
+def test_without_the_kernel_mlxrt_keeps_mlx_s_own_layers():
+    code = ("import sys; sys.modules['mlxrt_qmv'] = None\n"
+            "import mlx.nn as nn\n"
+            "from mlxrt.engine import qmv\n"
+            "st = qmv.status()\n"
+            "assert not st.active and st.text == 'none (mlxrt-qmv not installed)', st.text\n"
+            "assert st.as_dict()['active'] is False\n"
+            "model = nn.Sequential(nn.Linear(64, 64))\n"
+            "nn.quantize(model, group_size=32, bits=4)\n"
+            "assert qmv.install(model) == 0 and type(model.layers[0]) is nn.QuantizedLinear\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+
+
+@needs_kernel
+def test_callers_on_several_threads_get_their_own_products():
+    # Several models' engine threads may call it at once (--max-models): the thread pool takes one
+    # job at a time and the others compute alone.
+    import threading
+
+    w, s, b = _quantized(1536, 576, 32, 4)
+    xs = [mx.random.normal((1, 576)) for _ in range(3)]
+    refs = [mx.quantized_matmul(x, w, s, b, transpose=True, group_size=32, bits=4) for x in xs]
+    mx.eval(w, s, b, xs, refs)
+    wrong: list[int] = []
+
+    def work(i: int) -> None:
+        stream = mx.new_stream(mx.cpu)
+        for _ in range(100):
+            with mx.stream(stream):
+                y = qmv_ext.quantized_matmul(xs[i], w, s, b, 32, 4)
+                mx.eval(y)
+            if not mx.allclose(y, refs[i], rtol=1e-4, atol=1e-4).item():
+                wrong.append(i)
+
+    threads = [threading.Thread(target=work, args=(i,)) for i in range(3)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not wrong
