@@ -59,13 +59,13 @@ def npm_bin(root: Path, name: str) -> Path | None:
 class AgentScript:
     """A sampler that plays an agent: when the prompt offers one of ``calls``' tools, the first
     turn calls it with the command; once the command's output (RAN) is in the prompt, it answers
-    ``done``; any other request (titles, side questions) gets ``ok``.
+    ``done``; any other request (titles, side questions) gets ``other``.
 
     ``calls``: tool name → a function of the command giving the call's arguments. The call is
     written in the Qwen3 template's markup (``<tool_call>{json}</tool_call>``)."""
 
-    def __init__(self, command: str, calls: dict, done: str = "All done."):
-        self.command, self.calls, self.done = command, calls, done
+    def __init__(self, command: str, calls: dict, done: str = "All done.", other: str = "ok"):
+        self.command, self.calls, self.done, self.other = command, calls, done, other
         self.decisions: list[str] = []
 
     def reply(self, prompt: str) -> str:
@@ -75,7 +75,7 @@ class AgentScript:
             if f'"name": "{name}"' in prompt:
                 call = json.dumps({"name": name, "arguments": arguments(self.command)})
                 return f"<tool_call>\n{call}\n</tool_call>"
-        return "ok"
+        return self.other
 
     @hookimpl
     def mlxrt_sampler(self, request, info):
@@ -145,9 +145,10 @@ class Recorder:
 
 
 class AgentServer:
-    """The app of a tiny checkpoint behind a Recorder, served by uvicorn on loopback in a thread."""
+    """The app of a tiny checkpoint behind a Recorder, served by uvicorn on loopback in a thread;
+    ``script`` is a plugin (an AgentScript) that decides what the model says."""
 
-    def __init__(self, model: Path, script: AgentScript, options=None):
+    def __init__(self, model: Path, script, options=None):
         import uvicorn
 
         from mlxrt.cli import build_server
