@@ -238,8 +238,8 @@ def cast_weights(model: Any, dtype: str, *, model_id: str = "model") -> None:
         return sorted({name.rsplit(".", 1)[0] for name, _ in tree_flatten(model.parameters())
                        if name.endswith(".scales")})
 
-    if quantized_layers():  # mlx_lm.utils imports transformers: only when there is work for it
-        from mlx_lm.utils import dequantize_model
+    if quantized_layers():
+        from mlxrt.sources.weights import dequantize_model  # mlx-lm's, without mlx_lm.utils' imports
 
         dequantize_model(model)
     left = quantized_layers()
