@@ -110,7 +110,7 @@ def test_weights_equal_mlx_lm_load_model(checkpoints, tmp_path, model_type):
     also for a checkpoint MLX quantized (4-bit, group 32)."""
     from mlx_lm.utils import load_model
 
-    from mlxrt.sources.weights import load_architecture_and_weights
+    from mlxrt.sources.weights import eos_token_ids, load_architecture_and_weights
 
     path = checkpoints.get(model_type)
     if model_type == "quantized":
@@ -123,6 +123,7 @@ def test_weights_equal_mlx_lm_load_model(checkpoints, tmp_path, model_type):
     theirs, their_config = load_model(path)
     assert type(ours) is type(theirs)
     assert our_config == their_config
+    assert eos_token_ids(path) == our_config.get("eos_token_id")  # what the tokenizer loads beside the weights
     a, b = _parameters(ours), _parameters(theirs)
     assert a.keys() == b.keys()
     for name in a:

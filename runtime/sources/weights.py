@@ -18,7 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["dequantize_model", "load_architecture_and_weights"]
+__all__ = ["dequantize_model", "eos_token_ids", "load_architecture_and_weights"]
 
 ModelClasses = tuple[type, type]
 
@@ -48,11 +48,21 @@ def load_architecture_and_weights(path: Path, *, classes: ModelClasses | None = 
         return load_model(path, lazy=lazy, **kwargs)
 
 
+def eos_token_ids(path: Path) -> Any:
+    """The ``eos_token_id`` of the config :func:`load_architecture_and_weights` returns for ``path``
+    (read without the weights, so that the tokenizer can load beside them)."""
+    return _with_generation_config(path, json.loads((path / "config.json").read_text(encoding="utf-8"))
+                                   ).get("eos_token_id")
+
+
 def _read_config(path: Path) -> dict[str, Any]:
     text = (path / "config.json").read_text(encoding="utf-8")
     if "__float__" in text:  # mlx-lm's tag for a non-finite number
         raise _NeedsMlxLm
-    config = json.loads(text)
+    return _with_generation_config(path, json.loads(text))
+
+
+def _with_generation_config(path: Path, config: dict[str, Any]) -> dict[str, Any]:
     try:
         generation = json.loads((path / "generation_config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
