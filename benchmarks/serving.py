@@ -884,8 +884,7 @@ def run_side_by_side(args: argparse.Namespace, out: Path, mlxrt_extra: list[str]
     (out / "results.json").write_text(json.dumps(report, indent=2))
     png = Path(args.png) if args.png else out / "benchmarks-concurrency.png"
     concurrency_png(chart, png, title="Aggregate output tokens/s vs concurrent streaming clients",
-                    note=f"{m['cpu_count']} CPU cores, MLX {m['mlx_device']}; default flags; "
-                         f"llama-server -t {LLAMA_THREADS} -np {LLAMA_SLOTS}")
+                    note=f"{m['cpu_count']} CPU cores; default flags")
     print(f"results: {out / 'results.json'}  chart: {png}")
 
 
