@@ -163,21 +163,24 @@ class BatchSteps:
         return [seq.uid for seq in made]
 
     def next(self) -> tuple[list[Progress], list[Response]]:
-        """One round: prefilled rows join the batch, one decode step for the batch, then one
-        prefill chunk for each newcomer. The chunks' progress and the step's tokens."""
+        """One round: newcomers are admitted, prefilled rows join the batch, one decode step for
+        the batch, then one prefill chunk for each newcomer. The chunks' progress and the step's
+        tokens."""
         import mlx.core as mx
 
         with mx.stream(self._stream):
-            ready = [seq for seq in self._prefilling if seq.ready]
-            if ready:
-                self._join(ready)
-            responses = self._step() if self._rows else []
             room = min(self.prefill_batch_size - len(self._prefilling),
                        self.size - len(self._rows) - len(self._prefilling))
             while room > 0 and self._waiting:
                 self._prefilling.append(self._waiting.popleft())
                 room -= 1
-            progress = [self._prefill(seq) for seq in self._prefilling if not seq.ready]
+            # rows with only their last prompt token left (a row handed over by the serial lane is
+            # one from the start) join before this round's step, which feeds that token
+            ready = [seq for seq in self._prefilling if seq.ready]
+            if ready:
+                self._join(ready)
+            responses = self._step() if self._rows else []
+            progress = [self._prefill(seq) for seq in self._prefilling]
             return progress, responses
 
     def extract_cache(self, uids: Iterable[int]) -> dict[int, tuple[list[Any], list[int]]]:
