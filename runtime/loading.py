@@ -231,13 +231,19 @@ def mlx_lm_load(info: ModelInfo, classes: tuple[type, type] | None = None, *,
     mlx-lm lacks (the family's own model code). ``trust_remote_code`` lets the tokenizer's
     own code from the model folder run (``--trust-remote-code``). ``lazy`` leaves the weights
     unread until evaluated (``--distributed``: each rank reads only its shard)."""
-    from mlxrt.sources.weights import load_architecture_and_weights
+    from concurrent.futures import ThreadPoolExecutor
+
+    from mlxrt.sources.weights import eos_token_ids, load_architecture_and_weights
     from mlxrt.text.tokenizer import load_tokenizer
 
+    # The tokenizer loads on a thread of its own while the weights are read: both are mostly native
+    # code that releases the GIL (~0.2 s of the embedded SmolLM2's start).
     try:
-        model, config = load_architecture_and_weights(info.path, classes=classes, lazy=lazy)
-        tokenizer = load_tokenizer(info.path, eos_token_ids=config.get("eos_token_id"),
-                                   trust_remote_code=trust_remote_code)
+        with ThreadPoolExecutor(1, thread_name_prefix="mlxrt-tokenizer") as pool:
+            tokenizing = pool.submit(load_tokenizer, info.path, eos_token_ids=eos_token_ids(info.path),
+                                     trust_remote_code=trust_remote_code)
+            model, _config = load_architecture_and_weights(info.path, classes=classes, lazy=lazy)
+            tokenizer = tokenizing.result()
     except (ValueError, FileNotFoundError, KeyError) as exc:
         raise ModelLoadError(f"mlx-lm could not load {info.model_id}: {exc}") from exc
     return LoadedModel(model=model, tokenizer=tokenizer)
@@ -259,8 +265,8 @@ def cast_weights(model: Any, dtype: str, *, model_id: str = "model") -> None:
         return sorted({name.rsplit(".", 1)[0] for name, _ in tree_flatten(model.parameters())
                        if name.endswith(".scales")})
 
-    if quantized_layers():  # mlx_lm.utils imports transformers: only when there is work for it
-        from mlx_lm.utils import dequantize_model
+    if quantized_layers():  # mlxrt's copy of mlx-lm's, without mlx_lm.utils (transformers)
+        from mlxrt.sources.weights import dequantize_model
 
         dequantize_model(model)
     left = quantized_layers()

@@ -46,7 +46,7 @@ def batch_server(tmp_path_factory):
     from mlxrt.testing import write_tiny_checkpoint
 
     model = write_tiny_checkpoint(tmp_path_factory.mktemp("batch") / "qwen3", "qwen3")
-    server = ServerProcess([str(model), "--batch", "8", "--prompt-cache-size", "0"])
+    server = ServerProcess([str(model), "--prompt-cache-size", "0"])  # the default --batch: 8
     yield server
     server.stop()
 
@@ -190,7 +190,7 @@ def _no_eos(model) -> dict[str, float]:
 
 def test_a_full_queue_answers_429_with_retry_after(tiny_models, server_process):
     model = tiny_models("qwen3")
-    server = server_process([str(model), "--max-queue", "1"])
+    server = server_process([str(model), "--max-queue", "1", "--batch", "1"])  # one row: the next request waits
     msgs = [{"role": "user", "content": "go"}]
     long = {"messages": msgs, "max_tokens": 20000, "temperature": 0.7, "stream": True, "logit_bias": _no_eos(model)}
     with httpx.Client(base_url=server.url, timeout=60) as http, \

@@ -76,54 +76,6 @@ def test_gemma4_make_masks_is_overridden_for_a_forward(tmp_path):
     assert "_make_masks" not in vars(text_model)
 
 
-def test_batch_generator_keeps_row_tags_in_step(tmp_path):
-    """The batch lane's RowTag (the last entry of each row's cache list, see mlxrt.engine.lanes) names
-    the rows of every model call of mlx-lm's BatchGenerator, in row order: prefill chunks, the
-    split into generation, decode steps, after a removal, and in the caches handed back."""
-    from mlx_lm.generate import BatchGenerator
-    from mlx_lm.models.cache import make_prompt_cache
-    from mlx_lm.utils import load_model
-
-    from mlxrt.engine.lanes import RowTag
-
-    model, _ = load_model(write_tiny_checkpoint(tmp_path / "q", "qwen3"))
-    calls: list[list[str]] = []
-
-    class Recording:
-        def __getattr__(self, name):
-            return getattr(model, name)
-
-        def __call__(self, inputs, *args, cache=None, **kwargs):
-            tag = cache[-1]
-            assert isinstance(tag, RowTag) and len(tag.rows) == inputs.shape[0]
-            calls.append(list(tag.rows))
-            return model(inputs, *args, cache=cache[:-1], **kwargs)
-
-    def tagged(name):
-        return [*make_prompt_cache(model), RowTag([name])]
-
-    gen = BatchGenerator(Recording(), completion_batch_size=4, prefill_batch_size=4, prefill_step_size=4)
-    short, long_ = gen.insert([[1, 2, 3], [4, 5, 6, 7, 8, 9, 10, 11, 12, 13]], max_tokens=[6, 6],
-                              caches=[tagged("short"), tagged("long")])
-    gen.next()
-    (late,) = gen.insert([[5]], max_tokens=[6], caches=[tagged("late")])
-    for _ in range(3):
-        gen.next()
-    cache, _tokens = gen.remove([short], return_prompt_caches=True)[short]
-    assert cache[-1].rows == ["short"]
-    while True:
-        prompts, responses = gen.next()
-        if not responses:
-            break
-        assert all(r.prompt_cache is None or r.prompt_cache[-1].rows == [n] for r, n in
-                   ((r, {long_: "long", late: "late"}[r.uid]) for r in responses))
-    gen.close()
-    assert ["short", "long"] in calls  # both prefilled together
-    assert ["short", "late"] in calls  # split off into generation together (a batch the generator does not hold yet)
-    assert ["long"] in calls  # prefilled on while the others decode
-    assert ["long", "late"] in calls or ["late", "long"] in calls  # decoding together after the removal
-
-
 def test_lean_mlx_lm_skips_the_package_init_until_a_name_is_read():
     """After ``import mlxrt`` an mlx-lm submodule imports without mlx_lm/__init__.py (which
     imports transformers); reading a name that file defines runs it then."""

@@ -113,7 +113,7 @@ def test_weights_equal_mlx_lm_load_model(checkpoints, tmp_path, model_type):
     from mlx_lm.utils import load_model
 
     from mlxrt.sources import weights
-    from mlxrt.sources.weights import load_architecture_and_weights
+    from mlxrt.sources.weights import eos_token_ids, load_architecture_and_weights
 
     path = checkpoints.get(model_type)
     if model_type.startswith("quantized"):
@@ -131,6 +131,7 @@ def test_weights_equal_mlx_lm_load_model(checkpoints, tmp_path, model_type):
     theirs, their_config = load_model(path)
     assert type(ours) is type(theirs)
     assert our_config == their_config
+    assert eos_token_ids(path) == our_config.get("eos_token_id")  # what the tokenizer loads beside the weights
     a, b = _parameters(ours), _parameters(theirs)
     assert a.keys() == b.keys()
     for name in a:
@@ -154,32 +155,66 @@ def test_weights_loader_hands_unusual_checkpoints_to_mlx_lm(checkpoints, tmp_pat
         load_architecture_and_weights(path)
 
 
-@pytest.mark.parametrize("kind", ["llama", "quantized"])
-def test_a_served_request_never_imports_transformers(checkpoints, tmp_path, kind):
-    """Load, warm up and answer one chat completion in a fresh process: mlx_lm's __init__,
-    mlx_lm.generate, mlx_lm.utils, transformers, numpy and pydantic are never imported (the
-    lean start: docs/performance.md). Also for an MLX-quantized checkpoint that keeps the
-    ``quantization_config`` copy beside ``quantization``, as mlx-community checkpoints and
-    mlxrt's GGUF conversions do (the embedded SmolLM2 printed transformers' PyTorch warning)."""
-    model = checkpoints["llama"]
-    if kind == "quantized":
-        from mlx_lm.convert import convert
+def _converted(source, out):
+    """``source`` quantized by mlx_lm.convert (4-bit, group 32; its config.json carries both
+    ``quantization`` and ``quantization_config``, as mlxrt's GGUF conversion writes them)."""
+    from mlx_lm.convert import convert
 
-        model = tmp_path / "q"
-        convert(str(checkpoints["llama"]), str(model), quantize=True, q_group_size=32, q_bits=4)
-        config = json.loads((model / "config.json").read_text())
-        (model / "config.json").write_text(json.dumps({**config, "quantization_config": config["quantization"]}))
+    convert(str(source), str(out), quantize=True, q_group_size=32, q_bits=4)
+    config = json.loads((out / "config.json").read_text())
+    assert config["quantization"] == config["quantization_config"]
+    return out
+
+
+def test_dequantize_model_equals_mlx_lm(checkpoints, tmp_path):
+    """``--dtype`` casts dequantize with mlxrt's copy of mlx-lm's dequantize_model: the same
+    layer classes, parameter names and values."""
+    from mlx_lm.utils import dequantize_model as theirs
+
+    from mlxrt.sources.weights import dequantize_model, load_architecture_and_weights
+
+    path = _converted(checkpoints["llama"], tmp_path / "q")
+    a, _ = load_architecture_and_weights(path)
+    b, _ = load_architecture_and_weights(path)
+    assert any(name.endswith(".scales") for name in _parameters(a))
+    dequantize_model(a)
+    theirs(b)
+    assert [type(m).__name__ for _, m in a.named_modules()] == [type(m).__name__ for _, m in b.named_modules()]
+    pa, pb = _parameters(a), _parameters(b)
+    assert pa.keys() == pb.keys() and not any(name.endswith(".scales") for name in pa)
+    for name in pa:
+        assert mx.array_equal(pa[name], pb[name]).item(), name
+
+
+@pytest.mark.parametrize("kind", ["llama", "quantized", "quantized-float32"])
+def test_a_served_request_never_imports_transformers(checkpoints, tmp_path, kind):
+    """Load, warm up and answer one chat completion, then a concurrent burst (the batch lane, the
+    default), in a fresh process: mlx_lm's __init__, mlx_lm.generate, mlx_lm.utils, transformers,
+    numpy and pydantic are never imported (the lean start: docs/performance.md) — also for an MLX-quantized
+    checkpoint (as the embedded SmolLM2 is) served as --dtype auto picks and cast by ``--dtype float32``:
+    its ``quantization_config`` copy beside ``quantization`` once sent it to mlx-lm's loader, and
+    the embedded SmolLM2 printed transformers' PyTorch warning."""
+    path = checkpoints["llama"] if kind == "llama" else _converted(checkpoints["llama"], tmp_path / "q")
+    options = {"host": "127.0.0.1", "port": 0, **({"dtype": "float32"} if kind == "quantized-float32" else {})}
     script = textwrap.dedent(f"""
         import sys
+        from concurrent.futures import ThreadPoolExecutor
         from litestar.testing import TestClient
         from mlxrt.cli import build_server
         from mlxrt.host import make_host
         host = make_host()
-        app = build_server(host, {str(model)!r}, {{"host": "127.0.0.1", "port": 0}})
+        app = build_server(host, {str(path)!r}, {options!r})
         with TestClient(app, base_url="http://127.0.0.1") as client:
-            r = client.post("/v1/chat/completions", json={{"messages": [{{"role": "user", "content": "hi"}}],
-                            "max_tokens": 3}})
-            assert r.status_code == 200, r.text
+            def ask(i):
+                r = client.post("/v1/chat/completions", json={{"messages": [{{"role": "user", "content": f"hi {{i}}"}}],
+                                "max_tokens": 6}})
+                assert r.status_code == 200, r.text
+            ask(0)
+            with ThreadPoolExecutor(4) as pool:
+                list(pool.map(ask, range(1, 9)))
+            stats = client.get("/stats").json()["engine"]
+            print("DTYPE", (client.get("/stats").json().get("dtype") or {{}}).get("served"))
+            print("LANES", stats["lane"], stats["served_by_lane"]["batch"] > 0)
         heavy = sorted(m for m in ("transformers", "mlx_lm.generate", "mlx_lm.utils", "mlx_lm.convert",
                                    "huggingface_hub.hf_api", "numpy", "pydantic") if m in sys.modules)
         print("HEAVY", heavy)
@@ -189,3 +224,6 @@ def test_a_served_request_never_imports_transformers(checkpoints, tmp_path, kind
                          cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     assert "HEAVY []" in out.stdout, out.stdout + out.stderr[-2000:]
+    assert "LANES batch True" in out.stdout, out.stdout  # the burst shared the batch lane
+    if kind != "llama":
+        assert "DTYPE float32" in out.stdout, out.stdout

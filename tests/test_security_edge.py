@@ -298,7 +298,7 @@ def test_sigterm_ends_running_streams_with_a_final_frame_and_refuses_queued(llam
 def test_sigterm_answers_queued_requests_at_once_in_the_serial_lane(llama, server_process):
     """The serial lane's worker is busy with the running request for up to the grace period;
     a request waiting behind it gets its 503 when the signal comes, not when that one ends."""
-    server = server_process([str(llama), "--shutdown-grace", "30", "--model-fallback"])
+    server = server_process([str(llama), "--shutdown-grace", "30", "--model-fallback", "--batch", "1"])
     body = {"model": "m", "messages": [{"role": "user", "content": "Tell me a long story."}], "temperature": 0}
     ended: dict[str, float] = {}
     running = threading.Event()

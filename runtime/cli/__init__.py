@@ -420,8 +420,8 @@ def build_cli(host: PluginHost) -> click.Group:
                   help="Use a ChatML template when the model has none.")
     @click.option("--batch", "--decode-concurrency", "batch", type=click.IntRange(min=1),
                   default=ENGINE_DEFAULTS["batch"], show_default=True,
-                  help="Requests decoded together (continuous batching); 1 runs them one at a time. "
-                  "mlx_lm.server's --decode-concurrency.")
+                  help="Requests decoded together (continuous batching; a lone request still decodes at the "
+                  "serial lane's speed); 1 runs them one at a time. mlx_lm.server's --decode-concurrency.")
     @click.option("--prompt-concurrency", type=click.IntRange(min=1), default=ENGINE_DEFAULTS["prompt_concurrency"],
                   show_default=True,
                   help="Newcomers prefilled together in the batch lane.")

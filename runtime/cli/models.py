@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from mlxrt.engine.config import ENGINE_DEFAULTS
 from mlxrt.sources.dtype_choice import DTYPES
 
 if TYPE_CHECKING:
@@ -138,7 +139,7 @@ def register(cli: click.Group, host: PluginHost) -> None:
                   "24GB or 512MiB. Default: 75% of this machine's memory.")
     @click.option("--prompt-cache-bytes", default=None,
                   help="Prompt cache cap, as for `serve` (default: a quarter of what the weights leave).")
-    @click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True,
+    @click.option("--batch", type=click.IntRange(min=1), default=ENGINE_DEFAULTS["batch"], show_default=True,
                   help="Rows decoded together, as for `serve` (each pays the fixed per-request state).")
     @click.option("--dtype", type=click.Choice(DTYPES), default="auto", show_default=True,
                   help="Assess the weights in the dtype `serve --dtype` would serve them in (auto: float32 on a "

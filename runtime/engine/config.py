@@ -18,7 +18,7 @@ __all__ = ["ENGINE_DEFAULTS", "EngineConfig"]
 #: ``mlxrt.testing``) runs the engine ``mlxrt serve`` would. The other engine flags default to
 #: ``None`` (off, or decided at load).
 ENGINE_DEFAULTS: Mapping[str, Any] = MappingProxyType({
-    "batch": 1,
+    "batch": 8,
     "prompt_concurrency": 8,
     "prefill_step_size": 2048,
     "max_queue": 256,
@@ -37,7 +37,8 @@ def _gb(value: Any) -> int:
 class EngineConfig:
     """The engine's knobs (``mlxrt serve`` flags of the same names).
 
-    :ivar batch: Rows decoded together; 1 runs every request in the serial lane.
+    :ivar batch: Rows decoded together (a lone stream still decodes in the serial lane's loop);
+        1 runs every request in the serial lane.
     :ivar prompt_concurrency: Newcomers prefilled together in the batch lane.
     :ivar prefill_step_size: Prompt tokens per prefill chunk.
     :ivar max_queue: Requests that may wait for admission; past it, 429.

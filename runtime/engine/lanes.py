@@ -4,10 +4,12 @@
   sequence, no padding, no batch masks: the fastest single stream). It takes every request
   when ``--batch 1`` (the default) and every request of a model whose cache classes cannot
   be merged into a batch (mlx-lm's ``merge``; see :func:`batchable`).
-* :class:`BatchLane` runs up to ``--batch N`` requests together with mlx-lm's
-  ``BatchGenerator``: newcomers join between decode steps, their prefill runs in chunks of
-  ``--prefill-step-size`` interleaved with the running rows' decode steps, and every row
-  keeps its own sampler, seed stream, logits processors, max_tokens and stop matcher.
+* :class:`BatchLane` runs up to ``--batch N`` requests together with
+  :class:`mlxrt.engine.batch_steps.BatchSteps` (continuous batching on mlx-lm's model modules
+  and cache classes, without ``mlx_lm.generate`` and its transformers import): newcomers join
+  between decode steps, their prefill runs in chunks of ``--prefill-step-size`` interleaved
+  with the running rows' decode steps, and every row keeps its own sampler, seed stream,
+  logits processors, max_tokens and stop matcher.
 
 Both lanes run on the engine's worker thread only, and both hand back, when a row ends,
 its per-layer cache and the token ids that cache holds, for the prompt cache. For a model
@@ -365,7 +367,7 @@ class SerialLane:
 
 
 class BatchLane:
-    """Up to ``size`` requests decoding together, through mlx-lm's ``BatchGenerator``."""
+    """Up to ``size`` requests decoding together, through :class:`mlxrt.engine.batch_steps.BatchSteps`."""
 
     name = "batch"
 
@@ -382,13 +384,11 @@ class BatchLane:
         if adapters is not None:
             model = RowAdapterModel(model, adapters)
         self._snapshots: dict[int, set[int]] = {}  # uid -> prompt lengths still to snapshot at
-        # mlx-lm's batch generator; its module imports transformers (~1.2 s, ~40 MB), so a server
-        # pays that only with --batch N > 1, at start, rather than on its first concurrent burst.
-        from mlx_lm.generate import BatchGenerator
+        from mlxrt.engine.batch_steps import BatchSteps
 
-        self._gen = BatchGenerator(
+        self._gen = BatchSteps(
             model, completion_batch_size=size, prefill_batch_size=min(prefill_batch_size, size),
-            prefill_step_size=prefill_step_size, stop_tokens=[[t] for t in eos], stream=stream,
+            prefill_step_size=prefill_step_size, stop_tokens=eos, stream=stream,
         )
 
     def __len__(self) -> int:
@@ -444,7 +444,7 @@ class BatchLane:
         prompts, responses = self._gen.next()
         for progress in prompts:  # a segment ended: the row's cache holds a snapshot point
             row, wanted = self.rows.get(progress.uid), self._snapshots.get(progress.uid)
-            if row is None or not wanted or not progress.end_of_segment or progress.end_of_prompt:
+            if row is None or not wanted or not progress.end_of_segment:
                 continue
             for cache, tokens in self._gen.extract_cache([progress.uid]).values():
                 cache = _untag(cache)
@@ -512,11 +512,12 @@ class BatchLane:
 
 class RowTag:
     """The last entry of a batch lane row's cache list when adapters are served: the rows of
-    the batch, in row order, kept in step by mlx-lm's ``BatchGenerator`` itself.
+    the batch, in row order, kept in step by the batch loop itself
+    (:class:`mlxrt.engine.batch_steps.BatchSteps`).
 
-    The generator merges, splits, filters, extends and extracts a batch's cache list entry by
-    entry through the cache protocol (``merge``, ``filter``, ``extend``, ``extract``,
-    ``prepare``, ``finalize``, ``state``, ``nbytes``), so this entry always lists the rows of
+    The loop merges, filters, extends, extracts and copies a batch's cache list entry by entry
+    through mlx-lm's cache protocol (``merge``, ``filter``, ``extend``, ``extract``, ``state``;
+    ``prepare``, ``finalize`` and ``nbytes`` as mlx-lm's own generator also reads them), so this entry always lists the rows of
     the batch it rides with, in the order of the model call's inputs. No model layer reads it:
     :class:`RowAdapterModel` takes it off before the model sees the list, and the lane takes it
     off every cache the generator hands back.
@@ -550,7 +551,7 @@ class RowTag:
         return None
 
     def __deepcopy__(self, memo: dict[int, Any]) -> RowTag:
-        return RowTag(list(self.rows))  # the generator copies caches when it splits a batch: not the rows
+        return RowTag(list(self.rows))  # a copied cache (a snapshot) names the same rows: not copies of them
 
 
 def _untag(cache: Any) -> Any:
@@ -564,9 +565,8 @@ class RowAdapterModel:
     """The model as the batch lane's generator sees it: before each call it selects, per
     row, the adapters that row's request chose (per-row LoRA, see :mod:`mlxrt.engine.adapters`).
 
-    ``BatchGenerator`` calls the model for its prompt batch (prefill chunks), for its
-    generation batch (one decode step) and for a batch it splits off into generation, each
-    with that batch's cache list, whose last entry is the :class:`RowTag` naming its rows.
+    The batch loop calls the model for a newcomer's prefill chunks (its own cache list) and for
+    each decode step (the batch's), each cache list ending in the :class:`RowTag` naming its rows.
     """
 
     def __init__(self, model: Any, adapters: Any) -> None:

@@ -3,10 +3,9 @@
 ``mlx_lm.utils.load_model`` is the reference, and the fallback: importing its module imports
 transformers and huggingface-hub (~1.4 s and ~45 MB of a server's start, docs/performance.md).
 The common checkpoint — an mlx-lm architecture, safetensors weights, unquantized or quantized
-by MLX itself (``"quantization"`` in config.json, affine mode) — is built here directly from
-``mlx_lm.models.<type>`` (a ``quantization_config`` beside ``"quantization"`` is the copy MLX
-writers keep, and is ignored as mlx-lm ignores it). Anything else (legacy ``quantization_config``
-formats such as AWQ,
+by MLX itself (``"quantization"`` in config.json, affine mode; the embedded SmolLM2 is one) — is
+built here directly from ``mlx_lm.models.<type>``, and :func:`dequantize_model` stands in for
+mlx-lm's (``--dtype`` casts). Anything else (legacy ``quantization_config`` formats such as AWQ,
 GPTQ, FP8 or ModelOpt, mx/nv-fp modes, a custom ``model_file``, activation quantization,
 non-finite numbers in config.json) goes to mlx-lm unchanged.
 """
@@ -20,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-__all__ = ["check_layer_count", "load_architecture_and_weights"]
+__all__ = ["check_layer_count", "dequantize_model", "eos_token_ids", "load_architecture_and_weights"]
 
 ModelClasses = tuple[type, type]
 
@@ -90,11 +89,21 @@ def check_layer_count(path: Path) -> None:
                          f"{max(stacks.values())}; refused before building the model")
 
 
+def eos_token_ids(path: Path) -> Any:
+    """The ``eos_token_id`` of the config :func:`load_architecture_and_weights` returns for ``path``
+    (read without the weights, so that the tokenizer can load beside them)."""
+    return _with_generation_config(path, json.loads((path / "config.json").read_text(encoding="utf-8"))
+                                   ).get("eos_token_id")
+
+
 def _read_config(path: Path) -> dict[str, Any]:
     text = (path / "config.json").read_text(encoding="utf-8")
     if "__float__" in text:  # mlx-lm's tag for a non-finite number
         raise _NeedsMlxLm
-    config = json.loads(text)
+    return _with_generation_config(path, json.loads(text))
+
+
+def _with_generation_config(path: Path, config: dict[str, Any]) -> dict[str, Any]:
     try:
         generation = json.loads((path / "generation_config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -127,13 +136,10 @@ def _load(path: Path, classes: ModelClasses | None, lazy: bool) -> tuple[Any, di
 
     config = _read_config(path)
     text_config = config.get("text_config")
-    if config.get("model_file") is not None or config.get("quantize_activations"):
-        raise _NeedsMlxLm
-    # mlx-lm reads a legacy quantization_config only when MLX's own "quantization" is absent;
-    # beside it, it is the copy MLX writers keep for transformers (mlx-community checkpoints,
-    # mlxrt's GGUF conversions: the embedded SmolLM2) and means nothing more.
-    if config.get("quantization") is None and (
-            "quantization_config" in config
+    # mlx-lm reads "quantization_config" only without "quantization" (a legacy format); MLX's own
+    # checkpoints (mlx_lm.convert, mlxrt's GGUF conversion) carry both, the same, for Hugging Face.
+    legacy = "quantization_config" in config and "quantization" not in config
+    if (config.get("model_file") is not None or config.get("quantize_activations") or legacy
             or (isinstance(text_config, dict) and "quantization_config" in text_config)
             or (path / "hf_quant_config.json").exists()):
         raise _NeedsMlxLm
@@ -181,3 +187,35 @@ def _quantize(model: Any, quantization: dict[str, Any], weights: dict[str, Any])
     predicate: Callable[[str, Any], Any] = stored_as
     nn.quantize(model, group_size=quantization["group_size"], bits=quantization["bits"],
                 mode="affine", class_predicate=predicate)
+
+
+def dequantize_model(model: Any) -> Any:
+    """Replace ``model``'s quantized linear, embedding and switch (mixture-of-experts) layers by
+    their dequantized plain layers, in place, as ``mlx_lm.utils.dequantize_model`` does (tested
+    equal), without importing that module. Other quantized layers are left as they are."""
+    import mlx.core as mx
+    import mlx.nn as nn
+    from mlx.utils import tree_unflatten
+    from mlx_lm.models.switch_layers import QuantizedSwitchLinear, SwitchLinear
+
+    plain: list[tuple[str, Any]] = []
+    for name, module in model.named_modules():
+        bias = "bias" in module
+        if isinstance(module, nn.QuantizedLinear):
+            cls, kwargs = nn.Linear, {"bias": bias}
+        elif isinstance(module, nn.QuantizedEmbedding):
+            cls, kwargs = nn.Embedding, {}
+        elif isinstance(module, QuantizedSwitchLinear):
+            cls, kwargs = SwitchLinear, {"bias": bias}
+        else:
+            continue
+        weight = mx.dequantize(module.weight, module.scales, module.biases, module.group_size, module.bits,
+                               module.mode)
+        layer = cls(*weight.shape[::-1], **kwargs)
+        if bias:
+            layer.bias = module.bias
+        layer.weight = weight
+        plain.append((name, layer))
+    if plain:
+        model.update_modules(tree_unflatten(plain))
+    return model

@@ -1,0 +1,328 @@
+"""The batch lane's token loop: requests decode together, one batched model call per step, and
+newcomers are prefilled between steps and merged into the running batch (continuous batching).
+
+mlx-lm's ``BatchGenerator`` does the same, and :class:`BatchSteps` keeps its interface where the
+lane reads it (``insert_segments``, ``insert``, ``next``, ``extract_cache``, ``remove``), but
+its module, ``mlx_lm.generate``, imports transformers (~1.2 s and ~40 MB of a server's start,
+docs/performance.md). This loop is built on mlx-lm's model modules and cache classes alone
+(``mlx_lm.models.cache``: each layer's ``merge`` into its batch class, ``extend``, ``filter``,
+``extract``), so batching costs a server nothing at start:
+
+* a newcomer's prompt is prefilled on its own cache as one sequence (no padding, no batch
+  masks), in chunks of ``prefill_step_size``: one chunk per :meth:`BatchSteps.next` for each of
+  up to ``prefill_batch_size`` newcomers, between the running rows' decode steps. A chunk never
+  crosses the end of a segment (the points the lane snapshots a cache at), and the prompt's
+  last token is left for the batch;
+* a prefilled row then joins the batch (its cache merged in) and the batch's next step feeds
+  its last prompt token beside the other rows' latest tokens;
+* a decode step feeds every row's pending token in one model call, runs each row's logits
+  processors on its own row (with its whole history), samples (one batched call when the rows
+  share mlx-lm's greedy sampler, otherwise each row's own sampler on its row) and queues the
+  next step before the tokens are handed out, as the serial loop does
+  (:mod:`mlxrt.engine.steps`). A row's cache always holds every token handed out.
+"""
+
+from __future__ import annotations
+
+import collections
+import copy
+import itertools
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import attrs
+
+from mlxrt.engine.steps import CLEAR_EVERY
+
+__all__ = ["BatchSteps", "Progress", "Response"]
+
+
+@attrs.define(eq=False)
+class Progress:
+    """A prefill chunk ran for row ``uid``: ``progress`` is (prompt tokens fed, to feed in all);
+    ``end_of_segment`` when the chunk ended one of the row's segments (its cache holds exactly
+    the tokens up to that point until the next :meth:`BatchSteps.next`)."""
+
+    uid: int
+    progress: tuple[int, int]
+    end_of_segment: bool
+
+
+@attrs.define(eq=False)
+class Response:
+    """One generated token of row ``uid``, the log-probabilities it was drawn from, and, on the
+    row's last token, why it ended (``"stop"``: a stop token; ``"length"``: its max_tokens),
+    its cache and the token ids that cache holds."""
+
+    uid: int
+    token: int
+    logprobs: Any
+    finish_reason: str | None = None
+    prompt_cache: list[Any] | None = None
+    all_tokens: list[int] | None = None
+
+
+@attrs.define(eq=False)
+class _Seq:
+    uid: int
+    segments: list[list[int]]  # prompt tokens still to feed, by segment; the last is one token
+    max_tokens: int
+    cache: list[Any] | None  # its own while it waits or prefills; the batch holds it afterwards
+    tokens: list[int]  # the ids its cache holds
+    sampler: Callable[[Any], Any]
+    processors: tuple[Callable[[Any, Any], Any], ...]
+    total: int  # prompt tokens to feed in all
+    fed: int = 0
+    made: int = 0
+    context: Any = None  # mlx-lm's TokenBuffer of its history, when it has logits processors
+
+    @property
+    def ready(self) -> bool:
+        """Prefilled: only the prompt's last token is left, for the batch to feed."""
+        return len(self.segments) == 1 and len(self.segments[0]) == 1
+
+
+class BatchSteps:
+    """Up to ``completion_batch_size`` sequences decoding together (see the module docstring).
+
+    :param model: The model (any callable taking ``(inputs, cache=...)`` as mlx-lm's models do).
+    :param completion_batch_size: Rows at most, prefilling and decoding together.
+    :param prefill_batch_size: Newcomers prefilled at a time.
+    :param prefill_step_size: Prompt tokens per prefill chunk.
+    :param stop_tokens: Token ids that end a row (its end-of-sequence ids).
+    :param stream: The MLX stream every step runs on.
+    """
+
+    def __init__(self, model: Any, *, completion_batch_size: int, prefill_batch_size: int,
+                 prefill_step_size: int = 2048, stop_tokens: Iterable[int] = (), stream: Any = None) -> None:
+        self.model = model
+        self.size = max(completion_batch_size, 1)
+        self.prefill_batch_size = max(min(prefill_batch_size, self.size), 1)
+        self.prefill_step_size = max(prefill_step_size, 1)
+        self.stop = frozenset(stop_tokens)
+        self._stream = stream
+        self._uids = itertools.count()
+        self._waiting: collections.deque[_Seq] = collections.deque()
+        self._prefilling: list[_Seq] = []
+        self._rows: list[_Seq] = []  # decoding, in the batch's row order
+        self._cache: list[Any] = []  # the batch's caches, one merged entry per layer
+        self._inputs: Any = None  # the token each row feeds next, shape (rows,)
+        self._drawn_from: list[Any] = []  # per row: the log-probs its next token came from (None: a prompt token)
+        self._steps = 0
+
+    def __len__(self) -> int:
+        return len(self._waiting) + len(self._prefilling) + len(self._rows)
+
+    def insert(self, prompts: Sequence[Sequence[int]], **options: Any) -> list[int]:
+        """:meth:`insert_segments` with one segment per prompt."""
+        return self.insert_segments([[p] for p in prompts], **options)
+
+    def insert_segments(self, segments: Sequence[Sequence[Sequence[int]]], max_tokens: Sequence[int],
+                        caches: Sequence[list[Any] | None] | None = None,
+                        all_tokens: Sequence[Sequence[int]] | None = None,
+                        samplers: Sequence[Callable[[Any], Any] | None] | None = None,
+                        logits_processors: Sequence[Sequence[Callable[[Any, Any], Any]]] | None = None) -> list[int]:
+        """Queue sequences; their uids, in order.
+
+        :param segments: Per sequence, its prompt (after what its cache holds) cut into pieces;
+            prefill chunks stop at each piece's end (:class:`Progress` ``end_of_segment``).
+        :param max_tokens: Per sequence, tokens to generate at most (> 0).
+        :param caches: Per sequence, the cache to continue (``None``: a fresh one).
+        :param all_tokens: Per sequence, the ids that cache already holds.
+        :param samplers: Per sequence, log-probs → token (``None``: greedy).
+        :param logits_processors: Per sequence, ``(history, logits) -> logits`` callables.
+        """
+        from mlx_lm.models.cache import make_prompt_cache
+        from mlx_lm.sample_utils import greedy_sampler
+
+        n = len(segments)
+        caches = caches if caches is not None else [None] * n
+        all_tokens = all_tokens if all_tokens is not None else [[] for _ in range(n)]
+        samplers = samplers if samplers is not None else [None] * n
+        logits_processors = logits_processors if logits_processors is not None else [()] * n
+        for name, values in (("max_tokens", max_tokens), ("caches", caches), ("all_tokens", all_tokens),
+                             ("samplers", samplers), ("logits_processors", logits_processors)):
+            if len(values) != n:
+                raise ValueError(f"{name} must have one entry per sequence: expected {n}, got {len(values)}")
+        made: list[_Seq] = []
+        for pieces, most, cache, held, sampler, processors in zip(
+                segments, max_tokens, caches, all_tokens, samplers, logits_processors, strict=True):
+            pieces = [list(piece) for piece in pieces if len(piece)]
+            if not pieces:
+                raise ValueError("a sequence needs at least one prompt token")
+            if most <= 0:
+                raise ValueError("max_tokens must be > 0")
+            if len(pieces[-1]) > 1:  # the last token is fed by the batch: a segment of its own
+                pieces.append([pieces[-1].pop()])
+            made.append(_Seq(
+                uid=next(self._uids), segments=pieces, max_tokens=most,
+                cache=cache if cache is not None else make_prompt_cache(self.model), tokens=list(held),
+                sampler=sampler or greedy_sampler, processors=tuple(processors or ()),
+                total=sum(len(piece) for piece in pieces)))
+        self._waiting.extend(made)
+        return [seq.uid for seq in made]
+
+    def next(self) -> tuple[list[Progress], list[Response]]:
+        """One round: newcomers are admitted, prefilled rows join the batch, one decode step for
+        the batch, then one prefill chunk for each newcomer. The chunks' progress and the step's
+        tokens."""
+        import mlx.core as mx
+
+        with mx.stream(self._stream):
+            room = min(self.prefill_batch_size - len(self._prefilling),
+                       self.size - len(self._rows) - len(self._prefilling))
+            while room > 0 and self._waiting:
+                self._prefilling.append(self._waiting.popleft())
+                room -= 1
+            # rows with only their last prompt token left (a row handed over by the serial lane is
+            # one from the start) join before this round's step, which feeds that token
+            ready = [seq for seq in self._prefilling if seq.ready]
+            if ready:
+                self._join(ready)
+            responses = self._step() if self._rows else []
+            progress = [self._prefill(seq) for seq in self._prefilling]
+            return progress, responses
+
+    def extract_cache(self, uids: Iterable[int]) -> dict[int, tuple[list[Any], list[int]]]:
+        """Copies of the caches of ``uids`` and the token ids each holds (rows still queued or
+        prefilling included); the rows go on."""
+        wanted = set(uids)
+        found = {}
+        for at, seq in enumerate(self._rows):
+            if seq.uid in wanted:
+                found[seq.uid] = ([layer.extract(at) for layer in self._cache], list(seq.tokens))
+        for seq in itertools.chain(self._prefilling, self._waiting):
+            if seq.uid in wanted:
+                found[seq.uid] = (copy.deepcopy(seq.cache), list(seq.tokens))
+        return found
+
+    def remove(self, uids: Iterable[int], return_prompt_caches: bool = False) -> dict[int, tuple[list[Any], list[int]]]:
+        """Drop ``uids`` wherever they are; with ``return_prompt_caches`` their caches and the
+        token ids each holds."""
+        wanted = set(uids)
+        caches: dict[int, tuple[list[Any], list[int]]] = {}
+        for seq in itertools.chain(self._prefilling, self._waiting):
+            if seq.uid in wanted:
+                caches[seq.uid] = (seq.cache, seq.tokens)
+        self._prefilling = [seq for seq in self._prefilling if seq.uid not in wanted]
+        self._waiting = collections.deque(seq for seq in self._waiting if seq.uid not in wanted)
+        gone = [at for at, seq in enumerate(self._rows) if seq.uid in wanted]
+        if gone:
+            if return_prompt_caches:
+                for at in gone:
+                    caches[self._rows[at].uid] = ([layer.extract(at) for layer in self._cache],
+                                                  self._rows[at].tokens)
+            self._keep([at for at in range(len(self._rows)) if at not in set(gone)])
+        return caches if return_prompt_caches else {}
+
+    def close(self) -> None:
+        """Let the queued step finish (nothing else is held)."""
+        import mlx.core as mx
+
+        if self._stream is not None:
+            mx.synchronize(self._stream)
+
+    # -- the loop's parts ------------------------------------------------------------------------
+
+    def _prefill(self, seq: _Seq) -> Progress:
+        """Run the next chunk of ``seq``'s current segment into its own cache."""
+        import mlx.core as mx
+
+        segment = seq.segments[0]
+        chunk, rest = segment[:self.prefill_step_size], segment[self.prefill_step_size:]
+        self.model(mx.array(chunk)[None], cache=seq.cache)
+        mx.eval([layer.state for layer in seq.cache])
+        if seq.total > self.prefill_step_size:  # a long prompt: bound its memory, as the serial loop does
+            mx.clear_cache()
+        seq.tokens.extend(chunk)
+        seq.fed += len(chunk)
+        if rest:
+            seq.segments[0] = rest
+        else:
+            seq.segments.pop(0)
+        return Progress(seq.uid, (seq.fed, seq.total), end_of_segment=not rest)
+
+    def _join(self, seqs: list[_Seq]) -> None:
+        """Merge prefilled rows into the batch; its next step feeds their last prompt tokens."""
+        import mlx.core as mx
+        from mlx_lm.models.cache import TokenBuffer
+
+        merged = [layer.merge([seq.cache[i] for seq in seqs]) for i, layer in enumerate(seqs[0].cache)]
+        last = mx.array([seq.segments[0][0] for seq in seqs])
+        for seq in seqs:
+            self._prefilling.remove(seq)
+            seq.segments, seq.cache = [], None
+            seq.fed = seq.total
+            if seq.processors:
+                seq.context = TokenBuffer(seq.tokens)
+        if self._rows:
+            for layer, other in zip(self._cache, merged, strict=True):
+                layer.extend(other)
+            self._inputs = mx.concatenate([self._inputs, last.astype(self._inputs.dtype)])
+        else:
+            self._cache, self._inputs = merged, last
+        self._drawn_from += [None] * len(seqs)
+        self._rows += seqs
+
+    def _step(self) -> list[Response]:
+        """Feed every row's pending token, queue the next draw, hand out the fed tokens."""
+        import mlx.core as mx
+
+        inputs, drawn_from = self._inputs, self._drawn_from
+        logits = self.model(inputs[:, None], cache=self._cache)[:, -1, :]
+        contexts = []
+        if any(seq.processors for seq in self._rows):
+            processed = []
+            for at, seq in enumerate(self._rows):
+                row = logits[at:at + 1]
+                if seq.processors:
+                    history = seq.context.update_and_fetch(inputs[at:at + 1])
+                    contexts.append(history)
+                    for processor in seq.processors:
+                        row = processor(history, row)
+                processed.append(row)
+            logits = mx.concatenate(processed, axis=0)
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        samplers = [seq.sampler for seq in self._rows]
+        if all(sampler is samplers[0] for sampler in samplers):
+            drawn = samplers[0](logprobs)
+        else:
+            drawn = mx.concatenate([sampler(logprobs[at:at + 1]) for at, sampler in enumerate(samplers)], axis=0)
+        self._inputs, self._drawn_from = drawn, list(logprobs)
+        mx.async_eval(drawn, self._drawn_from, contexts)
+        # the tokens just fed were drawn by the previous step (or are prompt tokens): hand them out
+        mx.eval(inputs, [lp for lp in drawn_from if lp is not None])
+        self._steps += 1
+        if self._steps % CLEAR_EVERY == 0:
+            mx.clear_cache()
+        responses: list[Response] = []
+        keep: list[int] = []
+        for at, (seq, token, lp) in enumerate(zip(self._rows, inputs.tolist(), drawn_from, strict=True)):
+            seq.tokens.append(token)
+            if lp is None:  # the row's last prompt token: fed, not generated
+                keep.append(at)
+                continue
+            seq.made += 1
+            reason = "stop" if token in self.stop else "length" if seq.made >= seq.max_tokens else None
+            if reason is None:
+                keep.append(at)
+                responses.append(Response(seq.uid, token, lp))
+            else:
+                responses.append(Response(seq.uid, token, lp, reason, [layer.extract(at) for layer in self._cache],
+                                          seq.tokens))
+        if len(keep) < len(self._rows):
+            self._keep(keep)
+        return responses
+
+    def _keep(self, keep: list[int]) -> None:
+        """Only the rows at ``keep`` go on."""
+        import mlx.core as mx
+
+        if not keep:
+            self._rows, self._cache, self._inputs, self._drawn_from = [], [], None, []
+            return
+        for layer in self._cache:
+            layer.filter(keep)
+        self._rows = [self._rows[at] for at in keep]
+        self._inputs = self._inputs[mx.array(keep)]
+        self._drawn_from = [self._drawn_from[at] for at in keep]
