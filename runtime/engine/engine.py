@@ -203,6 +203,12 @@ class Engine:
         ready: Future[None] = Future()
         # A pooled thread (mlxrt.engine.workers): a thread per load leaked MLX's native threads.
         worker = workers.take()
+        # A worker still running when the interpreter exits makes MLX abort the process
+        # (status 134): stop every engine first, then end the workers, then let the main
+        # thread clean up too (one handler, registered once, however many engines ran) —
+        # registered before the load, so a load that fails (and exits) ends its worker too.
+        atexit.unregister(_at_exit)
+        atexit.register(_at_exit)
         self._thread, self._finished = worker.thread, threading.Event()
         worker.submit(lambda stream: self._run(info, ready, stream))
         try:
@@ -211,12 +217,7 @@ class Engine:
             self._finished.wait(timeout=5)
             self._thread = None
             raise
-        # A worker still running when the interpreter exits makes MLX abort the process
-        # (status 134): stop every engine first, then end the workers, then let the main
-        # thread clean up too (one handler, registered once, however many engines ran).
         _LIVE.add(self)
-        atexit.unregister(_at_exit)
-        atexit.register(_at_exit)
 
     def stop(self) -> None:
         """Stop the engine (between decode steps) and wait for it; its worker thread goes back
