@@ -54,9 +54,10 @@ class ResponseAssembler:
     def finish(self, event: FinishEvent) -> tuple[Delta, FinishReason]:
         """Flush held text (``event.text`` first); return the last delta and the finish reason.
 
-        A generation cut by ``max_tokens`` or a stop string inside a tool call keeps its own
-        reason (``length``/``stop``), never ``tool_calls``: the unfinished call is dropped
-        (:meth:`mlxrt.text.tool_calls.ToolRouter.finish`); calls closed before it are kept.
+        A generation cut by ``max_tokens`` or a stop string inside a tool call finishes with
+        ``length`` (Anthropic ``max_tokens``, Responses ``incomplete``), never ``tool_calls`` or
+        ``stop``: the turn did not end where the model meant it to, and the unfinished call is
+        dropped (:meth:`mlxrt.text.tool_calls.ToolRouter.finish`); calls closed before it are kept.
         """
         cut = event.finish_reason == FinishReason.LENGTH or event.stop_sequence is not None
         r1, c1 = self._split.feed(event.text) if event.text else ("", "")
@@ -66,7 +67,10 @@ class ResponseAssembler:
         self.tool_calls, self.warning = routed.calls, routed.warning
         self.dropped_partial_call = routed.dropped
         delta = self._record(Delta(content=content + routed.content, reasoning=r1 + r2))
-        reason = FinishReason.TOOL_CALLS if self.tool_calls and not routed.dropped else event.finish_reason
+        if routed.dropped:
+            reason = FinishReason.LENGTH
+        else:
+            reason = FinishReason.TOOL_CALLS if self.tool_calls else event.finish_reason
         if self._on_finish is not None:
             self._on_finish(self, reason)
         return delta, reason

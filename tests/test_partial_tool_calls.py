@@ -187,6 +187,8 @@ def test_calls_closed_before_the_cut_are_kept(clients):
 
 
 def test_a_stop_string_inside_a_call_is_no_call(clients):
+    """A stop string that ends the turn inside a call: no call, no markup, and ``length`` (the
+    turn did not end where the model meant it to), as for ``max_tokens`` (issue 32)."""
     client, _path = clients("qwen3")
     script = FAMILIES["qwen3"][3]
     oai = openai_client(client)
@@ -196,8 +198,8 @@ def test_a_stop_string_inside_a_call_is_no_call(clients):
         if stream:
             chunks = list(out)
             assert not any(c.choices[0].delta.tool_calls for c in chunks)
-            assert [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason] == ["stop"]
+            assert [c.choices[0].finish_reason for c in chunks if c.choices[0].finish_reason] == ["length"]
             no_markup("".join(c.choices[0].delta.content or "" for c in chunks))
         else:
-            assert out.choices[0].finish_reason == "stop" and not out.choices[0].message.tool_calls
+            assert out.choices[0].finish_reason == "length" and not out.choices[0].message.tool_calls
             no_markup(out.choices[0].message.content)
