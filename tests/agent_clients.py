@@ -155,9 +155,9 @@ class AgentServer:
         from mlxrt.host import make_host
 
         self.host = make_host(extra=[("agent-script", script)])
-        # model_fallback: the clients send their own model names (claude-…, gpt-…).
-        app = build_server(self.host, str(model), {"host": "127.0.0.1", "port": 0, "model_fallback": True,
-                                                   **(options or {})})
+        # Default flags: the clients send their own model names (claude-…, gpt-…), which a
+        # loopback server answers with the served model (docs/dialects.md, model names).
+        app = build_server(self.host, str(model), {"host": "127.0.0.1", "port": 0, **(options or {})})
         self.recorder = Recorder(app)
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"

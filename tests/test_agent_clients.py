@@ -174,41 +174,20 @@ def run(request, model, tmp_path_factory) -> Run:
 
 # --- What every client run must show -------------------------------------------------------
 
-#: Runs with a known failure until another branch lands: run → (what fails, why).
-DIALECTS = "until branch 'dialects' lands (issue 30 item 2)"
-KNOWN = {
-    "claude-code-2.1.197": ("loop", "Claude Code 2.1.197 sends role 'system' entries inside messages; its first "
-                                    f"request is a 400 and it stops, {DIALECTS}"),
-    "claude-code-2.1.332": ("refusal", "Claude Code 2.1.332 sends role 'system' entries inside messages; the first "
-                                       f"request is a 400 and it retries without them, {DIALECTS}"),
-}
-
-
-def known(run: Run, request, what: str) -> None:
-    """Mark this test xfail (not strict) where the run has a known failure of this kind."""
-    kind, reason = KNOWN.get(run.name, (None, ""))
-    if kind == "loop" or kind == what:
-        request.applymarker(pytest.mark.xfail(strict=False, reason=reason))
-
-
-def test_the_tool_ran(run, request):
-    known(run, request, "loop")
+def test_the_tool_ran(run):
     assert run.made.exists(), run.log
 
 
-def test_its_result_came_back_and_the_client_finished(run, request):
-    known(run, request, "loop")
+def test_its_result_came_back_and_the_client_finished(run):
     run.turns()
     assert run.out.returncode == 0 and "All done." in run.out.stdout, run.log
 
 
-def test_turn_two_hit_the_prompt_cache(run, request):
-    known(run, request, "loop")
+def test_turn_two_hit_the_prompt_cache(run):
     first, second = run.turns()
     turn1, turn2 = cache_of(first), cache_of(second)
     assert turn2["state"] in ("hit", "partial") and turn2["cached"] >= turn1["prompt"] * 9 // 10, (turn1, turn2)
 
 
-def test_no_request_was_refused(run, request):
-    known(run, request, "refusal")
+def test_no_request_was_refused(run):
     assert not run.errors(), "\n".join(run.errors())
