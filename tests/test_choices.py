@@ -97,12 +97,12 @@ def test_completions_choices(qwen3_client):
 def test_n_beyond_admission_is_a_400(tiny_models, serve_app):
     client = serve_app(tiny_models("qwen3"), options={"max_queue": 2})
     for path, body in (("/v1/chat/completions", {"messages": MSG}), ("/v1/completions", {"prompt": "hi"})):
-        resp = client.post(path, json={**body, "n": 4, "max_tokens": 2})
+        resp = client.post(path, json={**body, "n": 11, "max_tokens": 2})
         assert resp.status_code == 400, resp.text
         assert resp.json()["error"]["message"] == \
-            "n must be at most 3: this server admits 3 requests at once (--batch 1 + --max-queue 2)"
+            "n must be at most 10: this server admits 10 requests at once (--batch 8 + --max-queue 2)"
         assert resp.json()["error"]["param"] == "n"
-        assert client.post(path, json={**body, "n": 3, "max_tokens": 2}).status_code == 200
+        assert client.post(path, json={**body, "n": 10, "max_tokens": 2}).status_code == 200
 
 
 def test_choices_share_the_memory_budget():

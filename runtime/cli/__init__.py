@@ -96,6 +96,13 @@ def _model_report(host: PluginHost, model: str) -> dict[str, Any]:
             "self_test": dict(profile.self_test)}
 
 
+def _defaulted(name: str) -> bool:
+    """Whether the running command's option ``name`` kept its default (not given by the user)."""
+    ctx = click.get_current_context(silent=True)
+    source = ctx.get_parameter_source(name) if ctx is not None else None
+    return source in (None, click.core.ParameterSource.DEFAULT, click.core.ParameterSource.DEFAULT_MAP)
+
+
 def _serve(host: PluginHost, model: str | None, opts: dict[str, Any]) -> None:
     from mlxrt.errors import ModelLoadError, PluginError
 
@@ -110,6 +117,8 @@ def _serve(host: PluginHost, model: str | None, opts: dict[str, Any]) -> None:
     if opts.get("distributed"):
         from mlxrt.distributed.serving import start
 
+        if _defaulted("batch"):
+            opts["batch"] = 1  # the distributed engine runs one request at a time (the default batches)
         try:
             start(host, model, opts)  # ranks other than 0 run their shard there and exit
         except ValueError as exc:
