@@ -359,10 +359,7 @@ async def serve_chat(request: Request, dialect: Dialect) -> Response:
     # Admission errors (queue full, a failing sampler hook) surface here, as the status.
     gen, report = await start_generation(request, engine, generation)
     async with closing_on_error(gen):  # until a stream owns it
-        headers = response_headers(turn.headers, report)
-        if turn.options.tools and engine.profile.tool_parser is None:
-            # The template rendered the tools but nothing can read calls back: say so.
-            headers[IGNORED_HEADER] = ", ".join(filter(None, [headers.get(IGNORED_HEADER), "tools"]))
+        headers = _chat_headers(turn, engine, report)
         if turn.stream:
             frames = dialect.stream(gen, assembler, id=generation.request_id, model=model, created=created,
                                     report=report, turn=turn)
@@ -371,6 +368,16 @@ async def serve_chat(request: Request, dialect: Dialect) -> Response:
     answer = _answer(assembler, finish, logprobs, turn=turn, generation=generation, model=model, created=created,
                      headers=headers)
     return Response(content=dialect.body(answer), status_code=200, headers=headers)
+
+
+def _chat_headers(turn: Turn, engine: Any, report: Any) -> dict[str, str]:
+    """A chat answer's headers (one choice or several): the dialect's and the admission
+    report's, and ``tools`` in ``x-mlxrt-ignored`` when the template rendered the tools but
+    nothing can read calls back."""
+    headers = response_headers(turn.headers, report)
+    if turn.options.tools and engine.profile.tool_parser is None:
+        headers[IGNORED_HEADER] = ", ".join(filter(None, [headers.get(IGNORED_HEADER), "tools"]))
+    return headers
 
 
 def _answer(assembler: ResponseAssembler, finish: FinishEvent, logprobs: list[TokenEvent], *, turn: Turn,
@@ -401,7 +408,7 @@ async def _serve_choices(request: Request, dialect: Any, turn: Turn, rendered: R
                   for i, g in enumerate(generations)]
     model = host.engine.info.model_id
     gens, report = await start_choices(request, host.engine, generations)
-    headers = response_headers(turn.headers, report)
+    headers = _chat_headers(turn, host.engine, report)
     if turn.stream:
         frames = stream_choices(gens, assemblers, id=generation.request_id, model=model, created=created,
                                 report=report, turn=turn)
