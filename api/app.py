@@ -21,8 +21,8 @@ from litestar.router import Router
 
 import mlxrt
 from mlxrt.api.errors import exception_handlers
+from mlxrt.blas import current as current_blas
 from mlxrt.compat import lean_litestar
-from mlxrt.engine.blas import current as current_blas
 from mlxrt.engine.qmv import status as qmv_status
 from mlxrt.errors import PluginError
 
@@ -243,7 +243,7 @@ def create_app(host: Any, *, cors_origins: list[str] | None = None, debug: bool 
     # Outside routing, so unmatched paths and CORS preflights get an id and are counted too.
     app.asgi_handler = observe(app.asgi_handler, http_metrics)
     if host.models is not None:  # a request holds its model until its response is sent
-        from mlxrt.engine.model_pool import releasing_leases
+        from mlxrt.model_pool import releasing_leases
 
         app.asgi_handler = releasing_leases(app.asgi_handler)
         app.on_startup.append(host.models.open)

@@ -1,7 +1,7 @@
 """The host that serves a request's ``model``: what a dialect route asks before it renders.
 
 Routes call :func:`host_for` with the body's ``model``; the returned host's ``engine`` is that
-model's (loaded on demand by :class:`mlxrt.engine.model_pool.ModelPool`), and every hook the route
+model's (loaded on demand by :class:`mlxrt.model_pool.ModelPool`), and every hook the route
 runs with it sees that engine. Typed errors (404 ``model_not_found``, 503, 429) render in the
 route's dialect.
 """

@@ -47,7 +47,7 @@ def main() -> None:
         serve_decode(args)
         return
 
-    from mlxrt.engine import blas
+    from mlxrt import blas
 
     status = blas.activate()
     import mlx.core as mx

@@ -580,7 +580,7 @@ CONFIG_PLANS = {"tiny": ConfigPlan(128, 8, 16, 32), "smollm2": ConfigPlan(48, 4,
 
 def mlxrt_configs() -> list[tuple[str, dict[str, str], list[str]]]:
     """(label, environment, extra args) of each mlxrt configuration present on this machine."""
-    from mlxrt.engine import blas
+    from mlxrt import blas
     batch = ["--batch", str(BATCH)]
     configs = [("mlxrt (defaults)", {}, batch), ("mlxrt --batch 1", {}, ["--batch", "1"])]
     if blas.find_mkl() is not None:

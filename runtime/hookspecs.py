@@ -34,7 +34,7 @@ Rules every hook follows:
   plugin and the hook. At load time it fails the load with that message; per request it
   fails only that request.
 * **Several models** (``--max-models``, ``--model-alias``): the ``host`` a family or request
-  hook receives is that model's view of the host (:class:`mlxrt.engine.model_pool.ModelHost`):
+  hook receives is that model's view of the host (:class:`mlxrt.model_pool.ModelHost`):
   ``host.engine`` is the engine of the model being loaded or asked; everything else, plugin
   state included, is the shared host's (key model-specific caches by ``host.engine``).
 """

@@ -64,7 +64,7 @@ class PluginHost:
     :ivar engine: The running engine once the server started, else ``None`` (with several
         models: the served model's while resident, else the latest loaded; requests get theirs
         from ``models``).
-    :ivar models: The :class:`mlxrt.engine.model_pool.ModelPool` once the server started.
+    :ivar models: The :class:`mlxrt.model_pool.ModelPool` once the server started.
     :ivar route_conflicts: Routes skipped because another plugin claimed them first.
     :ivar field_claims: Request fields claimed by plugins, per dialect (see ``mlxrt_request_fields``).
     :ivar plugin_states: What plugins keep for the host's lifetime (see :meth:`plugin_state`).

@@ -352,8 +352,8 @@ def _choose_dtype(loaded: LoadedModel, info: ModelInfo, host: PluginHost, *, laz
     import mlx.core as mx
     import mlx.nn as nn
 
+    from mlxrt.blas import current
     from mlxrt.engine import qmv
-    from mlxrt.engine.blas import current
     from mlxrt.engine.memory import parse_size
     from mlxrt.sources.dtype_choice import blas_name, choose_dtype
 

@@ -8,7 +8,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 
-from mlxrt.engine import blas
+from mlxrt import blas
 from mlxrt.records import ModelInfo
 from mlxrt.sources.dtype_choice import choose_dtype, float32_bytes, stored_dtype
 from mlxrt.testing import write_tiny_checkpoint

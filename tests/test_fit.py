@@ -10,7 +10,7 @@ import subprocess
 import pytest
 from support import MLXRT_BIN
 
-from mlxrt.engine import blas
+from mlxrt import blas
 from mlxrt.engine.memory import MARGIN, plan_memory
 from mlxrt.sources.dtype_choice import Machine
 from mlxrt.sources.fit import assess, read_safetensors_header, static_kv, weights_summary

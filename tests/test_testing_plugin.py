@@ -1,4 +1,4 @@
-"""mlxrt's pytest plugin for plugin authors (mlxrt.pytest_plugin) and the family conformance
+"""mlxrt's pytest plugin for plugin authors (mlxrt.testing.pytest_plugin) and the family conformance
 runner (mlxrt.testing.check_family). The example plugin's own tests, which use both, run in
 tests/test_plugin_path.py."""
 
@@ -15,9 +15,9 @@ from mlxrt.testing import check_family
 def test_the_pytest_plugin_is_registered_and_imports_nothing_heavy():
     import importlib.metadata as md
 
-    (ep,) = [ep for ep in md.entry_points(group="pytest11") if ep.value == "mlxrt.pytest_plugin"]
+    (ep,) = [ep for ep in md.entry_points(group="pytest11") if ep.value == "mlxrt.testing.pytest_plugin"]
     # (``import mlxrt`` registers mlx-lm's package without running it: mlxrt.compat.lean_mlx_lm)
-    code = ("import sys, mlxrt.pytest_plugin as p; "
+    code = ("import sys, mlxrt.testing.pytest_plugin as p; "
             "print(sorted(m for m in ('mlx', 'mlx.core', 'mlx_lm.models', 'mlx_lm.generate', 'transformers',"
             " 'litestar', 'numpy') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)

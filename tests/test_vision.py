@@ -126,7 +126,7 @@ def test_tower_matches_transformers_live(adapter):
     from transformers import Gemma4ForConditionalGeneration
     from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
 
-    from mlxrt._tiny_gemma4_vision import IMAGE_PROCESSOR
+    from mlxrt.testing._tiny_gemma4_vision import IMAGE_PROCESSOR
 
     ad, _model, info = adapter
     ref = Gemma4ForConditionalGeneration.from_pretrained(str(info.path), dtype=torch.float32).eval()

@@ -16,7 +16,7 @@ import anyio
 from litestar import Request, get
 from litestar.params import Parameter
 
-from mlxrt.engine import blas
+from mlxrt import blas
 from mlxrt.errors import InvalidRequest, ModelLoadError, NotFound
 from mlxrt.sources.dtype_choice import DTYPES, machine_facts
 from mlxrt.sources.fit import DEFAULT_CONTEXT, FitReport, assess

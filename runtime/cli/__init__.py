@@ -30,7 +30,7 @@ log = logging.getLogger("mlxrt")
 
 
 
-#: Read from argv by mlxrt.engine.blas.activate before click parses (the BLAS must load before
+#: Read from argv by mlxrt.blas.activate before click parses (the BLAS must load before
 #: mlx.core is imported); declared so click accepts it before or after the command name.
 _NO_SYSTEM_BLAS = click.option(
     "--no-system-blas", is_flag=True, expose_value=False,
@@ -57,7 +57,7 @@ def _version_text() -> str:
             parts.append(f"{dist} {version(dist)}")
         except PackageNotFoundError:
             parts.append(f"{dist} (not installed)")
-    from mlxrt.engine.blas import current
+    from mlxrt.blas import current
 
     parts.append(f"BLAS: {current()}")
     from mlxrt.engine import qmv
@@ -129,7 +129,7 @@ def _serve(host: PluginHost, model: str | None, opts: dict[str, Any]) -> None:
         raise click.ClickException(exc.message) from exc
     import uvicorn
 
-    from mlxrt.engine.blas import current as current_blas
+    from mlxrt.blas import current as current_blas
     from mlxrt.engine.qmv import status as qmv_status
 
     engine = host.engine
@@ -276,10 +276,10 @@ def build_server(host: PluginHost, model: str | None, opts: dict[str, Any]) -> A
 
 def _model_pool(host: PluginHost, model: str | None, source: Any, opts: dict[str, Any], start_engine: Any) -> Any:
     """The models this server may answer with (``--max-models``, ``--model-alias``,
-    ``--preload``, ``--strict-model``, ``--idle-unload``); see :mod:`mlxrt.engine.model_pool`."""
+    ``--preload``, ``--strict-model``, ``--idle-unload``); see :mod:`mlxrt.model_pool`."""
     from mlxrt.engine.config import EngineConfig
-    from mlxrt.engine.model_pool import ModelPool, PoolSettings
     from mlxrt.loading import resolve_model
+    from mlxrt.model_pool import ModelPool, PoolSettings
 
     specs = {model: str(source.path)} if model else {}
     aliases = {}
@@ -555,7 +555,7 @@ class _NoPyTorchNotice(logging.Filter):
 
 def main(argv: Sequence[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
-    from mlxrt.engine.blas import activate
+    from mlxrt.blas import activate
 
     activate(argv)  # before any plugin or command can import mlx.core
     # mlxrt never runs PyTorch: transformers' notice that it is missing (printed when a batch lane,

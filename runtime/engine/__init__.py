@@ -2,6 +2,6 @@
 
 The worker (:mod:`mlxrt.engine.engine`), its serial and batch lanes, the denoising lane,
 speculative decoding, quantized KV caches, the memory contract and admission, the sampler chain,
-LoRA adapters, image splicing, embeddings, the BLAS of MLX's CPU backend, and the pool of
-engines one process serves.
+LoRA adapters, image splicing and embeddings. The pool of engines one process serves is
+:mod:`mlxrt.model_pool` (the server's model router); the BLAS loader is :mod:`mlxrt.blas`.
 """

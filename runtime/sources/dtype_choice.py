@@ -4,7 +4,7 @@
 of these hold, and keeps the stored dtype otherwise:
 
 * MLX runs on the CPU (on Metal/CUDA the stored dtype is what the GPU kernels are fast at);
-* a fast BLAS is active (:mod:`mlxrt.engine.blas`: the system OpenBLAS or MKL). Only float32 matmuls
+* a fast BLAS is active (:mod:`mlxrt.blas`: the system OpenBLAS or MKL). Only float32 matmuls
   go through BLAS; on the bundled reference BLAS float32 is no faster than the stored dtype;
 * the float32 weights plus the float32 KV cache of one request at the default context
   (:data:`mlxrt.sources.fit.DEFAULT_CONTEXT` tokens, capped at the model's context window) fit in the
@@ -38,7 +38,7 @@ import attrs
 from mlxrt.records import ModelInfo
 
 if TYPE_CHECKING:
-    from mlxrt.engine.blas import BlasStatus
+    from mlxrt.blas import BlasStatus
 
 __all__ = ["DtypeChoice", "DtypeFacts", "Machine", "Timing", "time_paths", "decide", "choose_dtype", "static_facts", "machine_facts",
            "blas_name", "stored_dtype", "float32_bytes", "DTYPES", "CAST_BYTES"]
@@ -306,10 +306,10 @@ def static_facts(config: Any, summary: Any, window: int | None) -> DtypeFacts:
 
 def machine_facts(blas: BlasStatus | None = None) -> Machine:
     """This process's device and ``blas`` (default: the BLAS an ``mlxrt`` command would run on,
-    :func:`mlxrt.engine.blas.expected`; a running server passes its own, ``current()``)."""
+    :func:`mlxrt.blas.expected`; a running server passes its own, ``current()``)."""
     import mlx.core as mx
 
-    from mlxrt.engine.blas import expected
+    from mlxrt.blas import expected
 
     blas = blas if blas is not None else expected()
     return Machine(on_cpu=mx.default_device() == mx.cpu, blas_fast=blas.fast, blas_name=blas_name(blas.kind))

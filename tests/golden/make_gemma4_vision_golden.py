@@ -38,7 +38,7 @@ def reference(model_dir: Path, bidir_dir: Path) -> dict[str, np.ndarray]:
     from transformers import Gemma4ForConditionalGeneration
     from transformers.models.gemma4.image_processing_pil_gemma4 import Gemma4ImageProcessorPil
 
-    from mlxrt._tiny_gemma4_vision import IMAGE_PROCESSOR
+    from mlxrt.testing._tiny_gemma4_vision import IMAGE_PROCESSOR
 
     torch.manual_seed(0)
     model = Gemma4ForConditionalGeneration.from_pretrained(str(model_dir), dtype=torch.float32).eval()

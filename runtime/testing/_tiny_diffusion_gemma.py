@@ -123,7 +123,7 @@ def write_diffusion_gemma(out: Path, *, seed: int = 0, dtype: str = "float32", v
     ``config_overrides`` merges into config.json (put text fields under ``text_config``);
     ``generation_config`` keys in it go to generation_config.json instead.
     """
-    from mlxrt._checkpoint_files import (
+    from mlxrt.testing._checkpoint_files import (
         Weights,
         merge,
         save_safetensors,

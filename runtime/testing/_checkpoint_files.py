@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mlxrt._tokenizer_factory import generated_tokenizer
+from mlxrt.testing._tokenizer_factory import generated_tokenizer
 
 __all__ = ["DTYPES", "Weights", "merge", "bf16_bits", "save_safetensors", "write_json",
            "write_generated_tokenizer"]

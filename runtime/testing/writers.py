@@ -20,7 +20,7 @@ byte-identical files. They are scaled so the random model is context-sensitive
 (different prompts give different greedy outputs). Embedding rows past the
 tokenizer (the padding up to a multiple of 64) are shrunk so they are never
 chosen. The tokenizer is either generated (a small BPE with the family's real
-special tokens, see `mlxrt._tokenizer_factory`) or copied from `tokenizer_dir`
+special tokens, see `mlxrt.testing._tokenizer_factory`) or copied from `tokenizer_dir`
 (a folder with a real `tokenizer.json` + `tokenizer_config.json`); our own
 templates carry the Jinja comment ``{# mlxrt test template #}``.
 
@@ -51,11 +51,11 @@ Layout variants (`TINY_VARIANTS`: another layout of one of those model types):
                padding, and a post-processor that appends `<|endoftext|>`.
   gemma4       Gemma4ForConditionalGeneration: the gemma4_text stack under
                `model.language_model.` plus a vision tower and projector in the real
-               HF names (`mlxrt._tiny_gemma4_vision`).
+               HF names (`mlxrt.testing._tiny_gemma4_vision`).
 
 Family-loaded types (`TINY_FAMILY_TYPES`: mlx-lm cannot load them, their family plugin does):
   diffusion_gemma  DiffusionGemmaForBlockDiffusion with a tiny vision tower
-               (`mlxrt._tiny_diffusion_gemma`); `diffusion_gemma_no_vision` without it.
+               (`mlxrt.testing._tiny_diffusion_gemma`); `diffusion_gemma_no_vision` without it.
 
 `config_overrides` is merged into config.json (dicts merge recursively; for
 qwen3_5 put text fields under "text_config") before the weights are drawn, so
@@ -73,7 +73,7 @@ from pathlib import Path
 
 import numpy as np
 
-from mlxrt._checkpoint_files import (
+from mlxrt.testing._checkpoint_files import (
     DTYPES,
     Weights,
     merge,
@@ -81,10 +81,10 @@ from mlxrt._checkpoint_files import (
     write_generated_tokenizer,
     write_json,
 )
-from mlxrt._tokenizer_factory import CHAT_TEMPLATES
+from mlxrt.testing._tokenizer_factory import CHAT_TEMPLATES
 
 __all__ = ["TINY_MODEL_TYPES", "TINY_VARIANTS", "TINY_FAMILY_TYPES", "write_tiny_checkpoint",
-           "write_random_adapter", "check_family", "FamilyCheck"]
+           "write_random_adapter"]
 
 TINY_MODEL_TYPES: tuple[str, ...] = ("llama", "qwen3", "qwen3_5", "gemma3_text", "gemma4_text", "minicpm")
 #: Layout variants: variant -> the model_type its config.json says.
@@ -117,12 +117,12 @@ def write_tiny_checkpoint(
     on disk. `config_overrides`: merged into config.json before weights are drawn.
     """
     if TINY_FAMILY_TYPES.get(model_type) == "diffusion_gemma":  # tokenizer_dir is not supported there
-        from mlxrt._tiny_diffusion_gemma import write_diffusion_gemma
+        from mlxrt.testing._tiny_diffusion_gemma import write_diffusion_gemma
 
         return write_diffusion_gemma(Path(path), seed=seed, dtype=dtype, vision=model_type == "diffusion_gemma",
                                      config_overrides=config_overrides)
     if model_type == "gemma4":  # multimodal: the gemma4_text stack plus a vision tower
-        from mlxrt._tiny_gemma4_vision import write_tiny_gemma4_vision
+        from mlxrt.testing._tiny_gemma4_vision import write_tiny_gemma4_vision
 
         return write_tiny_gemma4_vision(Path(path), seed=seed, dtype=dtype, tokenizer_dir=tokenizer_dir,
                                         config_overrides=config_overrides)
@@ -568,6 +568,3 @@ def write_random_adapter(path: Path, model_path: Path, *, seed: int = 0, rank: i
         "lora_parameters": {"rank": rank, "scale": scale, "dropout": 0.0, "keys": list(keys)}})
     return path
 
-
-# The conformance runner for plugin authors (its module imports this one lazily; no circle at import).
-from mlxrt.conformance import FamilyCheck, check_family  # noqa: E402

@@ -78,7 +78,7 @@ def check_family(model_type: str, *, plugins: Sequence[object] = (), checkpoint:
         failure for them. ``template`` is always expected.
     :param max_tokens: Greedy tokens compared with mlx-lm.
     """
-    from mlxrt.testing import write_tiny_checkpoint
+    from mlxrt.testing.writers import write_tiny_checkpoint
 
     path = Path(checkpoint) if checkpoint is not None else write_tiny_checkpoint(
         Path(workdir) / f"conformance-{model_type}", model_type)

@@ -72,8 +72,8 @@ def write_tiny_gemma4_vision(path: Path, *, seed: int = 0, dtype: str = "float32
     """Write the multimodal checkpoint into ``path``; return it."""
     from safetensors.numpy import load_file
 
-    from mlxrt._checkpoint_files import save_safetensors, write_json
-    from mlxrt.testing import write_tiny_checkpoint
+    from mlxrt.testing._checkpoint_files import save_safetensors, write_json
+    from mlxrt.testing.writers import write_tiny_checkpoint
 
     out = write_tiny_checkpoint(path, "gemma4_text", seed=seed, dtype="float32", **text_kwargs)
     text = json.loads((out / "config.json").read_text())

@@ -49,7 +49,7 @@ def mlxrt_host(mlxrt_plugins: Sequence[object]) -> Any:
 
 @pytest.fixture(scope="session")
 def mlxrt_tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
-    from mlxrt.testing import write_tiny_checkpoint
+    from mlxrt.testing.writers import write_tiny_checkpoint
 
     root = tmp_path_factory.mktemp("mlxrt-tiny")
     made: dict[tuple[str, int], Path] = {}
@@ -65,7 +65,7 @@ def mlxrt_tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[
 @pytest.fixture
 def mlxrt_serve(mlxrt_plugins: Sequence[object], tmp_path: Path,
                 monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Any]]:
-    from mlxrt.conformance import served
+    from mlxrt.testing.conformance import served
 
     # conversions and caches in the test's folder, never the user's home; no downloads
     monkeypatch.setenv("MLXRT_HOME", str(tmp_path / "mlxrt-home"))
