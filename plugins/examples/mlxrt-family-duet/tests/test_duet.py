@@ -33,11 +33,17 @@ def duet_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 @pytest.fixture
-def oai(mlxrt_serve: Callable[..., Any], duet_checkpoint: Path) -> openai.OpenAI:
-    """The official OpenAI client over the whole app, served in process with float32 weights
-    (so greedy answers compare exactly with mlx-lm's on any device)."""
-    http = mlxrt_serve(duet_checkpoint, options={"dtype": "float32"})
-    return openai.OpenAI(base_url=f"{http.base_url}/v1", api_key="unused", http_client=http, max_retries=0)
+def duet_http(mlxrt_serve: Callable[..., Any], duet_checkpoint: Path) -> Any:
+    """The whole app serving the Duet checkpoint in process (a Litestar ``TestClient``), with
+    float32 weights so greedy answers compare exactly with mlx-lm's on any device."""
+    return mlxrt_serve(duet_checkpoint, options={"dtype": "float32"})
+
+
+@pytest.fixture
+def oai(duet_http: Any) -> openai.OpenAI:
+    """The official OpenAI client over that app."""
+    return openai.OpenAI(base_url=f"{duet_http.base_url}/v1", api_key="unused", http_client=duet_http,
+                         max_retries=0)
 
 
 def test_the_host_registers_the_plugin(mlxrt_host: Any) -> None:
@@ -94,15 +100,18 @@ def test_reasoning_effort_opens_the_thinking_span(oai: openai.OpenAI) -> None:
     assert thought.model_extra["reasoning"] and not thought.content
 
 
-def test_prompt_cache_and_batched_choices(oai: openai.OpenAI) -> None:
+def test_prompt_cache_and_batched_choices(oai: openai.OpenAI, duet_http: Any) -> None:
     """The standard KV caches at work: the same prompt again reuses all but its last token and
-    answers the same; two choices decode side by side in the batch lane, as one alone does."""
+    answers the same; two choices decode side by side in the batch lane (which takes only
+    models whose caches merge), as one alone does."""
     first = oai.chat.completions.create(model="m", messages=ASK, max_tokens=8, temperature=0)
     again = oai.chat.completions.create(model="m", messages=ASK, max_tokens=8, temperature=0)
     assert again.usage.prompt_tokens_details.cached_tokens == again.usage.prompt_tokens - 1
     assert again.choices[0].message.content == first.choices[0].message.content
     both = oai.chat.completions.create(model="m", messages=ASK, max_tokens=8, temperature=0, n=2)
     assert [c.message.content for c in both.choices] == [first.choices[0].message.content] * 2
+    engine = duet_http.get("/stats").json()["engine"]
+    assert engine["served_by_lane"]["batch"] == 2  # the two choices (a request alone may run serially)
 
 
 def test_greedy_text_equals_mlx_lm(oai: openai.OpenAI, duet_checkpoint: Path) -> None:
