@@ -16,6 +16,7 @@ from typing import Any
 import openai
 import pytest
 from mlxrt_family_duet.checkpoint import write_tiny_duet
+from mlxrt_family_duet.tools import DuetToolParser
 
 from mlxrt.testing import check_family
 
@@ -60,6 +61,18 @@ def test_duet_conforms(tmp_path: Path, duet_checkpoint: Path) -> None:
     assert check.results["parity"] == "n/a"  # mlx-lm cannot load Duet: test_greedy_text_equals_mlx_lm does it
     for aspect in ("load_model", "tool_parser", "thinking_format"):
         assert check.provenance[aspect] == "duet"
+
+
+def test_the_parser_reads_every_call_typed_by_the_schema() -> None:
+    """Several calls, the last unclosed (generation ended on EOS); a value the model wrote as a
+    string where the schema says integer comes back an integer; text without a call is refused
+    (mlxrt then returns it as content)."""
+    text = '<|call|>get_weather {"city": "Rome", "days": "3"}<|/call|><|call|>get_weather {"city": "Oslo", "days": 1}'
+    calls = DuetToolParser().parse(text, [WEATHER])
+    assert [(c.name, json.loads(c.arguments)) for c in calls] == [
+        ("get_weather", {"city": "Rome", "days": 3}), ("get_weather", {"city": "Oslo", "days": 1})]
+    with pytest.raises(ValueError):
+        DuetToolParser().parse("no call here", [WEATHER])
 
 
 @pytest.mark.parametrize("stream", [False, True])
