@@ -276,3 +276,49 @@ def test_a_failing_decode_step_ends_every_row_of_the_step_and_only_those(models)
     (after,) = gen.insert([PROMPTS[1]], max_tokens=[5])
     tokens, _, _ = _run(gen)
     assert [t for t, _ in tokens[after]] == [t for t, _ in _alone(model, PROMPTS[1], 5)]
+
+
+def test_a_cache_that_cannot_join_the_batch_ends_only_its_row(models):
+    """Two newcomers ready in the same round, one of whose caches cannot merge: the other joins
+    and gets the tokens it gets alone; the broken one is reported once, with its error."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from mlxrt.engine.batch_steps import BatchSteps
+
+    model = models["llama"]
+
+    class Tag:  # a last cache entry the model never sees; a broken one refuses to merge
+        state: list = []
+
+        def __init__(self, ok):
+            self.ok = ok
+
+        def merge(self, tags):
+            if not all(tag.ok for tag in tags):
+                raise ValueError("this cache cannot join a batch")
+            return Tag(True)
+
+        def extend(self, other):
+            pass
+
+        def filter(self, keep):
+            pass
+
+        def extract(self, idx):
+            return Tag(True)
+
+    class Stripping:
+        def __getattr__(self, name):
+            return getattr(model, name)
+
+        def __call__(self, inputs, *args, cache=None, **kwargs):
+            return model(inputs, *args, cache=cache[:-1], **kwargs)
+
+    gen = BatchSteps(Stripping(), completion_batch_size=4, prefill_batch_size=2, prefill_step_size=64,
+                     stream=_stream())
+    good, broken = gen.insert([PROMPTS[1], PROMPTS[2]], max_tokens=[6, 6],
+                              caches=[[*make_prompt_cache(model), Tag(ok)] for ok in (True, False)])
+    tokens, failed, ends = _run(gen)
+    assert list(failed) == [broken] and "cannot join" in str(failed[broken])
+    assert set(ends) == {good} and broken not in tokens
+    assert [t for t, _ in tokens[good]] == [t for t, _ in _alone(model, PROMPTS[1], 6)]
