@@ -29,7 +29,7 @@ from typing import TYPE_CHECKING, Any
 
 from mlxrt.cache.prompt_cache import PromptCache
 from mlxrt.engine.bridge import WAKE, Call
-from mlxrt.engine.lanes import BatchLane, Job, Row
+from mlxrt.engine.lanes import BatchLane, Job, Row, generation_error
 from mlxrt.engine.sampling import build_logits_processors, build_sampler, seeded
 from mlxrt.errors import EngineError, MlxrtError, QueueFull, ShuttingDown
 from mlxrt.records import CacheReport, FinishReason, GenerationRequest
@@ -347,12 +347,12 @@ class Scheduler:
             self._abandon(row, exc)
         except Exception as exc:  # keep serving: one failed generation must not kill the worker
             log.exception("generation %s failed", row.request.request_id)
-            self._abandon(row, EngineError(f"generation failed: {type(exc).__name__}: {exc}"))
+            self._abandon(row, generation_error(exc))
         return False
 
     def _fail_batch(self, exc: Exception) -> None:
         log.exception("batch step failed; failing its %d rows", len(self.batch.rows))
-        error = EngineError(f"generation failed: {type(exc).__name__}: {exc}")
+        error = generation_error(exc)
         rows = list(self.batch.rows.values())
         try:
             self.batch.close()
