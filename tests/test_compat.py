@@ -326,3 +326,32 @@ def test_uvicorn_protocol_state_is_read_as_a_request_arrives(implementation):
         assert protocol not in state.connections
 
     asyncio.run(scenario())
+
+
+def test_no_module_but_compat_imports_a_private_of_the_fenced_dependencies():
+    """Outside mlxrt.compat no module imports an underscored module or name of mlx, mlx-lm,
+    uvicorn or Litestar, nor uvicorn's protocol classes, nor names an attribute the fence
+    covers (``asgi_handler``, ``_captured_signals``, ``_make_masks``, ``_get_default_plugins``)."""
+    import ast
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    fenced = {"mlx", "mlx_lm", "uvicorn", "litestar"}
+    attributes = {"asgi_handler", "_captured_signals", "_make_masks", "_get_default_plugins"}
+    found = []
+    for folder in ("runtime", "api", "plugins", "families"):
+        for path in sorted((root / folder).rglob("*.py")):
+            if path == root / "runtime" / "compat.py":
+                continue
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] in fenced:
+                    parts = node.module.split(".")
+                    if (any(p.startswith("_") for p in parts) or any(a.name.startswith("_") for a in node.names)
+                            or node.module.startswith("uvicorn.protocols")):
+                        found.append(f"{path.relative_to(root)}:{node.lineno} from {node.module}")
+                elif isinstance(node, ast.Import):
+                    found += [f"{path.relative_to(root)}:{node.lineno} import {a.name}" for a in node.names
+                              if a.name.split(".")[0] in fenced and any(p.startswith("_") for p in a.name.split("."))]
+                elif isinstance(node, ast.Attribute) and node.attr in attributes:
+                    found.append(f"{path.relative_to(root)}:{node.lineno} .{node.attr}")
+    assert found == []
