@@ -234,39 +234,94 @@ def test_hook_mlxrt_routes(tiny_models, serve_app):
     assert "GET /example/ping" in client.get("/v1").json()["endpoints"]
 
 
-def test_hook_mlxrt_startup_and_mlxrt_shutdown(tiny_models, serve_app):
+def test_hook_mlxrt_startup(tiny_models):
     events = []
 
     class Life:
         @hookimpl
         def mlxrt_startup(self, host):
             async def later():
-                events.append("startup")
+                events.append(("startup", host.engine.info.model_type))
 
             return later()
 
+    class Broken:
         @hookimpl
-        def mlxrt_shutdown(self, host):
-            events.append("shutdown")
+        def mlxrt_startup(self, host):
+            raise RuntimeError("no database")
+
+        @hookimpl
+        def mlxrt_routes(self, host):
+            from litestar import get
+
+            @get("/broken/ping", sync_to_thread=False)
+            def ping() -> dict:
+                return {"ok": True}
+
+            return [ping]
 
     from litestar.testing import TestClient
 
     from mlxrt.cli import build_server
 
-    host = make_host(extra=[("life", Life())])
+    host = make_host(extra=[("life", Life()), ("broken", Broken())])
     app = build_server(host, str(tiny_models("llama")), {})
-    with TestClient(app):
-        assert events == ["startup"]
-    assert events == ["startup", "shutdown"]
-    host.engine.stop()
+    assert events == []
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        assert events == [("startup", "llama")]  # after the model loaded, before the first request
+        assert client.get("/broken/ping").status_code == 503  # the failed plugin's routes
+        assert host.records["broken"].status == "failed" and "no database" in host.records["broken"].error
+        assert client.get("/health").status_code == 200  # the server started without it
+    host.models.stop()
 
 
-def test_hook_mlxrt_serve_options_and_mlxrt_register_commands(tmp_path):
+def test_hook_mlxrt_shutdown(tiny_models):
+    events = []
+
+    class Flush:
+        @hookimpl
+        def mlxrt_shutdown(self, host):
+            async def later():
+                events.append(("flush", host.engine.info.model_type))  # the model is still there
+
+            return later()
+
+    class Broken:
+        @hookimpl
+        def mlxrt_shutdown(self, host):
+            events.append(("broken", None))
+            raise RuntimeError("disk gone")
+
+    from litestar.testing import TestClient
+
+    from mlxrt.cli import build_server
+
+    host = make_host(extra=[("flush", Flush()), ("broken", Broken())])
+    app = build_server(host, str(tiny_models("llama")), {})
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        assert client.get("/health").status_code == 200
+        assert events == []
+    # Last registered first; the one that raised does not keep the others from shutting down.
+    assert events == [("broken", None), ("flush", "llama")]
+    assert host.records["broken"].status == "failed" and "disk gone" in host.records["broken"].error
+    host.models.stop()
+
+
+def test_hook_mlxrt_serve_options(tmp_path):
     class Cli:
         @hookimpl
         def mlxrt_serve_options(self):
             return [click.Option(["--example-knob"], default="off", help="An example plugin knob.")]
 
+    host = make_host(extra=[("cli", Cli())])
+    runner = CliRunner()
+    assert "--example-knob" in runner.invoke(build_cli(host), ["serve", "--help"]).output
+    result = runner.invoke(build_cli(host), ["serve", str(tmp_path / "missing"), "--example-knob", "on"])
+    assert result.exit_code != 0 and host.options["example_knob"] == "on"
+
+
+def test_hook_mlxrt_register_commands():
+    class Cli:
         @hookimpl
         def mlxrt_register_commands(self, cli):
             @cli.command()
@@ -276,24 +331,37 @@ def test_hook_mlxrt_serve_options_and_mlxrt_register_commands(tmp_path):
 
     host = make_host(extra=[("cli", Cli())])
     runner = CliRunner()
-    assert "--example-knob" in runner.invoke(build_cli(host), ["serve", "--help"]).output
+    assert "Say hello." in runner.invoke(build_cli(host), ["--help"]).output
     assert runner.invoke(build_cli(host), ["hello"]).output == "hello from a plugin\n"
-    result = runner.invoke(build_cli(host), ["serve", str(tmp_path / "missing"), "--example-knob", "on"])
-    assert result.exit_code != 0 and host.options["example_knob"] == "on"
 
 
 def test_every_hook_has_a_test_and_is_documented():
+    """Each hookspec has ``def test_hook_<name>`` in this module, a section in
+    docs/plugins/hooks.md and a docstring whose ``versionadded`` names a released-or-current
+    version (no marker may promise a version the package has not reached)."""
+    import ast
+    import re
     from pathlib import Path
 
+    import mlxrt
     import mlxrt.hookspecs as specs
 
     hooks = sorted(n for n in dir(specs) if n.startswith(f"{PROJECT}_"))
-    tests = Path(__file__).read_text()
+    assert len(hooks) >= 19
+    tests = {node.name for node in ast.parse(Path(__file__).read_text()).body if isinstance(node, ast.FunctionDef)}
     docs = (Path(__file__).resolve().parents[1] / "docs" / "plugins" / "hooks.md").read_text()
+    current = tuple(int(part) for part in mlxrt.__version__.split(".")[:2])
     for name in hooks:
-        assert name.removeprefix("mlxrt_") and name in tests, f"no test for {name}"
+        assert f"test_hook_{name}" in tests, f"no def test_hook_{name} in tests/test_hooks.py"
         assert f"`{name}(" in docs, f"{name} missing from docs/plugins/hooks.md"
-        assert getattr(specs, name).__doc__, f"{name} has no docstring"
+        doc = getattr(specs, name).__doc__
+        assert doc, f"{name} has no docstring"
+        added = re.findall(r"\.\. versionadded:: (\d+)\.(\d+)", doc)
+        assert len(added) == 1, f"{name}: one versionadded marker, not {len(added)}"
+        assert tuple(map(int, added[0])) <= current, f"{name}: versionadded names an unreleased version"
+    for text in (Path(specs.__file__).read_text(), docs):
+        for found in re.findall(r"(?:[Aa]dded in|versionadded::|[Nn]ew in) v?(\d+)\.(\d+)", text):
+            assert tuple(map(int, found)) <= current, f"a version marker names {'.'.join(found)}"
 
 
 def test_hook_mlxrt_prepare_request(tiny_models, serve_app):
