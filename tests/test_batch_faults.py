@@ -71,9 +71,9 @@ class FaultyModel:
 
 
 @pytest.fixture
-def served(tiny_models, serve_app):
+def served(mlxrt_tiny_checkpoint, mlxrt_serve):
     plugin = FaultyModel()
-    client = serve_app(tiny_models("qwen3"), extra=[("faulty", plugin)],
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("qwen3"), plugins=[("faulty", plugin)],
                        options={"prompt_cache_size": 0, "prefill_step_size": 8})
     return client, plugin
 

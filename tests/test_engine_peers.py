@@ -77,8 +77,8 @@ async def _tokens(engine, request_id: str) -> list[int]:
     return [e.token for e in events if isinstance(e, TokenEvent)]
 
 
-def test_peers_place_the_model_run_its_requests_and_hear_the_stop(tiny_models):
-    model = tiny_models("qwen3")
+def test_peers_place_the_model_run_its_requests_and_hear_the_stop(mlxrt_tiny_checkpoint):
+    model = mlxrt_tiny_checkpoint("qwen3")
     alone = _engine(model)
     peers = RecordingPeers()
     shared = _engine(model, peers)
@@ -98,9 +98,9 @@ def test_peers_place_the_model_run_its_requests_and_hear_the_stop(tiny_models):
     assert shared.stats()["requests_served"] == 1
 
 
-def test_a_refusal_fails_every_waiting_request_and_the_engine_goes_on(tiny_models):
+def test_a_refusal_fails_every_waiting_request_and_the_engine_goes_on(mlxrt_tiny_checkpoint):
     peers = RecordingPeers()
-    engine = _engine(tiny_models("qwen3"), peers)
+    engine = _engine(mlxrt_tiny_checkpoint("qwen3"), peers)
     try:
         peers.lost = EngineError("the peers are gone")
         with pytest.raises(EngineError, match="the peers are gone"):
@@ -113,11 +113,11 @@ def test_a_refusal_fails_every_waiting_request_and_the_engine_goes_on(tiny_model
         engine.stop()
 
 
-def test_fail_all_reaches_the_running_request_and_submissions_the_worker_has_not_taken(tiny_models):
+def test_fail_all_reaches_the_running_request_and_submissions_the_worker_has_not_taken(mlxrt_tiny_checkpoint):
     # What a lost distributed group does from its watchdog thread while the worker is stuck.
     peers = RecordingPeers()
     peers.gate = threading.Event()
-    engine = _engine(tiny_models("qwen3"), peers)
+    engine = _engine(mlxrt_tiny_checkpoint("qwen3"), peers)
 
     async def go():
         running = engine.generate(GenerationRequest(request_id="r", prompt_ids=PROMPT, max_tokens=8))

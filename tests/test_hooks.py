@@ -32,34 +32,34 @@ def chat(client, text=None, **kw):
     return resp.json()
 
 
-def test_hook_mlxrt_sampler(tiny_models, serve_app):
-    client = serve_app(tiny_models("llama"), extra=[("scripted", Scripted())])
+def test_hook_mlxrt_sampler(mlxrt_tiny_checkpoint, mlxrt_serve):
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("llama"), plugins=[("scripted", Scripted())])
     out = chat(client, "Hello, world!")
     assert out["choices"][0]["message"]["content"] == "Hello, world!"
     assert out["choices"][0]["finish_reason"] == "stop"
 
 
-def test_hook_mlxrt_request_fields(tiny_models, serve_app):
-    client = serve_app(tiny_models("llama"), extra=[("scripted", Scripted())])
+def test_hook_mlxrt_request_fields(mlxrt_tiny_checkpoint, mlxrt_serve):
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("llama"), plugins=[("scripted", Scripted())])
     bad = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "script": 5})
     assert bad.status_code == 400 and bad.json()["error"]["message"] == "script must be of type str"
 
 
-def test_hook_mlxrt_request_fields_conflict_is_a_load_error(tiny_models, serve_app):
+def test_hook_mlxrt_request_fields_conflict_is_a_load_error(mlxrt_tiny_checkpoint, mlxrt_serve):
     class Twin(Scripted):
         pass
 
     with pytest.raises(PluginError, match="already claimed"):
-        serve_app(tiny_models("llama"), extra=[("scripted", Scripted()), ("twin", Twin())])
+        mlxrt_serve(mlxrt_tiny_checkpoint("llama"), plugins=[("scripted", Scripted()), ("twin", Twin())])
 
 
-def test_hook_mlxrt_thinking_format(tiny_models, serve_app):
+def test_hook_mlxrt_thinking_format(mlxrt_tiny_checkpoint, mlxrt_serve):
     class Reasoner:
         @hookimpl
         def mlxrt_thinking_format(self, info):
             return ThinkingFormat(open="<r>", close="</r>") if info.model_type == "llama" else None
 
-    client = serve_app(tiny_models("llama"), extra=[("scripted", Scripted()), ("reasoner", Reasoner())])
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("llama"), plugins=[("scripted", Scripted()), ("reasoner", Reasoner())])
     message = chat(client, "<r>because</r>the answer")["choices"][0]["message"]
     assert message == {"role": "assistant", "content": "the answer", "reasoning": "because",
                        "reasoning_content": "because"}
@@ -84,13 +84,13 @@ class Brackets:
 TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
 
 
-def test_hook_mlxrt_tool_parser(tiny_models, serve_app):
+def test_hook_mlxrt_tool_parser(mlxrt_tiny_checkpoint, mlxrt_serve):
     class Family:
         @hookimpl
         def mlxrt_tool_parser(self, info):
             return Brackets()
 
-    client = serve_app(tiny_models("llama"), extra=[("scripted", Scripted()), ("family", Family())])
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("llama"), plugins=[("scripted", Scripted()), ("family", Family())])
     out = openai_client(client).chat.completions.create(
         model="m", messages=[{"role": "user", "content": "hi"}], tools=TOOLS,
         extra_body={"script": 'ok [[{"name": "lookup", "arguments": {"q": "x"}}]]'})
@@ -104,7 +104,7 @@ def test_hook_mlxrt_tool_parser(tiny_models, serve_app):
     assert plain["choices"][0]["message"]["content"].startswith("ok [[")
 
 
-def test_hook_mlxrt_tool_stream_mode(tiny_models, serve_app):
+def test_hook_mlxrt_tool_stream_mode(mlxrt_tiny_checkpoint, mlxrt_serve):
     class Family:
         @hookimpl
         def mlxrt_tool_parser(self, info):
@@ -114,13 +114,13 @@ def test_hook_mlxrt_tool_stream_mode(tiny_models, serve_app):
         def mlxrt_tool_stream_mode(self, info, has_tools):
             return ToolStreamMode.PLAIN
 
-    client = serve_app(tiny_models("llama"), extra=[("scripted", Scripted()), ("family", Family())])
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("llama"), plugins=[("scripted", Scripted()), ("family", Family())])
     out = chat(client, 'ok [[{"name": "lookup", "arguments": {}}]]', tools=TOOLS)
     assert out["choices"][0]["finish_reason"] == "stop"
     assert "[[" in out["choices"][0]["message"]["content"]
 
 
-def test_hook_mlxrt_load_model(tiny_models, serve_app):
+def test_hook_mlxrt_load_model(mlxrt_tiny_checkpoint, mlxrt_serve):
     calls = []
 
     class Loader:
@@ -131,13 +131,13 @@ def test_hook_mlxrt_load_model(tiny_models, serve_app):
             calls.append(info.model_type)
             return mlx_lm_load(info)
 
-    client = serve_app(tiny_models("llama"), extra=[("loader", Loader())])
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("llama"), plugins=[("loader", Loader())])
     assert calls == ["llama"]
     assert client.app.state.host.engine.profile.provenance["load_model"] == "loader"
     assert chat(client)["choices"][0]["message"]["role"] == "assistant"
 
 
-def test_hook_mlxrt_vision(tiny_models, serve_app):
+def test_hook_mlxrt_vision(mlxrt_tiny_checkpoint, mlxrt_serve):
     class Eyes:
         @hookimpl
         def mlxrt_vision(self, info, host):
@@ -147,11 +147,11 @@ def test_hook_mlxrt_vision(tiny_models, serve_app):
 
             return Adapter()
 
-    client = serve_app(tiny_models("llama"), extra=[("eyes", Eyes())])
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("llama"), plugins=[("eyes", Eyes())])
     assert client.get("/v1/models").json()["data"][0]["vision"] is True
 
 
-def test_hook_mlxrt_chat_template_kwargs(tiny_models, serve_app):
+def test_hook_mlxrt_chat_template_kwargs(mlxrt_tiny_checkpoint, mlxrt_serve):
     seen = []
 
     class Family:
@@ -161,8 +161,8 @@ def test_hook_mlxrt_chat_template_kwargs(tiny_models, serve_app):
             return {"marker": "MARK " * 20}
 
     template = "{{ marker }}{% for m in messages %}{{ m.content }}{% endfor %}"
-    plain = serve_app(tiny_models("llama"), options={"chat_template": template})
-    hooked = serve_app(tiny_models("llama"), extra=[("family", Family())], options={"chat_template": template})
+    plain = mlxrt_serve(mlxrt_tiny_checkpoint("llama"), options={"chat_template": template})
+    hooked = mlxrt_serve(mlxrt_tiny_checkpoint("llama"), plugins=[("family", Family())], options={"chat_template": template})
     base = chat(plain, max_tokens=1)["usage"]["prompt_tokens"]
     more = chat(hooked, max_tokens=1, reasoning_effort="low")["usage"]["prompt_tokens"]
     assert more >= base + 20 and seen == ["low"]
@@ -171,17 +171,17 @@ def test_hook_mlxrt_chat_template_kwargs(tiny_models, serve_app):
     assert override == base
 
 
-def test_hook_mlxrt_prompt_canonicalize(tiny_models, serve_app):
+def test_hook_mlxrt_prompt_canonicalize(mlxrt_tiny_checkpoint, mlxrt_serve):
     class OneToken:
         @hookimpl
         def mlxrt_prompt_canonicalize(self, request, dialect):
             return attrs.evolve(request, max_tokens=1) if dialect == "openai" else None
 
-    client = serve_app(tiny_models("llama"), extra=[("one", OneToken())])
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("llama"), plugins=[("one", OneToken())])
     assert chat(client, max_tokens=30)["usage"]["completion_tokens"] == 1
 
 
-def test_hook_mlxrt_logits_processors(tiny_models, serve_app):
+def test_hook_mlxrt_logits_processors(mlxrt_tiny_checkpoint, mlxrt_serve):
     target = 300
 
     class OnlyOne:
@@ -195,13 +195,13 @@ def test_hook_mlxrt_logits_processors(tiny_models, serve_app):
 
             return [force]
 
-    client = serve_app(tiny_models("llama"), extra=[("only", OnlyOne())])
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("llama"), plugins=[("only", OnlyOne())])
     out = chat(client, max_tokens=5, temperature=1.0)
-    tok = Tokenizer.from_file(str(tiny_models("llama") / "tokenizer.json"))
+    tok = Tokenizer.from_file(str(mlxrt_tiny_checkpoint("llama") / "tokenizer.json"))
     assert out["choices"][0]["message"]["content"] == tok.decode([target] * 5)
 
 
-def test_hook_mlxrt_routes(tiny_models, serve_app):
+def test_hook_mlxrt_routes(mlxrt_tiny_checkpoint, mlxrt_serve):
     from litestar import get, post
 
     @get("/example/ping")
@@ -226,7 +226,7 @@ def test_hook_mlxrt_routes(tiny_models, serve_app):
 
             return [again]
 
-    client = serve_app(tiny_models("llama"), extra=[("endpoints", Endpoints()), ("second", Second())])
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("llama"), plugins=[("endpoints", Endpoints()), ("second", Second())])
     # Third-party plugins run before built-ins: "second" was registered last, so it wins the path.
     assert client.get("/example/ping").json() == {"second": True}
     conflicts = client.app.state.host.route_conflicts
@@ -234,7 +234,7 @@ def test_hook_mlxrt_routes(tiny_models, serve_app):
     assert "GET /example/ping" in client.get("/v1").json()["endpoints"]
 
 
-def test_hook_mlxrt_startup(tiny_models):
+def test_hook_mlxrt_startup(mlxrt_tiny_checkpoint):
     events = []
 
     class Life:
@@ -265,7 +265,7 @@ def test_hook_mlxrt_startup(tiny_models):
     from mlxrt.cli import build_server
 
     host = make_host(extra=[("life", Life()), ("broken", Broken())])
-    app = build_server(host, str(tiny_models("llama")), {})
+    app = build_server(host, str(mlxrt_tiny_checkpoint("llama")), {})
     assert events == []
     with TestClient(app, base_url="http://127.0.0.1") as client:
         assert events == [("startup", "llama")]  # after the model loaded, before the first request
@@ -275,7 +275,7 @@ def test_hook_mlxrt_startup(tiny_models):
     host.models.stop()
 
 
-def test_hook_mlxrt_shutdown(tiny_models):
+def test_hook_mlxrt_shutdown(mlxrt_tiny_checkpoint):
     events = []
 
     class Flush:
@@ -297,7 +297,7 @@ def test_hook_mlxrt_shutdown(tiny_models):
     from mlxrt.cli import build_server
 
     host = make_host(extra=[("flush", Flush()), ("broken", Broken())])
-    app = build_server(host, str(tiny_models("llama")), {})
+    app = build_server(host, str(mlxrt_tiny_checkpoint("llama")), {})
     with TestClient(app, base_url="http://127.0.0.1") as client:
         assert client.get("/health").status_code == 200
         assert events == []
@@ -364,7 +364,7 @@ def test_every_hook_has_a_test_and_is_documented():
             assert tuple(map(int, found)) <= current, f"a version marker names {'.'.join(found)}"
 
 
-def test_hook_mlxrt_prepare_request(tiny_models, serve_app):
+def test_hook_mlxrt_prepare_request(mlxrt_tiny_checkpoint, mlxrt_serve):
     from mlxrt.errors import InvalidRequest
 
     seen = []
@@ -376,7 +376,7 @@ def test_hook_mlxrt_prepare_request(tiny_models, serve_app):
             if "forbidden" in request.stop:
                 raise InvalidRequest("forbidden stop string", param="stop")
 
-    client = serve_app(tiny_models("llama"), extra=[("gate", Gate())])
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("llama"), plugins=[("gate", Gate())])
     msg = [{"role": "user", "content": "x"}]
     ok = client.post("/v1/chat/completions", json={"messages": msg, "max_tokens": 2})
     assert ok.status_code == 200 and seen and seen[-1] == ok.json()["id"]
@@ -384,7 +384,7 @@ def test_hook_mlxrt_prepare_request(tiny_models, serve_app):
     assert bad.status_code == 400 and bad.json()["error"]["message"] == "forbidden stop string"
 
 
-def test_hook_mlxrt_capabilities(tiny_models, serve_app):
+def test_hook_mlxrt_capabilities(mlxrt_tiny_checkpoint, mlxrt_serve):
     """Structured outputs are a declared capability: implementing ``mlxrt_prepare_request``
     (as the grammar plugin also does) does not make the server accept ``response_format``."""
     from mlxrt.capabilities import capabilities
@@ -409,21 +409,21 @@ def test_hook_mlxrt_capabilities(tiny_models, serve_app):
 
     body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2,
             "response_format": {"type": "json_object"}}
-    model = tiny_models("llama")
-    builtin = serve_app(model)
+    model = mlxrt_tiny_checkpoint("llama")
+    builtin = mlxrt_serve(model)
     assert capabilities(builtin.app.state.host) == Capabilities(structured_outputs=True)
-    undeclared = serve_app(model, extra=[("gate", Gate())], disable=("structured",))
+    undeclared = mlxrt_serve(model, plugins=[("gate", Gate())], disable=("structured",))
     assert capabilities(undeclared.app.state.host) == Capabilities()
     refused = undeclared.post("/v1/chat/completions", json=body)
     assert refused.status_code == 400
     assert refused.json()["error"]["message"] == "response_format is not supported by this server yet"
     declares = Declares()
-    declared = serve_app(model, extra=[("declares", declares)], disable=("structured",))
+    declared = mlxrt_serve(model, plugins=[("declares", declares)], disable=("structured",))
     assert declared.post("/v1/chat/completions", json=body).status_code == 200
     assert [s.kind for s in declares.seen] == ["json_object"]
 
 
-def test_hook_mlxrt_turn_finished(tiny_models, serve_app):
+def test_hook_mlxrt_turn_finished(mlxrt_tiny_checkpoint, mlxrt_serve):
     turns = []
 
     class Observer:
@@ -436,7 +436,7 @@ def test_hook_mlxrt_turn_finished(tiny_models, serve_app):
         def mlxrt_turn_finished(self, turn):
             raise RuntimeError("observer broke")
 
-    client = serve_app(tiny_models("llama"), extra=[("scripted", Scripted()), ("observer", Observer()),
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("llama"), plugins=[("scripted", Scripted()), ("observer", Observer()),
                                                      ("faulty", Faulty())])
     ask = [{"role": "user", "content": "Capital of France?"}]
     assert chat(client, "Paris.", messages=ask)["choices"][0]["message"]["content"] == "Paris."
@@ -488,9 +488,9 @@ class ToolPromptPlugin:
         return self.Prompt()
 
 
-def test_hook_mlxrt_tool_prompt(tiny_models, serve_app):
+def test_hook_mlxrt_tool_prompt(mlxrt_tiny_checkpoint, mlxrt_serve):
     """A model whose template renders no tools gets the plugin's own tool prompt and parser."""
-    client = serve_app(tiny_models("llama"), extra=[("scripted", Scripted()), ("prompt", ToolPromptPlugin())])
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("llama"), plugins=[("scripted", Scripted()), ("prompt", ToolPromptPlugin())])
     oai = openai_client(client)
     script = '[CALL]{"name": "get_time", "arguments": {}}[/CALL]'
     out = oai.chat.completions.create(model="m", messages=TOOL_MSG, tools=PROMPT_TOOLS, max_tokens=60,
