@@ -51,13 +51,18 @@ async def _decoded_chat(request: Request) -> tuple[Any, Any]:
     return host, decoded
 
 
+async def _helper_body(request: Request, field: str, what: str, rules: tuple[FieldRule, ...]) -> tuple[Any, Any]:
+    """A helper endpoint's checked body (``field`` required) and the host of its ``model``."""
+    body = parse_json_object(await request.body())
+    if field not in body:
+        raise InvalidRequest(f"{field} ({what}) is required", param=field)
+    check_fields(body, rules)
+    return body, await host_for(request, body.get("model"))
+
+
 @post("/tokenize", status_code=200, opt=ROUTE_OPT, summary="Tokenize text (llama-server)", tags=["llama.cpp"])
 async def tokenize(request: Request) -> dict[str, Any]:
-    body = parse_json_object(await request.body())
-    if "content" not in body:
-        raise InvalidRequest("content (the text to tokenize) is required", param="content")
-    check_fields(body, _TOKENIZE_RULES)
-    host = await host_for(request, body.get("model"))
+    body, host = await _helper_body(request, "content", "the text to tokenize", _TOKENIZE_RULES)
 
     def run() -> dict[str, Any]:
         tokenizer = host.engine.tokenizer
@@ -71,11 +76,7 @@ async def tokenize(request: Request) -> dict[str, Any]:
 
 @post("/detokenize", status_code=200, opt=ROUTE_OPT, summary="Detokenize ids (llama-server)", tags=["llama.cpp"])
 async def detokenize(request: Request) -> dict[str, Any]:
-    body = parse_json_object(await request.body())
-    if "tokens" not in body:
-        raise InvalidRequest("tokens (the ids to detokenize) is required", param="tokens")
-    check_fields(body, _DETOKENIZE_RULES)
-    host = await host_for(request, body.get("model"))
+    body, host = await _helper_body(request, "tokens", "the ids to detokenize", _DETOKENIZE_RULES)
     vocab = host.engine.info.config_int("vocab_size")
     for i, token in enumerate(body["tokens"]):
         if isinstance(token, bool) or not isinstance(token, int) or token < 0 or (vocab is not None and token >= vocab):
