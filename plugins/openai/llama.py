@@ -22,6 +22,7 @@ from mlxrt.api.app import claimed_fields
 from mlxrt.api.disconnect import off_loop
 from mlxrt.api.generation import refuse_overlong_text
 from mlxrt.api.models import host_for
+from mlxrt.api.openapi import BODIES
 from mlxrt.api.wire import FieldRule, check_fields, parse_json_object
 from mlxrt.errors import InvalidRequest
 from mlxrt.plugins.openai.decode import decode_chat
@@ -34,6 +35,13 @@ __all__ = ["LLAMA_ROUTES", "rendered_prompt"]
 _TOKENIZE_RULES = (FieldRule("content", (str,), nullable=False), FieldRule("add_special", (bool,)),
                    FieldRule("with_pieces", (bool,)), FieldRule("model", (str,)))
 _DETOKENIZE_RULES = (FieldRule("tokens", (list,), nullable=False), FieldRule("model", (str,)))
+#: The bodies the OpenAPI schema declares (mlxrt.api.openapi), so schema-driven clients reach them.
+_TOKENIZE_OPT = {**ROUTE_OPT, "body_schema": {"type": "object", "required": ["content"], "properties": {
+    "content": {"type": "string"}, "add_special": {"type": "boolean"}, "with_pieces": {"type": "boolean"},
+    "model": {"type": "string"}}}}
+_DETOKENIZE_OPT = {**ROUTE_OPT, "body_schema": {"type": "object", "required": ["tokens"], "properties": {
+    "tokens": {"type": "array", "items": {"type": "integer", "minimum": 0}}, "model": {"type": "string"}}}}
+_CHAT_BODY_OPT = {**ROUTE_OPT, "body_schema": BODIES["/v1/chat/completions"]}
 
 
 def rendered_prompt(host: Any, chat: ChatInput) -> RenderedPrompt:
@@ -60,7 +68,7 @@ async def _helper_body(request: Request, field: str, what: str, rules: tuple[Fie
     return body, await host_for(request, body.get("model"))
 
 
-@post("/tokenize", status_code=200, opt=ROUTE_OPT, summary="Tokenize text (llama-server)", tags=["llama.cpp"])
+@post("/tokenize", status_code=200, opt=_TOKENIZE_OPT, summary="Tokenize text (llama-server)", tags=["llama.cpp"])
 async def tokenize(request: Request) -> dict[str, Any]:
     body, host = await _helper_body(request, "content", "the text to tokenize", _TOKENIZE_RULES)
 
@@ -74,7 +82,7 @@ async def tokenize(request: Request) -> dict[str, Any]:
     return await off_loop(request, run)
 
 
-@post("/detokenize", status_code=200, opt=ROUTE_OPT, summary="Detokenize ids (llama-server)", tags=["llama.cpp"])
+@post("/detokenize", status_code=200, opt=_DETOKENIZE_OPT, summary="Detokenize ids (llama-server)", tags=["llama.cpp"])
 async def detokenize(request: Request) -> dict[str, Any]:
     body, host = await _helper_body(request, "tokens", "the ids to detokenize", _DETOKENIZE_RULES)
     vocab = host.engine.info.config_int("vocab_size")
@@ -85,7 +93,7 @@ async def detokenize(request: Request) -> dict[str, Any]:
     return {"content": await off_loop(request, host.engine.tokenizer.decode, list(body["tokens"]))}
 
 
-@post("/apply-template", status_code=200, opt=ROUTE_OPT, summary="Render a chat's prompt (llama-server)",
+@post("/apply-template", status_code=200, opt=_CHAT_BODY_OPT, summary="Render a chat's prompt (llama-server)",
       tags=["llama.cpp"])
 async def apply_template(request: Request) -> dict[str, str]:
     host, decoded = await _decoded_chat(request)
@@ -93,7 +101,7 @@ async def apply_template(request: Request) -> dict[str, str]:
     return {"prompt": rendered.text}
 
 
-@post(["/v1/chat/completions/input_tokens", "/chat/completions/input_tokens"], status_code=200, opt=ROUTE_OPT,
+@post(["/v1/chat/completions/input_tokens", "/chat/completions/input_tokens"], status_code=200, opt=_CHAT_BODY_OPT,
       summary="Count a chat's input tokens", tags=["openai"])
 async def input_tokens(request: Request) -> dict[str, int]:
     host, decoded = await _decoded_chat(request)
