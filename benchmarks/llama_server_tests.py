@@ -5,7 +5,10 @@ Only the harness is adapted, never a test body: a pytest plugin, loaded with ``-
 with one that starts SERVER on the test's port and waits until ``GET /health`` (or
 ``/v1/models``) answers 200, and ``ServerPreset.load_all`` (which pre-downloads llama.cpp's GGUF
 test models) with nothing. From the test's settings the new start passes on only
-``n_predict`` (as ``--max-tokens``) and ``api_key`` (as ``--api-key``, mlxrt only). Tests whose
+``n_predict`` (as ``--max-tokens``), ``api_key`` (as ``--api-key``, mlxrt only) and
+``chat_template_file`` (the file's text as ``--chat-template``, read from llama.cpp's
+``models/templates``, ``--templates``); a built-in template name (``chat_template``) has no
+equivalent and is not passed. Tests whose
 settings give the same command share one server process, started once (the suite's own
 ``DEBUG_EXTERNAL`` mode runs every test against one running server); a different command stops
 it and starts the new one.
@@ -14,7 +17,7 @@ This script fetches nothing. Get the tests folder yourself (llama.cpp's
 ``tools/server/tests``) and a Python environment with its requirements.txt, then:
 
     python benchmarks/llama_server_tests.py TESTS_DIR --python /path/to/venv/bin/python \\
-        --server mlxrt [--server-arg=--model-fallback] [--model PATH]
+        --server mlxrt [--server-arg=--strict-model] [--model PATH] [--templates DIR] [-k EXPR]
     python benchmarks/llama_server_tests.py TESTS_DIR --python ... --server mlx_lm --model PATH
 
 It prints passed / failed / skipped per test file and in total (``--json`` for a record).
@@ -66,6 +69,10 @@ def pytest_configure(config):
             args += ["--max-tokens", str(self.n_predict)]
         if self.api_key and command.get("api_key"):
             args += ["--api-key", self.api_key]
+        if self.chat_template_file:  # a Jinja file of llama.cpp's models/templates: passed as its text
+            path = os.path.join(os.environ["LLAMA_TESTS_TEMPLATES"], os.path.basename(self.chat_template_file))
+            with open(path) as template:
+                args += ["--chat-template", template.read()]
         self.process = None  # the suite's stop() then leaves the shared server alone
         if running and running["server"][0] == args and running["server"][1].poll() is None:
             return
@@ -140,6 +147,9 @@ def main() -> None:
                         help="a test id (unit/FILE::NAME) not to run; reported as not run (repeatable)")
     parser.add_argument("--request-timeout", type=int, default=180,
                         help="seconds a non-streamed request may take (the suite's own: 600)")
+    parser.add_argument("--templates", type=Path, default=None,
+                        help="llama.cpp's models/templates folder (default: TESTS/../../../models/templates)")
+    parser.add_argument("-k", dest="keyword", default=None, help="only tests matching this pytest -k expression")
     parser.add_argument("--log", type=Path, default=None, help="server output (default: a temp file)")
     parser.add_argument("--json", action="store_true", help="print the counts as JSON")
     opts = parser.parse_args()
@@ -153,8 +163,10 @@ def main() -> None:
            "LLAMA_TESTS_SERVER": json.dumps(server_command(opts.server, opts.model, opts.server_arg))}
     env.setdefault("PORT", "8080")
     env["LLAMA_TESTS_REQUEST_TIMEOUT"] = str(opts.request_timeout)
+    env["LLAMA_TESTS_TEMPLATES"] = str((opts.templates or opts.tests / "../../../models/templates").resolve())
     subprocess.run([opts.python, "-m", "pytest", "-p", "mlxrt_llama_harness", "-q", "-p", "no:cacheprovider",
                     f"--junitxml={junit}", *(f"--deselect={d}" for d in opts.deselect),
+                    *(["-k", opts.keyword] if opts.keyword else []),
                     *(f"unit/{f}" for f in opts.files)],
                    cwd=opts.tests, env=env)
     by_file = counts(junit)

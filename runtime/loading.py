@@ -329,6 +329,18 @@ def with_tool_prompt(profile: FamilyProfile, tokenizer: Any, host: PluginHost) -
                         provenance=provenance)
 
 
+def with_replaced_template(profile: FamilyProfile, tokenizer: Any) -> FamilyProfile:
+    """``profile`` once ``--chat-template`` replaced the model's template: a template that renders
+    tools itself renders them, in place of the tool prompt :func:`with_tool_prompt` gave a model
+    whose own template rendered none (its parser still reads the calls: mlxrt's generic one
+    reads the common ``<tool_call>`` JSON markup)."""
+    from mlxrt.text.generic_tools import template_renders_tools
+
+    if profile.tool_prompt is None or not template_renders_tools(tokenizer):
+        return profile
+    return attrs.evolve(profile, tool_prompt=None)
+
+
 def load_weights(info: ModelInfo, host: PluginHost) -> tuple[LoadedModel, str | None]:
     """The model and tokenizer through the family hooks (mlx-lm when none answers), cast as
     ``--dtype`` says (default ``auto``, :mod:`mlxrt.sources.dtype_choice`); with the name of the plugin

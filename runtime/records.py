@@ -386,6 +386,11 @@ class ChatInput:
     :ivar reasoning_effort: The client's ``reasoning_effort``, if given.
     :ivar images: The messages' images in prompt order (:class:`mlxrt.images.ImageRef`); a
         message with images has list content where each image is a ``{"type": "image"}`` part.
+    :ivar add_generation_prompt: End the prompt with the template's generation prompt (the
+        opening of a new assistant turn); ``False`` renders the messages only.
+    :ivar continue_final_message: The answer continues the last message (an assistant
+        prefill) instead of closing it: the prompt ends right after its text. Never together
+        with ``add_generation_prompt``.
     """
 
     messages: tuple[Mapping[str, Any], ...]
@@ -393,6 +398,8 @@ class ChatInput:
     template_kwargs: Mapping[str, Any] = attrs.field(factory=dict)
     reasoning_effort: str | None = None
     images: tuple[Any, ...] = ()
+    add_generation_prompt: bool = True
+    continue_final_message: bool = False
 
 
 @attrs.frozen
@@ -454,6 +461,7 @@ class StructuredKind(enum.StrEnum):
     REGEX = "regex"
     CHOICE = "choice"
     LARK = "lark"
+    GBNF = "gbnf"
 
 
 @attrs.frozen
@@ -461,8 +469,9 @@ class StructuredOutput:
     """An output constraint, independent of the dialect that asked for it and of the grammar
     library that enforces it (the ``structured`` plugin).
 
-    :ivar kind: ``json_schema``, ``json_object``, ``regex``, ``choice`` or ``lark`` (a whole grammar in
-        llguidance's Lark dialect: a forced tool call, see :mod:`mlxrt.text.tool_grammar`).
+    :ivar kind: ``json_schema``, ``json_object``, ``regex``, ``choice``, ``lark`` (a whole grammar in
+        llguidance's Lark dialect: a forced tool call, see :mod:`mlxrt.text.tool_grammar`) or
+        ``gbnf`` (a whole grammar in llama.cpp's GBNF: the ``grammar`` request field).
     :ivar spec: The canonical text of the constraint: the schema as compact JSON (the client's key order,
         which is the generated object's), the
         regex, or the choices as a JSON list. With ``kind`` it keys the compiled-grammar cache.

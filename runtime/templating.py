@@ -76,7 +76,8 @@ def render_chat(host: PluginHost, tokenizer: Any, profile: FamilyProfile, chat: 
     # without adding special tokens again.
     ids = tokenizer.encode(text, add_special_tokens=False)
     turn_start = None
-    if getattr(getattr(host, "engine", None), "keeps_snapshots", False) and not chat.images:
+    if getattr(getattr(host, "engine", None), "keeps_snapshots", False) and not chat.images \
+            and chat.add_generation_prompt and not chat.continue_final_message:  # else no generation prompt
         turn_start = _turn_start(tokenizer, messages, chat.tools, kwargs, text, ids)
     rendered = RenderedPrompt(
         text=text,
@@ -93,10 +94,12 @@ def render_chat(host: PluginHost, tokenizer: Any, profile: FamilyProfile, chat: 
 
 
 def _apply(tokenizer: Any, messages: Sequence[Mapping[str, Any]], tools: Any, kwargs: Mapping[str, Any],
-           add_generation_prompt: bool = True) -> str:
+           add_generation_prompt: bool = True, continue_final_message: bool = False) -> str:
+    # continue_final_message only when asked: a tokenizer without it (transformers') renders the rest.
+    more = {"continue_final_message": True} if continue_final_message else {}
     return tokenizer.apply_chat_template(
         [dict(m) for m in messages], tools=[dict(t) for t in tools] if tools else None,
-        add_generation_prompt=add_generation_prompt, tokenize=False, **kwargs)
+        add_generation_prompt=add_generation_prompt, tokenize=False, **more, **kwargs)
 
 
 def _text_of(content: Any) -> str:
@@ -115,8 +118,10 @@ def _placed_render(tokenizer: Any, chat: ChatInput, kwargs: Mapping[str, Any]
     """
     messages = chat.messages
     later = [m for m in messages[1:] if m.get("role") == "system"]
+    ending = {"add_generation_prompt": chat.add_generation_prompt and not chat.continue_final_message,
+              "continue_final_message": chat.continue_final_message}
     try:
-        text = _apply(tokenizer, messages, chat.tools, kwargs)
+        text = _apply(tokenizer, messages, chat.tools, kwargs, **ending)
         if all(_text_of(m.get("content")).strip() in text for m in later):
             return messages, text
     except Exception as exc:  # jinja raises many types; all mean the input can't be rendered
@@ -124,7 +129,7 @@ def _placed_render(tokenizer: Any, chat: ChatInput, kwargs: Mapping[str, Any]
             raise InvalidRequest(f"prompt build failed: {exc}") from exc
     messages = fold_system_messages(messages)
     try:
-        return messages, _apply(tokenizer, messages, chat.tools, kwargs)
+        return messages, _apply(tokenizer, messages, chat.tools, kwargs, **ending)
     except Exception as exc:
         raise InvalidRequest(f"prompt build failed: {exc}") from exc
 

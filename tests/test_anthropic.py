@@ -278,3 +278,19 @@ def test_sdk_raises_bad_request_and_invalid_json(mlxrt_client):
     assert err.value.body["error"]["type"] == "invalid_request_error"
     raw = mlxrt_client.post("/v1/messages", content=b"{nope", headers={"content-type": "application/json"})
     assert raw.status_code == 400 and raw.json()["error"]["message"] == "invalid JSON body"
+
+
+def test_a_final_assistant_message_is_a_prefill_the_answer_continues(mlxrt_client):
+    client = client_for(mlxrt_client)
+    turn = [{"role": "user", "content": "Tell a story."}, {"role": "assistant", "content": "Once upon"}]
+    counted = client.messages.count_tokens(model="m", messages=turn).input_tokens
+    openai_body = {"messages": turn}
+    continued = mlxrt_client.post("/v1/chat/completions/input_tokens",
+                                  json={**openai_body, "continue_final_message": True}).json()["input_tokens"]
+    closed = mlxrt_client.post("/v1/chat/completions/input_tokens", json=openai_body).json()["input_tokens"]
+    assert counted == continued < closed  # the prompt ends in "Once upon", no new turn opened
+    out = client.messages.create(model="m", max_tokens=4, messages=turn)
+    assert out.role == "assistant" and out.usage.input_tokens == counted
+    with pytest.raises(anthropic.BadRequestError) as err:
+        client.messages.create(model="m", max_tokens=4, messages=[turn[0], {"role": "assistant", "content": "Once "}])
+    assert "trailing whitespace" in err.value.body["error"]["message"]

@@ -1,9 +1,10 @@
 """Python frameworks people point at a local server, against a live mlxrt on loopback.
 
 LangChain's ChatOpenAI with bound tools (a full tool loop), instructor's structured output into a
-pydantic model, and Simon Willison's ``llm`` CLI through an extra-openai-models.yaml. A tiny
-Qwen3 checkpoint (its template takes tools) is scripted by AgentScript, so the answers are known.
-Each test skips when its package is not installed (all three are in the ``test`` extra).
+pydantic model, Simon Willison's ``llm`` CLI through an extra-openai-models.yaml, and
+pydantic-ai's Agent with a structured ``output_type``. A tiny Qwen3 checkpoint (its template takes
+tools) is scripted by AgentScript, so the answers are known. Each test skips when its package is
+not installed (the first three are in the ``test`` extra; pydantic-ai is not, see its test).
 """
 
 from __future__ import annotations
@@ -93,3 +94,25 @@ def test_llm_cli_with_extra_openai_models(live, tmp_path):
     assert out.stdout.strip() == "ok"
     posts = server.generations("/v1/chat/completions")
     assert len(posts) == 1 and posts[0]["status"] == 200 and posts[0]["body"]["model"] == "default"
+
+
+def test_pydantic_ai_structured_output(live):
+    """pydantic-ai's Agent with a pydantic ``output_type``: it asks for its ``final_result`` tool
+    (not in the ``test`` extra: pydantic-ai-slim[openai] needs openai>=3.50, whose jiter>=0.16
+    conflicts with instructor 1.17's jiter<0.15; the test skips without it)."""
+    pytest.importorskip("pydantic_ai")
+    from pydantic import BaseModel
+    from pydantic_ai import Agent
+    from pydantic_ai.models.openai import OpenAIChatModel
+    from pydantic_ai.providers.openai import OpenAIProvider
+
+    class Person(BaseModel):
+        name: str
+        age: int
+
+    server = live(AgentScript("", {"final_result": lambda _: {"name": "Ada", "age": 36}}))
+    model = OpenAIChatModel("gpt-4o", provider=OpenAIProvider(base_url=f"{server.url}/v1", api_key="unused"))
+    result = Agent(model, output_type=Person).run_sync("Ada Lovelace, 36.")
+    assert result.output == Person(name="Ada", age=36)
+    body = server.generations("/v1/chat/completions")[0]["body"]
+    assert [t["function"]["name"] for t in body["tools"]] == ["final_result"]

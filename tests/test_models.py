@@ -100,14 +100,20 @@ def test_retrieve_one_model_object(hub, mlxrt_client):
     assert mlxrt_client.get("/models").json()["data"][0]["id"] == SERVED  # the alias
 
 
-def test_unknown_model_is_a_404_model_not_found(hub, mlxrt_client):
-    client = openai_client(mlxrt_client)
+def test_unknown_model_is_the_served_one_unless_strict_then_404_model_not_found(hub, mlxrt_client, mlxrt_tiny_checkpoint,
+                                                                                mlxrt_serve):
+    # a server that answers unknown names with the served model says so here too, loading nothing
+    raw = openai_client(mlxrt_client).models.with_raw_response.retrieve("org/absent")
+    assert raw.parse().id == SERVED and raw.headers["x-mlxrt-model-fallback"] == "org/absent"
+    assert "x-mlxrt-model-fallback" not in mlxrt_client.get(f"/v1/models/{SERVED}").headers
+    strict = mlxrt_serve(mlxrt_tiny_checkpoint("qwen3"), options={"model_fallback": False, "strict_model": True})
+    client = openai_client(strict)
     with pytest.raises(openai.NotFoundError) as err:
         client.models.retrieve("org/absent")
     assert err.value.status_code == 404
     assert err.value.body["code"] == "model_not_found" and err.value.body["type"] == "not_found_error"
     assert "'org/absent' not found" in err.value.body["message"]
-    assert ids(mlxrt_client)[0] == SERVED  # still serving
+    assert ids(strict)[0] == SERVED  # still serving
 
 
 class DeclaresStructuredOutputs:

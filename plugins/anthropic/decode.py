@@ -212,6 +212,20 @@ def _message(i: int, msg: Any, out: list[dict[str, Any]], images: list[ImageRef]
         out.append(message)
 
 
+def _prefill(messages: list[Any], chat_messages: list[dict[str, Any]]) -> bool:
+    """Whether the answer continues the last message: Anthropic's prefill, a last ``assistant``
+    message of text (no tool calls), which the answer goes on from. Its text may not end in
+    whitespace (Anthropic's 400: the continuation would start inside a token)."""
+    last = chat_messages[-1] if chat_messages else {}
+    if not (isinstance(messages[-1], dict) and messages[-1].get("role") == "assistant" and last.get("role") == "assistant"
+            and not last.get("tool_calls") and isinstance(last.get("content"), str) and last["content"]):
+        return False
+    if last["content"] != last["content"].rstrip():
+        raise _bad(f"messages.{len(messages) - 1}: final assistant content cannot end with trailing whitespace",
+                   "messages")
+    return True
+
+
 def _tools(tools: Any) -> tuple[dict[str, Any], ...] | None:
     """Client tools as OpenAI function tools; server tools (no ``input_schema``) are dropped."""
     if not tools:
@@ -319,7 +333,9 @@ def decode_messages(body: Mapping[str, Any], claimed: Mapping[str, type] | None 
         if not names:
             raise _bad(f"tool_choice: type {choice.type!r} needs at least one tool", "tool_choice")
         forced = tuple(names)
+    prefill = _prefill(messages, chat_messages)
     chat = ChatInput(messages=tuple(chat_messages), tools=tools,
-                     reasoning_effort=reasoning_effort(request.thinking, effort), images=tuple(images))
+                     reasoning_effort=reasoning_effort(request.thinking, effort), images=tuple(images),
+                     add_generation_prompt=not prefill, continue_final_message=prefill)
     return DecodedMessages(request=request, chat=chat, stop=tuple(s for s in stops if s), forced=forced,
                            extra=claimed_values(body, claimed), ignored=ignored, adapter=adapter_field(body))

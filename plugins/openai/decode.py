@@ -14,7 +14,6 @@ from typing import Any, TypeVar
 
 import attrs
 
-from mlxrt.api.generation import structured_output
 from mlxrt.api.wire import (
     FieldRule,
     adapter_field,
@@ -27,6 +26,7 @@ from mlxrt.api.wire import (
 )
 from mlxrt.errors import InvalidRequest
 from mlxrt.images import ImageRef, content_parts, url_ref
+from mlxrt.plugins.openai.llama_fields import request_structured, template_ending
 from mlxrt.plugins.openai.wire import (
     CHAT_RULES,
     COMPLETION_RULES,
@@ -277,7 +277,7 @@ def decode_options(body: Mapping[str, Any], claimed: Mapping[str, type] | None, 
     run = RequestOptions(
         sampling={name: getattr(request, name) for name in SAMPLING_FIELDS}, max_tokens=request.requested_max_tokens,
         seed=request.seed, stop=stop, logit_bias=logit_bias, logprobs=request.logprob_count,
-        adapter=adapter_field(body), structured=structured_output(body.get("response_format")),
+        adapter=adapter_field(body), structured=request_structured(body),
         num_draft_tokens=request.num_draft_tokens, extra=extra, n=request.n or 1,
     )
     options = DecodedOptions(request=request, run=run, include_usage=include_usage, ignored=ignored)
@@ -301,12 +301,16 @@ def decode_chat(body: Mapping[str, Any], claimed: Mapping[str, type] | None = No
     tools = _decode_tools(body.get("tools")) if body.get("tool_choice") != "none" else None
     run = attrs.evolve(options.run, tools=tools, forced_tools=_decode_tool_choice(body.get("tool_choice"), tools))
     options = attrs.evolve(options, run=run)
+    add_generation_prompt, continue_final = template_ending(decoded, request.add_generation_prompt,
+                                                            request.continue_final_message)
     chat = ChatInput(
         messages=decoded,
         tools=tools,
         template_kwargs=request.chat_template_kwargs or {},
         reasoning_effort=request.reasoning_effort,
         images=tuple(images),
+        add_generation_prompt=add_generation_prompt,
+        continue_final_message=continue_final,
     )
     return DecodedChat(request=request, chat=chat, options=options)
 

@@ -160,6 +160,15 @@ async def get_model(request: Request) -> dict[str, Any]:
     for row in await _model_rows(request):
         if row["id"] == wanted:
             return row
+    pool = request.app.state.host.models
+    if pool is not None and pool.settings.fallback:
+        # The served model answers this name in a request (docs/dialects.md, "Model names"):
+        # its row, and the header that names what was asked for. Nothing is loaded here.
+        from mlxrt.model_pool import FALLBACK_KEY
+
+        request.scope[FALLBACK_KEY] = wanted
+        _pool_rows(request, served)
+        return served
     raise NotFound(f"model {wanted!r} not found: it is neither the served model nor a servable model "
                    f"in the local Hugging Face cache", param="model", code="model_not_found")
 

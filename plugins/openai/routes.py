@@ -28,6 +28,7 @@ from mlxrt.plugins.openai.encode import (
     tool_calls_json,
     with_choices,
 )
+from mlxrt.plugins.openai.llama import LLAMA_ROUTES, rendered_prompt
 from mlxrt.plugins.openai.models import codex_catalog, get_model, list_models
 from mlxrt.records import CacheReport, FinishEvent, TokenEvent
 
@@ -59,7 +60,11 @@ class Chat:
         bodies = [completion_body(id=a.id, created=a.created, model=a.model, content=a.content, reasoning=a.reasoning,
                                   calls=a.calls, finish_reason=str(a.reason), finish=a.finish, logprobs=a.logprobs,
                                   fingerprint=fingerprint, index=i) for i, a in enumerate(choices)]
-        return bodies[0] if len(bodies) == 1 else with_choices(bodies, [a.finish for a in choices])
+        body = bodies[0] if len(bodies) == 1 else with_choices(bodies, [a.finish for a in choices])
+        if answer.turn.wire.request.verbose:
+            # llama-server's debugging field; rendered again (it rendered fine moments ago), only when asked.
+            body["__verbose"] = {"prompt": rendered_prompt(answer.turn.host, answer.turn.chat).text}
+        return body
 
     def stream(self, gen: Any, assembler: ResponseAssembler, *, id: str, model: str, created: int,
                report: CacheReport, turn: Turn) -> AsyncIterator[bytes]:
@@ -146,4 +151,4 @@ async def _choice_stream(gen: Any, id: str, assembler: ResponseAssembler, model:
                 yield frame(delta_body("".join(content), "".join(reasoning)))
 
 
-ROUTES = [chat_completions, completions, embeddings, list_models, get_model, codex_catalog]
+ROUTES = [chat_completions, completions, embeddings, list_models, get_model, codex_catalog, *LLAMA_ROUTES]

@@ -50,6 +50,9 @@ GENERATION_RULES = (
     FieldRule("stream_options", (dict,)),
     FieldRule("user", (str,)),
     FieldRule("num_draft_tokens", (int,), min=0),
+    # llama-server's constraint fields (mlxrt.plugins.openai.llama_fields)
+    FieldRule("grammar", (str,)),
+    FieldRule("json_schema", (dict,)),
 )
 
 CHAT_RULES = (
@@ -57,6 +60,9 @@ CHAT_RULES = (
     FieldRule("chat_template_kwargs", (dict,)),
     FieldRule("tools", (list,)),
     FieldRule("reasoning_effort", (str,)),
+    FieldRule("add_generation_prompt", (bool,)),
+    FieldRule("continue_final_message", (bool,)),
+    FieldRule("verbose", (bool,)),
 )
 
 COMPLETION_RULES = GENERATION_RULES
@@ -117,6 +123,11 @@ class ChatCompletionRequest(GenerationFields):
 
     chat_template_kwargs: dict[str, Any] | None = None
     reasoning_effort: str | None = None
+    #: vLLM's and transformers' template switches (:func:`mlxrt.plugins.openai.llama_fields.template_ending`).
+    add_generation_prompt: bool | None = None
+    continue_final_message: bool | None = None
+    #: llama-server's: answer with ``__verbose.prompt``, the rendered prompt.
+    verbose: bool | None = None
 
 
 @attrs.frozen

@@ -48,6 +48,10 @@ def grammar_text(structured: StructuredOutput) -> str:
             return llguidance.LLMatcher.grammar_from_regex(structured.spec)
         if structured.kind == "lark":  # a whole grammar (a forced tool call: mlxrt.text.tool_grammar)
             return llguidance.LLMatcher.grammar_from_lark(structured.spec)
+        if structured.kind == "gbnf":  # llama.cpp's grammar format (the grammar field)
+            from llguidance.gbnf_to_lark import gbnf_to_lark
+
+            return llguidance.LLMatcher.grammar_from_lark(gbnf_to_lark(structured.spec))
         if structured.kind == "choice":
             # Lark string literals take JSON escapes: each choice is matched literally.
             alternatives = " | ".join(json.dumps(c) for c in json.loads(structured.spec))

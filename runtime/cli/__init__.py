@@ -259,7 +259,10 @@ def build_server(host: PluginHost, model: str | None, opts: dict[str, Any]) -> A
             engine = Engine(view, config)
         engine.load(info)
         if opts.get("chat_template") and primary:
+            from mlxrt.loading import with_replaced_template
+
             engine.tokenizer.chat_template = opts["chat_template"]
+            engine.profile = with_replaced_template(engine.profile, engine.tokenizer)
         elif opts.get("use_default_chat_template") and getattr(engine.tokenizer, "chat_template", None) is None:
             engine.tokenizer.chat_template = DEFAULT_CHAT_TEMPLATE
         return engine

@@ -1,0 +1,117 @@
+"""llama-server's helper endpoints beside OpenAI's, which its clients and test suite call
+(docs/dialects.md, "llama.cpp and vLLM fields"):
+
+- ``POST /tokenize`` ``{"content", "add_special", "with_pieces"}`` → ``{"tokens": [...]}``;
+- ``POST /detokenize`` ``{"tokens": [...]}`` → ``{"content": "..."}``;
+- ``POST /apply-template``: a chat-completions body → ``{"prompt": "..."}``, the prompt its
+  chat template renders (what ``verbose: true`` returns in ``__verbose.prompt``);
+- ``POST /v1/chat/completions/input_tokens``: a chat-completions body → ``{"input_tokens": N}``,
+  the prompt tokens it would run with (as Anthropic's ``count_tokens``).
+
+Each takes an optional ``model`` (the served model by default), tokenizes and renders off the
+event loop, and answers errors as OpenAI error objects.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from litestar import Request, post
+
+from mlxrt.api.app import claimed_fields
+from mlxrt.api.disconnect import off_loop
+from mlxrt.api.generation import refuse_overlong_text
+from mlxrt.api.models import host_for
+from mlxrt.api.openapi import BODIES
+from mlxrt.api.wire import FieldRule, check_fields, parse_json_object
+from mlxrt.errors import InvalidRequest
+from mlxrt.plugins.openai.decode import decode_chat
+from mlxrt.plugins.openai.encode import ROUTE_OPT
+from mlxrt.records import ChatInput, GenerationRequest
+from mlxrt.templating import RenderedPrompt, canonicalize, render_chat
+
+__all__ = ["LLAMA_ROUTES", "rendered_prompt"]
+
+_TOKENIZE_RULES = (FieldRule("content", (str,), nullable=False), FieldRule("add_special", (bool,)),
+                   FieldRule("with_pieces", (bool,)), FieldRule("model", (str,)))
+_DETOKENIZE_RULES = (FieldRule("tokens", (list,), nullable=False), FieldRule("model", (str,)))
+#: The bodies the OpenAPI schema declares (mlxrt.api.openapi), so schema-driven clients reach them.
+_TOKENIZE_OPT = {**ROUTE_OPT, "body_schema": {"type": "object", "required": ["content"], "properties": {
+    "content": {"type": "string"}, "add_special": {"type": "boolean"}, "with_pieces": {"type": "boolean"},
+    "model": {"type": "string"}}}}
+_DETOKENIZE_OPT = {**ROUTE_OPT, "body_schema": {"type": "object", "required": ["tokens"], "properties": {
+    "tokens": {"type": "array", "items": {"type": "integer", "minimum": 0}}, "model": {"type": "string"}}}}
+_CHAT_BODY_OPT = {**ROUTE_OPT, "body_schema": BODIES["/v1/chat/completions"]}
+
+
+def rendered_prompt(host: Any, chat: ChatInput) -> RenderedPrompt:
+    """``chat`` as the served model's chat template renders and tokenizes it (call off the loop)."""
+    engine = host.engine
+    return render_chat(host, engine.tokenizer, engine.profile, chat)
+
+
+async def _decoded_chat(request: Request) -> tuple[Any, Any]:
+    host = request.app.state.host
+    body = parse_json_object(await request.body())
+    decoded = decode_chat(body, claimed_fields(host, "openai"), strict=bool(host.options.get("strict")))
+    host = await host_for(request, decoded.request.model)
+    await refuse_overlong_text(request, body, host)
+    return host, decoded
+
+
+async def _helper_body(request: Request, field: str, what: str, rules: tuple[FieldRule, ...]) -> tuple[Any, Any]:
+    """A helper endpoint's checked body (``field`` required) and the host of its ``model``."""
+    body = parse_json_object(await request.body())
+    if field not in body:
+        raise InvalidRequest(f"{field} ({what}) is required", param=field)
+    check_fields(body, rules)
+    return body, await host_for(request, body.get("model"))
+
+
+@post("/tokenize", status_code=200, opt=_TOKENIZE_OPT, summary="Tokenize text (llama-server)", tags=["llama.cpp"])
+async def tokenize(request: Request) -> dict[str, Any]:
+    body, host = await _helper_body(request, "content", "the text to tokenize", _TOKENIZE_RULES)
+
+    def run() -> dict[str, Any]:
+        tokenizer = host.engine.tokenizer
+        ids = list(tokenizer.encode(body["content"], add_special_tokens=bool(body.get("add_special"))))
+        if not body.get("with_pieces"):
+            return {"tokens": ids}
+        return {"tokens": [{"id": i, "piece": tokenizer.decode([i])} for i in ids]}
+
+    return await off_loop(request, run)
+
+
+@post("/detokenize", status_code=200, opt=_DETOKENIZE_OPT, summary="Detokenize ids (llama-server)", tags=["llama.cpp"])
+async def detokenize(request: Request) -> dict[str, Any]:
+    body, host = await _helper_body(request, "tokens", "the ids to detokenize", _DETOKENIZE_RULES)
+    vocab = host.engine.info.config_int("vocab_size")
+    for i, token in enumerate(body["tokens"]):
+        if isinstance(token, bool) or not isinstance(token, int) or token < 0 or (vocab is not None and token >= vocab):
+            raise InvalidRequest(f"tokens[{i}] must be a token id (an integer from 0 to {vocab - 1 if vocab else '…'})",
+                                 param="tokens")
+    return {"content": await off_loop(request, host.engine.tokenizer.decode, list(body["tokens"]))}
+
+
+@post("/apply-template", status_code=200, opt=_CHAT_BODY_OPT, summary="Render a chat's prompt (llama-server)",
+      tags=["llama.cpp"])
+async def apply_template(request: Request) -> dict[str, str]:
+    host, decoded = await _decoded_chat(request)
+    rendered = await off_loop(request, rendered_prompt, host, decoded.chat)
+    return {"prompt": rendered.text}
+
+
+@post(["/v1/chat/completions/input_tokens", "/chat/completions/input_tokens"], status_code=200, opt=_CHAT_BODY_OPT,
+      summary="Count a chat's input tokens", tags=["openai"])
+async def input_tokens(request: Request) -> dict[str, int]:
+    host, decoded = await _decoded_chat(request)
+
+    def count() -> int:
+        rendered = rendered_prompt(host, decoded.chat)
+        probe = GenerationRequest(request_id="count", prompt_ids=rendered.ids, max_tokens=1, dialect="openai")
+        return len(canonicalize(host, probe, "openai").prompt_ids)
+
+    return {"input_tokens": await off_loop(request, count)}
+
+
+LLAMA_ROUTES = [tokenize, detokenize, apply_template, input_tokens]
