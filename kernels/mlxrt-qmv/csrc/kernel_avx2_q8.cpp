@@ -1,6 +1,6 @@
 // The AVX2 integer kernel (as llama.cpp's Q4_1 x Q8_1 and Q8_0 x Q8_0 dot products): x is
 // quantized to int8 once per call, in blocks of 32 with one float scale each (see
-// kernels.h, quantize_x), and each weight byte meets it in integer multiply-adds
+// kernels.h and quantize_x_avx2 below), and each weight byte meets it in integer multiply-adds
 // (_mm256_maddubs_epi16: unsigned 8-bit weights x signed 8-bit x, pairs summed in 16 bits),
 // summed in 32 bits per block and scaled in float once per block. 64 4-bit weights cost one
 // load, one shift, two ands and two maddubs; the float kernel (kernel_avx2.cpp) needs eight
@@ -60,7 +60,7 @@ RowScales row_scales_f32(const Problem& p, int r, float* sc, float* bi, float* s
 }
 
 // sum_g bias[g] * xsum[g] + scale[g] * xoff[g] (the biases' term and the weights' offset, 8 or
-// 128, against the exact float sums of x; see quantize_x) spread over 8 lanes, to add to a row's
+// 128, against the exact float sums of x; see quantize_x_avx2) spread over 8 lanes, to add to a row's
 // accumulator before its lanes are summed. The last G % 8 groups are read with a masked load.
 alignas(32) constexpr int32_t kTailMask[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
 
@@ -95,19 +95,22 @@ inline float fold(__m256 acc, __m128 tail) {
 // x loads shared by the R rows, the unpacked weights by the MM rows). A chunk is 64 elements
 // (32 bytes, blocks b and b + 1): the low nibbles of its bytes are the even elements of both
 // blocks, the high nibbles the odd ones, so x is stored per chunk as [even of b, even of b + 1,
-// odd of b, odd of b + 1] (quantize_x) and one maddubs takes each half; lanes 0-3 of the 32-bit
+// odd of b, odd of b + 1] (quantize_x_avx2) and one maddubs takes each half; lanes 0-3 of the 32-bit
 // sums belong to block b, lanes 4-7 to block b + 1.
-template <int R, int MM>
+template <bool Q15, int R, int MM>
 void rows4q(const Problem& p, const uint8_t* const* w, const RowScales* rs, int m0, float (*res)[4]) {
   const int K = p.K, nb = K / 32;
   const __m256i mask = _mm256_set1_epi8(0x0F);
   const __m256i ones = _mm256_set1_epi16(1);
+  const __m256i k128 = _mm256_set1_epi16(128);
   const __m256i lo_hi = _mm256_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1);
   __m256 acc[R][MM];
   const int8_t* xq[MM];
+  const int8_t* xr[MM]; // Q15: the low 7 bits
   const float* xd[MM];
   for (int m = 0; m < MM; ++m) {
     xq[m] = p.xq + static_cast<size_t>(m0 + m) * K;
+    xr[m] = Q15 ? p.xlo + static_cast<size_t>(m0 + m) * K : nullptr;
     xd[m] = p.xd + static_cast<size_t>(m0 + m) * nb;
     for (int i = 0; i < R; ++i) acc[i][m] = _mm256_setzero_ps();
   }
@@ -127,8 +130,16 @@ void rows4q(const Problem& p, const uint8_t* const* w, const RowScales* rs, int 
       const __m256 d = pair_to_halves(xd[m] + b, lo_hi);
       for (int i = 0; i < R; ++i) {
         const __m256i s16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo[i], xl), _mm256_maddubs_epi16(hi[i], xh));
-        const __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(s16, ones));
-        acc[i][m] = _mm256_fmadd_ps(s, _mm256_mul_ps(ws[i], d), acc[i][m]);
+        __m256i s32;
+        if constexpr (Q15) {
+          const __m256i* r = reinterpret_cast<const __m256i*>(xr[m] + b * 32);
+          const __m256i l16 = _mm256_add_epi16(_mm256_maddubs_epi16(lo[i], _mm256_loadu_si256(r)),
+                                               _mm256_maddubs_epi16(hi[i], _mm256_loadu_si256(r + 1)));
+          s32 = _mm256_add_epi32(_mm256_madd_epi16(s16, k128), _mm256_madd_epi16(l16, ones));
+        } else {
+          s32 = _mm256_madd_epi16(s16, ones);
+        }
+        acc[i][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32), _mm256_mul_ps(ws[i], d), acc[i][m]);
       }
     }
   }
@@ -145,8 +156,14 @@ void rows4q(const Problem& p, const uint8_t* const* w, const RowScales* rs, int 
         const int8_t* x = xq[m] + b * 32;
         const __m128i s16 = _mm_add_epi16(_mm_maddubs_epi16(lo, _mm_loadu_si128(reinterpret_cast<const __m128i*>(x))),
                                           _mm_maddubs_epi16(hi, _mm_loadu_si128(reinterpret_cast<const __m128i*>(x + 16))));
-        tail[i][m] = _mm_mul_ps(_mm_cvtepi32_ps(_mm_madd_epi16(s16, _mm_set1_epi16(1))),
-                                _mm_set1_ps(rs[i].scb[b] * xd[m][b]));
+        __m128i s32 = _mm_madd_epi16(s16, _mm_set1_epi16(Q15 ? 128 : 1));
+        if constexpr (Q15) {
+          const int8_t* y = xr[m] + b * 32;
+          const __m128i l16 = _mm_add_epi16(_mm_maddubs_epi16(lo, _mm_loadu_si128(reinterpret_cast<const __m128i*>(y))),
+                                            _mm_maddubs_epi16(hi, _mm_loadu_si128(reinterpret_cast<const __m128i*>(y + 16))));
+          s32 = _mm_add_epi32(s32, _mm_madd_epi16(l16, _mm_set1_epi16(1)));
+        }
+        tail[i][m] = _mm_mul_ps(_mm_cvtepi32_ps(s32), _mm_set1_ps(rs[i].scb[b] * xd[m][b]));
       }
     }
   }
@@ -157,17 +174,20 @@ void rows4q(const Problem& p, const uint8_t* const* w, const RowScales* rs, int 
 // 8-bit: a block is 32 bytes. maddubs(q, x) could overflow 16 bits (255 * 127 * 2), so, as
 // llama.cpp does, the weights are taken as q - 128 (signed), multiplied as |q - 128| against x
 // with the sign of q - 128 moved onto x (at most 128 * 127 * 2 = 32512 a pair); the 128 * sum(x)
-// this leaves out is in the bias term (quantize_x's xoff).
-template <int R, int MM>
+// this leaves out is in the bias term (quantize_x_avx2's xoff).
+template <bool Q15, int R, int MM>
 void rows8q(const Problem& p, const uint8_t* const* w, const RowScales* rs, int m0, float (*res)[4]) {
   const int K = p.K, nb = K / 32;
   const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
   const __m256i ones = _mm256_set1_epi16(1);
+  const __m256i k128 = _mm256_set1_epi16(128);
   __m256 acc[R][MM];
   const int8_t* xq[MM];
+  const int8_t* xr[MM]; // Q15: the low 7 bits
   const float* xd[MM];
   for (int m = 0; m < MM; ++m) {
     xq[m] = p.xq + static_cast<size_t>(m0 + m) * K;
+    xr[m] = Q15 ? p.xlo + static_cast<size_t>(m0 + m) * K : nullptr;
     xd[m] = p.xd + static_cast<size_t>(m0 + m) * nb;
     for (int i = 0; i < R; ++i) acc[i][m] = _mm256_setzero_ps();
   }
@@ -184,8 +204,15 @@ void rows8q(const Problem& p, const uint8_t* const* w, const RowScales* rs, int 
       const __m256 d = _mm256_broadcast_ss(xd[m] + b);
       for (int i = 0; i < R; ++i) {
         const __m256i xs = _mm256_sign_epi8(x, v[i]);
-        const __m256 s = _mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(a[i], xs), ones));
-        acc[i][m] = _mm256_fmadd_ps(s, _mm256_mul_ps(ws[i], d), acc[i][m]);
+        __m256i s32;
+        if constexpr (Q15) {
+          const __m256i xl = _mm256_sign_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr[m] + b * 32)), v[i]);
+          s32 = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(a[i], xs), k128),
+                                 _mm256_madd_epi16(_mm256_maddubs_epi16(a[i], xl), ones));
+        } else {
+          s32 = _mm256_madd_epi16(_mm256_maddubs_epi16(a[i], xs), ones);
+        }
+        acc[i][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32), _mm256_mul_ps(ws[i], d), acc[i][m]);
       }
     }
   }
@@ -201,19 +228,19 @@ constexpr int rows_for(int mm) {
   return mm == 1 ? 4 : mm == 2 ? 2 : 1;
 }
 
-template <int BITS, int R, int MM>
+template <int BITS, bool Q15, int R, int MM>
 constexpr RowsQ pick() {
-  if constexpr (BITS == 4) return rows4q<R, MM>;
-  return rows8q<R, MM>;
+  if constexpr (BITS == 4) return rows4q<Q15, R, MM>;
+  return rows8q<Q15, R, MM>;
 }
 
-template <int BITS>
+template <int BITS, bool Q15>
 void rows_q(const Problem& p, int r0, int r1) {
   // [x rows in the call - 1][wide (R of rows_for) or one weight row]
-  static constexpr RowsQ fns[4][2] = {{pick<BITS, 1, 1>(), pick<BITS, 4, 1>()},
-                                      {pick<BITS, 1, 2>(), pick<BITS, 2, 2>()},
-                                      {pick<BITS, 1, 3>(), pick<BITS, 1, 3>()},
-                                      {pick<BITS, 1, 4>(), pick<BITS, 1, 4>()}};
+  static constexpr RowsQ fns[4][2] = {{pick<BITS, Q15, 1, 1>(), pick<BITS, Q15, 4, 1>()},
+                                      {pick<BITS, Q15, 1, 2>(), pick<BITS, Q15, 2, 2>()},
+                                      {pick<BITS, Q15, 1, 3>(), pick<BITS, Q15, 1, 3>()},
+                                      {pick<BITS, Q15, 1, 4>(), pick<BITS, Q15, 1, 4>()}};
   const size_t row_bytes = static_cast<size_t>(p.K) * BITS / 8;
   const uint8_t* wbase = reinterpret_cast<const uint8_t*>(p.w);
   const size_t sz = 2 * static_cast<size_t>(p.G) + p.K / 32;
@@ -243,11 +270,88 @@ void rows_q(const Problem& p, int r0, int r1) {
 
 } // namespace
 
+namespace {
+
+// Stores block b of x / d (32 ints q) as int8: whole (part -1), or its high part q >> 7 (part 0)
+// or low 7 bits q & 127 (part 1); for 4-bit weights in the nibble order (quantize_x_avx2).
+void store_block(const int32_t* q, int8_t* out, int b, int nb, int bits, int part) {
+  int8_t v[32];
+  for (int i = 0; i < 32; ++i) v[i] = static_cast<int8_t>(part < 0 ? q[i] : part == 0 ? q[i] >> 7 : q[i] & 127);
+  if (bits != 4) {
+    for (int i = 0; i < 32; ++i) out[b * 32 + i] = v[i];
+    return;
+  }
+  // in a pair (b even with a next block, or b odd): [even b, even b + 1, odd b, odd b + 1];
+  // a lone last block: [even, odd]
+  const bool pair = b % 2 == 1 || b + 1 < nb;
+  int8_t* base = pair ? out + (b - b % 2) * 32 + (b % 2) * 16 : out + b * 32;
+  const int odd = pair ? 32 : 16;
+  for (int i = 0; i < 16; ++i) {
+    base[i] = v[2 * i];
+    base[odd + i] = v[2 * i + 1];
+  }
+}
+
+} // namespace
+
+void quantize_x_avx2(const float* x, int K, int group_size, int bits, int8_t* xq, int8_t* xlo, float* xd,
+                     float* xsum, float* xoff) {
+  // int8: x / d in [-127, 127]; Q15 (xlo given): in [-16256, 16256] = 128 * [-127, 127] + [0, 127],
+  // the high part to xq and the low 7 bits to xlo.
+  const float top = xlo != nullptr ? 16256.f : 127.f;
+  const int nb = K / 32, per = group_size / 32;
+  const __m256 sign = _mm256_set1_ps(-0.f);
+  for (int g = 0; g < K / group_size; ++g) xsum[g] = xoff[g] = 0.f;
+  alignas(32) int32_t q[32];
+  for (int b = 0; b < nb; ++b) {
+    const float* xb = x + b * 32;
+    __m256 v[4];
+    __m256 amax = _mm256_setzero_ps(), sum = _mm256_setzero_ps();
+    for (int j = 0; j < 4; ++j) {
+      v[j] = _mm256_loadu_ps(xb + 8 * j);
+      amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[j]));
+      sum = _mm256_add_ps(sum, v[j]);
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    const float am = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+    const float d = am / top;
+    const __m256 id = _mm256_set1_ps(am > 0.f ? top / am : 0.f);
+    __m256i qs = _mm256_setzero_si256();
+    for (int j = 0; j < 4; ++j) { // rounds to nearest even (the default MXCSR mode); |v * id| <= top
+      const __m256i qj = _mm256_cvtps_epi32(_mm256_mul_ps(v[j], id));
+      qs = _mm256_add_epi32(qs, qj);
+      _mm256_store_si256(reinterpret_cast<__m256i*>(q + 8 * j), qj);
+    }
+    __m128i s4 = _mm_add_epi32(_mm256_castsi256_si128(qs), _mm256_extracti128_si256(qs, 1));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
+    s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
+    const int qsum = _mm_cvtsi128_si32(s4);
+    const float xs = hsum(sum);
+    xd[b] = d;
+    const int g = b / per;
+    xsum[g] += xs;
+    if (bits == 4) xoff[g] += 8.f * (xs - d * static_cast<float>(qsum));
+    for (int part = 0; part < (xlo != nullptr ? 2 : 1); ++part)
+      store_block(q, part == 0 ? xq : xlo, b, nb, bits, xlo == nullptr ? -1 : part);
+  }
+  if (bits == 8)
+    for (int g = 0; g < K / group_size; ++g) xoff[g] = 128.f * xsum[g];
+}
+
+
 void rows_avx2_q8(const Problem& p, int r0, int r1) {
   if (p.bits == 4)
-    rows_q<4>(p, r0, r1);
+    rows_q<4, false>(p, r0, r1);
   else
-    rows_q<8>(p, r0, r1);
+    rows_q<8, false>(p, r0, r1);
+}
+
+void rows_avx2_q15(const Problem& p, int r0, int r1) {
+  if (p.bits == 4)
+    rows_q<4, true>(p, r0, r1);
+  else
+    rows_q<8, true>(p, r0, r1);
 }
 
 } // namespace mlxrt_qmv

@@ -19,10 +19,11 @@ enum class ScaleType { f32, f16, bf16 };
 struct Problem {
   const float* x; // M rows of K floats, in the layout the kernel asked for (x_width)
   const float* xsum; // M rows of G per-group sums of x
-  // Kernels that take x quantized (Kernel::int8_x; quantize_x makes these): M rows of K int8
+  // Kernels that take x quantized (Kernel::int8_x; Kernel::quantize makes these): M rows of K int8
   // values laid out for the weights' bits, M rows of K / 32 block scales, and M rows of G
-  // offsets that the bias term adds (see quantize_x).
+  // offsets that the bias term adds (see quantize_x_avx2).
   const int8_t* xq;
+  const int8_t* xlo; // the Q15 kernel: x / d in 15 bits, its high part in xq and low 7 bits here
   const float* xd;
   const float* xoff;
   const uint32_t* w; // N rows of K * bits / 32 words
@@ -45,8 +46,13 @@ struct Kernel {
   // down to W = 4. 8-bit weights always take x as given.
   int x_width;
   RowsFn dequant;
-  // Whether rows takes x quantized to int8 (xq, xd, xoff) instead of as floats (x).
+  // Whether rows takes x quantized to int8 (xq, xd, xoff; made by quantize) instead of as
+  // floats (x).
   bool int8_x = false;
+  void (*quantize)(const float* x, int K, int group_size, int bits, int8_t* xq, int8_t* xlo, float* xd,
+                   float* xsum, float* xoff) = nullptr;
+  // Whether x goes in 15 bits (xq and xlo) rather than 8 (xq).
+  bool q15 = false;
 };
 
 void rows_generic(const Problem& p, int r0, int r1);
@@ -55,7 +61,22 @@ void dequant_generic(const Problem& p, int r0, int r1);
 #if defined(__x86_64__) || defined(_M_X64)
 void rows_avx2(const Problem& p, int r0, int r1);
 void dequant_avx2(const Problem& p, int r0, int r1);
+// Quantizes one row of x (K floats, K a multiple of 32) for an int8 kernel, in blocks of 32: each
+// block's scale d = max|x| / 127 goes to xd, round(x / d) to xq, laid out for 4-bit weights per
+// 64-element chunk (blocks b, b + 1) as [even elements of b, even of b + 1, odd of b, odd of
+// b + 1] and a last lone block as [even, odd] (the order a packed byte's low and high nibbles
+// hold them), for 8-bit weights as given. Also the exact per-group sums of x (xsum, G of them)
+// and the offsets xoff the kernels' bias term adds, scale[g] * xoff[g] each: the kernels
+// multiply 8-bit weights as q - 128, so xoff = 128 * xsum; they multiply 4-bit weights as q, and
+// xoff = 8 * (xsum - sum of the dequantized x) turns that into (q - 8) against the rounded x plus
+// 8 * xsum exactly, which halves the rounding error (q - 8 is centred on zero, q is not).
+// With xlo, x / d is rounded to 15 bits instead, d = max|x| / 16256, and stored as its high part
+// (>> 7, in xq) and its low 7 bits (in xlo), both int8 in the same layout.
+void quantize_x_avx2(const float* x, int K, int group_size, int bits, int8_t* xq, int8_t* xlo, float* xd,
+                     float* xsum, float* xoff);
 void rows_avx2_q8(const Problem& p, int r0, int r1);
+// rows_avx2_q8 on x in 15 bits (xq and xlo): 128 times less rounding for about 1.5 times the work.
+void rows_avx2_q15(const Problem& p, int r0, int r1);
 #endif
 
 // Lays out one row of x (K floats) as a kernel of x_width W expects (see Kernel::x_width).
@@ -72,62 +93,6 @@ inline void permute_x(const float* x, float* xp, int K, int W) {
       for (int s = 0; s < 8; ++s) xp[k + s * w + l] = x[k + 8 * l + s];
     k += 8 * w;
   }
-}
-
-// Quantizes one row of x (K floats, K a multiple of 32) for an int8 kernel, in blocks of 32: each
-// block's scale d = max|x| / 127 goes to xd, round(x / d) to xq, laid out for 4-bit weights per
-// 64-element chunk (blocks b, b + 1) as [even elements of b, even of b + 1, odd of b, odd of
-// b + 1] and a last lone block as [even, odd] (the order a packed byte's low and high nibbles
-// hold them), for 8-bit weights as given. Also the exact per-group sums of x (xsum, G of them)
-// and the offsets xoff the kernels' bias term adds, scale[g] * xoff[g] each: the kernels
-// multiply 8-bit weights as q - 128, so xoff = 128 * xsum; they multiply 4-bit weights as q, and
-// xoff = 8 * (xsum - sum of the dequantized x) turns that into (q - 8) against the rounded x plus
-// 8 * xsum exactly, which halves the rounding error (q - 8 is centred on zero, q is not).
-inline void quantize_x(const float* x, int K, int group_size, int bits, int8_t* xq, float* xd, float* xsum,
-                       float* xoff) {
-  const int nb = K / 32, per = group_size / 32;
-  for (int g = 0; g < K / group_size; ++g) xsum[g] = xoff[g] = 0.f;
-  for (int b = 0; b < nb; ++b) {
-    const float* xb = x + b * 32;
-    float amax = 0.f, sum = 0.f;
-    for (int i = 0; i < 32; ++i) {
-      const float a = xb[i] < 0 ? -xb[i] : xb[i];
-      amax = a > amax ? a : amax;
-      sum += xb[i];
-    }
-    const float d = amax / 127.f;
-    const float id = amax > 0.f ? 127.f / amax : 0.f;
-    int qsum = 0;
-    int8_t q[32];
-    for (int i = 0; i < 32; ++i) {
-      float v = xb[i] * id;
-      v = v > 127.f ? 127.f : v < -127.f ? -127.f : v;
-      const int qi = static_cast<int>(__builtin_nearbyintf(v));
-      q[i] = static_cast<int8_t>(qi);
-      qsum += qi;
-    }
-    xd[b] = d;
-    const int g = b / per;
-    xsum[g] += sum;
-    if (bits == 4) xoff[g] += 8.f * (sum - d * static_cast<float>(qsum));
-    int8_t* dst = xq + b * 32;
-    if (bits != 4) {
-      for (int i = 0; i < 32; ++i) dst[i] = q[i];
-    } else if (b % 2 == 1 || b + 1 < nb) { // in a pair: b even, or the second of one
-      int8_t* base = xq + (b - b % 2) * 32 + (b % 2) * 16;
-      for (int i = 0; i < 16; ++i) {
-        base[i] = q[2 * i];
-        base[32 + i] = q[2 * i + 1];
-      }
-    } else { // a lone last block
-      for (int i = 0; i < 16; ++i) {
-        dst[i] = q[2 * i];
-        dst[16 + i] = q[2 * i + 1];
-      }
-    }
-  }
-  if (bits == 8)
-    for (int g = 0; g < K / group_size; ++g) xoff[g] = 128.f * xsum[g];
 }
 
 } // namespace mlxrt_qmv

@@ -165,7 +165,8 @@ const Kernel& kernel() {
     if (want != "generic" && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
         __builtin_cpu_supports("f16c")) {
       if (want == "avx2+fma") return Kernel{"avx2+fma", rows_avx2, 8, dequant_avx2};
-      return Kernel{"avx2 int8", rows_avx2_q8, 0, dequant_avx2, true};
+      if (want == "avx2 int8") return Kernel{"avx2 int8", rows_avx2_q8, 0, dequant_avx2, true, quantize_x_avx2};
+      return Kernel{"avx2 q15", rows_avx2_q15, 0, dequant_avx2, true, quantize_x_avx2, true};
     }
 #endif
     return Kernel{"generic", rows_generic, 0, dequant_generic};
@@ -208,7 +209,7 @@ void run_dequant(const uint32_t* w, const T* scales, const T* biases, T* out, in
   ScaleType st = ScaleType::f32;
   if constexpr (std::is_same_v<T, mx::float16_t>) st = ScaleType::f16;
   if constexpr (std::is_same_v<T, mx::bfloat16_t>) st = ScaleType::bf16;
-  Problem p{nullptr, nullptr, nullptr, nullptr, nullptr, w, scales, biases, st, 0, N, K, K / group_size, group_size,
+  Problem p{nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, w, scales, biases, st, 0, N, K, K / group_size, group_size,
             bits, outf};
   split_rows(kernel().dequant, p);
   if constexpr (!std::is_same_v<T, float>) {
@@ -251,11 +252,12 @@ void run_typed(
   } else {
     for (size_t i = 0; i < MK; ++i) xf[i] = static_cast<float>(x[mx::elem_to_loc(static_cast<int64_t>(i), xshape, xstrides)]);
   }
-  if (kern.int8_x) qbuf.resize(MK);
+  if (kern.int8_x) qbuf.resize(kern.q15 ? 2 * MK : MK);
   for (int m = 0; m < M; ++m) {
     const float* xr = xf + static_cast<size_t>(m) * K;
     if (kern.int8_x) {
-      quantize_x(xr, K, group_size, bits, qbuf.data() + static_cast<size_t>(m) * K, xd + static_cast<size_t>(m) * K / 32,
+      kern.quantize(xr, K, group_size, bits, qbuf.data() + static_cast<size_t>(m) * K,
+                    kern.q15 ? qbuf.data() + MK + static_cast<size_t>(m) * K : nullptr, xd + static_cast<size_t>(m) * K / 32,
                  xsum + static_cast<size_t>(m) * G, xoff + static_cast<size_t>(m) * G);
       continue;
     }
@@ -269,7 +271,7 @@ void run_typed(
   ScaleType st = ScaleType::f32;
   if constexpr (std::is_same_v<T, mx::float16_t>) st = ScaleType::f16;
   if constexpr (std::is_same_v<T, mx::bfloat16_t>) st = ScaleType::bf16;
-  Problem p{xp, xsum, kern.int8_x ? qbuf.data() : nullptr, xd, xoff, w, scales, biases, st, M, N, K, G,
+  Problem p{xp, xsum, kern.int8_x ? qbuf.data() : nullptr, kern.q15 ? qbuf.data() + MK : nullptr, xd, xoff, w, scales, biases, st, M, N, K, G,
             group_size, bits, outf};
 
   split_rows(kern.rows, p);
