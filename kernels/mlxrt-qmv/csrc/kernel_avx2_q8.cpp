@@ -174,22 +174,46 @@ void rows4q(const Problem& p, const uint8_t* const* w, const RowScales* rs, int 
 // 8-bit: a block is 32 bytes. maddubs(q, x) could overflow 16 bits (255 * 127 * 2), so, as
 // llama.cpp does, the weights are taken as q - 128 (signed), multiplied as |q - 128| against x
 // with the sign of q - 128 moved onto x (at most 128 * 127 * 2 = 32512 a pair); the 128 * sum(x)
-// this leaves out is in the bias term (quantize_x_avx2's xoff).
+// this leaves out is in the bias term (quantize_x_avx2's xoff). Q15: the bytes widened to 16
+// bits against x in int16 (madd_epi16: 255 * 16256 * 2 a pair, within 32 bits), q as it is.
 template <bool Q15, int R, int MM>
 void rows8q(const Problem& p, const uint8_t* const* w, const RowScales* rs, int m0, float (*res)[4]) {
   const int K = p.K, nb = K / 32;
   const __m256i flip = _mm256_set1_epi8(static_cast<char>(0x80));
   const __m256i ones = _mm256_set1_epi16(1);
-  const __m256i k128 = _mm256_set1_epi16(128);
   __m256 acc[R][MM];
   const int8_t* xq[MM];
-  const int8_t* xr[MM]; // Q15: the low 7 bits
   const float* xd[MM];
   for (int m = 0; m < MM; ++m) {
     xq[m] = p.xq + static_cast<size_t>(m0 + m) * K;
-    xr[m] = Q15 ? p.xlo + static_cast<size_t>(m0 + m) * K : nullptr;
     xd[m] = p.xd + static_cast<size_t>(m0 + m) * nb;
     for (int i = 0; i < R; ++i) acc[i][m] = _mm256_setzero_ps();
+  }
+  if constexpr (Q15) {
+    const int16_t* xw[MM];
+    for (int m = 0; m < MM; ++m) xw[m] = p.x16 + static_cast<size_t>(m0 + m) * K;
+    for (int b = 0; b < nb; ++b) {
+      __m256i lo[R], hi[R];
+      __m256 ws[R];
+      for (int i = 0; i < R; ++i) {
+        const __m128i* wp = reinterpret_cast<const __m128i*>(w[i] + b * 32);
+        lo[i] = _mm256_cvtepu8_epi16(_mm_loadu_si128(wp));
+        hi[i] = _mm256_cvtepu8_epi16(_mm_loadu_si128(wp + 1));
+        ws[i] = _mm256_broadcast_ss(rs[i].scb + b);
+      }
+      for (int m = 0; m < MM; ++m) {
+        const __m256i* xp = reinterpret_cast<const __m256i*>(xw[m] + b * 32);
+        const __m256i x0 = _mm256_loadu_si256(xp), x1 = _mm256_loadu_si256(xp + 1);
+        const __m256 d = _mm256_broadcast_ss(xd[m] + b);
+        for (int i = 0; i < R; ++i) {
+          const __m256i s32 = _mm256_add_epi32(_mm256_madd_epi16(lo[i], x0), _mm256_madd_epi16(hi[i], x1));
+          acc[i][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32), _mm256_mul_ps(ws[i], d), acc[i][m]);
+        }
+      }
+    }
+    for (int i = 0; i < R; ++i)
+      for (int m = 0; m < MM; ++m) res[i][m] = hsum(_mm256_add_ps(acc[i][m], bias_term(p, rs[i], m0 + m)));
+    return;
   }
   for (int b = 0; b < nb; ++b) {
     __m256i v[R], a[R];
@@ -204,14 +228,7 @@ void rows8q(const Problem& p, const uint8_t* const* w, const RowScales* rs, int 
       const __m256 d = _mm256_broadcast_ss(xd[m] + b);
       for (int i = 0; i < R; ++i) {
         const __m256i xs = _mm256_sign_epi8(x, v[i]);
-        __m256i s32;
-        if constexpr (Q15) {
-          const __m256i xl = _mm256_sign_epi8(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(xr[m] + b * 32)), v[i]);
-          s32 = _mm256_add_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(a[i], xs), k128),
-                                 _mm256_madd_epi16(_mm256_maddubs_epi16(a[i], xl), ones));
-        } else {
-          s32 = _mm256_madd_epi16(_mm256_maddubs_epi16(a[i], xs), ones);
-        }
+        const __m256i s32 = _mm256_madd_epi16(_mm256_maddubs_epi16(a[i], xs), ones);
         acc[i][m] = _mm256_fmadd_ps(_mm256_cvtepi32_ps(s32), _mm256_mul_ps(ws[i], d), acc[i][m]);
       }
     }
@@ -294,11 +311,17 @@ void store_block(const int32_t* q, int8_t* out, int b, int nb, int bits, int par
 
 } // namespace
 
-void quantize_x_avx2(const float* x, int K, int group_size, int bits, int8_t* xq, int8_t* xlo, float* xd,
-                     float* xsum, float* xoff) {
-  // int8: x / d in [-127, 127]; Q15 (xlo given): in [-16256, 16256] = 128 * [-127, 127] + [0, 127],
-  // the high part to xq and the low 7 bits to xlo.
-  const float top = xlo != nullptr ? 16256.f : 127.f;
+void quantize_x_avx2(const float* x, int K, int group_size, int bits, int8_t* xq, int8_t* xlo, int16_t* x16,
+                     float* xd, float* xsum, float* xoff) {
+  // int8: x / d in [-127, 127]; Q15 (xlo or x16 given): in [-16256, 16256] = 128 * [-127, 127] +
+  // [0, 127], the high part to xq and the low 7 bits to xlo, or the whole to x16.
+  const bool q15 = xlo != nullptr || x16 != nullptr;
+  const float top = q15 ? 16256.f : 127.f;
+  // The weights' offset the kernels take out of q (see the row kernels): they multiply x by
+  // q - 128 exactly for 8-bit weights in int8 (sign trick), otherwise by q itself, and
+  // off * (xsum - sum of the rounded x) centres that on q - off.
+  const float off = bits == 4 ? 8.f : 128.f;
+  const bool centred = bits == 8 && !q15;
   const int nb = K / 32, per = group_size / 32;
   const __m256 sign = _mm256_set1_ps(-0.f);
   for (int g = 0; g < K / group_size; ++g) xsum[g] = xoff[g] = 0.f;
@@ -331,11 +354,15 @@ void quantize_x_avx2(const float* x, int K, int group_size, int bits, int8_t* xq
     xd[b] = d;
     const int g = b / per;
     xsum[g] += xs;
-    if (bits == 4) xoff[g] += 8.f * (xs - d * static_cast<float>(qsum));
-    for (int part = 0; part < (xlo != nullptr ? 2 : 1); ++part)
-      store_block(q, part == 0 ? xq : xlo, b, nb, bits, xlo == nullptr ? -1 : part);
+    if (!centred) xoff[g] += off * (xs - d * static_cast<float>(qsum));
+    if (x16 != nullptr) {
+      for (int i = 0; i < 32; ++i) x16[b * 32 + i] = static_cast<int16_t>(q[i]);
+    } else {
+      for (int part = 0; part < (xlo != nullptr ? 2 : 1); ++part)
+        store_block(q, part == 0 ? xq : xlo, b, nb, bits, xlo == nullptr ? -1 : part);
+    }
   }
-  if (bits == 8)
+  if (centred)
     for (int g = 0; g < K / group_size; ++g) xoff[g] = 128.f * xsum[g];
 }
 

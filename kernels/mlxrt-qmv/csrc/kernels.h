@@ -23,7 +23,8 @@ struct Problem {
   // values laid out for the weights' bits, M rows of K / 32 block scales, and M rows of G
   // offsets that the bias term adds (see quantize_x_avx2).
   const int8_t* xq;
-  const int8_t* xlo; // the Q15 kernel: x / d in 15 bits, its high part in xq and low 7 bits here
+  const int8_t* xlo; // the Q15 kernel, 4-bit weights: x / d in 15 bits, its high part in xq and low 7 bits here
+  const int16_t* x16; // the Q15 kernel, 8-bit weights: x / d in 15 bits as int16, in order
   const float* xd;
   const float* xoff;
   const uint32_t* w; // N rows of K * bits / 32 words
@@ -49,8 +50,8 @@ struct Kernel {
   // Whether rows takes x quantized to int8 (xq, xd, xoff; made by quantize) instead of as
   // floats (x).
   bool int8_x = false;
-  void (*quantize)(const float* x, int K, int group_size, int bits, int8_t* xq, int8_t* xlo, float* xd,
-                   float* xsum, float* xoff) = nullptr;
+  void (*quantize)(const float* x, int K, int group_size, int bits, int8_t* xq, int8_t* xlo, int16_t* x16,
+                   float* xd, float* xsum, float* xoff) = nullptr;
   // Whether x goes in 15 bits (xq and xlo) rather than 8 (xq).
   bool q15 = false;
 };
@@ -70,12 +71,13 @@ void dequant_avx2(const Problem& p, int r0, int r1);
 // multiply 8-bit weights as q - 128, so xoff = 128 * xsum; they multiply 4-bit weights as q, and
 // xoff = 8 * (xsum - sum of the dequantized x) turns that into (q - 8) against the rounded x plus
 // 8 * xsum exactly, which halves the rounding error (q - 8 is centred on zero, q is not).
-// With xlo, x / d is rounded to 15 bits instead, d = max|x| / 16256, and stored as its high part
-// (>> 7, in xq) and its low 7 bits (in xlo), both int8 in the same layout.
-void quantize_x_avx2(const float* x, int K, int group_size, int bits, int8_t* xq, int8_t* xlo, float* xd,
-                     float* xsum, float* xoff);
+// With xlo (4-bit weights) or x16 (8-bit weights), x / d is rounded to 15 bits instead, d =
+// max|x| / 16256, and stored as its high part (>> 7, in xq) and low 7 bits (in xlo), both int8 in
+// the layout above, or as int16 in order (x16).
+void quantize_x_avx2(const float* x, int K, int group_size, int bits, int8_t* xq, int8_t* xlo, int16_t* x16,
+                     float* xd, float* xsum, float* xoff);
 void rows_avx2_q8(const Problem& p, int r0, int r1);
-// rows_avx2_q8 on x in 15 bits (xq and xlo): 128 times less rounding for about 1.5 times the work.
+// rows_avx2_q8 on x in 15 bits (xq and xlo, or x16): 128 times less rounding for about 1.5 times the work.
 void rows_avx2_q15(const Problem& p, int r0, int r1);
 #endif
 

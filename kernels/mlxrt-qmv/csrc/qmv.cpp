@@ -209,7 +209,7 @@ void run_dequant(const uint32_t* w, const T* scales, const T* biases, T* out, in
   ScaleType st = ScaleType::f32;
   if constexpr (std::is_same_v<T, mx::float16_t>) st = ScaleType::f16;
   if constexpr (std::is_same_v<T, mx::bfloat16_t>) st = ScaleType::bf16;
-  Problem p{nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, w, scales, biases, st, 0, N, K, K / group_size, group_size,
+  Problem p{nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, w, scales, biases, st, 0, N, K, K / group_size, group_size,
             bits, outf};
   split_rows(kernel().dequant, p);
   if constexpr (!std::is_same_v<T, float>) {
@@ -252,12 +252,14 @@ void run_typed(
   } else {
     for (size_t i = 0; i < MK; ++i) xf[i] = static_cast<float>(x[mx::elem_to_loc(static_cast<int64_t>(i), xshape, xstrides)]);
   }
-  if (kern.int8_x) qbuf.resize(kern.q15 ? 2 * MK : MK);
+  if (kern.int8_x) qbuf.resize(kern.q15 ? 2 * MK : MK); // 8-bit Q15: MK int16 (x16)
+  int16_t* x16 = kern.q15 && bits == 8 ? reinterpret_cast<int16_t*>(qbuf.data()) : nullptr;
   for (int m = 0; m < M; ++m) {
     const float* xr = xf + static_cast<size_t>(m) * K;
     if (kern.int8_x) {
       kern.quantize(xr, K, group_size, bits, qbuf.data() + static_cast<size_t>(m) * K,
-                    kern.q15 ? qbuf.data() + MK + static_cast<size_t>(m) * K : nullptr, xd + static_cast<size_t>(m) * K / 32,
+                    kern.q15 && bits == 4 ? qbuf.data() + MK + static_cast<size_t>(m) * K : nullptr,
+                    kern.q15 && bits == 8 ? x16 + static_cast<size_t>(m) * K : nullptr, xd + static_cast<size_t>(m) * K / 32,
                  xsum + static_cast<size_t>(m) * G, xoff + static_cast<size_t>(m) * G);
       continue;
     }
@@ -271,7 +273,7 @@ void run_typed(
   ScaleType st = ScaleType::f32;
   if constexpr (std::is_same_v<T, mx::float16_t>) st = ScaleType::f16;
   if constexpr (std::is_same_v<T, mx::bfloat16_t>) st = ScaleType::bf16;
-  Problem p{xp, xsum, kern.int8_x ? qbuf.data() : nullptr, kern.q15 ? qbuf.data() + MK : nullptr, xd, xoff, w, scales, biases, st, M, N, K, G,
+  Problem p{xp, xsum, kern.int8_x ? qbuf.data() : nullptr, kern.q15 ? qbuf.data() + MK : nullptr, x16, xd, xoff, w, scales, biases, st, M, N, K, G,
             group_size, bits, outf};
 
   split_rows(kern.rows, p);
