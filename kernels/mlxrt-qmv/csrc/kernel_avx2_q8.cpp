@@ -239,10 +239,13 @@ void rows8q(const Problem& p, const uint8_t* const* w, const RowScales* rs, int 
 
 using RowsQ = void (*)(const Problem&, const uint8_t* const*, const RowScales*, int, float (*)[4]);
 
-// Weight rows taken together for MM rows of x: 4 for one row of x (four independent FMA chains,
-// one x load for four rows), 2 for two, 1 for three or four (already as many chains).
-constexpr int rows_for(int mm) {
-  return mm == 1 ? 4 : mm == 2 ? 2 : 1;
+// Weight rows taken together for MM rows of x: for 4-bit weights 4 for one row of x (four
+// independent FMA chains, one x load for four rows), 2 for two, 1 for three or four (already as
+// many chains). For 8-bit weights always 1: four 8-bit rows at a time read a matrix from DRAM
+// ~1.6x slower than one (49152x576 on one thread: 4,450 against 2,750 CPU us; in cache it is
+// 75 against 90-130), and a decode step's weights come from DRAM.
+constexpr int rows_for(int bits, int mm) {
+  return bits == 8 ? 1 : mm == 1 ? 4 : mm == 2 ? 2 : 1;
 }
 
 template <int BITS, bool Q15, int R, int MM>
@@ -266,7 +269,7 @@ void rows_q(const Problem& p, int r0, int r1) {
   float res[4][4];
   for (int m0 = 0; m0 < p.M; m0 += 4) {
     const int mm = p.M - m0 < 4 ? p.M - m0 : 4;
-    const int R = rows_for(mm);
+    const int R = rows_for(BITS, mm);
     for (int r = r0; r < r1;) {
       const int n = r1 - r >= R ? R : 1;
       const uint8_t* w[4];
