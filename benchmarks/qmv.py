@@ -12,6 +12,7 @@ weights come from DRAM as in a decode step, not from cache. Rows of x: ``--rows`
     python benchmarks/qmv.py --rows 4 --rounds 9
     python benchmarks/qmv.py --threads 1           # the kernel on one thread (MLXRT_QMV_THREADS)
     python benchmarks/qmv.py --decode              # and SmolLM2 served: decode/prefill tok/s by path
+    python benchmarks/qmv.py --identity            # SmolLM2's greedy completions by kernel, compared
 
 Prints the BLAS, the kernel and the load average, since timings on shared cores are noisy.
 """
@@ -40,9 +41,15 @@ def main() -> None:
     ap.add_argument("--decode", action="store_true", help="then serve SmolLM2 each way and time decode/prefill")
     ap.add_argument("--decode-only", action="store_true", help="only the served SmolLM2 timings")
     ap.add_argument("--repeats", type=int, default=3, help="served timings: runs per configuration (median)")
+    ap.add_argument("--identity", action="store_true",
+                    help="only: serve SmolLM2's stored weights through the int8 kernel, the float kernel and "
+                         "MLX's own path and compare their greedy completions")
     ap.add_argument("--no-baseline", action="store_true",
                     help="served timings: leave out MLX's own quantized path (its prefill takes minutes)")
     args = ap.parse_args()
+    if args.identity:
+        greedy_identity()
+        return
     if args.decode_only:
         serve_decode(args)
         return
@@ -116,6 +123,58 @@ def serve_decode(args: argparse.Namespace) -> None:
             proc.terminate()
             proc.wait(timeout=30)
         print(f"| {name} | {served} | {dec:.1f} | {pre:.1f} | {os.getloadavg()[0]:.1f} | {reason} |", flush=True)
+
+
+#: Greedy-identity check: the kernel as each path (environment) and prompts to complete.
+KERNELS = [("kernel (default)", {}), ("int8 kernel", {"MLXRT_QMV_KERNEL": "avx2 int8"}),
+           ("float kernel", {"MLXRT_QMV_KERNEL": "avx2+fma"}), ("MLX's own", {"MLXRT_QMV": "0"})]
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, in a small village,",
+           "List three prime numbers:", "Water boils at", "The quick brown fox"]
+
+
+def greedy_identity(max_tokens: int = 64) -> None:
+    """SmolLM2's stored 4/8-bit weights served (``--dtype stored``) through each path in KERNELS;
+    greedy completions of PROMPTS (their texts) compared with the float kernel's (the one equal to
+    MLX's products to rounding)."""
+    import httpx
+
+    sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+    from serving import free_port, start_server
+
+    mlxrt = os.path.join(os.path.dirname(sys.executable), "mlxrt")
+    answers: dict[str, list[str]] = {}
+    for name, env in KERNELS:
+        saved = {k: os.environ.get(k) for k in env}
+        os.environ.update(env)
+        port = free_port()
+        try:
+            proc = start_server([mlxrt, "serve", "--prompt-cache-size", "0", "--dtype", "stored"], port, limit=300)
+        finally:
+            for k, v in saved.items():
+                os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+        try:
+            url = f"http://127.0.0.1:{port}"
+            kernel = httpx.get(f"{url}/stats", timeout=30).json()["quantized_kernel"]["text"]
+            answers[name] = []
+            for prompt in PROMPTS:
+                body = {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0}
+                reply = httpx.post(f"{url}/v1/completions", json=body, timeout=600)
+                reply.raise_for_status()
+                answers[name].append(reply.json()["choices"][0]["text"])
+        finally:
+            proc.terminate()
+            proc.wait(timeout=30)
+        print(f"{name}: {kernel}", flush=True)
+    ref = answers["float kernel"]
+    print("\n| path | prompts with identical greedy tokens | first difference (prompt: character) |\n|---|---|---|")
+    for name, got in answers.items():
+        same = sum(a == b for a, b in zip(got, ref, strict=True))
+        diffs = [f"{i}: {_first_difference(g, r)}" for i, (g, r) in enumerate(zip(got, ref, strict=True)) if g != r]
+        print(f"| {name} | {same}/{len(ref)} ({max_tokens} tokens each) | {', '.join(diffs) or '—'} |")
+
+
+def _first_difference(a: str, b: str) -> int:
+    return next((i for i in range(min(len(a), len(b))) if a[i] != b[i]), min(len(a), len(b)))
 
 
 def measure(mx, module, n: int, k: int, bits: int, use_kernel: bool, args) -> tuple[float, float, int]:  # noqa: ANN001

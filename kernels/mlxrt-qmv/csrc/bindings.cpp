@@ -35,7 +35,9 @@ NB_MODULE(_ext, m) {
         return mlxrt_qmv::supported(x, w, group_size, bits);
       },
       "x"_a, "w"_a, "group_size"_a, "bits"_a, "Whether quantized_matmul runs the primitive for these arguments.");
-  m.def("kernel_name", &mlxrt_qmv::kernel_name, "The kernel this CPU runs: 'avx2+fma' or 'generic'.");
+  m.def("kernel_name", &mlxrt_qmv::kernel_name,
+        "The kernel this CPU runs: 'avx2 q15' (the default with AVX2), 'avx2 int8' or 'avx2+fma' (on request, "
+        "MLXRT_QMV_KERNEL), or 'generic'.");
   m.def("threads", &mlxrt_qmv::threads, "Threads the primitive splits output rows over.");
   m.def("set_threads", &mlxrt_qmv::set_threads, "n"_a, "Set the thread count for later calls (<= 0: the default).");
   m.attr("MAX_ROWS") = mlxrt_qmv::MAX_ROWS;

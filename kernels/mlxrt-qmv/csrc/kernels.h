@@ -19,6 +19,14 @@ enum class ScaleType { f32, f16, bf16 };
 struct Problem {
   const float* x; // M rows of K floats, in the layout the kernel asked for (x_width)
   const float* xsum; // M rows of G per-group sums of x
+  // Kernels that take x quantized (Kernel::int8_x; Kernel::quantize makes these): M rows of K int8
+  // values laid out for the weights' bits, M rows of K / 32 block scales, and M rows of G
+  // offsets that the bias term adds (see quantize_x_avx2).
+  const int8_t* xq;
+  const int8_t* xlo; // the Q15 kernel, 4-bit weights: x / d in 15 bits, its high part in xq and low 7 bits here
+  const int16_t* x16; // the Q15 kernel, 8-bit weights: x / d in 15 bits as int16, in order
+  const float* xd;
+  const float* xoff;
   const uint32_t* w; // N rows of K * bits / 32 words
   const void* scales; // N rows of G, of type stype
   const void* biases; // N rows of G, of type stype
@@ -39,6 +47,13 @@ struct Kernel {
   // down to W = 4. 8-bit weights always take x as given.
   int x_width;
   RowsFn dequant;
+  // Whether rows takes x quantized to int8 (xq, xd, xoff; made by quantize) instead of as
+  // floats (x).
+  bool int8_x = false;
+  void (*quantize)(const float* x, int K, int group_size, int bits, int8_t* xq, int8_t* xlo, int16_t* x16,
+                   float* xd, float* xsum, float* xoff) = nullptr;
+  // Whether x goes in 15 bits (xq and xlo) rather than 8 (xq).
+  bool q15 = false;
 };
 
 void rows_generic(const Problem& p, int r0, int r1);
@@ -47,6 +62,23 @@ void dequant_generic(const Problem& p, int r0, int r1);
 #if defined(__x86_64__) || defined(_M_X64)
 void rows_avx2(const Problem& p, int r0, int r1);
 void dequant_avx2(const Problem& p, int r0, int r1);
+// Quantizes one row of x (K floats, K a multiple of 32) for an int8 kernel, in blocks of 32: each
+// block's scale d = max|x| / 127 goes to xd, round(x / d) to xq, laid out for 4-bit weights per
+// 64-element chunk (blocks b, b + 1) as [even elements of b, even of b + 1, odd of b, odd of
+// b + 1] and a last lone block as [even, odd] (the order a packed byte's low and high nibbles
+// hold them), for 8-bit weights as given. Also the exact per-group sums of x (xsum, G of them)
+// and the offsets xoff the kernels' bias term adds, scale[g] * xoff[g] each: the kernels
+// multiply 8-bit weights as q - 128, so xoff = 128 * xsum; they multiply 4-bit weights as q, and
+// xoff = 8 * (xsum - sum of the dequantized x) turns that into (q - 8) against the rounded x plus
+// 8 * xsum exactly, which halves the rounding error (q - 8 is centred on zero, q is not).
+// With xlo (4-bit weights) or x16 (8-bit weights), x / d is rounded to 15 bits instead, d =
+// max|x| / 16256, and stored as its high part (>> 7, in xq) and low 7 bits (in xlo), both int8 in
+// the layout above, or as int16 in order (x16).
+void quantize_x_avx2(const float* x, int K, int group_size, int bits, int8_t* xq, int8_t* xlo, int16_t* x16,
+                     float* xd, float* xsum, float* xoff);
+void rows_avx2_q8(const Problem& p, int r0, int r1);
+// rows_avx2_q8 on x in 15 bits (xq and xlo, or x16): 128 times less rounding for about 1.5 times the work.
+void rows_avx2_q15(const Problem& p, int r0, int r1);
 #endif
 
 // Lays out one row of x (K floats) as a kernel of x_width W expects (see Kernel::x_width).

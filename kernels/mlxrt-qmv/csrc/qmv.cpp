@@ -153,16 +153,22 @@ std::shared_ptr<Pool> pool() {
   return the_pool;
 }
 
+// The kernel: by default the integer one where the CPU has AVX2 (x quantized to int8 per block
+// of 32, as llama.cpp does; docs/performance.md has its error), MLXRT_QMV_KERNEL=avx2+fma the
+// float one (products equal to MLX's to float rounding), MLXRT_QMV_KERNEL=generic the portable
+// one (also float).
 const Kernel& kernel() {
   static const Kernel k = [] {
     const char* forced = std::getenv("MLXRT_QMV_KERNEL");
-    const bool generic = forced != nullptr && std::strcmp(forced, "generic") == 0;
+    const std::string want = forced != nullptr ? forced : "";
 #if defined(__x86_64__) || defined(_M_X64)
-    if (!generic && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-        __builtin_cpu_supports("f16c"))
-      return Kernel{"avx2+fma", rows_avx2, 8, dequant_avx2};
+    if (want != "generic" && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+        __builtin_cpu_supports("f16c")) {
+      if (want == "avx2+fma") return Kernel{"avx2+fma", rows_avx2, 8, dequant_avx2};
+      if (want == "avx2 int8") return Kernel{"avx2 int8", rows_avx2_q8, 0, dequant_avx2, true, quantize_x_avx2};
+      return Kernel{"avx2 q15", rows_avx2_q15, 0, dequant_avx2, true, quantize_x_avx2, true};
+    }
 #endif
-    (void)generic;
     return Kernel{"generic", rows_generic, 0, dequant_generic};
   }();
   return k;
@@ -203,7 +209,8 @@ void run_dequant(const uint32_t* w, const T* scales, const T* biases, T* out, in
   ScaleType st = ScaleType::f32;
   if constexpr (std::is_same_v<T, mx::float16_t>) st = ScaleType::f16;
   if constexpr (std::is_same_v<T, mx::bfloat16_t>) st = ScaleType::bf16;
-  Problem p{nullptr, nullptr, w, scales, biases, st, 0, N, K, K / group_size, group_size, bits, outf};
+  Problem p{nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, w, scales, biases, st, 0, N, K, K / group_size, group_size,
+            bits, outf};
   split_rows(kernel().dequant, p);
   if constexpr (!std::is_same_v<T, float>) {
     for (size_t i = 0; i < static_cast<size_t>(N) * K; ++i) out[i] = static_cast<T>(outf[i]);
@@ -227,22 +234,35 @@ void run_typed(
     int bits) {
   const Kernel& kern = kernel();
   const int G = K / group_size;
-  // x as float32 in the kernel's layout, and its per-group sums (for the biases).
+  const size_t MK = static_cast<size_t>(M) * K, MG = static_cast<size_t>(M) * G;
+  // x as float32, then in the kernel's form: floats in its layout (xp), or int8 with block
+  // scales and offsets (xq, xd, xoff); and its per-group sums (for the biases).
   thread_local std::vector<float> buf;
+  thread_local std::vector<int8_t> qbuf;
   const size_t outsize = std::is_same_v<T, float> ? 0 : static_cast<size_t>(M) * N;
-  buf.resize(static_cast<size_t>(M) * K * 2 + static_cast<size_t>(M) * G + outsize);
+  buf.resize(MK * 2 + MG * 2 + MK / 32 + outsize);
   float* xf = buf.data();
-  float* xp = xf + static_cast<size_t>(M) * K;
-  float* xsum = xp + static_cast<size_t>(M) * K;
-  float* outf = std::is_same_v<T, float> ? reinterpret_cast<float*>(out) : xsum + static_cast<size_t>(M) * G;
-  const size_t total = static_cast<size_t>(M) * K;
+  float* xp = xf + MK;
+  float* xsum = xp + MK;
+  float* xoff = xsum + MG;
+  float* xd = xoff + MG;
+  float* outf = std::is_same_v<T, float> ? reinterpret_cast<float*>(out) : xd + MK / 32;
   if (x_contiguous) {
-    for (size_t i = 0; i < total; ++i) xf[i] = static_cast<float>(x[i]);
+    for (size_t i = 0; i < MK; ++i) xf[i] = static_cast<float>(x[i]);
   } else {
-    for (size_t i = 0; i < total; ++i) xf[i] = static_cast<float>(x[mx::elem_to_loc(static_cast<int64_t>(i), xshape, xstrides)]);
+    for (size_t i = 0; i < MK; ++i) xf[i] = static_cast<float>(x[mx::elem_to_loc(static_cast<int64_t>(i), xshape, xstrides)]);
   }
+  if (kern.int8_x) qbuf.resize(kern.q15 ? 2 * MK : MK); // 8-bit Q15: MK int16 (x16)
+  int16_t* x16 = kern.q15 && bits == 8 ? reinterpret_cast<int16_t*>(qbuf.data()) : nullptr;
   for (int m = 0; m < M; ++m) {
     const float* xr = xf + static_cast<size_t>(m) * K;
+    if (kern.int8_x) {
+      kern.quantize(xr, K, group_size, bits, qbuf.data() + static_cast<size_t>(m) * K,
+                    kern.q15 && bits == 4 ? qbuf.data() + MK + static_cast<size_t>(m) * K : nullptr,
+                    kern.q15 && bits == 8 ? x16 + static_cast<size_t>(m) * K : nullptr, xd + static_cast<size_t>(m) * K / 32,
+                 xsum + static_cast<size_t>(m) * G, xoff + static_cast<size_t>(m) * G);
+      continue;
+    }
     for (int g = 0; g < G; ++g) {
       float s = 0.f;
       for (int e = 0; e < group_size; ++e) s += xr[g * group_size + e];
@@ -253,7 +273,8 @@ void run_typed(
   ScaleType st = ScaleType::f32;
   if constexpr (std::is_same_v<T, mx::float16_t>) st = ScaleType::f16;
   if constexpr (std::is_same_v<T, mx::bfloat16_t>) st = ScaleType::bf16;
-  Problem p{xp, xsum, w, scales, biases, st, M, N, K, G, group_size, bits, outf};
+  Problem p{xp, xsum, kern.int8_x ? qbuf.data() : nullptr, kern.q15 ? qbuf.data() + MK : nullptr, x16, xd, xoff, w, scales, biases, st, M, N, K, G,
+            group_size, bits, outf};
 
   split_rows(kern.rows, p);
   if constexpr (!std::is_same_v<T, float>) {

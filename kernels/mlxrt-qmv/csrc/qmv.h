@@ -37,7 +37,7 @@ mx::array dequantize(const mx::array& w, const mx::array& scales, const mx::arra
 // Whether quantized_matmul would run the primitive for these arguments (not MLX's own).
 bool supported(const mx::array& x, const mx::array& w, int group_size, int bits, mx::StreamOrDevice s = {});
 
-// The kernel this CPU runs ("avx2+fma", "generic").
+// The kernel this CPU runs ("avx2 q15", "avx2 int8", "avx2+fma", "generic"; see kernel() in qmv.cpp).
 std::string kernel_name();
 // Threads the primitive splits output rows over (MLXRT_QMV_THREADS, default: the CPUs this
 // process may run on); set_threads changes it for later calls.

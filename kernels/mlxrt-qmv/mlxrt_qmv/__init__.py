@@ -5,8 +5,11 @@
 mode (the ``mx.quantize`` layout) and runs a kernel that reads the packed weights once, for
 bits 4 or 8, group sizes 32/64/128 and at most :data:`MAX_ROWS` rows of ``x`` on the CPU, its
 output rows split over threads (``MLXRT_QMV_THREADS``); other arguments go to
-``mx.quantized_matmul`` itself. ``kernel_name()`` says which kernel this CPU runs (``avx2+fma``
-or ``generic``; ``MLXRT_QMV_KERNEL=generic`` forces the portable one). ``dequantize(w, scales,
+``mx.quantized_matmul`` itself. ``kernel_name()`` says which kernel this CPU runs: ``avx2 q15``
+where the CPU has AVX2 (x rounded to 15 bits per block of 32, integer multiply-adds: products
+within a bound of MLX's, see docs/performance.md), or on request (``MLXRT_QMV_KERNEL``) ``avx2
+int8`` (x in 8 bits: faster, coarser), ``avx2+fma`` (float: MLX's products to rounding) or
+``generic`` (portable, float). ``dequantize(w, scales,
 biases, group_size, bits)`` equals ``mx.dequantize`` (affine) and runs at memory speed, so that
 more rows than :data:`MAX_ROWS` can go through the BLAS (``x @ dequantize(...).T``).
 
