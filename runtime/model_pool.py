@@ -35,7 +35,7 @@ import contextvars
 import logging
 import time
 from collections.abc import Callable, Iterable, MutableMapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -48,6 +48,10 @@ from mlxrt.errors import (
     QueueFull,
 )
 from mlxrt.loading import ModelSource
+
+if TYPE_CHECKING:
+    from mlxrt.host import PluginHost
+    from mlxrt.serving import ServedModel
 
 __all__ = ["ModelHost", "ModelPool", "PoolSettings", "LEASES_KEY", "FALLBACK_HEADER", "releasing_leases"]
 
@@ -68,15 +72,26 @@ BUSY_WAIT = 60.0
 
 
 class ModelHost:
-    """The plugin host as one model sees it: everything is the shared host's but ``engine``.
+    """The plugin host as one model sees it: everything is the shared host's but ``engine``
+    and ``model``.
 
-    Family hooks capture ``host.engine`` (gemma4's vision tower reads ``host.engine.loaded``)
-    and request hooks read ``host.engine.tokenizer``; with several models each must see its own.
+    Family hooks capture ``host.model`` (gemma4's vision tower reads ``host.model.loaded``)
+    and request hooks read ``host.model.tokenizer``; with several models each must see its own.
     Plugin state stays the shared host's (a plugin keeps one service for the server's life).
     """
 
-    def __init__(self, host: Any, engine: Any = None) -> None:
-        self.__dict__.update(_host=host, engine=engine)
+    def __init__(self, host: PluginHost, engine: Any = None) -> None:
+        self.__dict__.update(_host=host, engine=engine, _served=None)
+
+    @property
+    def model(self) -> ServedModel | None:
+        """This model as plugins see it (:class:`mlxrt.serving.ServedModel`), or ``None`` while
+        it is not resident."""
+        from mlxrt.serving import served_model
+
+        served = served_model(self, self.__dict__["engine"], self.__dict__["_served"])
+        self.__dict__["_served"] = served
+        return served
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.__dict__["_host"], name)
@@ -139,6 +154,11 @@ class Slot:
     def model_id(self) -> str:
         return self.source.model_id
 
+    @property
+    def model(self) -> ServedModel | None:
+        """The resident model as plugins see it (``None`` while unloaded)."""
+        return self.view.model
+
     def idle(self) -> bool:
         if self.leases or self.engine is None:
             return False
@@ -177,7 +197,7 @@ class ModelPool:
         map names to models loaded on demand.
     """
 
-    def __init__(self, host: Any, primary: ModelSource, settings: PoolSettings, make_engine: EngineFactory, *,
+    def __init__(self, host: PluginHost, primary: ModelSource, settings: PoolSettings, make_engine: EngineFactory, *,
                  resolver: Resolver, aliases: dict[str, ModelSource] | None = None,
                  preload: Iterable[ModelSource] = (), start_specs: dict[str, str] | None = None) -> None:
         self.host = host
@@ -245,7 +265,7 @@ class ModelPool:
 
     # -- the request path (event loop) ---------------------------------------------------------
 
-    async def host_for(self, name: str | None, scope: MutableMapping[str, Any] | None = None) -> Any:
+    async def host_for(self, name: str | None, scope: MutableMapping[str, Any] | None = None) -> ModelHost:
         """The host whose ``engine`` answers a request naming ``name``, loading it if needed.
 
         ``scope`` (the ASGI scope) holds the request's lease until :func:`releasing_leases`

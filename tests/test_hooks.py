@@ -356,11 +356,14 @@ def test_hook_mlxrt_capabilities(tiny_models, serve_app):
 
 
 def test_hook_mlxrt_turn_finished(tiny_models, serve_app):
-    turns = []
+    import threading
+
+    turns, threads = [], []
 
     class Observer:
         @hookimpl
         def mlxrt_turn_finished(self, turn, host):
+            threads.append(threading.current_thread())
             turns.append(turn)
 
     class Faulty:
@@ -383,6 +386,14 @@ def test_hook_mlxrt_turn_finished(tiny_models, serve_app):
     assert responses.status_code == 200, responses.text
     # Text completions are not chat turns.
     assert client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2}).status_code == 200
+    # Observers run off the event loop, on one thread, in order: wait for the fourth.
+    import time
+
+    deadline = time.monotonic() + 10
+    while len(turns) < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert threads and all(t is not threading.main_thread() and t.name.startswith("mlxrt-turn-observers")
+                           for t in threads)
     assert [(t.dialect, t.content, t.finish_reason) for t in turns] == [
         ("openai", "Paris.", "stop"), ("openai", "Lyon.", "stop"), ("anthropic", "Nice.", "stop"),
         ("responses", "Lille.", "stop")]

@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 
 import attrs
 
-from mlxrt.api.generation import structured_output
+from mlxrt.api.output_format import structured_output
 from mlxrt.api.wire import (
     FieldRule,
     adapter_field,
