@@ -27,6 +27,7 @@ from mlxrt.engine.qmv import status as qmv_status
 
 if TYPE_CHECKING:
     from mlxrt.host import PluginHost
+    from mlxrt.serving import ServingEngine
 
 __all__ = ["create_app", "claimed_fields"]
 
@@ -65,7 +66,7 @@ async def index(request: Request) -> dict[str, Any]:
     }
 
 
-def _weights_dtype(engine: Any) -> dict[str, Any] | None:
+def _weights_dtype(engine: ServingEngine | None) -> dict[str, Any] | None:
     choice = getattr(getattr(engine, "loaded", None), "dtype", None)
     return choice.as_dict() if choice is not None else None
 

@@ -26,7 +26,7 @@ from mlxrt.records import PluginRecord, RequestField
 
 if TYPE_CHECKING:
     from mlxrt.model_pool import ModelPool
-    from mlxrt.serving import ServedModel
+    from mlxrt.serving import ServedModel, ServingEngine
 
 __all__ = ["PluginHost", "make_host", "FAMILY_HOOKS", "ENTRY_POINT_GROUP"]
 
@@ -79,9 +79,7 @@ class PluginHost:
     pm: pluggy.PluginManager
     records: dict[str, PluginRecord] = attrs.field(factory=dict)
     options: dict[str, Any] = attrs.field(factory=dict)
-    # Any: mlxrt.engine.engine.Engine or its distributed subclass, or a test's stand-in; the
-    # host (which every plugin imports) does not import the engine.
-    engine: Any = None
+    engine: ServingEngine | None = None
     models: ModelPool | None = None
     route_conflicts: list[str] = attrs.field(factory=list)
     field_claims: dict[str, dict[str, RequestField]] = attrs.field(factory=dict)

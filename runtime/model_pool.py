@@ -51,7 +51,8 @@ from mlxrt.loading import ModelSource
 
 if TYPE_CHECKING:
     from mlxrt.host import PluginHost
-    from mlxrt.serving import ServedModel
+    from mlxrt.records import FamilyProfile, ModelInfo
+    from mlxrt.serving import ServedModel, ServingEngine
 
 __all__ = ["ModelHost", "ModelPool", "PoolSettings", "LEASES_KEY", "FALLBACK_HEADER", "releasing_leases"]
 
@@ -80,7 +81,7 @@ class ModelHost:
     Plugin state stays the shared host's (a plugin keeps one service for the server's life).
     """
 
-    def __init__(self, host: PluginHost, engine: Any = None) -> None:
+    def __init__(self, host: PluginHost, engine: ServingEngine | None = None) -> None:
         self.__dict__.update(_host=host, engine=engine, _served=None)
 
     @property
@@ -136,8 +137,8 @@ class Slot:
     primary: bool = False
     named: bool = False  # named at start (served, --preload, an alias target)
     state: str = "unloaded"  # unloaded | loading | ready
-    engine: Any = None
-    profile: Any = None  # the family profile of its last load (kept while unloaded)
+    engine: ServingEngine | None = None
+    profile: FamilyProfile | None = None  # the family profile of its last load (kept while unloaded)
     loading: asyncio.Task[None] | None = None
     leases: int = 0
     last_used: float = 0.0
@@ -182,7 +183,7 @@ class Lease:
 
 
 #: Starts the engine of a model and loads it (blocking): ``make_engine(view, info, primary)``.
-EngineFactory = Callable[[ModelHost, Any, bool], Any]
+EngineFactory = Callable[[ModelHost, "ModelInfo", bool], "ServingEngine"]
 #: Resolves a name to a local model (``mlxrt.loading.resolve_model`` without downloads).
 Resolver = Callable[[str], ModelSource]
 
@@ -408,7 +409,7 @@ class ModelPool:
                                 retry_after=5, code="models_busy")
             await asyncio.sleep(0.05)
 
-    def _start_engine(self, slot: Slot) -> Any:
+    def _start_engine(self, slot: Slot) -> ServingEngine:
         """Load ``slot``'s model on a new engine (blocking: a worker thread or start-up)."""
         from mlxrt.loading import read_model_info
 
@@ -416,7 +417,7 @@ class ModelPool:
         log.info("loading model %s from %s", slot.model_id, slot.source.path)
         return self._make_engine(slot.view, read_model_info(slot.source), slot.primary)
 
-    def _installed(self, slot: Slot, engine: Any) -> None:
+    def _installed(self, slot: Slot, engine: ServingEngine) -> None:
         now = time.monotonic()
         slot.view.engine = slot.engine = engine
         slot.profile = engine.profile

@@ -57,7 +57,7 @@ if TYPE_CHECKING:
 #: (:class:`mlxrt.model_pool.ModelHost`, which forwards to it; no common base).
 ServingHost: TypeAlias = "PluginHost | ModelHost"
 
-__all__ = ["ServingHost", "ServedModel", "EngineModel", "Completion", "choice_requests", "forced_tool_call", "forced_openings"]
+__all__ = ["ServingHost", "ServingEngine", "ServedModel", "EngineModel", "Completion", "choice_requests", "forced_tool_call", "forced_openings"]
 
 
 @attrs.frozen
@@ -76,6 +76,50 @@ class Completion:
     calls: tuple[ToolCall, ...]
     reason: FinishReason
     finish: FinishEvent
+
+
+class ServingEngine(Protocol):
+    """What the runtime outside the engine room uses of an engine: the host, the model pool and
+    :class:`EngineModel` hold one typed by this, so only runtime/engine imports the engine
+    (:class:`mlxrt.engine.engine.Engine` and its distributed subclass satisfy it)."""
+
+    config: EngineConfig
+    loaded: LoadedModel | None
+    memory: MemoryPlan | None
+    adapters: AdapterRegistry
+
+    @property
+    def profile(self) -> FamilyProfile: ...
+
+    @property
+    def info(self) -> ModelInfo: ...
+
+    @property
+    def tokenizer(self) -> Any: ...
+
+    @property
+    def safe_context(self) -> int | None: ...
+
+    @property
+    def context_ceiling(self) -> int | None: ...
+
+    def load(self, info: ModelInfo) -> None: ...
+
+    def generate(self, request: GenerationRequest) -> Generation: ...
+
+    async def call(self, fn: Callable[[LoadedModel], Any]) -> Any: ...
+
+    def call_blocking(self, fn: Callable[[LoadedModel], Any]) -> Any: ...
+
+    async def mount_adapter(self, adapter_id: str, path: str, owner: str = "") -> dict[str, Any]: ...
+
+    async def unmount_adapter(self, adapter_id: str, owner: str = "") -> dict[str, Any]: ...
+
+    def stats(self) -> dict[str, Any]: ...
+
+    def drain(self, grace: float) -> None: ...
+
+    def stop(self) -> None: ...
 
 
 @runtime_checkable
@@ -145,6 +189,10 @@ class ServedModel(Protocol):
         """``chat`` through the model's chat template, tokenized, its images spliced in."""
         ...
 
+    def encode(self, text: str) -> list[int]:
+        """Raw text as token ids, with the tokenizer's own special-token handling."""
+        ...
+
     def plan(self, options: RequestOptions, prompt_ids: Sequence[int], *, dialect: str, request_id: str,
              default_max_tokens: int, partition: str = "") -> GenerationRequest:
         """The engine request for ``options`` and a tokenized prompt, canonicalized."""
@@ -201,9 +249,7 @@ class EngineModel:
     The engine is held privately: nothing outside the runtime reaches it through here.
     """
 
-    def __init__(self, host: ServingHost, engine: Any) -> None:
-        # engine: mlxrt.engine.engine.Engine or its distributed subclass (or a test's stand-in);
-        # Any so that this module, which plugins import, never imports the engine.
+    def __init__(self, host: ServingHost, engine: ServingEngine) -> None:
         self._host = host
         self._engine = engine
         self._declared = declared(host)
@@ -263,7 +309,7 @@ class EngineModel:
     def adapters(self) -> AdapterRegistry | None:
         return getattr(self._engine, "adapters", None)
 
-    def is_engine(self, engine: Any) -> bool:
+    def is_engine(self, engine: ServingEngine) -> bool:
         """Whether this view is over ``engine`` (the hosts' cache check)."""
         return self._engine is engine
 
@@ -400,7 +446,7 @@ class EngineModel:
         return await self._engine.unmount_adapter(adapter_id, owner)
 
 
-def served_model(host: ServingHost, engine: Any, cached: EngineModel | None) -> EngineModel | None:
+def served_model(host: ServingHost, engine: ServingEngine | None, cached: EngineModel | None) -> EngineModel | None:
     """The host's :class:`EngineModel` over ``engine``: ``cached`` while it is still over that
     engine, else a new one (``None`` without an engine). How hosts keep their ``model``."""
     if engine is None:

@@ -45,6 +45,42 @@ def test_hook_mlxrt_request_fields(tiny_models, serve_app):
     assert bad.status_code == 400 and bad.json()["error"]["message"] == "script must be of type str"
 
 
+def test_hook_mlxrt_request_fields_with_a_check(tiny_models, serve_app):
+    """A claimed field's ``validate`` runs while the request is planned: a bad value is a 400,
+    streamed or not (before any frame), on a worker thread, never the event loop."""
+    import asyncio
+
+    from mlxrt.errors import InvalidRequest
+    from mlxrt.records import RequestField
+
+    seen = []
+
+    def check(value):
+        try:
+            asyncio.get_running_loop()
+            on_loop = True
+        except RuntimeError:
+            on_loop = False
+        seen.append((value, on_loop))
+        if value < 0:
+            raise InvalidRequest("budget must be at least 0", param="budget")
+
+    class Budget:
+        @hookimpl
+        def mlxrt_request_fields(self, dialect):
+            return {"budget": RequestField(int, validate=check)} if dialect == "openai" else None
+
+    client = serve_app(tiny_models("llama"), extra=[("scripted", Scripted()), ("budget", Budget())])
+    ask = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 4}
+    for stream in (False, True):
+        bad = client.post("/v1/chat/completions", json={**ask, "budget": -1, "stream": stream})
+        assert bad.status_code == 400, bad.text
+        assert bad.json()["error"]["message"] == "budget must be at least 0"
+    assert client.post("/v1/chat/completions", json={**ask, "budget": 3}).status_code == 200
+    assert client.post("/v1/chat/completions", json={**ask, "budget": "3"}).status_code == 400  # the type
+    assert seen == [(-1, False), (-1, False), (3, False)]
+
+
 def test_hook_mlxrt_request_fields_conflict_is_a_load_error(tiny_models, serve_app):
     class Twin(Scripted):
         pass
