@@ -22,7 +22,7 @@ from litestar.router import Router
 import mlxrt
 from mlxrt.api.errors import exception_handlers
 from mlxrt.blas import current as current_blas
-from mlxrt.compat import lean_litestar
+from mlxrt.compat import lean_litestar, wrap_litestar_handler
 from mlxrt.engine.qmv import status as qmv_status
 
 if TYPE_CHECKING:
@@ -232,11 +232,11 @@ def create_app(host: PluginHost, *, cors_origins: list[str] | None = None, debug
         logging_config=None,  # mlxrt configures logging (request ids, text or JSON), not Litestar
     )
     # Outside routing, so unmatched paths and CORS preflights get an id and are counted too.
-    app.asgi_handler = observe(app.asgi_handler, http_metrics)
+    wrap_litestar_handler(app, lambda handler: observe(handler, http_metrics))
     if host.models is not None:  # a request holds its model until its response is sent
         from mlxrt.model_pool import releasing_leases
 
-        app.asgi_handler = releasing_leases(app.asgi_handler)
+        wrap_litestar_handler(app, releasing_leases)
         app.on_startup.append(host.models.open)
         app.on_shutdown.append(host.models.close)
     return app

@@ -27,6 +27,16 @@ import resource
 import time
 from typing import Any
 
+from mlxrt.compat import (
+    uvicorn_connections,
+    uvicorn_http_protocol,
+    uvicorn_loop,
+    uvicorn_request,
+    uvicorn_request_progress,
+    uvicorn_request_scope,
+    uvicorn_transport,
+)
+
 __all__ = ["guarded_protocol", "default_max_connections", "BODY_TIMED_OUT", "DEFAULT_BODY_TIMEOUT"]
 
 #: File descriptors kept for everything but client sockets (model files, the prompt-cache
@@ -49,14 +59,17 @@ BODY_TIMED_OUT = "mlxrt.body_timed_out"
 
 
 def _idle(protocol: Any) -> bool:
-    cycle = getattr(protocol, "cycle", None)
-    return cycle is None or cycle.response_complete
+    request = uvicorn_request(protocol)
+    return request is None or uvicorn_request_progress(request).response_complete
 
 
 def _receiving(protocol: Any) -> bool:
     """Still sending its request body, with nothing answered yet."""
-    cycle = getattr(protocol, "cycle", None)
-    return cycle is not None and cycle.more_body and not cycle.response_started
+    request = uvicorn_request(protocol)
+    if request is None:
+        return False
+    progress = uvicorn_request_progress(request)
+    return progress.more_body and not progress.response_started
 
 
 def _timeout_response(body_timeout: float) -> bytes:
@@ -70,40 +83,42 @@ def _timeout_response(body_timeout: float) -> bytes:
 def guarded_protocol(max_connections: int, header_timeout: float,
                      body_timeout: float = DEFAULT_BODY_TIMEOUT) -> type[asyncio.Protocol]:
     """uvicorn's HTTP protocol class (h11 or httptools, as uvicorn picks) with the limits above."""
-    from uvicorn.protocols.http.auto import AutoHTTPProtocol
-
-    class GuardedHTTPProtocol(AutoHTTPProtocol):  # type: ignore[misc,valid-type]
+    class GuardedHTTPProtocol(uvicorn_http_protocol()):  # type: ignore[misc]
         def connection_made(self, transport: Any) -> None:
             super().connection_made(transport)
             self.mlxrt_opened = time.monotonic()
-            self.mlxrt_head_timer = self.loop.call_later(header_timeout, self._mlxrt_head_late)
+            self.mlxrt_head_timer = uvicorn_loop(self).call_later(header_timeout, self._mlxrt_head_late)
             self.mlxrt_body_timer: asyncio.TimerHandle | None = None
-            self.mlxrt_timed: Any = None  # the request cycle the body timer watches
-            if len(self.connections) > max_connections:
-                _make_room(self.connections, self, max_connections)
+            self.mlxrt_timed: Any = None  # the request the body timer watches
+            if len(uvicorn_connections(self)) > max_connections:
+                _make_room(uvicorn_connections(self), self, max_connections)
 
         def data_received(self, data: bytes) -> None:
             super().data_received(data)
-            cycle = self.cycle
+            request = uvicorn_request(self)
             # A new request whose body did not come with its head: its body's deadline starts.
-            if cycle is not None and cycle is not self.mlxrt_timed and cycle.more_body:
-                self.mlxrt_timed = cycle
+            if (request is not None and request is not self.mlxrt_timed
+                    and uvicorn_request_progress(request).more_body):
+                self.mlxrt_timed = request
                 if self.mlxrt_body_timer is not None:
                     self.mlxrt_body_timer.cancel()
-                self.mlxrt_body_timer = self.loop.call_later(body_timeout, self._mlxrt_body_late, cycle)
+                self.mlxrt_body_timer = uvicorn_loop(self).call_later(body_timeout, self._mlxrt_body_late, request)
 
         def _mlxrt_head_late(self) -> None:
-            if self.cycle is None and not self.transport.is_closing():
-                self.transport.close()
+            transport = uvicorn_transport(self)
+            if uvicorn_request(self) is None and not transport.is_closing():
+                transport.close()
 
-        def _mlxrt_body_late(self, cycle: Any) -> None:
-            if self.cycle is not cycle or not cycle.more_body or self.transport.is_closing():
+        def _mlxrt_body_late(self, request: Any) -> None:
+            transport = uvicorn_transport(self)
+            if (uvicorn_request(self) is not request or not uvicorn_request_progress(request).more_body
+                    or transport.is_closing()):
                 return
-            if not cycle.response_started:
-                self.transport.write(_timeout_response(body_timeout))
-                cycle.scope[BODY_TIMED_OUT] = True  # the access log and metrics say 408 too
+            if not uvicorn_request_progress(request).response_started:
+                transport.write(_timeout_response(body_timeout))
+                uvicorn_request_scope(request)[BODY_TIMED_OUT] = True  # the access log and metrics say 408 too
             # The handler awaiting the body sees a disconnect (connection_lost) and stops.
-            self.transport.close()
+            transport.close()
 
         def connection_lost(self, exc: Exception | None) -> None:
             self.mlxrt_head_timer.cancel()
@@ -115,10 +130,10 @@ def guarded_protocol(max_connections: int, header_timeout: float,
 
 
 def _make_room(connections: Any, newcomer: Any, max_connections: int) -> None:
-    open_ = [c for c in connections if not c.transport.is_closing()]
+    open_ = [c for c in connections if not uvicorn_transport(c).is_closing()]
     if len(open_) <= max_connections:
         return  # the excess is already closing
     others = [c for c in open_ if c is not newcomer]
     reclaimable = [c for c in others if _idle(c)] or [c for c in others if _receiving(c)]
     victim = min(reclaimable, key=lambda c: getattr(c, "mlxrt_opened", 0.0)) if reclaimable else newcomer
-    victim.transport.close()
+    uvicorn_transport(victim).close()

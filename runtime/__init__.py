@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import pluggy
 
-from mlxrt.compat import lean_mlx_lm
 from mlxrt.records import (
     EngineKind,
     FamilyProfile,
@@ -34,8 +33,6 @@ from mlxrt.records import (
     ToolStreamMode,
     VisionAdapter,
 )
-
-lean_mlx_lm()  # before anything imports mlx_lm: its __init__ costs ~1.4 s of transformers
 
 __version__ = "0.1.0"
 

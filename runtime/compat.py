@@ -1,10 +1,16 @@
 """Every place mlxrt reaches into a dependency's private names, in one fence.
 
-mlx, mlx-lm and uvicorn do not promise their underscored names; an upgrade may rename or
-remove any of them without notice. Each touch lives here, once, with a test in
-tests/test_compat.py that fails by name when the dependency changes, so an upgrade fails
-``test_compat.py::test_<touch>`` instead of silently breaking (for example) batched LoRA.
+mlx, mlx-lm, uvicorn and Litestar do not promise their underscored names, nor the attributes
+and file layouts their documentation leaves out (uvicorn's protocol state, Litestar's
+``asgi_handler``, mlx-lm's model-module files and the module its samplers live in); an
+upgrade may rename or remove any of them without notice. Each touch lives here, once, with a
+test in tests/test_compat.py that fails by name when the dependency changes, so an upgrade
+fails ``test_compat.py::test_<touch>`` instead of silently breaking (for example) batched LoRA.
 Nothing outside this module may touch a private name of mlx, mlx-lm, uvicorn or Litestar.
+
+Nothing here runs at import: :func:`lean_mlx_lm` changes ``sys.modules``, and only
+``mlxrt serve`` calls it (:func:`mlxrt.cli.main`), so ``import mlxrt`` — in a plugin's
+tests, a notebook, any process that merely has mlxrt installed — leaves mlx-lm alone.
 
 The pin in pyproject.toml (``mlx-lm``) names the versions these tests were run against.
 One more contract with mlx-lm lives outside (it uses only public names): the batch lane's own
@@ -20,17 +26,33 @@ import functools
 import importlib.util
 import sys
 import threading
-from collections.abc import Callable, Iterator
-from typing import Any
+from collections.abc import Callable, Iterator, MutableSet
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, NamedTuple
+
+if TYPE_CHECKING:
+    import asyncio
 
 __all__ = [
     "MLX_LAUNCH_CODE",
+    "RequestProgress",
     "forget_captured_signals",
     "hf_tokenizer",
+    "is_mlx_lm_sampler",
     "lean_litestar",
     "lean_mlx_lm",
     "masks_overridden",
+    "mlx_lm_has_architecture",
     "mlx_lm_remappings",
+    "mlx_lm_sets_tokenizer_defaults",
+    "uvicorn_connections",
+    "uvicorn_http_protocol",
+    "uvicorn_loop",
+    "uvicorn_request",
+    "uvicorn_request_progress",
+    "uvicorn_request_scope",
+    "uvicorn_transport",
+    "wrap_litestar_handler",
 ]
 
 #: ``mlx.launch`` as a ``python -c`` program: its module (mlx's private ``_distributed_utils``)
@@ -85,6 +107,10 @@ def lean_mlx_lm() -> None:
     (``mlx_lm.load``, ``from mlx_lm import generate``, ``__all__``) runs it then, so every other
     user of mlx-lm in the process sees the package it expects. Does nothing when ``mlx_lm`` is
     already imported or not installed.
+
+    It changes ``sys.modules`` for the whole process, so only ``mlxrt serve`` calls it, first
+    thing (:func:`mlxrt.cli.main`; its ranks under ``mlx.launch`` run the same command), never
+    ``import mlxrt``.
     """
     if "mlx_lm" in sys.modules:
         return
@@ -110,23 +136,91 @@ def lean_mlx_lm() -> None:
         pass
 
 
+#: The tables of ``mlx_lm/utils.py`` that map a model type (or a type and an architecture)
+#: to the ``mlx_lm.models`` module that builds it.
+_REMAPPING_TABLES = ("MODEL_REMAPPING", "MODEL_ARCHITECTURE_REMAPPING")
+
+
+def _mlx_lm_folder() -> Path | None:
+    """mlx-lm's package folder, found without importing it (finding a submodule would)."""
+    spec = importlib.util.find_spec("mlx_lm")
+    for folder in (spec.submodule_search_locations or []) if spec is not None else []:
+        return Path(folder)
+    return None
+
+
 @functools.cache
-def mlx_lm_remappings() -> tuple[dict[str, str], dict[tuple[str, str], str]]:
+def mlx_lm_remappings() -> tuple[dict[str, str], dict[tuple[str, str], str]] | None:
     """mlx-lm's ``MODEL_REMAPPING`` (model_type → module) and ``MODEL_ARCHITECTURE_REMAPPING``
     ((model_type, architecture) → module), read from ``mlx_lm/utils.py``'s source: importing that
-    module imports transformers (see :func:`lean_mlx_lm`). Empty tables when it cannot be read."""
-    spec = importlib.util.find_spec("mlx_lm.utils")
+    module imports transformers (see :func:`lean_mlx_lm`).
+
+    ``None`` when they cannot be read (the file moved, or no longer assigns both tables as
+    literals): callers then leave the model type to mlx-lm's own loader, which knows its tables,
+    rather than refuse a remapped type (``mistral`` → ``llama``) as unknown."""
+    package = _mlx_lm_folder()
+    if package is None:
+        return None
     found: dict[str, Any] = {}
     try:
-        with open(spec.origin, encoding="utf-8") as f:  # type: ignore[union-attr,arg-type]
-            tree = ast.parse(f.read())
+        tree = ast.parse((package / "utils.py").read_text(encoding="utf-8"))
         for node in tree.body:
             if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-                if node.targets[0].id in ("MODEL_REMAPPING", "MODEL_ARCHITECTURE_REMAPPING"):
+                if node.targets[0].id in _REMAPPING_TABLES:
                     found[node.targets[0].id] = ast.literal_eval(node.value)
-    except (AttributeError, TypeError, OSError, SyntaxError, ValueError):
-        return {}, {}
-    return found.get("MODEL_REMAPPING", {}), found.get("MODEL_ARCHITECTURE_REMAPPING", {})
+    except (TypeError, OSError, SyntaxError, ValueError):
+        return None
+    by_type, by_architecture = (found.get(name) for name in _REMAPPING_TABLES)
+    if not isinstance(by_type, dict) or not isinstance(by_architecture, dict):
+        return None
+    return by_type, by_architecture
+
+
+def mlx_lm_has_architecture(model_type: str) -> bool:
+    """Whether mlx-lm builds ``model_type``: a module ``mlx_lm/models/<model_type>.py``, or a
+    type its ``MODEL_REMAPPING`` sends to one (nothing imported unless the table cannot be read
+    from source; then it is imported from ``mlx_lm.utils``, transformers with it)."""
+    package = _mlx_lm_folder()
+    if package is None:
+        return False
+    folder = package / "models"
+    if (folder / f"{model_type}.py").is_file():
+        return True
+    tables = mlx_lm_remappings()
+    if tables is not None:
+        by_type = tables[0]
+    else:
+        try:
+            from mlx_lm.utils import MODEL_REMAPPING as by_type
+        except ImportError:
+            return False
+    remapped = by_type.get(model_type)
+    return bool(remapped) and remapped != model_type and (folder / f"{remapped}.py").is_file()
+
+
+def mlx_lm_sets_tokenizer_defaults(model_type: str) -> bool:
+    """Whether mlx-lm's module for ``model_type`` (after ``MODEL_REMAPPING``) defines
+    ``TOKENIZER_DEFAULTS``: a chat renderer, tool parser or EOS list its tokenizer loader
+    applies (``mlx_lm.utils._tokenizer_defaults``). Read from the module's source, not imported.
+    True when the remap table cannot be read, so that mlx-lm's own loader decides."""
+    package = _mlx_lm_folder()
+    if package is None:
+        return False
+    tables = mlx_lm_remappings()
+    if tables is None:
+        return True
+    module = tables[0].get(model_type, model_type).replace("-", "_")
+    try:
+        return "TOKENIZER_DEFAULTS" in (package / "models" / f"{module}.py").read_text(encoding="utf-8")
+    except OSError:
+        return False
+
+
+def is_mlx_lm_sampler(sampler: Any) -> bool:
+    """Whether ``sampler`` was made by ``mlx_lm.sample_utils`` (``make_sampler`` and the
+    samplers it returns keep no state between calls), told by the module its function was
+    defined in."""
+    return getattr(sampler, "__module__", None) == "mlx_lm.sample_utils"
 
 
 def lean_litestar() -> type:
@@ -155,3 +249,68 @@ def lean_litestar() -> type:
             return plugins
 
     return LeanLitestar
+
+
+def wrap_litestar_handler(app: Any, wrap: Callable[[Any], Any]) -> None:
+    """Put the ASGI middleware ``wrap(handler) -> handler`` around everything the Litestar
+    ``app`` does for a request — routing, its exception handlers, CORS — so that unmatched paths
+    and CORS preflights pass through it too (Litestar's own middleware runs only on a matched
+    route). It replaces ``app.asgi_handler``, the undocumented attribute ``Litestar.__call__``
+    awaits."""
+    app.asgi_handler = wrap(app.asgi_handler)
+
+
+# uvicorn's HTTP protocols (h11's and httptools', whichever ``AutoHTTPProtocol`` is) keep their
+# state in undocumented attributes: ``connections`` (the server's set of open protocols),
+# ``loop``, ``transport`` and ``cycle`` (the request in flight, or None), and on a cycle
+# ``more_body``, ``response_started``, ``response_complete`` and ``scope``.
+# mlxrt.api.connections reads them through the functions below.
+
+
+def uvicorn_http_protocol() -> type[asyncio.Protocol]:
+    """uvicorn's HTTP protocol class (h11 or httptools, as uvicorn picks), to subclass."""
+    from uvicorn.protocols.http.auto import AutoHTTPProtocol
+
+    return AutoHTTPProtocol
+
+
+def uvicorn_connections(protocol: Any) -> MutableSet[Any]:
+    """Every open connection (protocol) of the server ``protocol`` belongs to, itself included."""
+    return protocol.connections  # type: ignore[no-any-return]
+
+
+def uvicorn_loop(protocol: Any) -> asyncio.AbstractEventLoop:
+    """The event loop ``protocol`` runs on."""
+    return protocol.loop  # type: ignore[no-any-return]
+
+
+def uvicorn_transport(protocol: Any) -> asyncio.Transport:
+    """The connection's transport (set when the connection is made)."""
+    return protocol.transport  # type: ignore[no-any-return]
+
+
+def uvicorn_request(protocol: Any) -> Any | None:
+    """The request in flight on the connection (uvicorn's request-response cycle, compared by
+    identity), or None before a complete request head has arrived."""
+    return getattr(protocol, "cycle", None)
+
+
+class RequestProgress(NamedTuple):
+    """Where one request of :func:`uvicorn_request` stands."""
+
+    #: Part of the request body has still to arrive.
+    more_body: bool
+    #: The response's head has been sent.
+    response_started: bool
+    #: The whole response has been sent.
+    response_complete: bool
+
+
+def uvicorn_request_progress(request: Any) -> RequestProgress:
+    """Where ``request`` (from :func:`uvicorn_request`) stands."""
+    return RequestProgress(request.more_body, request.response_started, request.response_complete)
+
+
+def uvicorn_request_scope(request: Any) -> dict[str, Any]:
+    """The ASGI scope ``request`` (from :func:`uvicorn_request`) hands to the app."""
+    return request.scope  # type: ignore[no-any-return]

@@ -142,7 +142,7 @@ def mlxrt_tool_prompt(info: ModelInfo) -> ToolPrompt | None:
         def mlxrt_tool_prompt(info):
             return MyToolPrompt() if _ours(info) else None
 
-    .. versionadded:: 0.2
+    .. versionadded:: 0.1
     """
 
 
@@ -214,7 +214,7 @@ def mlxrt_chat_template_kwargs(
         ``reasoning_effort``).
     :param host: The plugin host; ``host.options`` holds the server defaults
         (``--chat-template-args``, ``--thinking``). :func:`mlxrt.templating.thinking_switch`
-        resolves a thinking switch through the whole chain. (Added in 0.2.)
+        resolves a thinking switch through the whole chain.
     :returns: A mapping merged over the client's own ``chat_template_kwargs`` (the client's
         explicit keys win), or ``None``. Families use it to map ``reasoning_effort`` to their
         template's switch (``enable_thinking`` for Qwen3).
@@ -234,7 +234,7 @@ def mlxrt_prompt_canonicalize(
     :param request: The request as the dialect built it.
     :param dialect: The dialect's name (``openai``, ``anthropic``, ``responses``).
     :param host: The plugin host; ``host.model.tokenizer`` decodes and re-encodes the prompt
-        for a rewrite made on text. (Added in 0.2.)
+        for a rewrite made on text.
     :returns: A replacement request, or ``None`` to leave it unchanged.
 
     Called per request, off the event loop. Stops at first non-None result.
@@ -258,7 +258,7 @@ def mlxrt_prepare_request(request: GenerationRequest, info: ModelInfo, host: Plu
     the engine thread waits for it. Raise
     :class:`mlxrt.errors.InvalidRequest` for a client error (a 400 before anything streams).
 
-    .. versionadded:: 0.2
+    .. versionadded:: 0.1
     """
 
 
@@ -276,7 +276,7 @@ def mlxrt_capabilities() -> Sequence[str] | None:
     (:attr:`mlxrt.serving.ServedModel.capabilities`). Collected once per served model, when it
     starts serving (not per request); results are collected.
 
-    .. versionadded:: 0.2
+    .. versionadded:: 0.1
     """
 
 
@@ -336,7 +336,7 @@ def mlxrt_turn_finished(turn: FinishedTurn, host: PluginHost) -> None:
     request). An exception is logged with the plugin's name and never reaches the client,
     whose answer is already complete.
 
-    .. versionadded:: 0.2
+    .. versionadded:: 0.1
     """
 
 
@@ -425,14 +425,19 @@ def mlxrt_startup(host: PluginHost) -> Any:
 
 @hookspec
 def mlxrt_shutdown(host: PluginHost) -> Any:
-    """Run when the server stops.
+    """Run when the server stops: flush and close what the plugin holds.
 
-    :param host: The plugin host.
+    :param host: The plugin host; the models are still loaded (they unload after every
+        plugin's shutdown).
     :returns: ``None`` or an awaitable, which the server awaits.
 
-    Called once in the app's lifespan, on the event loop. A plugin that raises here (or whose
-    awaitable raises) is marked failed (``/stats``), its hooks stop running and its routes
-    answer 503; the server starts without it (``MLXRT_STRICT_PLUGINS=1``: a start-up error).
+    Called once in the app's lifespan, on the event loop, after the server stopped taking
+    requests (under ``mlxrt serve``, once running requests have finished or were ended at
+    ``--shutdown-grace``). Plugins shut down in hook call order (third-party ones before
+    built-ins). A plugin that raises here (or whose awaitable raises) is logged and marked failed
+    (``mlxrt plugins``, ``/stats``); the other plugins still shut down and the server still
+    stops. Under ``MLXRT_STRICT_PLUGINS=1`` the error is raised out of the app's shutdown
+    instead, and the plugins after it are not called.
 
     .. versionadded:: 0.1
     """

@@ -1,4 +1,8 @@
-"""Shared fixtures: tiny checkpoints, an in-process server, and the official SDK clients."""
+"""The suite's own fixtures. Tiny checkpoints, the in-process app and the plugin host are the
+``mlxrt_*`` fixtures mlxrt ships to plugin authors (mlxrt.testing.pytest_plugin, loaded through
+the ``pytest11`` entry point): ``mlxrt_tiny_checkpoint``, ``mlxrt_serve``, ``mlxrt_client``,
+``mlxrt_host``, ``mlxrt_home``. What is only ours lives here: the shared data, real
+``mlxrt serve`` processes."""
 
 from __future__ import annotations
 
@@ -26,60 +30,10 @@ def shared_tokenizer(name: str) -> Path:
 
 
 @pytest.fixture(autouse=True)
-def _isolated_mlxrt_home(tmp_path_factory, monkeypatch):
-    # Conversions and caches land in a per-session folder, never in the user's home.
-    monkeypatch.setenv("MLXRT_HOME", str(tmp_path_factory.getbasetemp() / "mlxrt-home"))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-
-
-@pytest.fixture(scope="session")
-def tiny_models(tmp_path_factory):
-    """Factory: ``tiny_models("qwen3")`` → folder of a tiny random checkpoint (cached per session)."""
-    from mlxrt.testing import write_tiny_checkpoint
-
-    root = tmp_path_factory.mktemp("ckpt")
-    made: dict[tuple, Path] = {}
-
-    def make(model_type: str, *, seed: int = 0, tokenizer: str | None = None) -> Path:
-        key = (model_type, seed, tokenizer)
-        if key not in made:
-            tok_dir = shared_tokenizer(tokenizer) if tokenizer else None
-            made[key] = write_tiny_checkpoint(root / f"{model_type}-{seed}-{tokenizer or 'gen'}",
-                                              model_type, tokenizer_dir=tok_dir, seed=seed)
-        return made[key]
-
-    return make
-
-
-@pytest.fixture
-def serve_app():
-    """Factory: build the app in-process for a model folder; yields a Litestar TestClient."""
-    from litestar.testing import TestClient
-
-    from mlxrt.cli import build_server
-    from mlxrt.host import make_host
-
-    clients = []
-
-    def start(model: str | Path, *, extra=(), options=None, disable=()):
-        host = make_host(extra=extra, disable=disable)
-        # model_fallback: tests send placeholder names ("m"); tests/test_multi_model.py turns it off.
-        app = build_server(host, str(model), {"host": "127.0.0.1", "port": 0, "model_fallback": True,
-                                              **(options or {})})
-        client = TestClient(app, base_url="http://127.0.0.1")  # a Host the loopback server serves
-        client.__enter__()
-        clients.append((client, host))
-        return client
-
-    yield start
-    for client, host in clients:
-        client.__exit__(None, None, None)
-        host.models.stop()
-
-
-@pytest.fixture
-def qwen3_client(tiny_models, serve_app):
-    return serve_app(tiny_models("qwen3"))
+def _isolated_mlxrt_home(mlxrt_home):
+    # Every test, also those that start `mlxrt serve` subprocesses (they inherit the environment):
+    # conversions and caches in the session's folder, never in the user's home; no downloads.
+    return mlxrt_home
 
 
 @pytest.fixture

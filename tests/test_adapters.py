@@ -87,8 +87,8 @@ def _mlx_lm_text(model, adapter, prompt: str, max_tokens: int = 12) -> str:
     return tok.decode(ids, skip_special_tokens=False)
 
 
-def test_an_adapter_changes_the_output_exactly_as_mlx_lm_loads_it(lora, serve_app):
-    client = serve_app(lora["model"], options={"adapter_path": str(lora["a"])})
+def test_an_adapter_changes_the_output_exactly_as_mlx_lm_loads_it(lora, mlxrt_serve):
+    client = mlxrt_serve(lora["model"], options={"adapter_path": str(lora["a"])})
     default = _text(client, PROMPTS[0])  # --adapter is the default of requests that name none
     assert _text(client, PROMPTS[0], adapter="a") == default
     base = _text(client, PROMPTS[0], adapter="none")
@@ -108,8 +108,8 @@ def test_an_adapter_changes_the_output_exactly_as_mlx_lm_loads_it(lora, serve_ap
     assert _complete(client, PROMPTS[0], adapter=3).status_code == 400
 
 
-def test_stacked_adapters_equal_one_adapter_holding_the_sum(lora, serve_app):
-    client = serve_app(lora["model"], options={"adapter_dir": (str(lora["dirs"]), str(lora["ab"].parent))})
+def test_stacked_adapters_equal_one_adapter_holding_the_sum(lora, mlxrt_serve):
+    client = mlxrt_serve(lora["model"], options={"adapter_dir": (str(lora["dirs"]), str(lora["ab"].parent))})
     for name in ("a", "b", "ab"):
         mounted = client.post("/v1/adapters", json={"id": name, "path": str(lora[name])})
         assert mounted.status_code == 200, mounted.text
@@ -119,9 +119,9 @@ def test_stacked_adapters_equal_one_adapter_holding_the_sum(lora, serve_app):
         assert stacked not in (_text(client, prompt, adapter="a"), _text(client, prompt, adapter="b"))
 
 
-def test_mount_list_unmount_and_the_errors_that_name_the_problem(lora, serve_app, tmp_path):
+def test_mount_list_unmount_and_the_errors_that_name_the_problem(lora, mlxrt_serve, tmp_path):
     # tmp_path is a root too: the malformed folders below are made there.
-    client = serve_app(lora["model"], options={"adapter_dir": (str(lora["dirs"]), str(tmp_path))})
+    client = mlxrt_serve(lora["model"], options={"adapter_dir": (str(lora["dirs"]), str(tmp_path))})
     available = client.get("/v1/adapters/available").json()["adapters"]
     assert sorted(r["id"] for r in available) == ["a", "b"] and all(r["error"] is None for r in available)
     assert client.get("/v1/adapters").json() == {"adapters": [], "default": None}
@@ -184,8 +184,8 @@ def batch_server(lora):
 CHOICES = ["a", "b", "none", "a+b", "b", "a", "none", "a"]
 
 
-def test_requests_with_different_adapters_share_a_decode_batch(lora, batch_server, serve_app):
-    serial = serve_app(lora["model"], options={"prompt_cache_size": 0, "adapter_dir": (str(lora["dirs"]),)})
+def test_requests_with_different_adapters_share_a_decode_batch(lora, batch_server, mlxrt_serve):
+    serial = mlxrt_serve(lora["model"], options={"prompt_cache_size": 0, "adapter_dir": (str(lora["dirs"]),)})
     for name in ("a", "b"):
         assert serial.post("/v1/adapters", json={"id": name, "path": str(lora[name])}).status_code == 200
     jobs = [(PROMPTS[i % 4], CHOICES[i]) for i in range(8)]
@@ -236,8 +236,8 @@ def test_mount_use_unmount_under_load_never_serves_the_wrong_adapter(lora, batch
             assert (status == 200 and text == expected[prompt]) or (status == 400 and "unknown adapter" in text)
 
 
-def test_anthropic_and_responses_requests_select_adapters_too(lora, serve_app):
-    client = serve_app(lora["model"], options={"adapter_path": str(lora["a"])})
+def test_anthropic_and_responses_requests_select_adapters_too(lora, mlxrt_serve):
+    client = mlxrt_serve(lora["model"], options={"adapter_path": str(lora["a"])})
     messages = [{"role": "user", "content": "hi"}]
 
     def anthropic(**kw):

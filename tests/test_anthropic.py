@@ -20,8 +20,8 @@ def client_for(http_client) -> anthropic.Anthropic:
 
 
 @pytest.fixture
-def scripted(tiny_models, serve_app):
-    return serve_app(tiny_models("qwen3"), extra=[("scripted", Scripted())])
+def scripted(mlxrt_tiny_checkpoint, mlxrt_serve):
+    return mlxrt_serve(mlxrt_tiny_checkpoint("qwen3"), plugins=[("scripted", Scripted())])
 
 
 def frames(text: str) -> list[tuple[str, dict]]:
@@ -37,8 +37,8 @@ def frames(text: str) -> list[tuple[str, dict]]:
     return out
 
 
-def test_non_stream_shape(qwen3_client):
-    out = client_for(qwen3_client).messages.create(model="claude-x", max_tokens=12, messages=MSG, extra_body={"temperature": 0})
+def test_non_stream_shape(mlxrt_client):
+    out = client_for(mlxrt_client).messages.create(model="claude-x", max_tokens=12, messages=MSG, extra_body={"temperature": 0})
     assert out.type == "message" and out.role == "assistant" and out.id.startswith("msg_")
     assert out.model == "qwen3-0-gen"
     assert out.stop_reason in ("end_turn", "max_tokens")
@@ -47,8 +47,8 @@ def test_non_stream_shape(qwen3_client):
     assert all(b.type in ("text", "thinking") for b in out.content)
 
 
-def test_stream_event_grammar(qwen3_client):
-    resp = qwen3_client.post("/v1/messages", json={"messages": MSG, "max_tokens": 10, "temperature": 0,
+def test_stream_event_grammar(mlxrt_client):
+    resp = mlxrt_client.post("/v1/messages", json={"messages": MSG, "max_tokens": 10, "temperature": 0,
                                                    "stream": True}, headers={"anthropic-version": "2023-06-01"})
     assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/event-stream")
     events = frames(resp.text)
@@ -72,8 +72,8 @@ def test_stream_event_grammar(qwen3_client):
     assert delta["delta"]["stop_reason"] in ("end_turn", "max_tokens") and delta["usage"]["output_tokens"] <= 10
 
 
-def test_stream_text_equals_non_stream_text(qwen3_client):
-    client = client_for(qwen3_client)
+def test_stream_text_equals_non_stream_text(mlxrt_client):
+    client = client_for(mlxrt_client)
     whole = client.messages.create(model="m", max_tokens=16, messages=MSG, extra_body={"temperature": 0})
     with client.messages.stream(model="m", max_tokens=16, messages=MSG, extra_body={"temperature": 0}) as stream:
         final = stream.get_final_message()
@@ -81,8 +81,8 @@ def test_stream_text_equals_non_stream_text(qwen3_client):
     assert final.stop_reason == whole.stop_reason and final.usage.output_tokens == whole.usage.output_tokens
 
 
-def test_stop_reasons(qwen3_client, scripted):
-    client = client_for(qwen3_client)
+def test_stop_reasons(mlxrt_client, scripted):
+    client = client_for(mlxrt_client)
     assert client.messages.create(model="m", max_tokens=1, messages=MSG).stop_reason == "max_tokens"
     full = client.messages.create(model="m", max_tokens=16, messages=MSG, extra_body={"temperature": 0})
     text = "".join(b.text for b in full.content if b.type == "text") or "".join(
@@ -142,8 +142,8 @@ def test_tool_use_round_trip(scripted):
     assert none.stop_reason == "end_turn" and none.content[0].text.startswith("<tool_call>")
 
 
-def test_tool_choice_tool_forces_a_call_opening(qwen3_client):
-    raw = client_for(qwen3_client).messages.with_raw_response.create(
+def test_tool_choice_tool_forces_a_call_opening(mlxrt_client):
+    raw = client_for(mlxrt_client).messages.with_raw_response.create(
         model="m", max_tokens=40, messages=[{"role": "user", "content": "Paris?"}], tools=TOOLS,
         tool_choice={"type": "tool", "name": "get_weather"}, extra_body={"temperature": 0})
     out = raw.parse()
@@ -156,8 +156,8 @@ def test_tool_choice_tool_forces_a_call_opening(qwen3_client):
         assert not any("<tool_call>" in getattr(block, "text", "") for block in out.content)
 
 
-def test_count_tokens_matches_the_prompt(qwen3_client):
-    client = client_for(qwen3_client)
+def test_count_tokens_matches_the_prompt(mlxrt_client):
+    client = client_for(mlxrt_client)
     counted = client.messages.count_tokens(model="m", messages=MSG, system="Be brief.", tools=TOOLS)
     ran = client.messages.create(model="m", max_tokens=1, messages=MSG, system="Be brief.", tools=TOOLS)
     assert counted.input_tokens == ran.usage.input_tokens + ran.usage.cache_read_input_tokens
@@ -175,21 +175,21 @@ def _claude_code_body(cch: str, messages: list[dict]) -> dict:
             "messages": messages, "metadata": {"user_id": "u1"}, "temperature": 0}
 
 
-def test_claude_code_billing_header_keeps_the_prompt_cache(qwen3_client):
+def test_claude_code_billing_header_keeps_the_prompt_cache(mlxrt_client):
     turn1 = [{"role": "user", "content": [{"type": "text", "text": "List the files."}]}]
-    first = qwen3_client.post("/v1/messages", json=_claude_code_body(uuid.uuid4().hex[:5], turn1))
+    first = mlxrt_client.post("/v1/messages", json=_claude_code_body(uuid.uuid4().hex[:5], turn1))
     assert first.status_code == 200, first.text
     body1 = first.json()
     prompt1 = body1["usage"]["input_tokens"] + body1["usage"]["cache_read_input_tokens"]
     turn2 = [*turn1, {"role": "assistant", "content": body1["content"] or [{"type": "text", "text": "ok"}]},
              {"role": "user", "content": "Now the tests."}]
-    second = qwen3_client.post("/v1/messages", json=_claude_code_body(uuid.uuid4().hex[:5], turn2))
+    second = mlxrt_client.post("/v1/messages", json=_claude_code_body(uuid.uuid4().hex[:5], turn2))
     assert second.status_code == 200, second.text
     usage2 = second.json()["usage"]
     assert usage2["cache_read_input_tokens"] >= 0.9 * prompt1
     assert second.headers["x-mlxrt-cache"].startswith(("hit", "partial"))
     # The canonical prompt does not depend on the header's hash at all.
-    count = [qwen3_client.post("/v1/messages/count_tokens", json=_claude_code_body(cch, turn1)).json()
+    count = [mlxrt_client.post("/v1/messages/count_tokens", json=_claude_code_body(cch, turn1)).json()
              for cch in ("aaaaa", "0f3c9")]
     assert count[0] == count[1] == {"input_tokens": prompt1}
 
@@ -239,8 +239,8 @@ BAD = [
 
 
 @pytest.mark.parametrize(("body", "message"), BAD)
-def test_bad_input_is_an_anthropic_400(qwen3_client, body, message):
-    resp = qwen3_client.post("/v1/messages", json=body)
+def test_bad_input_is_an_anthropic_400(mlxrt_client, body, message):
+    resp = mlxrt_client.post("/v1/messages", json=body)
     assert resp.status_code == 400, resp.text
     out = resp.json()
     assert set(out) == {"type", "error"} and out["type"] == "error"
@@ -272,9 +272,9 @@ def test_tool_result_images_follow_the_user_turn_rule(scripted):
     assert document.status_code == 200 and document.json()["content"][0]["text"] == "ok"
 
 
-def test_sdk_raises_bad_request_and_invalid_json(qwen3_client):
+def test_sdk_raises_bad_request_and_invalid_json(mlxrt_client):
     with pytest.raises(anthropic.BadRequestError) as err:
-        client_for(qwen3_client).messages.create(model="m", max_tokens=0, messages=MSG)
+        client_for(mlxrt_client).messages.create(model="m", max_tokens=0, messages=MSG)
     assert err.value.body["error"]["type"] == "invalid_request_error"
-    raw = qwen3_client.post("/v1/messages", content=b"{nope", headers={"content-type": "application/json"})
+    raw = mlxrt_client.post("/v1/messages", content=b"{nope", headers={"content-type": "application/json"})
     assert raw.status_code == 400 and raw.json()["error"]["message"] == "invalid JSON body"

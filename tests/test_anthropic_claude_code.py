@@ -30,9 +30,9 @@ class Recorder:
 
 
 @pytest.fixture
-def recorded(tiny_models, serve_app):
+def recorded(mlxrt_tiny_checkpoint, mlxrt_serve):
     recorder = Recorder()
-    client = serve_app(tiny_models("qwen3"), extra=[("scripted", Scripted()), ("recorder", recorder)])
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("qwen3"), plugins=[("scripted", Scripted()), ("recorder", recorder)])
     return client, recorder
 
 
@@ -84,17 +84,17 @@ SILENT_TEMPLATE = STRICT_TEMPLATE.replace("{{- raise_exception('System role only
 
 
 @pytest.fixture
-def templated(tiny_models, serve_app, tmp_path):
+def templated(mlxrt_tiny_checkpoint, mlxrt_serve, tmp_path):
     def start(template: str | None):
-        folder = tiny_models("qwen3")
+        folder = mlxrt_tiny_checkpoint("qwen3")
         if template is not None:
             folder = tmp_path / "strict"
-            shutil.copytree(tiny_models("qwen3"), folder)
+            shutil.copytree(mlxrt_tiny_checkpoint("qwen3"), folder)
             (folder / "chat_template.jinja").unlink(missing_ok=True)
             config = json.loads((folder / "tokenizer_config.json").read_text())
             (folder / "tokenizer_config.json").write_text(json.dumps({**config, "chat_template": template}))
         recorder = Recorder()
-        return serve_app(folder, extra=[("scripted", Scripted()), ("recorder", recorder)]), recorder
+        return mlxrt_serve(folder, plugins=[("scripted", Scripted()), ("recorder", recorder)]), recorder
 
     return start
 
@@ -179,11 +179,11 @@ def test_thinking_blocks_render_like_reasoning_content(recorded):
     ({"thinking": {"type": "disabled"}, "output_config": {"effort": "high"}}, False),
     ({"thinking": {"type": "disabled"}}, False),
 ])
-def test_adaptive_thinking_and_effort_drive_the_thinking_switch(tiny_models, serve_app, fields, thinking_on):
+def test_adaptive_thinking_and_effort_drive_the_thinking_switch(mlxrt_tiny_checkpoint, mlxrt_serve, fields, thinking_on):
     """With the server's thinking default off, adaptive thinking or an effort turns it on;
     ``disabled`` keeps it off whatever the effort (Qwen3's switch pre-closes the think block)."""
     recorder = Recorder()
-    client = serve_app(tiny_models("qwen3"), extra=[("scripted", Scripted()), ("recorder", recorder)],
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("qwen3"), plugins=[("scripted", Scripted()), ("recorder", recorder)],
                        options={"thinking": False})
     _post(client, [{"role": "user", "content": "Hi"}], **fields)
     assert recorder.texts[-1].endswith("<think>\n\n</think>\n\n") is not thinking_on

@@ -167,3 +167,158 @@ def test_the_batch_loop_keeps_row_tags_in_step(tmp_path):
     assert ["short", "late"] in calls  # decoding together while "long" still prefills
     assert ["short", "late", "long"] in calls  # "long" joined the running batch
     assert ["late", "long"] in calls  # decoding on after the removal
+
+
+class _Faulty:
+    """The model, but a prefill chunk holding ``POISON`` raises, and so does the next decode
+    step once ``fail_decode`` is set (a model or plugin bug hitting one request, or every row)."""
+
+    POISON = 99  # PROMPTS hold ids 5..94 only
+
+    def __init__(self, model):
+        self.model = model
+        self.fail_decode = False
+        self.prefill_faults = 0
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def __call__(self, inputs, *args, cache=None, **kwargs):
+        if inputs.shape[1] > 1 and self.POISON in inputs.tolist()[0]:
+            self.prefill_faults += 1
+            raise RuntimeError("poisoned prefill")
+        if inputs.shape[1] == 1 and self.fail_decode:
+            self.fail_decode = False
+            raise RuntimeError("decode step exploded")
+        return self.model(inputs, *args, cache=cache, **kwargs)
+
+
+def _run(gen, rounds=None):
+    """Run ``gen`` until it holds nothing (or for ``rounds``): tokens by uid, prefill failures by
+    uid, responses that ended a row by uid."""
+    tokens: dict[int, list] = {}
+    failed: dict[int, Exception] = {}
+    ends: dict[int, object] = {}
+    n = 0
+    while len(gen) and (rounds is None or n < rounds):
+        progress, responses = gen.next()
+        n += 1
+        for p in progress:
+            if p.error is not None:
+                assert p.uid not in failed
+                failed[p.uid] = p.error
+        for r in responses:
+            if r.error is None:
+                tokens.setdefault(r.uid, []).append((r.token, r.logprobs))
+            if r.finish_reason is not None:
+                assert r.uid not in ends
+                ends[r.uid] = r
+    return tokens, failed, ends
+
+
+def test_a_failing_prefill_ends_only_its_row(models):
+    """A newcomer whose second prefill chunk raises is dropped with its cache and reported with
+    its error, once; a row decoding meanwhile and a newcomer prefilling beside it get exactly
+    the tokens and log-probs they get alone, and the loop takes new rows afterwards."""
+    from mlxrt.engine.batch_steps import BatchSteps
+
+    model = models["llama"]
+    faulty = _Faulty(model)
+    poisoned = PROMPTS[0][:20] + [_Faulty.POISON] + PROMPTS[0][20:]  # its first chunk (16) goes through
+    alone = {0: _alone(model, PROMPTS[1], 14), 1: _alone(model, PROMPTS[4], 8), 2: _alone(model, PROMPTS[2], 6)}
+    gen = BatchSteps(faulty, completion_batch_size=4, prefill_batch_size=2, prefill_step_size=16, stream=_stream())
+    (running,) = gen.insert([PROMPTS[1]], max_tokens=[14])
+    early, _, _ = _run(gen, rounds=3)
+    assert len(early[running]) == 1  # decoding when the others come
+    bad, beside = gen.insert([poisoned, PROMPTS[4]], max_tokens=[8, 8])
+    tokens, failed, ends = _run(gen)
+    assert faulty.prefill_faults == 1
+    assert list(failed) == [bad] and str(failed[bad]) == "poisoned prefill"
+    assert bad not in tokens and bad not in ends
+    for uid, key in ((running, 0), (beside, 1)):
+        got = early.get(uid, []) + tokens[uid]
+        assert [t for t, _ in got] == [t for t, _ in alone[key]]
+        for (_, a), (_, b) in zip(got, alone[key], strict=True):
+            assert mx.allclose(a, b, atol=1e-4).item()
+        assert ends[uid].finish_reason == "length"
+    assert gen.extract_cache([bad]) == {} and len(gen) == 0
+    (after,) = gen.insert([PROMPTS[2]], max_tokens=[6])
+    tokens, failed, _ = _run(gen)
+    assert not failed and [t for t, _ in tokens[after]] == [t for t, _ in alone[2]]
+
+
+def test_a_failing_decode_step_ends_every_row_of_the_step_and_only_those(models):
+    """The batched model call cannot be pinned on one row: every row in it ends with the error
+    (a Response with finish_reason "error", no token, once), while a newcomer still prefilling
+    on its own cache goes on to exactly the tokens it gets alone, as do rows inserted afterwards."""
+    from mlxrt.engine.batch_steps import BatchSteps
+
+    model = models["llama"]
+    faulty = _Faulty(model)
+    late_alone = _alone(model, PROMPTS[4], 7)
+    gen = BatchSteps(faulty, completion_batch_size=4, prefill_batch_size=2, prefill_step_size=16, stream=_stream())
+    decoding = gen.insert([PROMPTS[1], PROMPTS[2]], max_tokens=[20, 20])
+    before, _, _ = _run(gen, rounds=4)
+    assert all(len(before[uid]) >= 1 for uid in decoding)
+    (late,) = gen.insert([PROMPTS[4]], max_tokens=[7])  # 57 tokens: four chunks of prefill
+    gen.next()  # its first chunk
+    faulty.fail_decode = True
+    progress, responses = gen.next()
+    assert sorted(r.uid for r in responses) == sorted(decoding)
+    for r in responses:
+        assert r.finish_reason == "error" and r.token is None and r.prompt_cache is None
+        assert str(r.error) == "decode step exploded"
+    assert [p.uid for p in progress] == [late] and progress[0].error is None  # its prefill went on
+    assert len(gen) == 1 and gen.extract_cache(decoding) == {}
+    tokens, failed, ends = _run(gen)
+    assert not failed and set(ends) == {late}
+    assert [t for t, _ in tokens[late]] == [t for t, _ in late_alone]
+    (after,) = gen.insert([PROMPTS[1]], max_tokens=[5])
+    tokens, _, _ = _run(gen)
+    assert [t for t, _ in tokens[after]] == [t for t, _ in _alone(model, PROMPTS[1], 5)]
+
+
+def test_a_cache_that_cannot_join_the_batch_ends_only_its_row(models):
+    """Two newcomers ready in the same round, one of whose caches cannot merge: the other joins
+    and gets the tokens it gets alone; the broken one is reported once, with its error."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from mlxrt.engine.batch_steps import BatchSteps
+
+    model = models["llama"]
+
+    class Tag:  # a last cache entry the model never sees; a broken one refuses to merge
+        state: list = []
+
+        def __init__(self, ok):
+            self.ok = ok
+
+        def merge(self, tags):
+            if not all(tag.ok for tag in tags):
+                raise ValueError("this cache cannot join a batch")
+            return Tag(True)
+
+        def extend(self, other):
+            pass
+
+        def filter(self, keep):
+            pass
+
+        def extract(self, idx):
+            return Tag(True)
+
+    class Stripping:
+        def __getattr__(self, name):
+            return getattr(model, name)
+
+        def __call__(self, inputs, *args, cache=None, **kwargs):
+            return model(inputs, *args, cache=cache[:-1], **kwargs)
+
+    gen = BatchSteps(Stripping(), completion_batch_size=4, prefill_batch_size=2, prefill_step_size=64,
+                     stream=_stream())
+    good, broken = gen.insert([PROMPTS[1], PROMPTS[2]], max_tokens=[6, 6],
+                              caches=[[*make_prompt_cache(model), Tag(ok)] for ok in (True, False)])
+    tokens, failed, ends = _run(gen)
+    assert list(failed) == [broken] and "cannot join" in str(failed[broken])
+    assert set(ends) == {good} and broken not in tokens
+    assert [t for t, _ in tokens[good]] == [t for t, _ in _alone(model, PROMPTS[1], 6)]

@@ -156,8 +156,8 @@ def test_thirty_two_streams_with_eight_disconnects(batch_server):
     assert _chat(client, "still there?", temperature=0)
 
 
-def test_memory_budget_refuses_an_over_budget_request_before_any_token(tiny_models, server_process):
-    server = server_process([str(tiny_models("qwen3")), "--memory-budget", "0.004"])
+def test_memory_budget_refuses_an_over_budget_request_before_any_token(mlxrt_tiny_checkpoint, server_process):
+    server = server_process([str(mlxrt_tiny_checkpoint("qwen3")), "--memory-budget", "0.004"])
     stats = _stats(server)
     safe = stats["admission"]["safe_context"]
     assert 256 <= safe < 100000
@@ -176,9 +176,9 @@ def test_memory_budget_refuses_an_over_budget_request_before_any_token(tiny_mode
     assert ok.status_code == 200
 
 
-def test_a_budget_that_cannot_hold_the_model_refuses_to_load(tiny_models):
+def test_a_budget_that_cannot_hold_the_model_refuses_to_load(mlxrt_tiny_checkpoint):
     with pytest.raises(RuntimeError, match="memory budget of 0.00 GB cannot serve this model"):
-        ServerProcess([str(tiny_models("qwen3")), "--memory-budget", "0.0001"])
+        ServerProcess([str(mlxrt_tiny_checkpoint("qwen3")), "--memory-budget", "0.0001"])
 
 
 def _no_eos(model) -> dict[str, float]:
@@ -188,8 +188,8 @@ def _no_eos(model) -> dict[str, float]:
     return {str(t): -100.0 for t in (eos if isinstance(eos, list) else [eos])}
 
 
-def test_a_full_queue_answers_429_with_retry_after(tiny_models, server_process):
-    model = tiny_models("qwen3")
+def test_a_full_queue_answers_429_with_retry_after(mlxrt_tiny_checkpoint, server_process):
+    model = mlxrt_tiny_checkpoint("qwen3")
     server = server_process([str(model), "--max-queue", "1", "--batch", "1"])  # one row: the next request waits
     msgs = [{"role": "user", "content": "go"}]
     long = {"messages": msgs, "max_tokens": 20000, "temperature": 0.7, "stream": True, "logit_bias": _no_eos(model)}
@@ -217,8 +217,8 @@ def test_a_full_queue_answers_429_with_retry_after(tiny_models, server_process):
     assert stats["requests_rejected"] == 1 and stats["requests_cancelled"] == 1
 
 
-def test_a_request_past_the_request_timeout_gets_504_and_the_server_keeps_serving(tiny_models, server_process):
-    model = tiny_models("qwen3")
+def test_a_request_past_the_request_timeout_gets_504_and_the_server_keeps_serving(mlxrt_tiny_checkpoint, server_process):
+    model = mlxrt_tiny_checkpoint("qwen3")
     server = server_process([str(model), "--request-timeout", "1.5"])
     long = {"messages": [{"role": "user", "content": "go"}], "max_tokens": 20000, "temperature": 0.7,
             "logit_bias": _no_eos(model)}
@@ -232,8 +232,8 @@ def test_a_request_past_the_request_timeout_gets_504_and_the_server_keeps_servin
 
 
 @pytest.mark.parametrize("batch", ["1", "4"])
-def test_prompt_cache_reports_exact_cached_tokens(tiny_models, server_process, batch):
-    model = tiny_models("qwen3")
+def test_prompt_cache_reports_exact_cached_tokens(mlxrt_tiny_checkpoint, server_process, batch):
+    model = mlxrt_tiny_checkpoint("qwen3")
     server = server_process([str(model), "--batch", batch])
     tok = Tokenizer.from_file(str(model / "tokenizer.json"))
     base = "The quick brown fox jumps over the lazy dog. " * 6

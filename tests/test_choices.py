@@ -20,11 +20,11 @@ def counts(usage) -> tuple[int, int, int]:
 
 
 @pytest.mark.parametrize("batch", [1, 4])
-def test_chat_choices_are_seeded_per_choice_and_reproducible(tiny_models, serve_app, batch):
+def test_chat_choices_are_seeded_per_choice_and_reproducible(mlxrt_tiny_checkpoint, mlxrt_serve, batch):
     """Choice i runs on ``choice_seed(seed, i)``: choice 0 is what n=1 answers, the others
     differ, the same request gives the same choices, and usage counts the prompt once (in the
     serial lane, one choice after another, and in the batch lane, side by side)."""
-    client = openai_client(serve_app(tiny_models("qwen3"), options={"batch": batch}))
+    client = openai_client(mlxrt_serve(mlxrt_tiny_checkpoint("qwen3"), options={"batch": batch}))
     both = client.chat.completions.create(model="m", messages=MSG, n=2, seed=7, **SAMPLED)
     again = client.chat.completions.create(model="m", messages=MSG, n=2, seed=7, **SAMPLED)
     alone = [client.chat.completions.create(model="m", messages=MSG, n=1, seed=choice_seed(7, i), **SAMPLED)
@@ -40,16 +40,16 @@ def test_chat_choices_are_seeded_per_choice_and_reproducible(tiny_models, serve_
     assert both.usage.total_tokens == both.usage.prompt_tokens + both.usage.completion_tokens
 
 
-def test_chat_choices_carry_their_own_logprobs(qwen3_client):
-    out = openai_client(qwen3_client).chat.completions.create(model="m", messages=MSG, n=2, seed=2, logprobs=True,
+def test_chat_choices_carry_their_own_logprobs(mlxrt_client):
+    out = openai_client(mlxrt_client).chat.completions.create(model="m", messages=MSG, n=2, seed=2, logprobs=True,
                                                               top_logprobs=2, **SAMPLED)
     for choice in out.choices:
         assert "".join(e.token for e in choice.logprobs.content) == choice.message.content
         assert all(len(e.top_logprobs) == 2 for e in choice.logprobs.content)
 
 
-def test_chat_choices_stream(qwen3_client):
-    client = openai_client(qwen3_client)
+def test_chat_choices_stream(mlxrt_client):
+    client = openai_client(mlxrt_client)
     whole = client.chat.completions.create(model="m", messages=MSG, n=3, seed=11, **SAMPLED)
     chunks = list(client.chat.completions.create(model="m", messages=MSG, n=3, seed=11, stream=True,
                                                  stream_options={"include_usage": True}, **SAMPLED))
@@ -64,9 +64,9 @@ def test_chat_choices_stream(qwen3_client):
     assert chunks[-1].choices == [] and counts(chunks[-1].usage) == counts(whole.usage)
 
 
-def test_chat_choices_stream_usage_on_the_last_finish_chunk(qwen3_client):
+def test_chat_choices_stream_usage_on_the_last_finish_chunk(mlxrt_client):
     """Without include_usage, the last choice to finish carries the usage of them all."""
-    resp = qwen3_client.post("/v1/chat/completions", json={"messages": MSG, "n": 2, "seed": 3, "stream": True,
+    resp = mlxrt_client.post("/v1/chat/completions", json={"messages": MSG, "n": 2, "seed": 3, "stream": True,
                                                            **SAMPLED})
     frames = [json.loads(line[6:]) for line in resp.text.splitlines() if line.startswith("data: {")]
     assert resp.text.count("data: [DONE]") == 1
@@ -75,8 +75,8 @@ def test_chat_choices_stream_usage_on_the_last_finish_chunk(qwen3_client):
     assert "usage" not in finishes[0] and finishes[1]["usage"]["completion_tokens"] >= 2
 
 
-def test_completions_choices(qwen3_client):
-    client = openai_client(qwen3_client)
+def test_completions_choices(mlxrt_client):
+    client = openai_client(mlxrt_client)
     both = client.completions.create(model="m", prompt="Once upon a time", n=2, seed=5, **SAMPLED)
     alone = [client.completions.create(model="m", prompt="Once upon a time", seed=choice_seed(5, i), **SAMPLED)
              for i in (0, 1)]
@@ -94,8 +94,8 @@ def test_completions_choices(qwen3_client):
     assert counts(stream[-1].usage) == counts(both.usage)
 
 
-def test_n_beyond_admission_is_a_400(tiny_models, serve_app):
-    client = serve_app(tiny_models("qwen3"), options={"max_queue": 2})
+def test_n_beyond_admission_is_a_400(mlxrt_tiny_checkpoint, mlxrt_serve):
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("qwen3"), options={"max_queue": 2})
     for path, body in (("/v1/chat/completions", {"messages": MSG}), ("/v1/completions", {"prompt": "hi"})):
         resp = client.post(path, json={**body, "n": 11, "max_tokens": 2})
         assert resp.status_code == 400, resp.text
@@ -119,10 +119,10 @@ def test_choices_share_the_memory_budget():
         plan_max_tokens(100, 950, 65536, choice_ceiling(4096, 3000, 3), choices=3)
 
 
-def test_choices_share_the_memory_budget_over_http(tiny_models, serve_app):
+def test_choices_share_the_memory_budget_over_http(mlxrt_tiny_checkpoint, mlxrt_serve):
     """Under --memory-budget, n=2 choices each get half the safe context: a max_tokens that
     fits one answer alone is refused for two, naming n; a default max_tokens is capped to it."""
-    client = serve_app(tiny_models("qwen3"), extra=[("scripted", Scripted())], options={"memory_budget": 0.004})
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("qwen3"), plugins=[("scripted", Scripted())], options={"memory_budget": 0.004})
     safe = client.get("/stats").json()["engine"]["admission"]["safe_context"]
     body = {"messages": MSG, "script": "ok"}
     prompt = client.post("/v1/chat/completions", json=body).json()["usage"]["prompt_tokens"]
@@ -138,8 +138,8 @@ def test_choices_share_the_memory_budget_over_http(tiny_models, serve_app):
     assert capped.status_code == 200 and [c["message"]["content"] for c in capped.json()["choices"]] == ["ok", "ok"]
 
 
-def test_system_fingerprint_is_stable_and_names_the_configuration(tiny_models, serve_app, qwen3_client):
-    client = openai_client(qwen3_client)
+def test_system_fingerprint_is_stable_and_names_the_configuration(mlxrt_tiny_checkpoint, mlxrt_serve, mlxrt_client):
+    client = openai_client(mlxrt_client)
     chat = client.chat.completions.create(model="m", messages=MSG, max_tokens=2)
     chunks = list(client.chat.completions.create(model="m", messages=MSG, max_tokens=2, stream=True,
                                                  stream_options={"include_usage": True}))
@@ -150,12 +150,12 @@ def test_system_fingerprint_is_stable_and_names_the_configuration(tiny_models, s
     assert {c.system_fingerprint for c in chunks} == {fingerprint}
     assert text.system_fingerprint == fingerprint
     assert {c.system_fingerprint for c in text_chunks} == {fingerprint}
-    other = serve_app(tiny_models("qwen3"), options={"temp": 0.7})
+    other = mlxrt_serve(mlxrt_tiny_checkpoint("qwen3"), options={"temp": 0.7})
     assert openai_client(other).chat.completions.create(
         model="m", messages=MSG, max_tokens=2).system_fingerprint != fingerprint
 
 
-def test_every_choice_is_cancelled_when_the_client_leaves(tiny_models, server_process):
+def test_every_choice_is_cancelled_when_the_client_leaves(mlxrt_tiny_checkpoint, server_process):
     """A real server (the in-process client never disconnects): n=2, streamed or not, chat or
     text, and the client gives up; both engine requests are cancelled, the running one and the
     waiting one."""
@@ -170,7 +170,7 @@ def test_every_choice_is_cancelled_when_the_client_leaves(tiny_models, server_pr
             time.sleep(0.1)
         return seen
 
-    server = server_process([str(tiny_models("qwen3"))])
+    server = server_process([str(mlxrt_tiny_checkpoint("qwen3"))])
     long = {"messages": [{"role": "user", "content": "go"}], "max_tokens": 30000, "temperature": 0, "n": 2}
     with httpx.Client(base_url=server.url, timeout=60) as http:
         with pytest.raises(httpx.ReadTimeout):

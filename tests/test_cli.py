@@ -52,8 +52,8 @@ def test_engine_defaults_are_stated_once_and_agree_everywhere():
         assert re.search(rf"(?<![\d.]){value:g}(?![\d.])", row.split("|")[2]), (flag, row)
 
 
-def test_pipeline_without_distributed_is_refused_at_start(tiny_models):
-    out = run("serve", str(tiny_models("qwen3")), "--pipeline")
+def test_pipeline_without_distributed_is_refused_at_start(mlxrt_tiny_checkpoint):
+    out = run("serve", str(mlxrt_tiny_checkpoint("qwen3")), "--pipeline")
     assert out.returncode != 0 and "--pipeline" in out.stderr and "--distributed" in out.stderr
 
 
@@ -64,13 +64,13 @@ def test_missing_model_is_a_clear_error(tmp_path):
     assert out.returncode != 0 and "some-org/some-model" in out.stderr
 
 
-def test_model_given_twice_is_refused(tiny_models):
-    out = run("serve", str(tiny_models("qwen3")), "--model", "/elsewhere")
+def test_model_given_twice_is_refused(mlxrt_tiny_checkpoint):
+    out = run("serve", str(mlxrt_tiny_checkpoint("qwen3")), "--model", "/elsewhere")
     assert out.returncode != 0 and "give the model once" in out.stderr
 
 
-def test_real_server_stream_and_non_stream(tiny_models, server_process):
-    server = server_process(["--model", str(tiny_models("qwen3"))])
+def test_real_server_stream_and_non_stream(mlxrt_tiny_checkpoint, server_process):
+    server = server_process(["--model", str(mlxrt_tiny_checkpoint("qwen3"))])
     with httpx.Client(base_url=server.url, timeout=60) as http:
         client = openai_client(http)
         msg = [{"role": "user", "content": "Count to three."}]

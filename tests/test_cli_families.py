@@ -11,21 +11,21 @@ import pytest
 from support import MLXRT_BIN
 
 
-def test_plugins_with_a_model_reports_family_tier_and_self_test(tiny_models):
-    out = subprocess.run([MLXRT_BIN, "plugins", "--json", "--model", str(tiny_models("qwen3"))],
+def test_plugins_with_a_model_reports_family_tier_and_self_test(mlxrt_tiny_checkpoint):
+    out = subprocess.run([MLXRT_BIN, "plugins", "--json", "--model", str(mlxrt_tiny_checkpoint("qwen3"))],
                          capture_output=True, text=True, timeout=120, check=True)
     report = json.loads(out.stdout)
     assert any(p["name"] == "qwen" for p in report["plugins"])
     model = report["model"]
     assert model["tier"] == "family" and model["self_test"]["tools"] == "pass"
     assert set(model["self_test"]) >= {"template", "tools", "thinking"}
-    table = subprocess.run([MLXRT_BIN, "plugins", "--model", str(tiny_models("qwen3"))],
+    table = subprocess.run([MLXRT_BIN, "plugins", "--model", str(mlxrt_tiny_checkpoint("qwen3"))],
                            capture_output=True, text=True, timeout=120, check=True).stdout
     assert "self-test tools: pass" in table
 
 
-def test_no_thinking_flag_turns_reasoning_off_by_default(tiny_models, server_process):
-    server = server_process([str(tiny_models("qwen3")), "--no-thinking"])
+def test_no_thinking_flag_turns_reasoning_off_by_default(mlxrt_tiny_checkpoint, server_process):
+    server = server_process([str(mlxrt_tiny_checkpoint("qwen3")), "--no-thinking"])
     body = {"prompt": "x", "max_tokens": 1}
     # What the template rendered is visible through the prompt length: thinking off adds the
     # empty think block Qwen3's template writes when enable_thinking is false.
@@ -37,10 +37,10 @@ def test_no_thinking_flag_turns_reasoning_off_by_default(tiny_models, server_pro
     assert httpx.post(f"{server.url}/v1/completions", json=body, timeout=30).status_code == 200
 
 
-def test_the_start_banner_v1_models_and_plugins_name_the_same_family(tiny_models, server_process):
+def test_the_start_banner_v1_models_and_plugins_name_the_same_family(mlxrt_tiny_checkpoint, server_process):
     """One source (``FamilyProfile.family``): a Qwen3 folder is ``qwen`` everywhere (the banner
     said ``family mlx-lm``, the loader's name, while /v1/models said ``qwen``)."""
-    model = str(tiny_models("qwen3"))
+    model = str(mlxrt_tiny_checkpoint("qwen3"))
     server = server_process([model])
     row = httpx.get(f"{server.url}/v1/models", timeout=30).json()["data"][0]
     status = httpx.get(f"{server.url}/pages/status", timeout=30).json()["model"]
@@ -55,7 +55,7 @@ def test_the_start_banner_v1_models_and_plugins_name_the_same_family(tiny_models
     assert report["model"]["family"] == "qwen"
 
 
-def test_no_pytorch_notice_when_transformers_is_imported(tiny_models, server_process):
+def test_no_pytorch_notice_when_transformers_is_imported(mlxrt_tiny_checkpoint, server_process):
     """`--batch 2` imports mlx-lm's batch generator, and with it transformers, at start: its
     "PyTorch was not found" notice is dropped (mlxrt never runs PyTorch); the default start does
     not import transformers at all (tests/test_lean_start.py)."""
@@ -65,7 +65,7 @@ def test_no_pytorch_notice_when_transformers_is_imported(tiny_models, server_pro
         pytest.skip("PyTorch is installed: transformers prints no notice to drop")
     if importlib.util.find_spec("transformers") is None:
         pytest.skip("transformers is not installed")
-    server = server_process([str(tiny_models("llama")), "--batch", "2", "--log-level", "debug"])
+    server = server_process([str(mlxrt_tiny_checkpoint("llama")), "--batch", "2", "--log-level", "debug"])
     loaded = httpx.get(f"{server.url}/stats", timeout=30).json()["engine"]["lane"]
     output = server.stop()
     assert loaded == "batch" and "serving" in output

@@ -97,8 +97,8 @@ def test_golden_comparison_fails_on_a_wrong_model(text_checkpoint, tmp_path):
 
 
 @pytest.fixture
-def dg_client(tiny_models, serve_app):
-    return serve_app(tiny_models("diffusion_gemma_no_vision"), options={"batch": 4})
+def dg_client(mlxrt_tiny_checkpoint, mlxrt_serve):
+    return mlxrt_serve(mlxrt_tiny_checkpoint("diffusion_gemma_no_vision"), options={"batch": 4})
 
 
 def _chat(client, **kw):
@@ -283,7 +283,7 @@ def test_image_changes_the_generation(vision_checkpoint):
     assert with_image and with_image != without
 
 
-def test_image_rules(vision_checkpoint, tiny_models):
+def test_image_rules(vision_checkpoint, mlxrt_tiny_checkpoint):
     from PIL import Image
 
     from mlxrt.errors import InvalidRequest
@@ -302,14 +302,14 @@ def test_image_rules(vision_checkpoint, tiny_models):
     assert spliced.ids.count(config["image_token_id"]) == _image_rows(spliced, config).shape[0] > 0
     with pytest.raises(InvalidRequest, match="exactly one image placeholder"):
         adapter.splice([2, 300, 301], [img])
-    bare, _ = _adapter(tiny_models("diffusion_gemma_no_vision"))
+    bare, _ = _adapter(mlxrt_tiny_checkpoint("diffusion_gemma_no_vision"))
     with pytest.raises(InvalidRequest, match="^this checkpoint has no vision tower$") as err:
         bare.splice(prompt, [img])
     assert err.value.status == 400
 
 
-def test_text_only_serving_never_loads_the_tower(tiny_models, serve_app):
-    client = serve_app(tiny_models("diffusion_gemma"))
+def test_text_only_serving_never_loads_the_tower(mlxrt_tiny_checkpoint, mlxrt_serve):
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("diffusion_gemma"))
     assert _chat(client, max_tokens=8).choices[0].message.content is not None
     model = openai_client(client).models.list().data[0]
     assert model.model_extra.get("vision") is True
@@ -474,11 +474,11 @@ def _image_messages(n: int, seed: int = 0) -> list[dict]:
     return [{"role": "user", "content": parts}]
 
 
-def test_image_chat_completion_through_openai_and_anthropic(tiny_models, serve_app):
+def test_image_chat_completion_through_openai_and_anthropic(mlxrt_tiny_checkpoint, mlxrt_serve):
     _needs_image_input()
     from support import anthropic_client
 
-    client = serve_app(tiny_models("diffusion_gemma"))
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("diffusion_gemma"))
     oc = openai_client(client)
     text = oc.chat.completions.create(model="tiny", max_tokens=16, seed=1,
                                       messages=[{"role": "user", "content": "What is in this picture?"}])
@@ -497,14 +497,14 @@ def test_image_chat_completion_through_openai_and_anthropic(tiny_models, serve_a
     assert msg.usage.input_tokens == one.usage.prompt_tokens
 
 
-def test_image_rules_over_http(tiny_models, serve_app):
+def test_image_rules_over_http(mlxrt_tiny_checkpoint, mlxrt_serve):
     _needs_image_input()
-    client = serve_app(tiny_models("diffusion_gemma"))
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("diffusion_gemma"))
     oc = openai_client(client)
     with pytest.raises(openai.BadRequestError) as err:
         oc.chat.completions.create(model="tiny", messages=_image_messages(2), max_tokens=8)
     assert err.value.body["message"] == "DiffusionGemma image input supports exactly one image"
-    bare = openai_client(serve_app(tiny_models("diffusion_gemma_no_vision")))
+    bare = openai_client(mlxrt_serve(mlxrt_tiny_checkpoint("diffusion_gemma_no_vision")))
     with pytest.raises(openai.BadRequestError) as err:
         bare.chat.completions.create(model="tiny", messages=_image_messages(1), max_tokens=8)
     assert err.value.body["message"] == "this checkpoint has no vision tower"
@@ -514,7 +514,7 @@ def test_image_rules_over_http(tiny_models, serve_app):
         assert out.usage.completion_tokens == 8 and out.choices[0].finish_reason == "length"
 
 
-def test_denoising_model_without_a_denoiser_fails_its_load(tiny_models, serve_app):
+def test_denoising_model_without_a_denoiser_fails_its_load(mlxrt_tiny_checkpoint, mlxrt_serve):
     from mlx_lm.tokenizer_utils import load as load_tokenizer
 
     from mlxrt import hookimpl
@@ -527,7 +527,7 @@ def test_denoising_model_without_a_denoiser_fails_its_load(tiny_models, serve_ap
             return LoadedModel(model=None, tokenizer=load_tokenizer(info.path), engine="denoising")
 
     with pytest.raises(ModelLoadError, match="gave no denoiser"):
-        serve_app(tiny_models("diffusion_gemma_no_vision"), extra=[Broken()])
+        mlxrt_serve(mlxrt_tiny_checkpoint("diffusion_gemma_no_vision"), plugins=[Broken()])
 
 
 def test_chunked_prefill_equals_one_pass(text_checkpoint):

@@ -278,13 +278,13 @@ def test_launch_builds_the_mlx_launch_command():
 
 
 @pytest.fixture
-def one_rank(model, serve_app, monkeypatch):
+def one_rank(model, mlxrt_serve, monkeypatch):
     """Rank 0's engine in this process, on a group of one (every collective is the identity):
     the protocol's rank-0 side without a second process."""
     import mlxrt.distributed.serving
 
     monkeypatch.setattr(mlxrt.distributed.serving, "_join", lambda settings: mx.distributed.init())
-    return serve_app(model, extra=[Exploding()], options={"distributed": True})
+    return mlxrt_serve(model, plugins=[Exploding()], options={"distributed": True})
 
 
 def test_a_failing_sampler_chain_fails_its_request_and_keeps_the_ranks_in_step(one_rank, reference):

@@ -37,15 +37,15 @@ def test_mlxrt_serve_without_a_model_answers_paris(server_process):
             assert stats["dtype"]["served"].startswith("quantized") and "no fast BLAS" in stats["dtype"]["reason"]
 
 
-def test_a_gguf_file_is_a_model_source(serve_app):
-    client = serve_app(GGUF)
+def test_a_gguf_file_is_a_model_source(mlxrt_serve):
+    client = mlxrt_serve(GGUF)
     out = openai_client(client).chat.completions.create(model="m", messages=QUESTION, temperature=0,
                                                         max_tokens=24)
     assert "Paris" in out.choices[0].message.content
     assert client.get("/v1/models").json()["data"][0]["context_window"] == 8192
 
 
-def test_parse_with_a_float_field_finishes(serve_app):
+def test_parse_with_a_float_field_finishes(mlxrt_serve):
     """``client.chat.completions.parse`` with a float field: the number has bounded digits, so
     the object closes within max_tokens 200 and parses (issue 32: it used to run to the limit)."""
     from pydantic import BaseModel
@@ -54,7 +54,7 @@ def test_parse_with_a_float_field_finishes(serve_app):
         name: str
         population_millions: float
 
-    client = openai_client(serve_app(GGUF))
+    client = openai_client(mlxrt_serve(GGUF))
     out = client.chat.completions.parse(model="m", messages=[{"role": "user", "content": "Paris as JSON."}],
                                         response_format=City, max_tokens=200, temperature=0)
     choice = out.choices[0]
@@ -62,7 +62,7 @@ def test_parse_with_a_float_field_finishes(serve_app):
     assert abs(choice.message.parsed.population_millions) < 1e16
 
 
-def test_tool_choice_required_returns_a_tool_call(serve_app):
+def test_tool_choice_required_returns_a_tool_call(mlxrt_serve):
     """SmolLM2's template renders no tools: mlxrt's generic tool prompt and grammar make
     ``tool_choice: "required"`` a call with schema-valid arguments (issue 32)."""
     import json
@@ -70,7 +70,7 @@ def test_tool_choice_required_returns_a_tool_call(serve_app):
     tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city.",
                                                "parameters": {"type": "object", "required": ["city"],
                                                               "properties": {"city": {"type": "string"}}}}}]
-    client = openai_client(serve_app(GGUF))
+    client = openai_client(mlxrt_serve(GGUF))
     for stream in (False, True):
         out = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "Weather in Paris?"}],
                                              tools=tools, tool_choice="required", max_tokens=60, temperature=0,

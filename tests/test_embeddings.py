@@ -29,8 +29,8 @@ NOT_EMBEDDING = ('served model "qwen3-0-gen" is not an embedding model; serve an
 
 
 @pytest.fixture
-def emb(tiny_models, serve_app):
-    return serve_app(tiny_models("qwen3_embedding"))
+def emb(mlxrt_tiny_checkpoint, mlxrt_serve):
+    return mlxrt_serve(mlxrt_tiny_checkpoint("qwen3_embedding"))
 
 
 def vectors(out) -> np.ndarray:
@@ -128,8 +128,8 @@ def test_alias_path_and_raw_shape(emb):
                              "total_tokens": body["usage"]["prompt_tokens"]}
 
 
-def test_non_embedding_model_is_a_400_naming_it(qwen3_client):
-    client = openai_client(qwen3_client)
+def test_non_embedding_model_is_a_400_naming_it(mlxrt_client):
+    client = openai_client(mlxrt_client)
     with pytest.raises(openai.BadRequestError) as err:
         client.embeddings.create(model="m", input="hi")
     assert err.value.status_code == 400
@@ -175,12 +175,12 @@ def test_bad_input_is_a_400_and_the_server_keeps_serving(emb, body, message):
     assert emb.post("/v1/embeddings", json={"input": "still here"}).status_code == 200
 
 
-def test_token_id_inputs_embed_like_their_text(emb, tiny_models):
+def test_token_id_inputs_embed_like_their_text(emb, mlxrt_tiny_checkpoint):
     """``[12, 34]`` is one input, ``[[12, 34], [56]]`` several: each embeds as the text those
     ids spell (the end token appended as for text), through the official client too."""
     from tokenizers import Tokenizer
 
-    tokenizer = Tokenizer.from_file(str(tiny_models("qwen3_embedding") / "tokenizer.json"))
+    tokenizer = Tokenizer.from_file(str(mlxrt_tiny_checkpoint("qwen3_embedding") / "tokenizer.json"))
     ids = [tokenizer.encode(t, add_special_tokens=False).ids for t in TEXTS[:2]]
     client = openai_client(emb)
     texts = client.embeddings.create(model="m", input=TEXTS[:2], encoding_format="float")
@@ -206,8 +206,8 @@ def st_names(path) -> set[str]:
     return set(json.loads(raw[8:8 + n])) - {"__metadata__"}
 
 
-def test_tiny_embedding_checkpoint_has_the_real_repo_layout(tiny_models):
-    path = tiny_models("qwen3_embedding")
+def test_tiny_embedding_checkpoint_has_the_real_repo_layout(mlxrt_tiny_checkpoint):
+    path = mlxrt_tiny_checkpoint("qwen3_embedding")
     names = st_names(path)
     assert "embed_tokens.weight" in names and "layers.0.self_attn.q_norm.weight" in names and "norm.weight" in names
     assert not [n for n in names if n.startswith("model.") or n.startswith("lm_head")]
@@ -222,13 +222,13 @@ def test_tiny_embedding_checkpoint_has_the_real_repo_layout(tiny_models):
     assert tcfg["eos_token"] == "<|endoftext|>" and tcfg["padding_side"] == "left"
 
 
-def test_plain_mlx_lm_rejects_the_layout_and_the_qwen_family_loads_it(tiny_models):
+def test_plain_mlx_lm_rejects_the_layout_and_the_qwen_family_loads_it(mlxrt_tiny_checkpoint):
     import mlx_lm
 
     from mlxrt.host import make_host
     from mlxrt.loading import load_model
 
-    path = tiny_models("qwen3_embedding")
+    path = mlxrt_tiny_checkpoint("qwen3_embedding")
     with pytest.raises(ValueError, match="parameters not in model"):
         mlx_lm.load(str(path))
     loaded, profile = load_model(read_model_info(ModelSource(path, "e", "folder")), make_host())
@@ -237,10 +237,10 @@ def test_plain_mlx_lm_rejects_the_layout_and_the_qwen_family_loads_it(tiny_model
     assert embed_ids(loaded, ids).shape == (1, 64)
 
 
-def test_which_models_are_embedding_models(tiny_models, tmp_path):
-    info = read_model_info(ModelSource(tiny_models("qwen3_embedding"), "e", "folder"))
+def test_which_models_are_embedding_models(mlxrt_tiny_checkpoint, tmp_path):
+    info = read_model_info(ModelSource(mlxrt_tiny_checkpoint("qwen3_embedding"), "e", "folder"))
     assert is_embedding_model(info)
-    assert not is_embedding_model(read_model_info(ModelSource(tiny_models("qwen3"), "q", "folder")))
+    assert not is_embedding_model(read_model_info(ModelSource(mlxrt_tiny_checkpoint("qwen3"), "q", "folder")))
     assert is_embedding_model(type(info)(model_id="b", path=tmp_path, model_type="qwen3",
                                          config={"architectures": ["Qwen3Model"]}))
     (tmp_path / "modules.json").write_text(json.dumps([{"path": "1_Pooling", "type": "x.Pooling"}]))
@@ -249,10 +249,10 @@ def test_which_models_are_embedding_models(tiny_models, tmp_path):
     assert not is_embedding_model(type(info)(model_id="m", path=tmp_path, model_type="qwen3"))
 
 
-def test_the_end_token_is_appended_once_when_the_tokenizer_does_not(tiny_models):
+def test_the_end_token_is_appended_once_when_the_tokenizer_does_not(mlxrt_tiny_checkpoint):
     from mlx_lm.utils import load_tokenizer
 
-    tok = load_tokenizer(tiny_models("qwen3"))  # the chat tokenizer: no post-processor EOS
+    tok = load_tokenizer(mlxrt_tiny_checkpoint("qwen3"))  # the chat tokenizer: no post-processor EOS
     eot = tok.convert_tokens_to_ids("<|endoftext|>")
     (ids,) = encode_inputs(tok, ["hello"], eot, None)
     assert ids == tok.encode("hello") + [eot]

@@ -10,9 +10,9 @@ import pytest
 from mlxrt import GenerationRequest, SamplingParams, hookimpl
 
 
-def test_disconnect_cancels_the_generation(tiny_models, server_process):
+def test_disconnect_cancels_the_generation(mlxrt_tiny_checkpoint, server_process):
     # A real server: the in-process test client reads streamed bodies to the end.
-    server = server_process([str(tiny_models("qwen3"))])
+    server = server_process([str(mlxrt_tiny_checkpoint("qwen3"))])
     # Greedy, so the run is the same every time (this prompt never samples EOS in 30000 tokens).
     body = {"messages": [{"role": "user", "content": "go"}], "max_tokens": 30000, "stream": True,
             "temperature": 0}
@@ -34,7 +34,7 @@ def test_disconnect_cancels_the_generation(tiny_models, server_process):
         assert ok.status_code == 200
 
 
-def test_a_failing_sampler_fails_one_request_and_the_engine_keeps_serving(tiny_models, serve_app):
+def test_a_failing_sampler_fails_one_request_and_the_engine_keeps_serving(mlxrt_tiny_checkpoint, mlxrt_serve):
     class Flaky:
         @hookimpl
         def mlxrt_sampler(self, request, info):
@@ -42,7 +42,7 @@ def test_a_failing_sampler_fails_one_request_and_the_engine_keeps_serving(tiny_m
                 raise RuntimeError("boom")
             return None
 
-    client = serve_app(tiny_models("llama"), extra=[("flaky", Flaky())])
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("llama"), plugins=[("flaky", Flaky())])
     msg = [{"role": "user", "content": "x"}]
     bad = client.post("/v1/chat/completions", json={"messages": msg, "temperature": 0.5, "max_tokens": 3})
     assert bad.status_code == 500
@@ -54,8 +54,8 @@ def test_a_failing_sampler_fails_one_request_and_the_engine_keeps_serving(tiny_m
 
 
 @pytest.mark.anyio
-async def test_generate_yields_tokens_then_one_finish(qwen3_client):
-    engine = qwen3_client.app.state.host.engine
+async def test_generate_yields_tokens_then_one_finish(mlxrt_client):
+    engine = mlxrt_client.app.state.host.engine
     request = GenerationRequest(request_id="t1", prompt_ids=(1, 2, 3), max_tokens=5,
                                 sampling=SamplingParams(temperature=0.0))
     events = [e async for e in engine.generate(request)]
@@ -65,10 +65,10 @@ async def test_generate_yields_tokens_then_one_finish(qwen3_client):
 
 
 @pytest.mark.anyio
-async def test_call_runs_on_the_worker_and_raises_back(qwen3_client):
+async def test_call_runs_on_the_worker_and_raises_back(mlxrt_client):
     import threading
 
-    engine = qwen3_client.app.state.host.engine
+    engine = mlxrt_client.app.state.host.engine
     name = await engine.call(lambda loaded: threading.current_thread().name)
     assert name == "mlxrt-engine"
 
@@ -79,7 +79,7 @@ async def test_call_runs_on_the_worker_and_raises_back(qwen3_client):
         await engine.call(boom)
 
 
-def test_an_invalid_request_from_a_hook_is_a_400(tiny_models, serve_app):
+def test_an_invalid_request_from_a_hook_is_a_400(mlxrt_tiny_checkpoint, mlxrt_serve):
     from mlxrt.errors import InvalidRequest
 
     class Picky:
@@ -89,14 +89,14 @@ def test_an_invalid_request_from_a_hook_is_a_400(tiny_models, serve_app):
                 raise InvalidRequest("temperature 0.5 is not allowed by picky", param="temperature")
             return None
 
-    client = serve_app(tiny_models("llama"), extra=[("picky", Picky())])
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("llama"), plugins=[("picky", Picky())])
     msg = [{"role": "user", "content": "x"}]
     bad = client.post("/v1/chat/completions", json={"messages": msg, "temperature": 0.5, "max_tokens": 3})
     assert bad.status_code == 400 and bad.json()["error"]["message"] == "temperature 0.5 is not allowed by picky"
     assert client.post("/v1/chat/completions", json={"messages": msg, "max_tokens": 3}).status_code == 200
 
 
-def test_a_process_that_forgets_to_stop_its_engine_still_exits_cleanly(tiny_models):
+def test_a_process_that_forgets_to_stop_its_engine_still_exits_cleanly(mlxrt_tiny_checkpoint):
     # A worker thread alive at interpreter exit makes MLX abort the process (status 134);
     # the engine stops itself at exit when its owner did not.
     import subprocess
@@ -106,7 +106,7 @@ def test_a_process_that_forgets_to_stop_its_engine_still_exits_cleanly(tiny_mode
         "import asyncio\n"
         "from mlxrt.cli import build_server\nfrom mlxrt.host import make_host\n"
         "from mlxrt import GenerationRequest\n"
-        f"h = make_host(); build_server(h, {str(tiny_models('qwen3'))!r}, {{}})\n"
+        f"h = make_host(); build_server(h, {str(mlxrt_tiny_checkpoint('qwen3'))!r}, {{}})\n"
         "async def go():\n"
         "    g = h.engine.generate(GenerationRequest(request_id='x', prompt_ids=(1, 2, 3), max_tokens=50))\n"
         "    async for _ in g:\n"

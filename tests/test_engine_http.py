@@ -24,8 +24,8 @@ def _cache(headers: httpx.Headers) -> tuple[str, int, int]:
     return match[1], int(match[2]), int(match[3])
 
 
-def test_cache_header_on_non_stream_chat_and_completions(qwen3_client):
-    client = openai_client(qwen3_client)
+def test_cache_header_on_non_stream_chat_and_completions(mlxrt_client):
+    client = openai_client(mlxrt_client)
     raw = client.chat.completions.with_raw_response.create(model="m", messages=MSG, max_tokens=4, temperature=0)
     out = raw.parse()
     _status, cached, prompt = _cache(raw.headers)
@@ -36,8 +36,8 @@ def test_cache_header_on_non_stream_chat_and_completions(qwen3_client):
     assert prompt == out.usage.prompt_tokens and cached == out.usage.prompt_tokens_details.cached_tokens
 
 
-def test_cache_header_on_streams_and_cached_tokens_in_stream_usage(qwen3_client):
-    client = openai_client(qwen3_client)
+def test_cache_header_on_streams_and_cached_tokens_in_stream_usage(mlxrt_client):
+    client = openai_client(mlxrt_client)
     raw = client.chat.completions.with_raw_response.create(
         model="m", messages=MSG, max_tokens=4, temperature=0, stream=True, stream_options={"include_usage": True})
     _status, cached, prompt = _cache(raw.headers)
@@ -50,8 +50,8 @@ def test_cache_header_on_streams_and_cached_tokens_in_stream_usage(qwen3_client)
     assert prompt == usage.prompt_tokens and cached == usage.prompt_tokens_details.cached_tokens
 
 
-def test_cache_header_merges_with_the_ignored_fields_header(qwen3_client):
-    resp = qwen3_client.post("/v1/chat/completions", json={"messages": MSG, "max_tokens": 2, "frobnicate": 1})
+def test_cache_header_merges_with_the_ignored_fields_header(mlxrt_client):
+    resp = mlxrt_client.post("/v1/chat/completions", json={"messages": MSG, "max_tokens": 2, "frobnicate": 1})
     assert resp.headers["x-mlxrt-ignored"] == "frobnicate"
     _cache(resp.headers)
 
@@ -65,8 +65,8 @@ class Busy:
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_queue_full_is_a_429_with_retry_after(tiny_models, serve_app, stream):
-    client = serve_app(tiny_models("qwen3"), extra=[("busy", Busy())])
+def test_queue_full_is_a_429_with_retry_after(mlxrt_tiny_checkpoint, mlxrt_serve, stream):
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("qwen3"), plugins=[("busy", Busy())])
     for path, body in [("/v1/chat/completions", {"messages": MSG}), ("/v1/completions", {"prompt": "x"})]:
         resp = client.post(path, json={**body, "max_tokens": 3, "stream": stream})
         assert resp.status_code == 429
@@ -76,8 +76,8 @@ def test_queue_full_is_a_429_with_retry_after(tiny_models, serve_app, stream):
                                          "type": "rate_limit_error", "param": None, "code": "queue_full"}}
 
 
-def test_queue_full_raises_rate_limit_error_in_the_openai_client(tiny_models, serve_app):
-    client = openai_client(serve_app(tiny_models("qwen3"), extra=[("busy", Busy())]))
+def test_queue_full_raises_rate_limit_error_in_the_openai_client(mlxrt_tiny_checkpoint, mlxrt_serve):
+    client = openai_client(mlxrt_serve(mlxrt_tiny_checkpoint("qwen3"), plugins=[("busy", Busy())]))
     with pytest.raises(openai.RateLimitError) as caught:
         client.chat.completions.create(model="m", messages=MSG, max_tokens=3)
     assert caught.value.status_code == 429 and caught.value.code == "queue_full"
@@ -102,9 +102,9 @@ LONG_CHAT = {"messages": [{"role": "user", "content": "go"}], "max_tokens": 3000
 LONG_TEXT = {"prompt": "go", "max_tokens": 30000, "temperature": 0}
 
 
-def test_non_streaming_requests_are_cancelled_when_the_client_leaves(tiny_models, server_process):
+def test_non_streaming_requests_are_cancelled_when_the_client_leaves(mlxrt_tiny_checkpoint, server_process):
     # A real server: the in-process test client never disconnects.
-    server = server_process([str(tiny_models("qwen3"))])
+    server = server_process([str(mlxrt_tiny_checkpoint("qwen3"))])
     with httpx.Client(base_url=server.url, timeout=60) as http:
         for n, (path, body) in enumerate([("/v1/chat/completions", LONG_CHAT), ("/v1/completions", LONG_TEXT)], 1):
             # The client gives up after 1 s of silence and closes the connection.
@@ -116,8 +116,8 @@ def test_non_streaming_requests_are_cancelled_when_the_client_leaves(tiny_models
         assert ok.status_code == 200 and "x-mlxrt-cache" in ok.headers
 
 
-def test_streamed_text_completion_is_cancelled_when_the_client_leaves(tiny_models, server_process):
-    server = server_process([str(tiny_models("qwen3"))])
+def test_streamed_text_completion_is_cancelled_when_the_client_leaves(mlxrt_tiny_checkpoint, server_process):
+    server = server_process([str(mlxrt_tiny_checkpoint("qwen3"))])
     with httpx.Client(base_url=server.url, timeout=60) as http:
         with http.stream("POST", "/v1/completions", json={**LONG_TEXT, "stream": True}) as resp:
             assert "x-mlxrt-cache" in resp.headers

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from conftest import shared_tokenizer
 from support import openai_client
 
 from mlxrt.host import make_host
@@ -17,8 +18,8 @@ def profile_of(path):
 
 
 @pytest.mark.parametrize("model_type", ["qwen3", "qwen3_5"])
-def test_profile_answers_come_from_qwen(tiny_models, model_type):
-    profile = profile_of(tiny_models(model_type))
+def test_profile_answers_come_from_qwen(mlxrt_tiny_checkpoint, model_type):
+    profile = profile_of(mlxrt_tiny_checkpoint(model_type))
     assert profile.provenance["thinking_format"] == "qwen"
     assert profile.provenance["tool_parser"] == "qwen"
     assert profile.provenance["load_model"] == "mlx-lm"
@@ -27,14 +28,14 @@ def test_profile_answers_come_from_qwen(tiny_models, model_type):
     assert profile.tool_stream_mode_with_tools is ToolStreamMode.BUFFERED_TEXT
 
 
-def test_other_families_are_not_claimed_by_qwen(tiny_models):
-    profile = profile_of(tiny_models("llama"))
+def test_other_families_are_not_claimed_by_qwen(mlxrt_tiny_checkpoint):
+    profile = profile_of(mlxrt_tiny_checkpoint("llama"))
     assert profile.thinking_format is None and "thinking_format" not in profile.provenance
     assert "tool_parser" not in profile.provenance  # (its tools are mlxrt's generic ones)
 
 
-def test_reasoning_effort_none_turns_thinking_off(tiny_models, serve_app):
-    client = serve_app(tiny_models("qwen3", tokenizer="qwen3"))
+def test_reasoning_effort_none_turns_thinking_off(mlxrt_tiny_checkpoint, mlxrt_serve):
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("qwen3", tokenizer_dir=shared_tokenizer("qwen3")))
     oai = openai_client(client)
     msg = [{"role": "user", "content": "hi"}]
     on = oai.chat.completions.create(model="m", messages=msg, max_tokens=1)
@@ -46,18 +47,18 @@ def test_reasoning_effort_none_turns_thinking_off(tiny_models, serve_app):
     assert explicit.usage.prompt_tokens == on.usage.prompt_tokens
 
 
-def test_qwen3_5_starts_in_thinking(tiny_models, serve_app):
+def test_qwen3_5_starts_in_thinking(mlxrt_tiny_checkpoint, mlxrt_serve):
     """Qwen3.5's generation prompt opens <think>: everything generated is reasoning until it closes."""
-    client = serve_app(tiny_models("qwen3_5"))
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("qwen3_5"))
     out = openai_client(client).chat.completions.create(
         model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=6, temperature=0)
     message = out.choices[0].message
     assert message.model_extra.get("reasoning") and "</think>" not in message.model_extra["reasoning"]
 
 
-def test_generic_tier_serves_plain_chat(tiny_models, serve_app):
+def test_generic_tier_serves_plain_chat(mlxrt_tiny_checkpoint, mlxrt_serve):
     """An architecture no family claims (a plain Llama) is loaded by mlx-lm and marked generic."""
-    client = serve_app(tiny_models("llama"))
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("llama"))
     out = openai_client(client).chat.completions.create(
         model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=4, temperature=0)
     assert out.choices[0].message.role == "assistant"
@@ -68,7 +69,7 @@ def test_generic_tier_serves_plain_chat(tiny_models, serve_app):
     assert row["tier"] == "generic" and row["family"] == "mlx-lm" and row["reasoning"] is False
 
 
-def test_qwen3_5_text_is_remapped_to_mlx_lm_qwen3_5(tiny_models, tmp_path):
+def test_qwen3_5_text_is_remapped_to_mlx_lm_qwen3_5(mlxrt_tiny_checkpoint, tmp_path):
     """A text-only Qwen3.5 checkpoint (model_type qwen3_5_text, flat config, model.layers.*),
     which mlx-lm has no module for, loads through mlx-lm's qwen3_5 and generates the same."""
     import json
@@ -76,7 +77,7 @@ def test_qwen3_5_text_is_remapped_to_mlx_lm_qwen3_5(tiny_models, tmp_path):
 
     import mlx.core as mx
 
-    src = tiny_models("qwen3_5")
+    src = mlxrt_tiny_checkpoint("qwen3_5")
     dst = tmp_path / "qwen3_5_text"
     shutil.copytree(src, dst)
     config = json.loads((src / "config.json").read_text())
@@ -95,12 +96,12 @@ def test_qwen3_5_text_is_remapped_to_mlx_lm_qwen3_5(tiny_models, tmp_path):
     assert mx.allclose(a.model(mx.array(ids)), b.model(mx.array(ids)), atol=1e-4).item()
 
 
-def test_server_thinking_default_and_the_client_chain(tiny_models, serve_app):
+def test_server_thinking_default_and_the_client_chain(mlxrt_tiny_checkpoint, mlxrt_serve):
     """--thinking off pre-closes Qwen3's think; reasoning_effort and chat_template_kwargs win."""
-    path = tiny_models("qwen3")
+    path = mlxrt_tiny_checkpoint("qwen3")
     msg = [{"role": "user", "content": "hi"}]
-    on = openai_client(serve_app(path)).chat.completions.create(model="m", messages=msg, max_tokens=1)
-    oai = openai_client(serve_app(path, options={"thinking": False}))
+    on = openai_client(mlxrt_serve(path)).chat.completions.create(model="m", messages=msg, max_tokens=1)
+    oai = openai_client(mlxrt_serve(path, options={"thinking": False}))
     off = oai.chat.completions.create(model="m", messages=msg, max_tokens=1)
     assert off.usage.prompt_tokens > on.usage.prompt_tokens
     effort = oai.chat.completions.create(model="m", messages=msg, max_tokens=1, reasoning_effort="low")

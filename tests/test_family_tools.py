@@ -13,6 +13,7 @@ import json
 
 import openai
 import pytest
+from conftest import shared_tokenizer
 from support import openai_client
 from tokenizers import Tokenizer
 
@@ -92,19 +93,19 @@ class Script:
 
 
 @pytest.fixture
-def family_client(tiny_models, serve_app, tmp_path_factory):
+def family_client(mlxrt_tiny_checkpoint, mlxrt_serve, tmp_path_factory):
     made = {}
 
     def start(family, disable=()):
         model_type, overrides, _kw, _script, _city = FAMILIES[family]
         if overrides is None:
-            path = tiny_models(model_type)
+            path = mlxrt_tiny_checkpoint(model_type)
         else:
             from mlxrt.testing import write_tiny_checkpoint
 
             path = write_tiny_checkpoint(tmp_path_factory.mktemp(family) / family, model_type,
                                          config_overrides=overrides)
-        made[family] = serve_app(path, extra=(Script(),), disable=disable)
+        made[family] = mlxrt_serve(path, plugins=(Script(),), disable=disable)
         return made[family]
 
     return start
@@ -297,10 +298,10 @@ def test_tool_choice_errors(family_client):
 
 
 @pytest.mark.parametrize("stream", [False, True])
-def test_qwen_low_ids_are_plain_text(tiny_models, serve_app, stream):
+def test_qwen_low_ids_are_plain_text(mlxrt_tiny_checkpoint, mlxrt_serve, stream):
     """Ids 48/49/100/101 are Gemma 4's sentinels, but ordinary pieces of a Qwen vocabulary."""
-    path = tiny_models("qwen3", tokenizer="qwen3")
-    oai = openai_client(serve_app(path, extra=(Script(),)))
+    path = mlxrt_tiny_checkpoint("qwen3", tokenizer_dir=shared_tokenizer("qwen3"))
+    oai = openai_client(mlxrt_serve(path, plugins=(Script(),)))
     ids = [48, 49, 100, 101, 48]
     text = Tokenizer.from_file(str(path / "tokenizer.json")).decode(ids, skip_special_tokens=False)
     out = oai.chat.completions.create(model="m", messages=MSG, tools=TOOLS, max_tokens=20, stream=stream,

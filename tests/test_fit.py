@@ -41,8 +41,8 @@ def test_static_estimate_agrees_with_the_engine_measurement(tmp_path, model_type
     assert report.safe_context == plan.safe_context and report.prompt_cache_bytes == plan.prompt_cache_bytes
 
 
-def test_sliding_layers_are_capped_at_their_window(tiny_models):
-    folder = tiny_models("gemma4_text")
+def test_sliding_layers_are_capped_at_their_window(mlxrt_tiny_checkpoint):
+    folder = mlxrt_tiny_checkpoint("gemma4_text")
     config = json.loads((folder / "config.json").read_text())
     kv = static_kv(config, 2)
     # one sliding and one full layer own caches (the other two share them)
@@ -60,10 +60,10 @@ def test_gqa_heads_and_head_dim_set_the_per_token_cost():
         2 * 2 * 8 * 128 * 2
 
 
-def test_only_the_header_is_read(tmp_path, tiny_models):
+def test_only_the_header_is_read(tmp_path, mlxrt_tiny_checkpoint):
     folder = tmp_path / "cut"
     folder.mkdir()
-    src = tiny_models("qwen3")
+    src = mlxrt_tiny_checkpoint("qwen3")
     data = (src / "model.safetensors").read_bytes()
     size = struct.unpack("<Q", data[:8])[0]
     (folder / "model.safetensors").write_bytes(data[:8 + size])  # the tensors themselves are gone
@@ -102,17 +102,17 @@ def test_quantized_weights_count_unpacked_parameters(tmp_path):
     assert summary.other_bytes == 20
 
 
-def test_a_budget_that_cannot_hold_the_model_does_not_fit(tiny_models):
-    report = assess(tiny_models("qwen3"), ctx=100, budget=10**5)
+def test_a_budget_that_cannot_hold_the_model_does_not_fit(mlxrt_tiny_checkpoint):
+    report = assess(mlxrt_tiny_checkpoint("qwen3"), ctx=100, budget=10**5)
     assert not report.fits and report.max_safe_context == 0
     assert "cannot serve this model" in report.reason  # the engine's own refusal text
-    over_window = assess(tiny_models("qwen3"), ctx=50_000, budget=10**12)
+    over_window = assess(mlxrt_tiny_checkpoint("qwen3"), ctx=50_000, budget=10**12)
     assert not over_window.fits and "context window" in over_window.reason
     assert over_window.max_safe_context == 40960
 
 
-def test_fit_command_json_and_text(tiny_models):
-    folder = tiny_models("qwen3")
+def test_fit_command_json_and_text(mlxrt_tiny_checkpoint):
+    folder = mlxrt_tiny_checkpoint("qwen3")
     out = subprocess.run([MLXRT_BIN, "fit", str(folder), "--ctx", "2048", "--memory-budget", "0.02", "--json"],
                          capture_output=True, text=True, cwd="/")
     assert out.returncode == 0, out.stderr
@@ -240,10 +240,10 @@ def test_fit_command_auto_takes_float32_with_the_fast_blas_serve_would_load(bf16
     assert "dtype            float32 (auto: CPU with " in out.stdout and "KV per token     512 bytes (float32)" in out.stdout
 
 
-def test_fit_route_assesses_the_dtype_this_server_serves(bf16, serve_app, monkeypatch):
+def test_fit_route_assesses_the_dtype_this_server_serves(bf16, mlxrt_serve, monkeypatch):
     # this server's BLAS is fast: its engine casts the bf16 weights to float32, and /fit says so
     monkeypatch.setattr(blas, "current", lambda: blas.BlasStatus("mkl", path="/x/libmkl_rt.so.2", threading="SEQUENTIAL"))
-    client = serve_app(bf16, options={"memory_budget": 0.1})
+    client = mlxrt_serve(bf16, options={"memory_budget": 0.1})
     served = client.get("/fit", params={"ctx": 1000}).json()
     assert served["dtype"]["served"] == "float32" and served["dtype"]["reason"].startswith("auto: CPU with MKL;")
     assert served["weight_bytes"] == served["measured"]["weight_bytes"] == 2 * served["stored_weight_bytes"]

@@ -19,11 +19,11 @@ from agent_clients import RAN, AgentScript, AgentServer
 
 
 @pytest.fixture
-def live(tiny_models):
+def live(mlxrt_tiny_checkpoint):
     servers = []
 
     def start(script: AgentScript) -> AgentServer:
-        servers.append(AgentServer(tiny_models("qwen3"), script))
+        servers.append(AgentServer(mlxrt_tiny_checkpoint("qwen3"), script))
         return servers[-1]
 
     yield start

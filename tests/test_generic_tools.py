@@ -27,9 +27,9 @@ MSG = [{"role": "user", "content": "Weather in Paris?"}]
 
 
 @pytest.fixture
-def generic(tiny_models, serve_app):
+def generic(mlxrt_tiny_checkpoint, mlxrt_serve):
     def start(**kw):
-        return serve_app(tiny_models("llama"), extra=(Scripted(),), **kw)
+        return mlxrt_serve(mlxrt_tiny_checkpoint("llama"), plugins=(Scripted(),), **kw)
 
     return start
 
@@ -109,20 +109,20 @@ def test_past_calls_and_results_are_rendered(generic):
     assert full.usage.prompt_tokens > short.usage.prompt_tokens + 4
 
 
-def test_tools_a_template_renders_but_nothing_parses_are_reported(tiny_models, tmp_path, serve_app):
+def test_tools_a_template_renders_but_nothing_parses_are_reported(mlxrt_tiny_checkpoint, tmp_path, mlxrt_serve):
     """A generic-tier model whose own template renders tools: mlxrt leaves the rendering to it,
     but no parser can read calls back, so the answer says ``x-mlxrt-ignored: tools`` and an
     enforced ``tool_choice`` is a 400, never silently dropped."""
     import shutil
 
     path = tmp_path / "llama-tools"
-    shutil.copytree(tiny_models("llama"), path)
+    shutil.copytree(mlxrt_tiny_checkpoint("llama"), path)
     config = json.loads((path / "tokenizer_config.json").read_text())
     config["chat_template"] = ("{% if tools %}<|im_start|>system\n{{ tools | tojson }}<|im_end|>\n{% endif %}"
                                "{% for m in messages %}<|im_start|>{{ m['role'] }}\n{{ m['content'] }}<|im_end|>\n"
                                "{% endfor %}{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}")
     (path / "tokenizer_config.json").write_text(json.dumps(config))
-    client = serve_app(path)
+    client = mlxrt_serve(path)
     body = {"model": "m", "messages": MSG, "tools": TOOLS, "max_tokens": 2}
     answer = client.post("/v1/chat/completions", json=body)
     assert answer.status_code == 200 and answer.headers["x-mlxrt-ignored"] == "tools"

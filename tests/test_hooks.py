@@ -32,20 +32,20 @@ def chat(client, text=None, **kw):
     return resp.json()
 
 
-def test_hook_mlxrt_sampler(tiny_models, serve_app):
-    client = serve_app(tiny_models("llama"), extra=[("scripted", Scripted())])
+def test_hook_mlxrt_sampler(mlxrt_tiny_checkpoint, mlxrt_serve):
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("llama"), plugins=[("scripted", Scripted())])
     out = chat(client, "Hello, world!")
     assert out["choices"][0]["message"]["content"] == "Hello, world!"
     assert out["choices"][0]["finish_reason"] == "stop"
 
 
-def test_hook_mlxrt_request_fields(tiny_models, serve_app):
-    client = serve_app(tiny_models("llama"), extra=[("scripted", Scripted())])
+def test_hook_mlxrt_request_fields(mlxrt_tiny_checkpoint, mlxrt_serve):
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("llama"), plugins=[("scripted", Scripted())])
     bad = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x"}], "script": 5})
     assert bad.status_code == 400 and bad.json()["error"]["message"] == "script must be of type str"
 
 
-def test_hook_mlxrt_request_fields_with_a_check(tiny_models, serve_app):
+def test_hook_mlxrt_request_fields_with_a_check(mlxrt_tiny_checkpoint, mlxrt_serve):
     """A claimed field's ``validate`` runs while the request is planned: a bad value is a 400,
     streamed or not (before any frame), on a worker thread, never the event loop."""
     import asyncio
@@ -70,7 +70,7 @@ def test_hook_mlxrt_request_fields_with_a_check(tiny_models, serve_app):
         def mlxrt_request_fields(self, dialect):
             return {"budget": RequestField(int, validate=check)} if dialect == "openai" else None
 
-    client = serve_app(tiny_models("llama"), extra=[("scripted", Scripted()), ("budget", Budget())])
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("llama"), plugins=[("scripted", Scripted()), ("budget", Budget())])
     ask = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 4}
     for stream in (False, True):
         bad = client.post("/v1/chat/completions", json={**ask, "budget": -1, "stream": stream})
@@ -81,21 +81,21 @@ def test_hook_mlxrt_request_fields_with_a_check(tiny_models, serve_app):
     assert seen == [(-1, False), (-1, False), (3, False)]
 
 
-def test_hook_mlxrt_request_fields_conflict_is_a_load_error(tiny_models, serve_app):
+def test_hook_mlxrt_request_fields_conflict_is_a_load_error(mlxrt_tiny_checkpoint, mlxrt_serve):
     class Twin(Scripted):
         pass
 
     with pytest.raises(PluginError, match="already claimed"):
-        serve_app(tiny_models("llama"), extra=[("scripted", Scripted()), ("twin", Twin())])
+        mlxrt_serve(mlxrt_tiny_checkpoint("llama"), plugins=[("scripted", Scripted()), ("twin", Twin())])
 
 
-def test_hook_mlxrt_thinking_format(tiny_models, serve_app):
+def test_hook_mlxrt_thinking_format(mlxrt_tiny_checkpoint, mlxrt_serve):
     class Reasoner:
         @hookimpl
         def mlxrt_thinking_format(self, info):
             return ThinkingFormat(open="<r>", close="</r>") if info.model_type == "llama" else None
 
-    client = serve_app(tiny_models("llama"), extra=[("scripted", Scripted()), ("reasoner", Reasoner())])
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("llama"), plugins=[("scripted", Scripted()), ("reasoner", Reasoner())])
     message = chat(client, "<r>because</r>the answer")["choices"][0]["message"]
     assert message == {"role": "assistant", "content": "the answer", "reasoning": "because",
                        "reasoning_content": "because"}
@@ -120,13 +120,13 @@ class Brackets:
 TOOLS = [{"type": "function", "function": {"name": "lookup", "parameters": {"type": "object"}}}]
 
 
-def test_hook_mlxrt_tool_parser(tiny_models, serve_app):
+def test_hook_mlxrt_tool_parser(mlxrt_tiny_checkpoint, mlxrt_serve):
     class Family:
         @hookimpl
         def mlxrt_tool_parser(self, info):
             return Brackets()
 
-    client = serve_app(tiny_models("llama"), extra=[("scripted", Scripted()), ("family", Family())])
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("llama"), plugins=[("scripted", Scripted()), ("family", Family())])
     out = openai_client(client).chat.completions.create(
         model="m", messages=[{"role": "user", "content": "hi"}], tools=TOOLS,
         extra_body={"script": 'ok [[{"name": "lookup", "arguments": {"q": "x"}}]]'})
@@ -140,7 +140,7 @@ def test_hook_mlxrt_tool_parser(tiny_models, serve_app):
     assert plain["choices"][0]["message"]["content"].startswith("ok [[")
 
 
-def test_hook_mlxrt_tool_stream_mode(tiny_models, serve_app):
+def test_hook_mlxrt_tool_stream_mode(mlxrt_tiny_checkpoint, mlxrt_serve):
     class Family:
         @hookimpl
         def mlxrt_tool_parser(self, info):
@@ -150,13 +150,13 @@ def test_hook_mlxrt_tool_stream_mode(tiny_models, serve_app):
         def mlxrt_tool_stream_mode(self, info, has_tools):
             return ToolStreamMode.PLAIN
 
-    client = serve_app(tiny_models("llama"), extra=[("scripted", Scripted()), ("family", Family())])
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("llama"), plugins=[("scripted", Scripted()), ("family", Family())])
     out = chat(client, 'ok [[{"name": "lookup", "arguments": {}}]]', tools=TOOLS)
     assert out["choices"][0]["finish_reason"] == "stop"
     assert "[[" in out["choices"][0]["message"]["content"]
 
 
-def test_hook_mlxrt_load_model(tiny_models, serve_app):
+def test_hook_mlxrt_load_model(mlxrt_tiny_checkpoint, mlxrt_serve):
     calls = []
 
     class Loader:
@@ -167,13 +167,13 @@ def test_hook_mlxrt_load_model(tiny_models, serve_app):
             calls.append(info.model_type)
             return mlx_lm_load(info)
 
-    client = serve_app(tiny_models("llama"), extra=[("loader", Loader())])
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("llama"), plugins=[("loader", Loader())])
     assert calls == ["llama"]
     assert client.app.state.host.engine.profile.provenance["load_model"] == "loader"
     assert chat(client)["choices"][0]["message"]["role"] == "assistant"
 
 
-def test_hook_mlxrt_vision(tiny_models, serve_app):
+def test_hook_mlxrt_vision(mlxrt_tiny_checkpoint, mlxrt_serve):
     class Eyes:
         @hookimpl
         def mlxrt_vision(self, info, host):
@@ -183,11 +183,11 @@ def test_hook_mlxrt_vision(tiny_models, serve_app):
 
             return Adapter()
 
-    client = serve_app(tiny_models("llama"), extra=[("eyes", Eyes())])
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("llama"), plugins=[("eyes", Eyes())])
     assert client.get("/v1/models").json()["data"][0]["vision"] is True
 
 
-def test_hook_mlxrt_chat_template_kwargs(tiny_models, serve_app):
+def test_hook_mlxrt_chat_template_kwargs(mlxrt_tiny_checkpoint, mlxrt_serve):
     seen = []
 
     class Family:
@@ -197,8 +197,8 @@ def test_hook_mlxrt_chat_template_kwargs(tiny_models, serve_app):
             return {"marker": "MARK " * 20}
 
     template = "{{ marker }}{% for m in messages %}{{ m.content }}{% endfor %}"
-    plain = serve_app(tiny_models("llama"), options={"chat_template": template})
-    hooked = serve_app(tiny_models("llama"), extra=[("family", Family())], options={"chat_template": template})
+    plain = mlxrt_serve(mlxrt_tiny_checkpoint("llama"), options={"chat_template": template})
+    hooked = mlxrt_serve(mlxrt_tiny_checkpoint("llama"), plugins=[("family", Family())], options={"chat_template": template})
     base = chat(plain, max_tokens=1)["usage"]["prompt_tokens"]
     more = chat(hooked, max_tokens=1, reasoning_effort="low")["usage"]["prompt_tokens"]
     assert more >= base + 20 and seen == ["low"]
@@ -207,17 +207,17 @@ def test_hook_mlxrt_chat_template_kwargs(tiny_models, serve_app):
     assert override == base
 
 
-def test_hook_mlxrt_prompt_canonicalize(tiny_models, serve_app):
+def test_hook_mlxrt_prompt_canonicalize(mlxrt_tiny_checkpoint, mlxrt_serve):
     class OneToken:
         @hookimpl
         def mlxrt_prompt_canonicalize(self, request, dialect):
             return attrs.evolve(request, max_tokens=1) if dialect == "openai" else None
 
-    client = serve_app(tiny_models("llama"), extra=[("one", OneToken())])
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("llama"), plugins=[("one", OneToken())])
     assert chat(client, max_tokens=30)["usage"]["completion_tokens"] == 1
 
 
-def test_hook_mlxrt_logits_processors(tiny_models, serve_app):
+def test_hook_mlxrt_logits_processors(mlxrt_tiny_checkpoint, mlxrt_serve):
     target = 300
 
     class OnlyOne:
@@ -231,13 +231,13 @@ def test_hook_mlxrt_logits_processors(tiny_models, serve_app):
 
             return [force]
 
-    client = serve_app(tiny_models("llama"), extra=[("only", OnlyOne())])
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("llama"), plugins=[("only", OnlyOne())])
     out = chat(client, max_tokens=5, temperature=1.0)
-    tok = Tokenizer.from_file(str(tiny_models("llama") / "tokenizer.json"))
+    tok = Tokenizer.from_file(str(mlxrt_tiny_checkpoint("llama") / "tokenizer.json"))
     assert out["choices"][0]["message"]["content"] == tok.decode([target] * 5)
 
 
-def test_hook_mlxrt_routes(tiny_models, serve_app):
+def test_hook_mlxrt_routes(mlxrt_tiny_checkpoint, mlxrt_serve):
     from litestar import get, post
 
     @get("/example/ping")
@@ -262,7 +262,7 @@ def test_hook_mlxrt_routes(tiny_models, serve_app):
 
             return [again]
 
-    client = serve_app(tiny_models("llama"), extra=[("endpoints", Endpoints()), ("second", Second())])
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("llama"), plugins=[("endpoints", Endpoints()), ("second", Second())])
     # Third-party plugins run before built-ins: "second" was registered last, so it wins the path.
     assert client.get("/example/ping").json() == {"second": True}
     conflicts = client.app.state.host.route_conflicts
@@ -270,39 +270,94 @@ def test_hook_mlxrt_routes(tiny_models, serve_app):
     assert "GET /example/ping" in client.get("/v1").json()["endpoints"]
 
 
-def test_hook_mlxrt_startup_and_mlxrt_shutdown(tiny_models, serve_app):
+def test_hook_mlxrt_startup(mlxrt_tiny_checkpoint):
     events = []
 
     class Life:
         @hookimpl
         def mlxrt_startup(self, host):
             async def later():
-                events.append("startup")
+                events.append(("startup", host.engine.info.model_type))
 
             return later()
 
+    class Broken:
         @hookimpl
-        def mlxrt_shutdown(self, host):
-            events.append("shutdown")
+        def mlxrt_startup(self, host):
+            raise RuntimeError("no database")
+
+        @hookimpl
+        def mlxrt_routes(self, host):
+            from litestar import get
+
+            @get("/broken/ping", sync_to_thread=False)
+            def ping() -> dict:
+                return {"ok": True}
+
+            return [ping]
 
     from litestar.testing import TestClient
 
     from mlxrt.cli import build_server
 
-    host = make_host(extra=[("life", Life())])
-    app = build_server(host, str(tiny_models("llama")), {})
-    with TestClient(app):
-        assert events == ["startup"]
-    assert events == ["startup", "shutdown"]
-    host.engine.stop()
+    host = make_host(extra=[("life", Life()), ("broken", Broken())])
+    app = build_server(host, str(mlxrt_tiny_checkpoint("llama")), {})
+    assert events == []
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        assert events == [("startup", "llama")]  # after the model loaded, before the first request
+        assert client.get("/broken/ping").status_code == 503  # the failed plugin's routes
+        assert host.records["broken"].status == "failed" and "no database" in host.records["broken"].error
+        assert client.get("/health").status_code == 200  # the server started without it
+    host.models.stop()
 
 
-def test_hook_mlxrt_serve_options_and_mlxrt_register_commands(tmp_path):
+def test_hook_mlxrt_shutdown(mlxrt_tiny_checkpoint):
+    events = []
+
+    class Flush:
+        @hookimpl
+        def mlxrt_shutdown(self, host):
+            async def later():
+                events.append(("flush", host.engine.info.model_type))  # the model is still there
+
+            return later()
+
+    class Broken:
+        @hookimpl
+        def mlxrt_shutdown(self, host):
+            events.append(("broken", None))
+            raise RuntimeError("disk gone")
+
+    from litestar.testing import TestClient
+
+    from mlxrt.cli import build_server
+
+    host = make_host(extra=[("flush", Flush()), ("broken", Broken())])
+    app = build_server(host, str(mlxrt_tiny_checkpoint("llama")), {})
+    with TestClient(app, base_url="http://127.0.0.1") as client:
+        assert client.get("/health").status_code == 200
+        assert events == []
+    # Last registered first; the one that raised does not keep the others from shutting down.
+    assert events == [("broken", None), ("flush", "llama")]
+    assert host.records["broken"].status == "failed" and "disk gone" in host.records["broken"].error
+    host.models.stop()
+
+
+def test_hook_mlxrt_serve_options(tmp_path):
     class Cli:
         @hookimpl
         def mlxrt_serve_options(self):
             return [click.Option(["--example-knob"], default="off", help="An example plugin knob.")]
 
+    host = make_host(extra=[("cli", Cli())])
+    runner = CliRunner()
+    assert "--example-knob" in runner.invoke(build_cli(host), ["serve", "--help"]).output
+    result = runner.invoke(build_cli(host), ["serve", str(tmp_path / "missing"), "--example-knob", "on"])
+    assert result.exit_code != 0 and host.options["example_knob"] == "on"
+
+
+def test_hook_mlxrt_register_commands():
+    class Cli:
         @hookimpl
         def mlxrt_register_commands(self, cli):
             @cli.command()
@@ -312,27 +367,40 @@ def test_hook_mlxrt_serve_options_and_mlxrt_register_commands(tmp_path):
 
     host = make_host(extra=[("cli", Cli())])
     runner = CliRunner()
-    assert "--example-knob" in runner.invoke(build_cli(host), ["serve", "--help"]).output
+    assert "Say hello." in runner.invoke(build_cli(host), ["--help"]).output
     assert runner.invoke(build_cli(host), ["hello"]).output == "hello from a plugin\n"
-    result = runner.invoke(build_cli(host), ["serve", str(tmp_path / "missing"), "--example-knob", "on"])
-    assert result.exit_code != 0 and host.options["example_knob"] == "on"
 
 
 def test_every_hook_has_a_test_and_is_documented():
+    """Each hookspec has ``def test_hook_<name>`` in this module, a section in
+    docs/plugins/hooks.md and a docstring whose ``versionadded`` names a released-or-current
+    version (no marker may promise a version the package has not reached)."""
+    import ast
+    import re
     from pathlib import Path
 
+    import mlxrt
     import mlxrt.hookspecs as specs
 
     hooks = sorted(n for n in dir(specs) if n.startswith(f"{PROJECT}_"))
-    tests = Path(__file__).read_text()
+    assert len(hooks) >= 19
+    tests = {node.name for node in ast.parse(Path(__file__).read_text()).body if isinstance(node, ast.FunctionDef)}
     docs = (Path(__file__).resolve().parents[1] / "docs" / "plugins" / "hooks.md").read_text()
+    current = tuple(int(part) for part in mlxrt.__version__.split(".")[:2])
     for name in hooks:
-        assert name.removeprefix("mlxrt_") and name in tests, f"no test for {name}"
+        assert f"test_hook_{name}" in tests, f"no def test_hook_{name} in tests/test_hooks.py"
         assert f"`{name}(" in docs, f"{name} missing from docs/plugins/hooks.md"
-        assert getattr(specs, name).__doc__, f"{name} has no docstring"
+        doc = getattr(specs, name).__doc__
+        assert doc, f"{name} has no docstring"
+        added = re.findall(r"\.\. versionadded:: (\d+)\.(\d+)", doc)
+        assert len(added) == 1, f"{name}: one versionadded marker, not {len(added)}"
+        assert tuple(map(int, added[0])) <= current, f"{name}: versionadded names an unreleased version"
+    for text in (Path(specs.__file__).read_text(), docs):
+        for found in re.findall(r"(?:[Aa]dded in|versionadded::|[Nn]ew in) v?(\d+)\.(\d+)", text):
+            assert tuple(map(int, found)) <= current, f"a version marker names {'.'.join(found)}"
 
 
-def test_hook_mlxrt_prepare_request(tiny_models, serve_app):
+def test_hook_mlxrt_prepare_request(mlxrt_tiny_checkpoint, mlxrt_serve):
     from mlxrt.errors import InvalidRequest
 
     seen = []
@@ -344,7 +412,7 @@ def test_hook_mlxrt_prepare_request(tiny_models, serve_app):
             if "forbidden" in request.stop:
                 raise InvalidRequest("forbidden stop string", param="stop")
 
-    client = serve_app(tiny_models("llama"), extra=[("gate", Gate())])
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("llama"), plugins=[("gate", Gate())])
     msg = [{"role": "user", "content": "x"}]
     ok = client.post("/v1/chat/completions", json={"messages": msg, "max_tokens": 2})
     assert ok.status_code == 200 and seen and seen[-1] == ok.json()["id"]
@@ -352,7 +420,7 @@ def test_hook_mlxrt_prepare_request(tiny_models, serve_app):
     assert bad.status_code == 400 and bad.json()["error"]["message"] == "forbidden stop string"
 
 
-def test_hook_mlxrt_capabilities(tiny_models, serve_app):
+def test_hook_mlxrt_capabilities(mlxrt_tiny_checkpoint, mlxrt_serve):
     """Structured outputs are a declared capability: implementing ``mlxrt_prepare_request``
     (as the grammar plugin also does) does not make the server accept ``response_format``."""
     from mlxrt.capabilities import capabilities
@@ -377,21 +445,21 @@ def test_hook_mlxrt_capabilities(tiny_models, serve_app):
 
     body = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 2,
             "response_format": {"type": "json_object"}}
-    model = tiny_models("llama")
-    builtin = serve_app(model)
+    model = mlxrt_tiny_checkpoint("llama")
+    builtin = mlxrt_serve(model)
     assert capabilities(builtin.app.state.host) == Capabilities(structured_outputs=True)
-    undeclared = serve_app(model, extra=[("gate", Gate())], disable=("structured",))
+    undeclared = mlxrt_serve(model, plugins=[("gate", Gate())], disable=("structured",))
     assert capabilities(undeclared.app.state.host) == Capabilities()
     refused = undeclared.post("/v1/chat/completions", json=body)
     assert refused.status_code == 400
     assert refused.json()["error"]["message"] == "response_format is not supported by this server yet"
     declares = Declares()
-    declared = serve_app(model, extra=[("declares", declares)], disable=("structured",))
+    declared = mlxrt_serve(model, plugins=[("declares", declares)], disable=("structured",))
     assert declared.post("/v1/chat/completions", json=body).status_code == 200
     assert [s.kind for s in declares.seen] == ["json_object"]
 
 
-def test_hook_mlxrt_turn_finished(tiny_models, serve_app):
+def test_hook_mlxrt_turn_finished(mlxrt_tiny_checkpoint, mlxrt_serve):
     import threading
 
     turns, threads = [], []
@@ -407,7 +475,7 @@ def test_hook_mlxrt_turn_finished(tiny_models, serve_app):
         def mlxrt_turn_finished(self, turn):
             raise RuntimeError("observer broke")
 
-    client = serve_app(tiny_models("llama"), extra=[("scripted", Scripted()), ("observer", Observer()),
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("llama"), plugins=[("scripted", Scripted()), ("observer", Observer()),
                                                      ("faulty", Faulty())])
     ask = [{"role": "user", "content": "Capital of France?"}]
     assert chat(client, "Paris.", messages=ask)["choices"][0]["message"]["content"] == "Paris."
@@ -467,9 +535,9 @@ class ToolPromptPlugin:
         return self.Prompt()
 
 
-def test_hook_mlxrt_tool_prompt(tiny_models, serve_app):
+def test_hook_mlxrt_tool_prompt(mlxrt_tiny_checkpoint, mlxrt_serve):
     """A model whose template renders no tools gets the plugin's own tool prompt and parser."""
-    client = serve_app(tiny_models("llama"), extra=[("scripted", Scripted()), ("prompt", ToolPromptPlugin())])
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("llama"), plugins=[("scripted", Scripted()), ("prompt", ToolPromptPlugin())])
     oai = openai_client(client)
     script = '[CALL]{"name": "get_time", "arguments": {}}[/CALL]'
     out = oai.chat.completions.create(model="m", messages=TOOL_MSG, tools=PROMPT_TOOLS, max_tokens=60,

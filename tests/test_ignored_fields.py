@@ -5,20 +5,20 @@ from __future__ import annotations
 BODY = {"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, "model": "x", "user": "u"}
 
 
-def test_unread_fields_are_listed_in_a_header(qwen3_client):
-    resp = qwen3_client.post("/v1/chat/completions", json={**BODY, "frobnicate": 1, "metadata": {}})
+def test_unread_fields_are_listed_in_a_header(mlxrt_client):
+    resp = mlxrt_client.post("/v1/chat/completions", json={**BODY, "frobnicate": 1, "metadata": {}})
     assert resp.status_code == 200
     assert resp.headers["x-mlxrt-ignored"] == "frobnicate, metadata"
-    clean = qwen3_client.post("/v1/chat/completions", json=BODY)
+    clean = mlxrt_client.post("/v1/chat/completions", json=BODY)
     assert "x-mlxrt-ignored" not in clean.headers
-    stream = qwen3_client.post("/v1/chat/completions", json={**BODY, "stream": True, "frobnicate": 1})
+    stream = mlxrt_client.post("/v1/chat/completions", json={**BODY, "stream": True, "frobnicate": 1})
     assert stream.headers["x-mlxrt-ignored"] == "frobnicate"
-    text = qwen3_client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, "frobnicate": 1})
+    text = mlxrt_client.post("/v1/completions", json={"prompt": "hi", "max_tokens": 2, "frobnicate": 1})
     assert text.headers["x-mlxrt-ignored"] == "frobnicate"
 
 
-def test_strict_refuses_unread_fields(tiny_models, serve_app):
-    client = serve_app(tiny_models("qwen3"), options={"strict": True})
+def test_strict_refuses_unread_fields(mlxrt_tiny_checkpoint, mlxrt_serve):
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("qwen3"), options={"strict": True})
     resp = client.post("/v1/chat/completions", json={**BODY, "frobnicate": 1})
     assert resp.status_code == 400
     error = resp.json()["error"]

@@ -47,37 +47,37 @@ def model(tmp_path_factory):
                                                    "num_key_value_heads": 1})
 
 
-def test_a_group_size_the_head_dim_cannot_take_is_refused_at_load(tmp_path, serve_app):
+def test_a_group_size_the_head_dim_cannot_take_is_refused_at_load(tmp_path, mlxrt_serve):
     from mlxrt.testing import write_tiny_checkpoint
 
     narrow = write_tiny_checkpoint(tmp_path / "narrow", "qwen3")  # head dim 16
     with pytest.raises(ModelLoadError, match="head dim 16.*cannot be quantized"):
-        serve_app(narrow, options={"kv_quant": "8"})
+        mlxrt_serve(narrow, options={"kv_quant": "8"})
 
 
-def test_kv8_and_kv_bits_match_mlx_lm_with_the_same_quantization(model, serve_app):
-    kv8 = serve_app(model, options={"kv_quant": "8", "batch": 4})
+def test_kv8_and_kv_bits_match_mlx_lm_with_the_same_quantization(model, mlxrt_serve):
+    kv8 = mlxrt_serve(model, options={"kv_quant": "8", "batch": 4})
     stats = kv8.get("/stats").json()["engine"]
     assert stats["lane"] == "serial" and stats["kv_quant"]["bits"] == 8
     expected = _mlx_lm_text(model, kv_bits=8, kv_group_size=64, quantized_kv_start=0)
     assert _text(kv8) == expected
     assert _text(kv8) == expected  # again, from the prompt cache's (quantized) entry
     assert kv8.get("/stats").json()["engine"]["prompt_cache"]["hits"] >= 1
-    kv4 = serve_app(model, options={"kv_bits": 4, "quantized_kv_start": 8})
+    kv4 = mlxrt_serve(model, options={"kv_bits": 4, "quantized_kv_start": 8})
     assert _text(kv4) == _mlx_lm_text(model, kv_bits=4, kv_group_size=64, quantized_kv_start=8)
-    assert _text(kv4) != _text(serve_app(model))  # 4-bit keys do change this tiny model's output
+    assert _text(kv4) != _text(mlxrt_serve(model))  # 4-bit keys do change this tiny model's output
 
 
-def test_kv_config_applies_per_layer_unless_kv_quant_off(model, serve_app, tmp_path):
+def test_kv_config_applies_per_layer_unless_kv_quant_off(model, mlxrt_serve, tmp_path):
     folder = tmp_path / "with-config"
     shutil.copytree(model, folder)
     (folder / "kv_config.json").write_text(json.dumps(
         [{"layer_idx": 0, "bits": 8, "group_size": 64}, {"layer_idx": 1, "bits": 8, "group_size": 64}]))
-    configured = serve_app(folder)
+    configured = mlxrt_serve(folder)
     described = configured.get("/stats").json()["engine"]["kv_quant"]
     assert described["source"] == "kv_config.json" and set(described["layers"]) == {"0", "1"}
     assert _text(configured) == _mlx_lm_text(model, kv_bits=8, quantized_kv_start=0)
-    off = serve_app(folder, options={"kv_quant": "off"})
+    off = mlxrt_serve(folder, options={"kv_quant": "off"})
     assert off.get("/stats").json()["engine"]["kv_quant"] is None
     assert _text(off) == _mlx_lm_text(model)
 

@@ -198,6 +198,8 @@ def test_a_served_request_never_imports_transformers(checkpoints, tmp_path, kind
     options = {"host": "127.0.0.1", "port": 0, **({"dtype": "float32"} if kind == "quantized-float32" else {})}
     script = textwrap.dedent(f"""
         import sys
+        from mlxrt.compat import lean_mlx_lm
+        lean_mlx_lm()  # what `mlxrt serve` runs first (test_mlxrt_serve_takes_the_lean_path)
         from concurrent.futures import ThreadPoolExecutor
         from litestar.testing import TestClient
         from mlxrt.cli import build_server
@@ -227,3 +229,62 @@ def test_a_served_request_never_imports_transformers(checkpoints, tmp_path, kind
     assert "LANES batch True" in out.stdout, out.stdout  # the burst shared the batch lane
     if kind == "quantized-float32":
         assert "DTYPE float32" in out.stdout, out.stdout
+
+
+@pytest.mark.parametrize("module", ["mlxrt", "mlxrt.testing", "mlxrt.testing.pytest_plugin"])
+def test_importing_mlxrt_leaves_mlx_lm_alone(module):
+    """``import mlxrt`` (also its test support, which pytest loads in every run of an environment
+    where mlxrt is installed) registers no mlx_lm module and changes no import machinery: a
+    later ``import mlx_lm`` runs mlx-lm's own __init__, as in a process without mlxrt."""
+    script = textwrap.dedent(f"""
+        import sys
+        hooks = (list(sys.meta_path), list(sys.path_hooks))
+        import {module}
+        print("registered", "mlx_lm" in sys.modules, any(m.startswith("mlx_lm.") for m in sys.modules))
+        print("machinery", (list(sys.meta_path), list(sys.path_hooks)) == hooks)
+        import mlx_lm
+        print("package", "load" in vars(mlx_lm), "__getattr__" in vars(mlx_lm))
+    """)
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd="/")
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.split("\n")[:3] == ["registered False False", "machinery True", "package True False"], out.stdout
+
+
+def test_mlxrt_serve_takes_the_lean_path(checkpoints, tmp_path):
+    """A real ``mlxrt serve`` (the command, in its own process) loads a model and answers a chat
+    completion without running mlx_lm/__init__.py or importing transformers: Python's own
+    import log (``PYTHONPROFILEIMPORTTIME``) lists what the process imported."""
+    import os
+    import time
+
+    import httpx
+    from support import MLXRT_BIN, free_port
+
+    port = free_port()
+    log = tmp_path / "serve.log"
+    with log.open("w") as sink:
+        proc = subprocess.Popen([MLXRT_BIN, "serve", str(checkpoints["llama"]), "--port", str(port)],
+                                env={**os.environ, "PYTHONPROFILEIMPORTTIME": "1"}, stdout=sink,
+                                stderr=subprocess.STDOUT, cwd="/")
+        try:
+            deadline = time.monotonic() + 120
+            while True:
+                assert proc.poll() is None, log.read_text()[-3000:]
+                assert time.monotonic() < deadline, "mlxrt serve did not become healthy"
+                try:
+                    if httpx.get(f"http://127.0.0.1:{port}/health", timeout=1).status_code == 200:
+                        break
+                except httpx.HTTPError:
+                    time.sleep(0.25)
+            answer = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", timeout=60, json={
+                "model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4})
+            assert answer.status_code == 200, answer.text
+        finally:
+            proc.terminate()
+            proc.wait(30)
+    imported = {line.rsplit("|", 1)[1].strip() for line in log.read_text().splitlines()
+                if line.startswith("import time:") and "|" in line}
+    # (the log lists import statements; importlib.import_module, which loads the model's module, is not in it)
+    assert {"mlx_lm.models.cache", "mlx_lm.sample_utils", "uvicorn"} <= imported
+    assert "mlx_lm" not in imported  # the package module was made without running its __init__
+    assert not {m for m in imported if m.split(".")[0] == "transformers"}

@@ -46,12 +46,12 @@ def _own_mlxrt_home(tmp_path, monkeypatch):
 
 
 @pytest.fixture
-def hub(tmp_path, monkeypatch, tiny_models):
+def hub(tmp_path, monkeypatch, mlxrt_tiny_checkpoint):
     hub = tmp_path / "hub"
-    install(hub, "acme/tiny-qwen3", tiny_models("qwen3"), REV_A)
-    install(hub, "acme/tiny-qwen3", tiny_models("qwen3", seed=1), REV_B, main=False)  # an older revision
-    install(hub, "acme/tiny-qwen3-instruct", tiny_models("qwen3"), "c" * 40)
-    install(hub, "other/smol-llama", tiny_models("llama"), "d" * 40)
+    install(hub, "acme/tiny-qwen3", mlxrt_tiny_checkpoint("qwen3"), REV_A)
+    install(hub, "acme/tiny-qwen3", mlxrt_tiny_checkpoint("qwen3", seed=1), REV_B, main=False)  # an older revision
+    install(hub, "acme/tiny-qwen3-instruct", mlxrt_tiny_checkpoint("qwen3"), "c" * 40)
+    install(hub, "other/smol-llama", mlxrt_tiny_checkpoint("llama"), "d" * 40)
     monkeypatch.setenv("HF_HUB_CACHE", str(hub))
     return hub
 
@@ -106,10 +106,10 @@ def test_ls_on_a_missing_cache(tmp_path, monkeypatch):
         assert "no models" in run("ls").stdout
 
 
-def test_scan_reports_what_cannot_be_served(hub, tiny_models):
-    broken = install(hub, "acme/no-weights", tiny_models("llama"), "e" * 40)
+def test_scan_reports_what_cannot_be_served(hub, mlxrt_tiny_checkpoint):
+    broken = install(hub, "acme/no-weights", mlxrt_tiny_checkpoint("llama"), "e" * 40)
     (broken / "model.safetensors").unlink()
-    weird = install(hub, "acme/weird-arch", tiny_models("llama"), "f" * 40)
+    weird = install(hub, "acme/weird-arch", mlxrt_tiny_checkpoint("llama"), "f" * 40)
     config = json.loads((weird / "config.json").read_text())
     (weird / "config.json").unlink()
     (weird / "config.json").write_text(json.dumps({**config, "model_type": "no_such_arch"}))
@@ -228,11 +228,11 @@ def test_a_download_whose_process_died_is_interrupted(tmp_path):
     assert recent_downloads()[0].state == "interrupted"
 
 
-def test_library_fit_and_downloads_endpoints(hub, serve_app):
+def test_library_fit_and_downloads_endpoints(hub, mlxrt_serve):
     from mlxrt.sources.downloads import download
 
     download("acme/fake", fetch=fake_snapshot_download())
-    client = serve_app("smol", options={"memory_budget": 0.02})
+    client = mlxrt_serve("smol", options={"memory_budget": 0.02})
     body = client.get("/library").json()
     assert body["serving"] == "other/smol-llama"
     rows = {r["repo_id"]: r for r in body["models"]}
@@ -267,8 +267,8 @@ def test_library_fit_and_downloads_endpoints(hub, serve_app):
     assert "GET /library" in client.get("/v1").json()["endpoints"]
 
 
-def test_library_lists_a_model_served_from_a_folder(hub, serve_app, tiny_models):
-    client = serve_app(tiny_models("qwen3"))
+def test_library_lists_a_model_served_from_a_folder(hub, mlxrt_serve, mlxrt_tiny_checkpoint):
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("qwen3"))
     body = client.get("/library").json()
-    assert body["models"][0]["serving"] and body["models"][0]["path"] == str(tiny_models("qwen3").resolve())
+    assert body["models"][0]["serving"] and body["models"][0]["path"] == str(mlxrt_tiny_checkpoint("qwen3").resolve())
     assert sum(r["serving"] for r in body["models"]) == 1

@@ -21,8 +21,8 @@ MSG = [{"role": "user", "content": "Tell me about the sea."}]
 
 
 @pytest.fixture
-def scripted(tiny_models, serve_app):
-    return serve_app(tiny_models("qwen3"), extra=[("scripted", Scripted())])
+def scripted(mlxrt_tiny_checkpoint, mlxrt_serve):
+    return mlxrt_serve(mlxrt_tiny_checkpoint("qwen3"), plugins=[("scripted", Scripted())])
 
 
 def _ids(entries):
@@ -32,8 +32,8 @@ def _ids(entries):
 # -- the shape and the invariants ------------------------------------------------------------------
 
 
-def test_entries_concatenate_to_the_content_and_greedy_is_top_one(qwen3_client):
-    out = openai_client(qwen3_client).chat.completions.create(
+def test_entries_concatenate_to_the_content_and_greedy_is_top_one(mlxrt_client):
+    out = openai_client(mlxrt_client).chat.completions.create(
         model="m", messages=MSG, max_tokens=16, temperature=0, logprobs=True, top_logprobs=5)
     choice = out.choices[0]
     entries = choice.logprobs.content
@@ -48,17 +48,17 @@ def test_entries_concatenate_to_the_content_and_greedy_is_top_one(qwen3_client):
         assert e.logprob <= 0
 
 
-def test_logprobs_alone_has_empty_top_lists_and_off_is_null(qwen3_client):
-    client = openai_client(qwen3_client)
+def test_logprobs_alone_has_empty_top_lists_and_off_is_null(mlxrt_client):
+    client = openai_client(mlxrt_client)
     out = client.chat.completions.create(model="m", messages=MSG, max_tokens=4, temperature=0, logprobs=True)
     assert [e.top_logprobs for e in out.choices[0].logprobs.content] == [[]] * 4
     assert client.chat.completions.create(model="m", messages=MSG, max_tokens=4).choices[0].logprobs is None
-    raw = qwen3_client.post("/v1/chat/completions", json={"messages": MSG, "max_tokens": 3, "top_logprobs": 2})
+    raw = mlxrt_client.post("/v1/chat/completions", json={"messages": MSG, "max_tokens": 3, "top_logprobs": 2})
     assert len(raw.json()["choices"][0]["logprobs"]["content"][0]["top_logprobs"]) == 2  # as mlx_lm.server
 
 
-def test_logprobs_describe_the_emitted_token_when_sampling(qwen3_client):
-    out = openai_client(qwen3_client).chat.completions.create(
+def test_logprobs_describe_the_emitted_token_when_sampling(mlxrt_client):
+    out = openai_client(mlxrt_client).chat.completions.create(
         model="m", messages=MSG, max_tokens=16, temperature=1.5, seed=5, logprobs=True, top_logprobs=11)
     entries = out.choices[0].logprobs.content
     assert "".join(e.token for e in entries) == out.choices[0].message.content
@@ -72,15 +72,15 @@ def test_logprobs_describe_the_emitted_token_when_sampling(qwen3_client):
             assert e.logprob <= e.top_logprobs[-1].logprob
 
 
-def test_logprobs_are_the_distribution_after_logits_processors(tiny_models, qwen3_client):
-    dog = Tokenizer.from_file(str(tiny_models("qwen3") / "tokenizer.json")).encode("dog").ids[0]
-    out = openai_client(qwen3_client).chat.completions.create(
+def test_logprobs_are_the_distribution_after_logits_processors(mlxrt_tiny_checkpoint, mlxrt_client):
+    dog = Tokenizer.from_file(str(mlxrt_tiny_checkpoint("qwen3") / "tokenizer.json")).encode("dog").ids[0]
+    out = openai_client(mlxrt_client).chat.completions.create(
         model="m", messages=MSG, max_tokens=3, temperature=0, logprobs=True, logit_bias={str(dog): 100})
     assert all(e.token == "dog" and e.logprob > -1e-3 for e in out.choices[0].logprobs.content)
 
 
-def test_stream_chunks_carry_the_entries_of_their_text(qwen3_client):
-    client = openai_client(qwen3_client)
+def test_stream_chunks_carry_the_entries_of_their_text(mlxrt_client):
+    client = openai_client(mlxrt_client)
     whole = client.chat.completions.create(model="m", messages=MSG, max_tokens=16, temperature=0,
                                            logprobs=True, top_logprobs=2)
     chunks = list(client.chat.completions.create(model="m", messages=MSG, max_tokens=16, temperature=0,
@@ -92,8 +92,8 @@ def test_stream_chunks_carry_the_entries_of_their_text(qwen3_client):
             assert "".join(e.token for e in c.choices[0].logprobs.content) == c.choices[0].delta.content
 
 
-def test_completions_logprobs_have_both_shapes(qwen3_client):
-    client = openai_client(qwen3_client)
+def test_completions_logprobs_have_both_shapes(mlxrt_client):
+    client = openai_client(mlxrt_client)
     out = client.completions.create(model="m", prompt="Once upon a time", max_tokens=8, temperature=0,
                                     extra_body={"logprobs": True, "top_logprobs": 3})
     lp = out.choices[0].logprobs
@@ -108,7 +108,7 @@ def test_completions_logprobs_have_both_shapes(qwen3_client):
     assert "".join(tokens) == out.choices[0].text
 
 
-def test_reasoning_tokens_are_in_logprobs_too(tiny_models, serve_app):
+def test_reasoning_tokens_are_in_logprobs_too(mlxrt_tiny_checkpoint, mlxrt_serve):
     from mlxrt import ThinkingFormat
 
     class Reasoner:
@@ -116,7 +116,7 @@ def test_reasoning_tokens_are_in_logprobs_too(tiny_models, serve_app):
         def mlxrt_thinking_format(self, info):
             return ThinkingFormat(open="<r>", close="</r>")
 
-    client = serve_app(tiny_models("qwen3"), extra=[("scripted", Scripted()), ("reasoner", Reasoner())])
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("qwen3"), plugins=[("scripted", Scripted()), ("reasoner", Reasoner())])
     body = {"messages": MSG, "script": "<r>because</r>the answer", "logprobs": True}
     out = client.post("/v1/chat/completions", json=body).json()["choices"][0]
     assert out["message"] == {"role": "assistant", "content": "the answer", "reasoning": "because",
@@ -136,11 +136,11 @@ LOGPROB_BAD = [
 
 @pytest.mark.parametrize(("fields", "message"), LOGPROB_BAD)
 @pytest.mark.parametrize("path", ["/v1/chat/completions", "/v1/completions"])
-def test_bad_logprob_fields_exact_texts(qwen3_client, fields, message, path):
+def test_bad_logprob_fields_exact_texts(mlxrt_client, fields, message, path):
     body = {"messages": MSG} if "chat" in path else {"prompt": "Once"}
-    resp = qwen3_client.post(path, json={**body, "max_tokens": 2, **fields})
+    resp = mlxrt_client.post(path, json={**body, "max_tokens": 2, **fields})
     assert resp.status_code == 400 and resp.json()["error"]["message"] == message
-    assert qwen3_client.post(path, json={**body, "max_tokens": 2, "top_logprobs": -1}).status_code == 200
+    assert mlxrt_client.post(path, json={**body, "max_tokens": 2, "top_logprobs": -1}).status_code == 200
 
 
 # -- the trail, unit-level ------------------------------------------------------------------------

@@ -57,12 +57,12 @@ def test_a_budget_below_the_weights_is_refused_with_the_numbers():
     assert "weights take 2.00 GB" in message and f"at least {MIN_SAFE_CONTEXT} needed" in message
 
 
-def test_measured_kv_cost_matches_the_config(tiny_models):
+def test_measured_kv_cost_matches_the_config(mlxrt_tiny_checkpoint):
     import json
 
     import mlx_lm
 
-    path = tiny_models("qwen3")
+    path = mlxrt_tiny_checkpoint("qwen3")
     config = json.loads((path / "config.json").read_text())
     model, _tok = mlx_lm.load(str(path))
     kv = measure_kv(model)

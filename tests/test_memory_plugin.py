@@ -57,18 +57,18 @@ def cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run([MLXRT_BIN, "memory", *args], capture_output=True, text=True, cwd="/")
 
 
-def test_memory_is_off_without_memory_dir(qwen3_client):
-    out = openai_client(qwen3_client).chat.completions.create(
+def test_memory_is_off_without_memory_dir(mlxrt_client):
+    out = openai_client(mlxrt_client).chat.completions.create(
         model="m", messages=[{"role": "user", "content": "Hello"}], max_tokens=4)
     assert out.choices[0].finish_reason in ("stop", "length")
-    resp = qwen3_client.post("/v1/memory/synthesize", json={})
+    resp = mlxrt_client.post("/v1/memory/synthesize", json={})
     assert resp.status_code == 404
     assert "start the server with --memory-dir" in resp.json()["error"]["message"]
 
 
-def test_capture_dry_run_run_and_rerun(tiny_models, serve_app, tmp_path):
+def test_capture_dry_run_run_and_rerun(mlxrt_tiny_checkpoint, mlxrt_serve, tmp_path):
     folder = tmp_path / "memory"
-    client = serve_app(tiny_models("qwen3"), options={"memory_dir": str(folder)})
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("qwen3"), options={"memory_dir": str(folder)})
     vault = folder / "vault"
     ask = [{"role": "user", "content": "Ada Lovelace wrote the first program."}]
     openai_client(client).chat.completions.create(model="m", messages=ask, max_tokens=6)
@@ -112,8 +112,8 @@ def test_capture_dry_run_run_and_rerun(tiny_models, serve_app, tmp_path):
     assert shown["turns"] == 3 and shown["runs"] == 2 and shown["last_run"]["status"] == "done"
 
 
-def test_one_run_at_a_time_bad_query_and_api_key(tiny_models, serve_app, tmp_path):
-    client = serve_app(tiny_models("qwen3"), options={"memory_dir": str(tmp_path / "m"), "api_keys": ["k1"]})
+def test_one_run_at_a_time_bad_query_and_api_key(mlxrt_tiny_checkpoint, mlxrt_serve, tmp_path):
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("qwen3"), options={"memory_dir": str(tmp_path / "m"), "api_keys": ["k1"]})
     assert client.get("/v1/memory/synthesize?dry=1").status_code == 401
     key = {"Authorization": "Bearer k1"}
     bad = client.get("/v1/memory/synthesize?dry=maybe", headers=key)
@@ -213,11 +213,11 @@ def read_until(resp, wanted) -> None:
     raise AssertionError("the stream ended first")
 
 
-def test_killed_then_disconnected_then_finished(tiny_models, server_process, tmp_path):
+def test_killed_then_disconnected_then_finished(mlxrt_tiny_checkpoint, server_process, tmp_path):
     """A server killed mid-extract, restarted; a client that leaves mid-extract; then a full
     run: every turn ends up in the wiki once, and the vault is a sound repository."""
     folder = tmp_path / "memory"
-    args = [str(tiny_models("qwen3")), "--memory-dir", str(folder)]
+    args = [str(mlxrt_tiny_checkpoint("qwen3")), "--memory-dir", str(folder)]
     server = server_process(args)
     with httpx.Client(base_url=server.url, timeout=60) as http:
         for i in range(6):
@@ -259,10 +259,10 @@ def test_killed_then_disconnected_then_finished(tiny_models, server_process, tmp
     assert placed == db.execute("SELECT COUNT(*) FROM (SELECT DISTINCT slug, fact FROM facts)").fetchone()[0] > 0
 
 
-def test_a_keyless_synthesis_get_needs_the_same_origin_proof(tiny_models, serve_app, tmp_path):
+def test_a_keyless_synthesis_get_needs_the_same_origin_proof(mlxrt_tiny_checkpoint, mlxrt_serve, tmp_path):
     """A GET with neither Origin nor Sec-Fetch-Site (an old browser's cross-site image or link
     looks like that) starts nothing; the server's own page and POST clients may start runs."""
-    client = serve_app(tiny_models("qwen3"), options={"memory_dir": str(tmp_path / "m"), "port": 8123})
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("qwen3"), options={"memory_dir": str(tmp_path / "m"), "port": 8123})
     refused = client.get("/v1/memory/synthesize")
     assert refused.status_code == 403 and refused.json()["error"]["code"] == "cross_origin_refused"
     assert "other clients use POST" in refused.json()["error"]["message"]
@@ -277,7 +277,7 @@ def test_a_keyless_synthesis_get_needs_the_same_origin_proof(tiny_models, serve_
     assert client.get("/v1/memory/status").json()["counts"]["runs"] == 3
 
 
-def test_each_api_key_has_its_own_memory_and_store_false_is_not_kept(tiny_models, serve_app, tmp_path,
+def test_each_api_key_has_its_own_memory_and_store_false_is_not_kept(mlxrt_tiny_checkpoint, mlxrt_serve, tmp_path,
                                                                     monkeypatch):
     """Key A's turns, synthesis events, status and vault show nothing of key B's; a Responses
     request with ``store: false`` is not captured; the folder and its files are private."""
@@ -289,7 +289,7 @@ def test_each_api_key_has_its_own_memory_and_store_false_is_not_kept(tiny_models
 
     monkeypatch.setattr(mlxrt_memory.routes, "EngineEditor", lambda host: ScriptedEditor())
     folder = tmp_path / "m"
-    client = serve_app(tiny_models("qwen3"), options={"memory_dir": str(folder), "api_keys": ["key-a", "key-b"]})
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("qwen3"), options={"memory_dir": str(folder), "api_keys": ["key-a", "key-b"]})
     sdk = {k: openai.OpenAI(base_url=f"{client.base_url}/v1", api_key=k, http_client=client, max_retries=0)
            for k in ("key-a", "key-b")}
     key = {k: {"Authorization": f"Bearer {k}"} for k in sdk}
@@ -433,12 +433,12 @@ def test_one_server_per_memory_folder(tmp_path):
     MemoryFolder.open(tmp_path).close()  # free again once closed
 
 
-def test_a_second_server_on_a_memory_folder_fails_to_start(tiny_models, tmp_path):
+def test_a_second_server_on_a_memory_folder_fails_to_start(mlxrt_tiny_checkpoint, tmp_path):
     from mlxrt_memory.synthesis import MemoryFolder
 
     held = MemoryFolder.open(tmp_path / "m")  # as a running server holds it
     try:
-        out = subprocess.run([MLXRT_BIN, "serve", str(tiny_models("qwen3")), "--memory-dir", str(tmp_path / "m"),
+        out = subprocess.run([MLXRT_BIN, "serve", str(mlxrt_tiny_checkpoint("qwen3")), "--memory-dir", str(tmp_path / "m"),
                               "--port", "9"], capture_output=True, text=True, cwd="/", timeout=120)
     finally:
         held.close()

@@ -24,13 +24,13 @@ TOO_LONG_PATH = "org/" + "x" * 300
 
 
 @pytest.fixture
-def loose(tiny_models, serve_app):
-    return serve_app(tiny_models("llama"), options=LOOSE)
+def loose(mlxrt_tiny_checkpoint, mlxrt_serve):
+    return mlxrt_serve(mlxrt_tiny_checkpoint("llama"), options=LOOSE)
 
 
 @pytest.fixture
-def strict(tiny_models, serve_app):
-    return serve_app(tiny_models("llama"), options=STRICT)
+def strict(mlxrt_tiny_checkpoint, mlxrt_serve):
+    return mlxrt_serve(mlxrt_tiny_checkpoint("llama"), options=STRICT)
 
 
 def served_id(client) -> str:
@@ -117,25 +117,25 @@ def test_each_substituted_name_is_logged_once(loose, caplog):
                      f"(header {HEADER})"]
 
 
-def test_a_local_model_named_by_a_request_still_loads(tiny_models, serve_app):
-    client = serve_app(tiny_models("llama"), options={**LOOSE, "max_models": 2})
-    other = tiny_models("qwen3")
+def test_a_local_model_named_by_a_request_still_loads(mlxrt_tiny_checkpoint, mlxrt_serve):
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("llama"), options={**LOOSE, "max_models": 2})
+    other = mlxrt_tiny_checkpoint("qwen3")
     raw = openai_client(client).chat.completions.with_raw_response.create(model=str(other), messages=HI,
                                                                           max_tokens=3)
     assert raw.parse().model == other.name and raw.headers.get(HEADER) is None
 
 
-def test_embeddings_fall_back_to_the_served_embedding_model(tiny_models, serve_app):
-    client = serve_app(tiny_models("qwen3_embedding"), options=LOOSE)
+def test_embeddings_fall_back_to_the_served_embedding_model(mlxrt_tiny_checkpoint, mlxrt_serve):
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("qwen3_embedding"), options=LOOSE)
     raw = openai_client(client).embeddings.with_raw_response.create(model="text-embedding-3-small", input="hi")
     out = raw.parse()
     assert out.model == served_id(client) and raw.headers.get(HEADER) == "text-embedding-3-small"
     assert len(out.data) == 1 and len(out.data[0].embedding) > 0
-    strict = serve_app(tiny_models("qwen3_embedding"), options=STRICT)
+    strict = mlxrt_serve(mlxrt_tiny_checkpoint("qwen3_embedding"), options=STRICT)
     with pytest.raises(openai.NotFoundError):
         openai_client(strict).embeddings.create(model="text-embedding-3-small", input="hi")
 
 
-def test_stats_say_whether_unknown_names_fall_back(tiny_models, serve_app):
-    assert serve_app(tiny_models("llama"), options=LOOSE).get("/stats").json()["models"]["fallback"] is True
-    assert serve_app(tiny_models("llama"), options=STRICT).get("/stats").json()["models"]["fallback"] is False
+def test_stats_say_whether_unknown_names_fall_back(mlxrt_tiny_checkpoint, mlxrt_serve):
+    assert mlxrt_serve(mlxrt_tiny_checkpoint("llama"), options=LOOSE).get("/stats").json()["models"]["fallback"] is True
+    assert mlxrt_serve(mlxrt_tiny_checkpoint("llama"), options=STRICT).get("/stats").json()["models"]["fallback"] is False

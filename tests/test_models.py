@@ -40,7 +40,7 @@ def ids(client) -> list[str]:
     return [m.id for m in openai_client(client).models.list().data]
 
 
-def test_served_model_first_then_each_servable_cached_repo(hub, qwen3_client):
+def test_served_model_first_then_each_servable_cached_repo(hub, mlxrt_client):
     fake_repo(hub, "Qwen/Qwen3-Embedding-0.6B")
     fake_repo(hub, "mlx-community/SmolLM2-135M-Instruct", config={"model_type": "llama"})
     fake_repo(hub, "org/sharded", files=("config.json", "model-00001-of-00002.safetensors",
@@ -57,9 +57,9 @@ def test_served_model_first_then_each_servable_cached_repo(hub, qwen3_client):
     fake_repo(hub, SERVED)  # the served id is not listed twice
     (hub / "models--org--broken").mkdir()  # no snapshots: corrupted, skipped
     (hub / ".locks").mkdir()
-    assert ids(qwen3_client) == [SERVED, "Qwen/Qwen3-Embedding-0.6B", "mlx-community/SmolLM2-135M-Instruct",
+    assert ids(mlxrt_client) == [SERVED, "Qwen/Qwen3-Embedding-0.6B", "mlx-community/SmolLM2-135M-Instruct",
                                  "org/sharded", "org/two-revisions"]
-    body = qwen3_client.get("/v1/models").json()
+    body = mlxrt_client.get("/v1/models").json()
     assert body["object"] == "list"
     served, cached = body["data"][0], body["data"][1]
     assert served["context_window"] == 40960 and served["reasoning"] is True and served["vision"] is False
@@ -69,15 +69,15 @@ def test_served_model_first_then_each_servable_cached_repo(hub, qwen3_client):
 
 
 @pytest.mark.parametrize("state", ["missing", "file"])
-def test_a_missing_or_broken_cache_lists_the_served_model(tmp_path, monkeypatch, qwen3_client, state):
+def test_a_missing_or_broken_cache_lists_the_served_model(tmp_path, monkeypatch, mlxrt_client, state):
     cache = tmp_path / "nowhere"
     if state == "file":
         cache.write_text("not a folder")
     monkeypatch.setenv("HF_HUB_CACHE", str(cache))
-    assert ids(qwen3_client) == [SERVED]
+    assert ids(mlxrt_client) == [SERVED]
 
 
-def test_listing_never_downloads(hub, qwen3_client, monkeypatch):
+def test_listing_never_downloads(hub, mlxrt_client, monkeypatch):
     import huggingface_hub
 
     def refuse(*_a, **_k):
@@ -86,28 +86,28 @@ def test_listing_never_downloads(hub, qwen3_client, monkeypatch):
     monkeypatch.setattr(huggingface_hub, "snapshot_download", refuse)
     monkeypatch.setattr(huggingface_hub, "hf_hub_download", refuse)
     fake_repo(hub, "org/model")
-    assert ids(qwen3_client) == [SERVED, "org/model"]
+    assert ids(mlxrt_client) == [SERVED, "org/model"]
 
 
-def test_retrieve_one_model_object(hub, qwen3_client):
+def test_retrieve_one_model_object(hub, mlxrt_client):
     fake_repo(hub, "Qwen/Qwen3-0.6B")
-    client = openai_client(qwen3_client)
+    client = openai_client(mlxrt_client)
     served = client.models.retrieve(SERVED)
     assert served.id == SERVED and served.object == "model"
     assert served.model_extra["context_window"] == 40960
     cached = client.models.retrieve("Qwen/Qwen3-0.6B")  # a repo id: the slash stays in the path
     assert cached.id == "Qwen/Qwen3-0.6B" and cached.owned_by == "Qwen"
-    assert qwen3_client.get("/models").json()["data"][0]["id"] == SERVED  # the alias
+    assert mlxrt_client.get("/models").json()["data"][0]["id"] == SERVED  # the alias
 
 
-def test_unknown_model_is_a_404_model_not_found(hub, qwen3_client):
-    client = openai_client(qwen3_client)
+def test_unknown_model_is_a_404_model_not_found(hub, mlxrt_client):
+    client = openai_client(mlxrt_client)
     with pytest.raises(openai.NotFoundError) as err:
         client.models.retrieve("org/absent")
     assert err.value.status_code == 404
     assert err.value.body["code"] == "model_not_found" and err.value.body["type"] == "not_found_error"
     assert "'org/absent' not found" in err.value.body["message"]
-    assert ids(qwen3_client)[0] == SERVED  # still serving
+    assert ids(mlxrt_client)[0] == SERVED  # still serving
 
 
 class DeclaresStructuredOutputs:
@@ -118,11 +118,11 @@ class DeclaresStructuredOutputs:
         return ["structured_outputs"]
 
 
-def test_a_capabilities_hook_answer_is_what_models_and_status_show(hub, tiny_models, serve_app):
+def test_a_capabilities_hook_answer_is_what_models_and_status_show(hub, mlxrt_tiny_checkpoint, mlxrt_serve):
     # The built-in grammar plugin declares structured_outputs: disable it, so the flag is the hook's.
-    without = serve_app(tiny_models("qwen3"), disable=("structured",))
-    declared = serve_app(tiny_models("qwen3"), disable=("structured",),
-                         extra=[("declares", DeclaresStructuredOutputs())])
+    without = mlxrt_serve(mlxrt_tiny_checkpoint("qwen3"), disable=("structured",))
+    declared = mlxrt_serve(mlxrt_tiny_checkpoint("qwen3"), disable=("structured",),
+                         plugins=[("declares", DeclaresStructuredOutputs())])
     for client, on in ((without, False), (declared, True)):
         served = openai_client(client).models.list().data[0].model_extra
         assert served["structured_outputs"] is on
@@ -131,33 +131,33 @@ def test_a_capabilities_hook_answer_is_what_models_and_status_show(hub, tiny_mod
         assert status["structured_outputs"] is on and status["embeddings"] is False
 
 
-def test_clients_read_the_context_and_output_limits_where_they_look(hub, tiny_models, serve_app):
+def test_clients_read_the_context_and_output_limits_where_they_look(hub, mlxrt_tiny_checkpoint, mlxrt_serve):
     """The served row carries Anthropic's Models API fields (what Claude Code's model-capabilities
     cache reads through the anthropic SDK: ``max_input_tokens``, ``max_tokens``) beside OpenAI's;
     the limits are the context a request may fill (window capped by the memory budget) and
     ``--max-tokens`` within it (docs/dialects.md)."""
     from support import anthropic_client
 
-    client = serve_app(tiny_models("qwen3"))
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("qwen3"))
     model = anthropic_client(client).models.list().data[0]
     assert model.id == SERVED and model.type == "model" and model.display_name == SERVED
     assert model.created_at.year >= 2025
     row = client.get("/v1/models").json()["data"][0]
     assert row["max_input_tokens"] == row["context_window"] == 40960 and row["max_tokens"] == 40960
     assert anthropic_client(client).models.retrieve(SERVED).id == SERVED
-    capped = serve_app(tiny_models("qwen3"), options={"max_tokens": 1000, "memory_budget": 0.004})
+    capped = mlxrt_serve(mlxrt_tiny_checkpoint("qwen3"), options={"max_tokens": 1000, "memory_budget": 0.004})
     row = capped.get("/v1/models").json()["data"][0]
     ceiling = capped.get("/stats").json()["engine"]["admission"]["context_ceiling"]
     assert row["max_input_tokens"] == ceiling < 40960 and row["max_tokens"] == 1000
     assert openai_client(capped).models.retrieve(SERVED).model_extra["max_tokens"] == 1000
 
 
-def test_a_codex_model_catalog_of_the_served_model(tiny_models, serve_app):
+def test_a_codex_model_catalog_of_the_served_model(mlxrt_tiny_checkpoint, mlxrt_serve):
     """Codex reads model metadata only from its built-in catalog or a ``model_catalog_json`` file
     (it never asks the server); /codex/model-catalog is that file for the served model, one entry
     per name that reaches it (the fields Codex 0.171 refuses a catalog without are present)."""
-    client = serve_app(tiny_models("qwen3"), options={"memory_budget": 0.004, "strict_model": True,
-                                                      "model_alias": [f"gpt-5-codex={tiny_models('qwen3')}"]})
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("qwen3"), options={"memory_budget": 0.004, "strict_model": True,
+                                                      "model_alias": [f"gpt-5-codex={mlxrt_tiny_checkpoint('qwen3')}"]})
     body = client.get("/codex/model-catalog").json()
     ceiling = client.get("/stats").json()["engine"]["admission"]["context_ceiling"]
     assert [m["slug"] for m in body["models"]] == ["default", SERVED, "gpt-5-codex"]

@@ -44,16 +44,16 @@ def loads(client) -> dict[str, int]:
     return {m["id"]: m["loads"] for m in client.get("/stats").json()["models"]["models"]}
 
 
-def test_each_request_is_answered_by_the_model_it_names_bit_for_bit(three, serve_app):
+def test_each_request_is_answered_by_the_model_it_names_bit_for_bit(three, mlxrt_serve):
     """Switching between three families, by path, id and default; each answer equals the one
     a server of that model alone gives (greedy, same prompt)."""
     alone = {}
     for name, path in three.items():
-        single = serve_app(path)
+        single = mlxrt_serve(path)
         alone[name] = (chat(single, "default").choices[0].message.content,
                        openai_client(single).completions.create(model="default", prompt="a b", max_tokens=5,
                                                                 temperature=0).choices[0].text)
-    multi = serve_app(three["llama"], options={**MULTI, "max_models": 3})
+    multi = mlxrt_serve(three["llama"], options={**MULTI, "max_models": 3})
     for _round in range(2):  # back and forth: resident engines keep answering the same
         for name, path in three.items():
             reply = chat(multi, str(path))
@@ -73,9 +73,9 @@ def test_each_request_is_answered_by_the_model_it_names_bit_for_bit(three, serve
     assert 'mlxrt_model_requests_served_total{model="qwen3"} 5' in metrics
 
 
-def test_structured_outputs_follow_each_models_own_tokenizer(three, serve_app):
+def test_structured_outputs_follow_each_models_own_tokenizer(three, mlxrt_serve):
     """Grammars are compiled per model (llama's and qwen3's generated vocabularies differ)."""
-    client = serve_app(three["llama"], options={**MULTI, "max_models": 2})
+    client = mlxrt_serve(three["llama"], options={**MULTI, "max_models": 2})
     choice = {"type": "choice", "choices": ["yes", "no"]}
     for model in ("qwen3", "llama", "qwen3", "llama"):
         path = str(three[model])
@@ -83,8 +83,8 @@ def test_structured_outputs_follow_each_models_own_tokenizer(three, serve_app):
         assert reply.model == model and reply.choices[0].message.content in ("yes", "no")
 
 
-def test_the_least_recently_used_idle_model_is_evicted(three, serve_app):
-    client = serve_app(three["llama"], options={**MULTI, "max_models": 2})
+def test_the_least_recently_used_idle_model_is_evicted(three, mlxrt_serve):
+    client = mlxrt_serve(three["llama"], options={**MULTI, "max_models": 2})
     chat(client, str(three["qwen3"]))
     chat(client, "llama")  # llama is now more recent than qwen3
     chat(client, str(three["gemma4_text"]))
@@ -100,8 +100,8 @@ def test_the_least_recently_used_idle_model_is_evicted(three, serve_app):
     assert chat(client, "default").model == "llama"
 
 
-def test_a_model_nobody_uses_is_unloaded_after_idle_unload(three, serve_app):
-    client = serve_app(three["llama"], options={**MULTI, "max_models": 2, "idle_unload": 0.3})
+def test_a_model_nobody_uses_is_unloaded_after_idle_unload(three, mlxrt_serve):
+    client = mlxrt_serve(three["llama"], options={**MULTI, "max_models": 2, "idle_unload": 0.3})
     chat(client, str(three["qwen3"]))
     assert states(client)["qwen3"] == "ready"
     deadline = time.monotonic() + 10
@@ -112,8 +112,8 @@ def test_a_model_nobody_uses_is_unloaded_after_idle_unload(three, serve_app):
     assert chat(client, "qwen3").model == "qwen3"  # and comes back on demand
 
 
-def test_idle_unload_counts_from_start_for_a_model_nobody_asked_for(three, serve_app):
-    client = serve_app(three["llama"], options={**MULTI, "idle_unload": 0.3})
+def test_idle_unload_counts_from_start_for_a_model_nobody_asked_for(three, mlxrt_serve):
+    client = mlxrt_serve(three["llama"], options={**MULTI, "idle_unload": 0.3})
     deadline = time.monotonic() + 10
     while states(client) != {"llama": "unloaded"} and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -133,9 +133,9 @@ class SlowLoad:
         time.sleep(0.5)
 
 
-def test_concurrent_first_requests_for_a_cold_model_wait_for_one_load(three, serve_app):
+def test_concurrent_first_requests_for_a_cold_model_wait_for_one_load(three, mlxrt_serve):
     slow = SlowLoad()
-    client = serve_app(three["llama"], extra=[("slow-load", slow)], options={**MULTI, "max_models": 2})
+    client = mlxrt_serve(three["llama"], plugins=[("slow-load", slow)], options={**MULTI, "max_models": 2})
     results: list[str] = []
 
     def ask() -> None:
@@ -153,8 +153,8 @@ def test_concurrent_first_requests_for_a_cold_model_wait_for_one_load(three, ser
     assert slow.loaded == ["llama", "qwen3"] and loads(client)["qwen3"] == 1
 
 
-def test_on_a_strict_server_an_unknown_model_is_404_in_each_dialect_and_the_server_keeps_serving(three, serve_app):
-    client = serve_app(three["llama"], options={**MULTI, "strict_model": True})
+def test_on_a_strict_server_an_unknown_model_is_404_in_each_dialect_and_the_server_keeps_serving(three, mlxrt_serve):
+    client = mlxrt_serve(three["llama"], options={**MULTI, "strict_model": True})
     with pytest.raises(openai.NotFoundError) as caught:
         chat(client, "nonexistent/x")
     assert caught.value.body == {"message": "The model `nonexistent/x` does not exist or you do not have access "
@@ -172,8 +172,8 @@ def test_on_a_strict_server_an_unknown_model_is_404_in_each_dialect_and_the_serv
     assert set(states(client)) == {"llama"}  # nothing was loaded or remembered for them
 
 
-def test_strict_mode_never_loads_a_model_not_named_at_start(three, serve_app):
-    client = serve_app(three["llama"], options={**MULTI, "strict_model": True, "max_models": 2,
+def test_strict_mode_never_loads_a_model_not_named_at_start(three, mlxrt_serve):
+    client = mlxrt_serve(three["llama"], options={**MULTI, "strict_model": True, "max_models": 2,
                                                 "preload": [str(three["gemma4_text"])]})
     assert states(client) == {"llama": "ready", "gemma4_text": "ready"}  # preloaded at start
     with pytest.raises(openai.NotFoundError):
@@ -183,24 +183,24 @@ def test_strict_mode_never_loads_a_model_not_named_at_start(three, serve_app):
     assert chat(client, str(three["gemma4_text"])).model == "gemma4_text"  # as the operator spelled it
 
 
-def test_a_server_bound_beyond_loopback_is_strict_by_default(three, serve_app):
-    exposed = serve_app(three["llama"], options={"host": "0.0.0.0", "model_fallback": False})
+def test_a_server_bound_beyond_loopback_is_strict_by_default(three, mlxrt_serve):
+    exposed = mlxrt_serve(three["llama"], options={"host": "0.0.0.0", "model_fallback": False})
     assert exposed.get("/stats").json()["models"]["strict"] is True
     with pytest.raises(openai.NotFoundError):
         chat(exposed, str(three["qwen3"]))
-    local = serve_app(three["llama"], options={"host": "127.0.0.1", "model_fallback": False})
+    local = mlxrt_serve(three["llama"], options={"host": "127.0.0.1", "model_fallback": False})
     assert local.get("/stats").json()["models"]["strict"] is False
     # a request must not make the server run any folder's tokenizer code
-    trusting = serve_app(three["llama"], options={"host": "127.0.0.1", "model_fallback": False,
+    trusting = mlxrt_serve(three["llama"], options={"host": "127.0.0.1", "model_fallback": False,
                                                   "trust_remote_code": True})
     assert trusting.get("/stats").json()["models"]["strict"] is True
 
 
-def test_a_model_that_fails_to_load_is_503_and_the_server_keeps_serving(three, serve_app, tmp_path):
+def test_a_model_that_fails_to_load_is_503_and_the_server_keeps_serving(three, mlxrt_serve, tmp_path):
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "config.json").write_text('{"model_type": "llama"}')  # no weights, no tokenizer
-    client = serve_app(three["llama"], options={**MULTI, "max_models": 2})
+    client = mlxrt_serve(three["llama"], options={**MULTI, "max_models": 2})
     with pytest.raises(openai.InternalServerError) as caught:
         chat(client, str(broken))
     assert caught.value.status_code == 503 and caught.value.body["code"] == "model_load_failed"
@@ -211,8 +211,8 @@ def test_a_model_that_fails_to_load_is_503_and_the_server_keeps_serving(three, s
     assert chat(client, "llama").model == "llama"
 
 
-def test_aliases_map_client_names_to_local_models(three, serve_app):
-    client = serve_app(three["llama"], options={**MULTI, "strict_model": True, "max_models": 2,
+def test_aliases_map_client_names_to_local_models(three, mlxrt_serve):
+    client = mlxrt_serve(three["llama"], options={**MULTI, "strict_model": True, "max_models": 2,
                                                 "model_alias": [f"claude-haiku-4-5={three['qwen3']}"]})
     message = anthropic_client(client).messages.create(model="claude-haiku-4-5", messages=HI, max_tokens=4)
     assert message.model == "qwen3"
@@ -222,9 +222,9 @@ def test_aliases_map_client_names_to_local_models(three, serve_app):
         == 200
 
 
-def test_a_model_that_cannot_fit_the_memory_budget_is_refused_with_the_numbers(three, serve_app):
+def test_a_model_that_cannot_fit_the_memory_budget_is_refused_with_the_numbers(three, mlxrt_serve):
     # 2.5 MB shared by 2 models: llama (0.64 MB) fits its 1.25 MB share, gemma4_text (1.55 MB) cannot.
-    client = serve_app(three["llama"], options={**MULTI, "max_models": 2, "memory_budget": 0.0025})
+    client = mlxrt_serve(three["llama"], options={**MULTI, "max_models": 2, "memory_budget": 0.0025})
     with pytest.raises(openai.InternalServerError) as caught:
         chat(client, str(three["gemma4_text"]))
     error = caught.value.body
@@ -246,8 +246,8 @@ def test_a_malformed_alias_is_a_usage_error(three):
     # --distributed with several models: tests/test_distributed.py::test_unsupported_combinations_…
 
 
-def test_model_fallback_on_a_strict_server_answers_unknown_names_with_the_served_model(three, serve_app):
-    client = serve_app(three["llama"], options={"model_fallback": True, "strict_model": True})
+def test_model_fallback_on_a_strict_server_answers_unknown_names_with_the_served_model(three, mlxrt_serve):
+    client = mlxrt_serve(three["llama"], options={"model_fallback": True, "strict_model": True})
     assert chat(client, "gpt-4o").model == "llama"
     assert chat(client, str(three["qwen3"])).model == "llama"  # strict: nothing is loaded on demand
     assert set(states(client)) == {"llama"}
@@ -327,10 +327,10 @@ def httpx_get(port: int, path: str) -> dict:
     return httpx.get(f"http://127.0.0.1:{port}{path}", timeout=10).json()
 
 
-def test_a_request_holds_its_model_before_it_reaches_the_engine(three, serve_app):
+def test_a_request_holds_its_model_before_it_reaches_the_engine(three, mlxrt_serve):
     """Between choosing the model and queueing on its engine (templating, grammar compiling) the
     engine looks idle; the request's lease keeps another request from evicting it then."""
-    client = serve_app(three["llama"], extra=[("slow", Slow())], options=MULTI)
+    client = mlxrt_serve(three["llama"], plugins=[("slow", Slow())], options=MULTI)
     first: list[str] = []
     held = threading.Thread(target=lambda: first.append(
         chat(client, "llama", extra_body={"slow_prepare": True}).model))
@@ -342,7 +342,7 @@ def test_a_request_holds_its_model_before_it_reaches_the_engine(three, serve_app
     assert loads(client) == {"llama": 1, "qwen3": 1}
 
 
-def test_local_hugging_face_models_by_repo_id_or_a_unique_part_of_one(three, serve_app, tmp_path, monkeypatch):
+def test_local_hugging_face_models_by_repo_id_or_a_unique_part_of_one(three, mlxrt_serve, tmp_path, monkeypatch):
     from test_library import install
 
     hub = tmp_path / "hub"
@@ -350,7 +350,7 @@ def test_local_hugging_face_models_by_repo_id_or_a_unique_part_of_one(three, ser
     install(hub, "acme/tiny-qwen3-instruct", three["qwen3"], "b" * 40)
     install(hub, "other/smol-gemma", three["gemma4_text"], "c" * 40)
     monkeypatch.setenv("HF_HUB_CACHE", str(hub))
-    client = serve_app(three["llama"], options={**MULTI, "max_models": 3})
+    client = mlxrt_serve(three["llama"], options={**MULTI, "max_models": 3})
     assert chat(client, "smol-gemma").model == "other/smol-gemma"
     assert chat(client, "acme/tiny-qwen3").model == "acme/tiny-qwen3"  # an exact id wins over longer ones
     with pytest.raises(openai.BadRequestError) as caught:
@@ -368,10 +368,10 @@ def _os_threads() -> int:
 
 
 @pytest.mark.skipif(not __import__("os").path.isdir("/proc/self/task"), reason="counts threads through /proc")
-def test_swapping_models_gives_back_the_threads_of_each_load(three, serve_app):
+def test_swapping_models_gives_back_the_threads_of_each_load(three, mlxrt_serve):
     """--max-models 1 and two aliases: every request loads a model and unloads the other; the
     process keeps the threads it had after the first swap (each load leaked one before)."""
-    client = serve_app(three["llama"], options={**MULTI, "max_models": 1,
+    client = mlxrt_serve(three["llama"], options={**MULTI, "max_models": 1,
                                                 "model_alias": [f"a={three['llama']}", f"b={three['qwen3']}"]})
     chat(client, "b")
     chat(client, "a")  # warm: the anyio threads of a load and the pooled engine worker exist

@@ -6,13 +6,14 @@ import json
 
 import openai
 import pytest
+from conftest import shared_tokenizer
 from support import openai_client
 
 MSG = [{"role": "user", "content": "Tell me about the sea."}]
 
 
-def test_non_stream_shape(qwen3_client):
-    client = openai_client(qwen3_client)
+def test_non_stream_shape(mlxrt_client):
+    client = openai_client(mlxrt_client)
     out = client.chat.completions.create(model="any", messages=MSG, max_tokens=12, temperature=0)
     choice = out.choices[0]
     assert out.object == "chat.completion" and out.id.startswith("chatcmpl-")
@@ -23,8 +24,8 @@ def test_non_stream_shape(qwen3_client):
     assert out.usage.prompt_tokens_details.cached_tokens == 0
 
 
-def test_stream_ends_with_one_finish_chunk_then_done(qwen3_client):
-    resp = qwen3_client.post("/v1/chat/completions", json={
+def test_stream_ends_with_one_finish_chunk_then_done(mlxrt_client):
+    resp = mlxrt_client.post("/v1/chat/completions", json={
         "messages": MSG, "max_tokens": 10, "temperature": 0, "stream": True})
     assert resp.status_code == 200 and resp.headers["content-type"].startswith("text/event-stream")
     frames = [f for f in resp.text.split("\n\n") if f]
@@ -38,16 +39,16 @@ def test_stream_ends_with_one_finish_chunk_then_done(qwen3_client):
     assert {c["object"] for c in chunks} == {"chat.completion.chunk"}
 
 
-def test_stream_text_equals_non_stream_text(qwen3_client):
-    client = openai_client(qwen3_client)
+def test_stream_text_equals_non_stream_text(mlxrt_client):
+    client = openai_client(mlxrt_client)
     whole = client.chat.completions.create(model="m", messages=MSG, max_tokens=16, temperature=0)
     parts = client.chat.completions.create(model="m", messages=MSG, max_tokens=16, temperature=0, stream=True)
     text = "".join((c.choices[0].delta.content or "") for c in parts if c.choices)
     assert text == whole.choices[0].message.content
 
 
-def test_same_seed_same_text(qwen3_client):
-    client = openai_client(qwen3_client)
+def test_same_seed_same_text(mlxrt_client):
+    client = openai_client(mlxrt_client)
 
     def run(seed):
         return client.chat.completions.create(model="m", messages=MSG, max_tokens=16, temperature=1.0,
@@ -58,15 +59,15 @@ def test_same_seed_same_text(qwen3_client):
     assert any(run(s) != first for s in (8, 9, 10))
 
 
-def test_default_seeds_differ(qwen3_client):
-    client = openai_client(qwen3_client)
+def test_default_seeds_differ(mlxrt_client):
+    client = openai_client(mlxrt_client)
     texts = {client.chat.completions.create(model="m", messages=MSG, max_tokens=16, temperature=1.0)
              .choices[0].message.content for _ in range(4)}
     assert len(texts) > 1
 
 
-def test_stop_string_stops_and_is_not_sent(qwen3_client):
-    client = openai_client(qwen3_client)
+def test_stop_string_stops_and_is_not_sent(mlxrt_client):
+    client = openai_client(mlxrt_client)
     full = client.chat.completions.create(model="m", messages=MSG, max_tokens=16, temperature=0)
     text = full.choices[0].message.content
     assert len(text) > 4
@@ -119,77 +120,77 @@ BAD_BODIES = [
 
 
 @pytest.mark.parametrize(("body", "message"), BAD_BODIES)
-def test_bad_input_is_a_400_and_the_server_keeps_serving(qwen3_client, body, message):
-    resp = qwen3_client.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"})
+def test_bad_input_is_a_400_and_the_server_keeps_serving(mlxrt_client, body, message):
+    resp = mlxrt_client.post("/v1/chat/completions", content=body, headers={"content-type": "application/json"})
     assert resp.status_code == 400, resp.text
     error = resp.json()["error"]
     assert error["message"].startswith(message)
     assert set(error) == {"message", "type", "param", "code"}
-    ok = qwen3_client.post("/v1/chat/completions", json={"messages": MSG, "max_tokens": 2})
+    ok = mlxrt_client.post("/v1/chat/completions", json={"messages": MSG, "max_tokens": 2})
     assert ok.status_code == 200
 
 
-def test_sdk_raises_bad_request(qwen3_client):
-    client = openai_client(qwen3_client)
+def test_sdk_raises_bad_request(mlxrt_client):
+    client = openai_client(mlxrt_client)
     with pytest.raises(openai.BadRequestError) as err:
         client.chat.completions.create(model="m", messages=[], max_tokens=2)
     assert "at least one message" in str(err.value)
 
 
-def test_over_context_names_the_budget(qwen3_client):
-    resp = qwen3_client.post("/v1/chat/completions", json={"messages": MSG, "max_tokens": 10**8})
+def test_over_context_names_the_budget(mlxrt_client):
+    resp = mlxrt_client.post("/v1/chat/completions", json={"messages": MSG, "max_tokens": 10**8})
     error = resp.json()["error"]
     assert resp.status_code == 400
     assert error["type"] == "memory_admission" and error["code"] == "context_over_budget"
 
 
-def test_health_exact_bytes(qwen3_client):
-    resp = qwen3_client.get("/health")
+def test_health_exact_bytes(mlxrt_client):
+    resp = mlxrt_client.get("/health")
     assert resp.status_code == 200 and resp.content == b'{"status": "ok"}'
     assert resp.headers["content-type"].startswith("application/json")
 
 
-def test_models(qwen3_client):
-    models = openai_client(qwen3_client).models.list()
+def test_models(mlxrt_client):
+    models = openai_client(mlxrt_client).models.list()
     (row,) = models.data
     assert row.id == "qwen3-0-gen"
     extra = row.model_extra
     assert extra["reasoning"] is True and extra["vision"] is False and extra["context_window"] > 0
-    assert qwen3_client.get("/v1/models/qwen3-0-gen").json()["id"] == "qwen3-0-gen"
-    missing = qwen3_client.get("/v1/models/nope")
+    assert mlxrt_client.get("/v1/models/qwen3-0-gen").json()["id"] == "qwen3-0-gen"
+    missing = mlxrt_client.get("/v1/models/nope")
     assert missing.status_code == 404 and missing.json()["error"]["code"] == "model_not_found"
 
 
-def test_index_lists_registered_routes(qwen3_client):
-    index = qwen3_client.get("/v1").json()
+def test_index_lists_registered_routes(mlxrt_client):
+    index = mlxrt_client.get("/v1").json()
     assert index["name"] == "mlxrt" and index["model"] == "qwen3-0-gen"
     assert {"POST /v1/chat/completions", "GET /v1/models", "GET /health", "GET /v1"} <= set(index["endpoints"])
 
 
-def test_unknown_route_is_a_json_404(qwen3_client):
-    resp = qwen3_client.get("/v1/nothing-here")
+def test_unknown_route_is_a_json_404(mlxrt_client):
+    resp = mlxrt_client.get("/v1/nothing-here")
     assert resp.status_code == 404
     assert resp.json() == {"error": {"message": "not found", "type": "not_found_error", "param": None, "code": None}}
 
 
-def test_wrong_method_is_json(qwen3_client):
-    resp = qwen3_client.get("/v1/chat/completions")
+def test_wrong_method_is_json(mlxrt_client):
+    resp = mlxrt_client.get("/v1/chat/completions")
     assert resp.status_code == 405 and "error" in resp.json()
 
 
-def test_openapi_schema_is_served_and_valid(qwen3_client):
+def test_openapi_schema_is_served_and_valid(mlxrt_client):
     from openapi_spec_validator import validate
 
-    resp = qwen3_client.get("/schema/openapi.json")
+    resp = mlxrt_client.get("/schema/openapi.json")
     assert resp.status_code == 200
     schema = resp.json()
     validate(schema)
     assert "/v1/chat/completions" in schema["paths"]
 
 
-def test_tool_call_history_renders_through_the_template(tiny_models, serve_app):
+def test_tool_call_history_renders_through_the_template(mlxrt_tiny_checkpoint, mlxrt_serve):
     """tools + an assistant tool call + a role "tool" answer render with Qwen3's real template."""
-    client = serve_app(tiny_models("qwen3", tokenizer="qwen3"))
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("qwen3", tokenizer_dir=shared_tokenizer("qwen3")))
     tools = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city",
                                                "parameters": {"type": "object",
                                                               "properties": {"city": {"type": "string"}}}}}]

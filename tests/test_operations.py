@@ -23,8 +23,8 @@ def _api_routes(client) -> list[tuple[str, str]]:
     return [tuple(e.split(" ", 1)) for e in index]
 
 
-def test_api_keys_guard_every_api_route_but_health(tiny_models, serve_app):
-    client = serve_app(tiny_models("qwen3"), options={"api_keys": ["k1", "k2"]})
+def test_api_keys_guard_every_api_route_but_health(mlxrt_tiny_checkpoint, mlxrt_serve):
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("qwen3"), options={"api_keys": ["k1", "k2"]})
     routes = _api_routes(client)
     assert ("POST", "/v1/chat/completions") in routes and ("GET", "/metrics") in routes
     for method, path in routes:
@@ -48,8 +48,8 @@ def test_api_keys_guard_every_api_route_but_health(tiny_models, serve_app):
     assert bad.status_code == 401 and bad.json()["error"]["message"] == "invalid API key"
 
 
-def test_the_openai_client_authenticates_with_the_key(tiny_models, serve_app):
-    client = serve_app(tiny_models("qwen3"), options={"api_keys": ["secret"]})
+def test_the_openai_client_authenticates_with_the_key(mlxrt_tiny_checkpoint, mlxrt_serve):
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("qwen3"), options={"api_keys": ["secret"]})
 
     def sdk(key):
         return openai.OpenAI(base_url=f"{client.base_url}/v1", api_key=key, http_client=client, max_retries=0)
@@ -60,19 +60,19 @@ def test_the_openai_client_authenticates_with_the_key(tiny_models, serve_app):
         sdk("wrong").chat.completions.create(model="default", messages=MSG, max_tokens=2)
 
 
-def test_request_ids_are_echoed_or_minted(qwen3_client):
-    given_id = qwen3_client.get("/health", headers={"x-request-id": "trace-42"})
+def test_request_ids_are_echoed_or_minted(mlxrt_client):
+    given_id = mlxrt_client.get("/health", headers={"x-request-id": "trace-42"})
     assert given_id.headers["x-request-id"] == "trace-42"
-    minted = qwen3_client.get("/nowhere")
+    minted = mlxrt_client.get("/nowhere")
     assert minted.status_code == 404 and re.fullmatch(r"req-[0-9a-f]{20}", minted.headers["x-request-id"])
-    junk = qwen3_client.get("/health", headers={"x-request-id": "x" * 500})
+    junk = mlxrt_client.get("/health", headers={"x-request-id": "x" * 500})
     assert junk.headers["x-request-id"].startswith("req-")
 
 
-def test_metrics_in_prometheus_text_format(qwen3_client):
-    assert qwen3_client.post("/v1/chat/completions", json={"messages": MSG, "max_tokens": 3}).status_code == 200
-    qwen3_client.get("/nowhere/at/all")
-    text = qwen3_client.get("/metrics")
+def test_metrics_in_prometheus_text_format(mlxrt_client):
+    assert mlxrt_client.post("/v1/chat/completions", json={"messages": MSG, "max_tokens": 3}).status_code == 200
+    mlxrt_client.get("/nowhere/at/all")
+    text = mlxrt_client.get("/metrics")
     assert text.status_code == 200 and text.headers["content-type"].startswith("text/plain; version=0.0.4")
     body = text.text
     assert 'mlxrt_http_requests_total{method="POST",route="/v1/chat/completions",status="200"} 1' in body
@@ -88,8 +88,8 @@ def test_metrics_in_prometheus_text_format(qwen3_client):
         assert line.startswith("#") or re.fullmatch(r"[a-z_]+(\{[^}]*\})? -?[0-9.e+]+", line), line
 
 
-def test_an_oversized_body_is_413(tiny_models, serve_app):
-    client = serve_app(tiny_models("qwen3"), options={"max_body_bytes": 2000})
+def test_an_oversized_body_is_413(mlxrt_tiny_checkpoint, mlxrt_serve):
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("qwen3"), options={"max_body_bytes": 2000})
     resp = client.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": "x" * 5000}]})
     assert resp.status_code == 413 and resp.json()["error"]["type"] == "request_too_large"
     assert client.post("/v1/chat/completions", json={"messages": MSG, "max_tokens": 2}).status_code == 200
@@ -100,8 +100,8 @@ def _no_eos(model) -> dict[str, float]:
     return {str(t): -100.0 for t in (eos if isinstance(eos, list) else [eos])}
 
 
-def test_json_logs_graceful_shutdown_and_the_open_bind_warning(tiny_models):
-    model = tiny_models("qwen3")
+def test_json_logs_graceful_shutdown_and_the_open_bind_warning(mlxrt_tiny_checkpoint):
+    model = mlxrt_tiny_checkpoint("qwen3")
     server = ServerProcess([str(model), "--host", "0.0.0.0", "--log-format", "json", "--shutdown-grace", "1"])
     r = httpx.post(f"{server.url}/v1/chat/completions", json={"messages": MSG, "max_tokens": 2},
                    headers={"x-request-id": "abc-123"}, timeout=30)
@@ -152,23 +152,23 @@ def _assert_error_schema(route: str, body: dict) -> None:
     assert error["code"] is None or isinstance(error["code"], str)
 
 
-def test_fuzzed_bodies_on_every_post_route_get_only_4xx(qwen3_client):
-    posts = [p for m, p in _api_routes(qwen3_client) if m == "POST"]
+def test_fuzzed_bodies_on_every_post_route_get_only_4xx(mlxrt_client):
+    posts = [p for m, p in _api_routes(mlxrt_client) if m == "POST"]
     assert "/v1/chat/completions" in posts
 
     @settings(max_examples=120, deadline=None, suppress_health_check=list(HealthCheck))
     @given(body=_bodies, route=st.sampled_from(posts), raw=st.booleans())
     def check(body, route, raw):
         if raw:  # not JSON at all
-            resp = qwen3_client.post(route, content=json.dumps(body)[::-1].encode() + b"\xff",
+            resp = mlxrt_client.post(route, content=json.dumps(body)[::-1].encode() + b"\xff",
                                      headers={"content-type": "application/json"})
         else:
-            resp = qwen3_client.post(route, content=json.dumps(body, allow_nan=True),
+            resp = mlxrt_client.post(route, content=json.dumps(body, allow_nan=True),
                                      headers={"content-type": "application/json"})
         assert resp.status_code < 500, (route, body, resp.text[:300])
         if resp.status_code >= 400:
             _assert_error_schema(route, resp.json())
 
     check()
-    assert qwen3_client.get("/health").status_code == 200
-    assert qwen3_client.post("/v1/chat/completions", json={"messages": MSG, "max_tokens": 2}).status_code == 200
+    assert mlxrt_client.get("/health").status_code == 200
+    assert mlxrt_client.post("/v1/chat/completions", json={"messages": MSG, "max_tokens": 2}).status_code == 200

@@ -120,24 +120,24 @@ class LiveServer:
 
 
 @pytest.fixture
-def counting_server(tiny_models):
-    model = tiny_models("qwen3")
+def counting_server(mlxrt_tiny_checkpoint):
+    model = mlxrt_tiny_checkpoint("qwen3")
     server = LiveServer(model, extra=[("counting", Counting(model))], options={"batch": 4})
     yield server
     server.stop()
 
 
 @pytest.fixture
-def script_server(tiny_models):
-    model = tiny_models("qwen3")
+def script_server(mlxrt_tiny_checkpoint):
+    model = mlxrt_tiny_checkpoint("qwen3")
     server = LiveServer(model, extra=[("script-all", ScriptAll(model))])
     yield server
     server.stop()
 
 
 @pytest.fixture
-def plain_server(tiny_models):
-    server = LiveServer(tiny_models("qwen3"))
+def plain_server(mlxrt_tiny_checkpoint):
+    server = LiveServer(mlxrt_tiny_checkpoint("qwen3"))
     yield server
     server.stop()
 
@@ -145,26 +145,26 @@ def plain_server(tiny_models):
 # -- HTTP: the pages are served, the JSON API is unaffected -------------------------------------
 
 
-def test_pages_are_served_beside_the_json_api(qwen3_client):
-    page = qwen3_client.get("/")
+def test_pages_are_served_beside_the_json_api(mlxrt_client):
+    page = mlxrt_client.get("/")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assert "/pages/assets/chat.js" in page.text and "<title>mlxrt" in page.text
-    curves = qwen3_client.get("/curves")
+    curves = mlxrt_client.get("/curves")
     assert curves.status_code == 200 and "/pages/assets/curves.js" in curves.text
     for name, kind in (("pages.css", "text/css"), ("common.js", "text/javascript"), ("curves.js", "text/javascript")):
-        asset = qwen3_client.get(f"/pages/assets/{name}")
+        asset = mlxrt_client.get(f"/pages/assets/{name}")
         assert asset.status_code == 200 and asset.headers["content-type"].startswith(kind), name
-    missing = qwen3_client.get("/pages/assets/..%2Fpyproject.toml")
+    missing = mlxrt_client.get("/pages/assets/..%2Fpyproject.toml")
     assert missing.status_code == 404 and missing.json()["error"]["type"] == "not_found_error"
     # The JSON API is untouched: /health's exact bytes, /v1/models, the /v1 index lists the pages.
-    assert qwen3_client.get("/health").content == b'{"status": "ok"}'
-    assert qwen3_client.get("/v1/models").json()["data"][0]["object"] == "model"
-    endpoints = qwen3_client.get("/v1").json()["endpoints"]
+    assert mlxrt_client.get("/health").content == b'{"status": "ok"}'
+    assert mlxrt_client.get("/v1/models").json()["data"][0]["object"] == "model"
+    endpoints = mlxrt_client.get("/v1").json()["endpoints"]
     assert {"GET /", "GET /curves", "GET /pages/status", "POST /v1/curves/sample"} <= set(endpoints)
 
 
-def test_status_lists_model_capabilities_and_plugins(qwen3_client):
-    status = qwen3_client.get("/pages/status").json()
+def test_status_lists_model_capabilities_and_plugins(mlxrt_client):
+    status = mlxrt_client.get("/pages/status").json()
     model = status["model"]
     assert model["model_type"] == "qwen3" and model["context_window"] == 40960
     assert model["capabilities"] == {"reasoning": True, "tools": True, "vision": False, "structured_outputs": True,
@@ -176,21 +176,21 @@ def test_status_lists_model_capabilities_and_plugins(qwen3_client):
     assert plugins["curve"]["kind"] == "sampler"
 
 
-def test_status_lists_a_failed_plugin_with_its_error(tiny_models, serve_app):
+def test_status_lists_a_failed_plugin_with_its_error(mlxrt_tiny_checkpoint, mlxrt_serve):
     class Broken:
         @hookimpl
         def mlxrt_no_such_hook(self):
             return None
 
-    client = serve_app(tiny_models("qwen3"), extra=[("broken", Broken())])
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("qwen3"), plugins=[("broken", Broken())])
     plugins = {p["name"]: p for p in client.get("/pages/status").json()["plugins"]}
     assert plugins["broken"]["status"] == "failed"
     assert "mlxrt_no_such_hook" in plugins["broken"]["error"]
     assert client.get("/").status_code == 200  # the server serves on without it
 
 
-def test_pages_are_public_but_the_json_is_behind_the_key(tiny_models, serve_app):
-    client = serve_app(tiny_models("qwen3"), options={"api_keys": ["sekret"]})
+def test_pages_are_public_but_the_json_is_behind_the_key(mlxrt_tiny_checkpoint, mlxrt_serve):
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("qwen3"), options={"api_keys": ["sekret"]})
     assert client.get("/").status_code == 200
     assert client.get("/pages/assets/chat.js").status_code == 200
     assert client.get("/pages/status").status_code == 401
@@ -199,8 +199,8 @@ def test_pages_are_public_but_the_json_is_behind_the_key(tiny_models, serve_app)
     assert ok.status_code == 200
 
 
-def test_disabling_the_plugin_removes_the_pages(tiny_models, serve_app):
-    client = serve_app(tiny_models("qwen3"), disable=["pages"])
+def test_disabling_the_plugin_removes_the_pages(mlxrt_tiny_checkpoint, mlxrt_serve):
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("qwen3"), disable=["pages"])
     assert client.get("/").status_code == 404
     assert client.post("/v1/curves/sample", json={"prompt": "x", "curve": SHARPEN}).status_code == 404
 
@@ -214,8 +214,8 @@ def _sample(client, **body):
     return resp.json()
 
 
-def test_designer_samples_both_sides_with_the_same_seeds(qwen3_client):
-    out = _sample(qwen3_client, curve=SHARPEN, n=4, max_tokens=6, seed=7, top=10)
+def test_designer_samples_both_sides_with_the_same_seeds(mlxrt_client):
+    out = _sample(mlxrt_client, curve=SHARPEN, n=4, max_tokens=6, seed=7, top=10)
     assert out["object"] == "curve.samples" and out["n"] == 4 and out["prompt_tokens"] > 3
     for side in ("curve", "recipe"):
         samples = out[side]["samples"]
@@ -223,7 +223,7 @@ def test_designer_samples_both_sides_with_the_same_seeds(qwen3_client):
         assert all(s["finish_reason"] in ("stop", "length") and 0 <= s["tokens"] <= 6 for s in samples)
     assert out["recipe"] == {**out["recipe"], "temperature": 1.0, "top_p": 1.0, "top_k": 0, "min_p": 0.0}
     # Reproducible: the same request gives the same texts (seed + i per sample).
-    again = _sample(qwen3_client, curve=SHARPEN, n=4, max_tokens=6, seed=7, top=10)
+    again = _sample(mlxrt_client, curve=SHARPEN, n=4, max_tokens=6, seed=7, top=10)
     assert [s["text"] for s in again["curve"]["samples"]] == [s["text"] for s in out["curve"]["samples"]]
     assert [s["text"] for s in again["recipe"]["samples"]] == [s["text"] for s in out["recipe"]["samples"]]
     # The plot is the transfer curve: through the knots, non-decreasing.
@@ -233,9 +233,9 @@ def test_designer_samples_both_sides_with_the_same_seeds(qwen3_client):
     assert out["curve"]["points"][1] == {"x_pct": 1.0, "y_pct": 0.5}
 
 
-def test_designer_distributions_follow_the_curve_and_the_recipe(qwen3_client):
+def test_designer_distributions_follow_the_curve_and_the_recipe(mlxrt_client):
     # An identity curve and temperature 1 both leave the model's distribution as it is.
-    same = _sample(qwen3_client, curve=IDENTITY, n=0, top=15)
+    same = _sample(mlxrt_client, curve=IDENTITY, n=0, top=15)
     assert same["curve"]["samples"] == [] and same["recipe"]["samples"] == []
     rows = same["distribution"]
     assert len(rows) >= 15
@@ -244,17 +244,17 @@ def test_designer_distributions_follow_the_curve_and_the_recipe(qwen3_client):
         assert r["curve"] == pytest.approx(r["model"], rel=1e-3, abs=1e-6)
         assert r["recipe"] == pytest.approx(r["model"], rel=1e-3, abs=1e-6)
     # Sharpening moves mass to the head: lower entropy than the model's, top token more likely.
-    sharp = _sample(qwen3_client, curve=SHARPEN, n=0, top=15, recipe={"temperature": 0})
+    sharp = _sample(mlxrt_client, curve=SHARPEN, n=0, top=15, recipe={"temperature": 0})
     assert sharp["entropy_bits"]["curve"] < sharp["entropy_bits"]["model"]
     head = sharp["distribution"][0]
     assert head["curve"] > head["model"]
     # Temperature 0 is greedy: all the recipe's mass on the model's most likely token.
     assert head["recipe"] == 1.0 and sum(r["recipe"] for r in sharp["distribution"]) == 1.0
     # top_k 2 keeps two tokens.
-    k2 = _sample(qwen3_client, curve=SHARPEN, n=0, top=15, recipe={"temperature": 1, "top_k": 2})
+    k2 = _sample(mlxrt_client, curve=SHARPEN, n=0, top=15, recipe={"temperature": 1, "top_k": 2})
     assert sum(r["recipe"] > 0 for r in k2["distribution"]) == 2
     # A top_k beyond the vocabulary keeps every token (and samples, rather than failing).
-    wide = _sample(qwen3_client, curve=SHARPEN, n=1, max_tokens=2, top=15, recipe={"top_k": 10**9})
+    wide = _sample(mlxrt_client, curve=SHARPEN, n=1, max_tokens=2, top=15, recipe={"top_k": 10**9})
     assert all(r["recipe"] == pytest.approx(r["model"], rel=1e-3, abs=1e-6) for r in wide["distribution"])
 
 
@@ -304,23 +304,23 @@ def test_designer_runs_on_the_engine_worker_beside_a_stream(counting_server, mon
     ({"prompt": "x", "curve": SHARPEN, "stream": True}, "unknown field 'stream'"),
     ({"prompt": 5, "curve": SHARPEN}, "prompt must be of type str"),
 ])
-def test_designer_rejects_bad_bodies_with_400(qwen3_client, body, message):
-    resp = qwen3_client.post("/v1/curves/sample", json=body)
+def test_designer_rejects_bad_bodies_with_400(mlxrt_client, body, message):
+    resp = mlxrt_client.post("/v1/curves/sample", json=body)
     assert resp.status_code == 400, resp.text
     assert message in resp.json()["error"]["message"]
-    assert _sample(qwen3_client, curve=SHARPEN, n=1, max_tokens=2)["n"] == 1  # still serving
+    assert _sample(mlxrt_client, curve=SHARPEN, n=1, max_tokens=2)["n"] == 1  # still serving
 
 
-def test_designer_rejects_non_json_and_over_context(qwen3_client):
+def test_designer_rejects_non_json_and_over_context(mlxrt_client):
     for raw in (b"[1, 2]", b"{", b"\xff"):
-        resp = qwen3_client.post("/v1/curves/sample", content=raw, headers={"content-type": "application/json"})
+        resp = mlxrt_client.post("/v1/curves/sample", content=raw, headers={"content-type": "application/json"})
         assert resp.status_code == 400 and resp.json()["error"]["type"] == "invalid_request_error"
-    long = qwen3_client.post("/v1/curves/sample", json={"prompt": "word " * 41000, "chat": False, "curve": SHARPEN})
+    long = mlxrt_client.post("/v1/curves/sample", json={"prompt": "word " * 41000, "chat": False, "curve": SHARPEN})
     assert long.status_code == 400 and "context" in long.json()["error"]["message"]
 
 
-def test_designer_without_a_chat_template_needs_chat_false(tiny_models, serve_app, tmp_path):
-    src = tiny_models("qwen3")
+def test_designer_without_a_chat_template_needs_chat_false(mlxrt_tiny_checkpoint, mlxrt_serve, tmp_path):
+    src = mlxrt_tiny_checkpoint("qwen3")
     model = tmp_path / "no-template"
     shutil.copytree(src, model)
     cfg = json.loads((model / "tokenizer_config.json").read_text())
@@ -328,7 +328,7 @@ def test_designer_without_a_chat_template_needs_chat_false(tiny_models, serve_ap
     (model / "tokenizer_config.json").write_text(json.dumps(cfg))
     for extra in model.glob("chat_template.*"):
         extra.unlink()
-    client = serve_app(model)
+    client = mlxrt_serve(model)
     resp = client.post("/v1/curves/sample", json={"prompt": "x", "curve": SHARPEN})
     assert resp.status_code == 400 and "no chat template" in resp.json()["error"]["message"]
     assert _sample(client, curve=SHARPEN, chat=False, n=1)["prompt_tokens"] >= 1
@@ -526,7 +526,7 @@ def test_chat_page_folds_reasoning_and_shows_tool_cards(browser, script_server, 
     assert errors == []
 
 
-def test_chat_page_attaches_an_image_when_the_model_has_vision(browser, tiny_models, tmp_path, artifacts):
+def test_chat_page_attaches_an_image_when_the_model_has_vision(browser, mlxrt_tiny_checkpoint, tmp_path, artifacts):
     import base64
 
     png = tmp_path / "dot.png"

@@ -43,9 +43,9 @@ class Spy:
                           "structured": request.structured.kind if request.structured else None})
 
 
-def test_every_dialect_prepares_its_request_off_the_loop_before_the_engine(tiny_models, serve_app):
+def test_every_dialect_prepares_its_request_off_the_loop_before_the_engine(mlxrt_tiny_checkpoint, mlxrt_serve):
     spy = Spy()
-    client = serve_app(tiny_models("qwen3"), extra=[("spy", spy)])
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("qwen3"), plugins=[("spy", spy)])
     chat = client.post("/v1/chat/completions", json={"model": "m", "messages": ASK, "max_tokens": 2})
     text = client.post("/v1/completions", json={"model": "m", "prompt": "Paris", "max_tokens": 2})
     # Anthropic's forced tool call: its grammar is planned and prepared here, not compiled lazily
@@ -65,7 +65,7 @@ def test_every_dialect_prepares_its_request_off_the_loop_before_the_engine(tiny_
         assert not seen["on_loop"] and seen["thread"] != "mlxrt-engine"
 
 
-def test_a_refusal_from_prepare_renders_in_each_dialects_shape(tiny_models, serve_app):
+def test_a_refusal_from_prepare_renders_in_each_dialects_shape(mlxrt_tiny_checkpoint, mlxrt_serve):
     from mlxrt.errors import InvalidRequest
 
     class Gate:
@@ -73,7 +73,7 @@ def test_a_refusal_from_prepare_renders_in_each_dialects_shape(tiny_models, serv
         def mlxrt_prepare_request(self, request, info, host):
             raise InvalidRequest("closed for " + request.dialect, param="model")
 
-    client = serve_app(tiny_models("llama"), extra=[("gate", Gate())])
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("llama"), plugins=[("gate", Gate())])
     openai = client.post("/v1/chat/completions", json={"model": "m", "messages": ASK, "max_tokens": 2})
     anthropic = client.post("/v1/messages", json={"model": "m", "messages": ASK, "max_tokens": 2})
     responses = client.post("/v1/responses", json={"model": "m", "input": "x", "max_output_tokens": 2})
@@ -113,8 +113,8 @@ def test_third_party_dialect_uses_only_the_public_contract():
     assert imports <= {"mlxrt", "mlxrt.api.pipeline", "mlxrt.records", "mlxrt.errors", "mlxrt_dialect_example.routes"}
 
 
-def test_third_party_dialect_serves_through_the_pipeline(dialect_site, tiny_models, server_process):
-    server = server_process([str(tiny_models("qwen3"))], env=dialect_site)
+def test_third_party_dialect_serves_through_the_pipeline(dialect_site, mlxrt_tiny_checkpoint, server_process):
+    server = server_process([str(mlxrt_tiny_checkpoint("qwen3"))], env=dialect_site)
     with httpx.Client(base_url=server.url, timeout=60) as http:
         reference = http.post("/v1/chat/completions", json={"model": "m", "messages": [
             {"role": "user", "content": "Tell me a story."}], "max_tokens": 6, "temperature": 0}).json()

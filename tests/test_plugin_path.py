@@ -70,8 +70,8 @@ def test_disable_plugin_never_imports_it(plugin_dir):
     assert rows["broken"]["status"] == "disabled" and rows["broken"]["error"] is None
 
 
-def test_example_changes_behaviour_and_broken_does_not_stop_the_server(plugin_dir, tiny_models, server_process):
-    model = tiny_models("qwen3")
+def test_example_changes_behaviour_and_broken_does_not_stop_the_server(plugin_dir, mlxrt_tiny_checkpoint, server_process):
+    model = mlxrt_tiny_checkpoint("qwen3")
     request = dict(model="m", messages=[{"role": "user", "content": "Tell me a story."}], max_tokens=12,
                    temperature=0)
 

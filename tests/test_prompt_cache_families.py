@@ -201,12 +201,12 @@ def test_a_rewritten_history_is_explained(servers, family, reason):
     assert cached(usage) < stats["last_miss"]["diverged_at"]
 
 
-def test_a_dropped_think_block_is_where_the_next_turn_diverges(tiny_models, serve_app):
+def test_a_dropped_think_block_is_where_the_next_turn_diverges(mlxrt_tiny_checkpoint, mlxrt_serve):
     """Qwen3's template renders an answered turn without its <think> block: the next turn
     reuses the prompt up to there, and the header says where and why it stopped."""
     from support import Scripted
 
-    http = serve_app(tiny_models("qwen3"), extra=[("scripted", Scripted())])
+    http = mlxrt_serve(mlxrt_tiny_checkpoint("qwen3"), plugins=[("scripted", Scripted())])
     first, second = turns("Think first, then answer.")
     reply = openai_client(http).chat.completions.with_raw_response.create(
         model="m", messages=first, max_tokens=40, temperature=0,

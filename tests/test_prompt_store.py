@@ -33,10 +33,10 @@ def entry_files(folder):
     return sorted(folder.glob("*/*.safetensors"))
 
 
-def test_entries_survive_a_restart_and_bad_files_are_ignored(tiny_models, server_process, tmp_path):
+def test_entries_survive_a_restart_and_bad_files_are_ignored(mlxrt_tiny_checkpoint, server_process, tmp_path):
     import httpx
 
-    model, store = tiny_models("qwen3"), tmp_path / "store"
+    model, store = mlxrt_tiny_checkpoint("qwen3"), tmp_path / "store"
     first = server_process([str(model), "--prompt-cache-dir", str(store)])
     cold = ask(first.url, "What is the rule?")
     assert cached(cold) == 0 and cold.usage.prompt_tokens > 200
@@ -137,28 +137,28 @@ def test_the_folder_stays_under_its_cap_and_covered_entries_are_replaced(model, 
     assert kept.fetch(list(range(1, 50)) + [1]).reused == 0  # the oldest went first
 
 
-def test_an_unusable_folder_is_a_clear_start_up_error(tiny_models, tmp_path):
+def test_an_unusable_folder_is_a_clear_start_up_error(mlxrt_tiny_checkpoint, tmp_path):
     import subprocess
 
     from support import MLXRT_BIN
 
     (tmp_path / "a-file").write_text("")
-    out = subprocess.run([MLXRT_BIN, "serve", str(tiny_models("qwen3")), "--prompt-cache-dir",
+    out = subprocess.run([MLXRT_BIN, "serve", str(mlxrt_tiny_checkpoint("qwen3")), "--prompt-cache-dir",
                           str(tmp_path / "a-file" / "cache"), "--port", "1"], capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 1 and "--prompt-cache-dir" in out.stderr and "Not a directory" in out.stderr
     assert "Traceback" not in out.stderr and "terminate" not in out.stderr
 
 
-def test_batch_lane_entries_are_persisted_and_restored(tiny_models, serve_app, tmp_path):
+def test_batch_lane_entries_are_persisted_and_restored(mlxrt_tiny_checkpoint, mlxrt_serve, tmp_path):
     from support import openai_client
 
     options = {"batch": 2, "prompt_cache_dir": str(tmp_path)}
-    first = serve_app(tiny_models("qwen3"), options=options)
+    first = mlxrt_serve(mlxrt_tiny_checkpoint("qwen3"), options=options)
     prompt = "hello there " * 30
     cold = openai_client(first).completions.create(model="m", prompt=prompt, max_tokens=8, temperature=0)
     first.app.state.host.engine.stop()  # finishes the write
-    second = serve_app(tiny_models("qwen3"), options=options)
+    second = mlxrt_serve(mlxrt_tiny_checkpoint("qwen3"), options=options)
     warm = openai_client(second).completions.create(model="m", prompt=prompt, max_tokens=8, temperature=0)
     assert second.get("/stats").json()["engine"]["lane"] == "batch"
     assert warm.choices[0].text == cold.choices[0].text and cached(warm) > 0

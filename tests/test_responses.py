@@ -14,8 +14,8 @@ CALL = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "Paris"}}\n</
 
 
 @pytest.fixture
-def scripted(tiny_models, serve_app):
-    return serve_app(tiny_models("qwen3"), extra=[("scripted", Scripted())])
+def scripted(mlxrt_tiny_checkpoint, mlxrt_serve):
+    return mlxrt_serve(mlxrt_tiny_checkpoint("qwen3"), plugins=[("scripted", Scripted())])
 
 
 def events_of(text: str) -> list[dict]:
@@ -28,8 +28,8 @@ def events_of(text: str) -> list[dict]:
     return out
 
 
-def test_non_stream_shape(qwen3_client):
-    out = openai_client(qwen3_client).responses.create(model="m", input="Tell me about the sea.",
+def test_non_stream_shape(mlxrt_client):
+    out = openai_client(mlxrt_client).responses.create(model="m", input="Tell me about the sea.",
                                                        max_output_tokens=12, temperature=0)
     assert out.object == "response" and out.id.startswith("resp_") and out.model == "qwen3-0-gen"
     assert out.status in ("completed", "incomplete")
@@ -38,8 +38,8 @@ def test_non_stream_shape(qwen3_client):
     assert out.output[-1].type == "message"
 
 
-def test_incomplete_at_max_output_tokens(qwen3_client):
-    out = openai_client(qwen3_client).responses.create(model="m", input="hi", max_output_tokens=1)
+def test_incomplete_at_max_output_tokens(mlxrt_client):
+    out = openai_client(mlxrt_client).responses.create(model="m", input="hi", max_output_tokens=1)
     assert out.status == "incomplete" and out.incomplete_details.reason == "max_output_tokens"
 
 
@@ -66,8 +66,8 @@ def test_stream_events_and_sequence_numbers(scripted):
     assert "".join(deltas) == "plain words" == final.output_text
 
 
-def test_stream_text_equals_non_stream_text(qwen3_client):
-    client = openai_client(qwen3_client)
+def test_stream_text_equals_non_stream_text(mlxrt_client):
+    client = openai_client(mlxrt_client)
     whole = client.responses.create(model="m", input="Tell me about the sea.", max_output_tokens=16, temperature=0)
     stream = client.responses.create(model="m", input="Tell me about the sea.", max_output_tokens=16,
                                      temperature=0, stream=True)
@@ -114,8 +114,8 @@ def test_function_call_round_trip(scripted):
         client.responses.retrieve(manual.id)
 
 
-def test_tool_choice_required_forces_a_call_opening(qwen3_client):
-    out = openai_client(qwen3_client).responses.create(
+def test_tool_choice_required_forces_a_call_opening(mlxrt_client):
+    out = openai_client(mlxrt_client).responses.create(
         model="m", input="Weather?", tools=TOOLS, tool_choice="required", max_output_tokens=40, temperature=0)
     calls = [i for i in out.output if i.type == "function_call"]
     # The random model cannot be relied on to close the JSON; the opening is forced either way.
@@ -134,8 +134,8 @@ def test_retrieve_and_delete(scripted):
     assert gone.status_code == 404 and set(gone.json()["error"]) == {"message", "type", "param", "code"}
 
 
-def test_unknown_previous_response_is_a_404(qwen3_client):
-    resp = qwen3_client.post("/v1/responses", json={"input": "hi", "previous_response_id": "resp_nope"})
+def test_unknown_previous_response_is_a_404(mlxrt_client):
+    resp = mlxrt_client.post("/v1/responses", json={"input": "hi", "previous_response_id": "resp_nope"})
     assert resp.status_code == 404
     error = resp.json()["error"]
     assert error["param"] == "previous_response_id" and error["code"] == "previous_response_not_found"
@@ -155,8 +155,8 @@ def test_store_ttl_and_byte_cap():
     assert store.get("a") is None and store.stats()["entries"] == 0
 
 
-def test_store_options_reach_the_store(tiny_models, serve_app):
-    client = serve_app(tiny_models("qwen3"), extra=[("scripted", Scripted())],
+def test_store_options_reach_the_store(mlxrt_tiny_checkpoint, mlxrt_serve):
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("qwen3"), plugins=[("scripted", Scripted())],
                        options={"response_store_bytes": 1})
     oai = openai_client(client)
     first = oai.responses.create(model="m", input="hi", extra_body={"script": "one"})
@@ -183,8 +183,8 @@ BAD = [
 
 
 @pytest.mark.parametrize(("body", "message"), BAD)
-def test_bad_input_is_an_openai_400(qwen3_client, body, message):
-    resp = qwen3_client.post("/v1/responses", json=body)
+def test_bad_input_is_an_openai_400(mlxrt_client, body, message):
+    resp = mlxrt_client.post("/v1/responses", json=body)
     assert resp.status_code == 400, resp.text
     error = resp.json()["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["message"].startswith(message)

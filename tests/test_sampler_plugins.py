@@ -271,11 +271,11 @@ def error(client, **kw):
     return resp.status_code, resp.json()["error"]["message"]
 
 
-def test_hlg_over_http(tiny_models, serve_app):
-    model = tiny_models("llama")
-    hlg = serve_app(model, extra=[("hlg", hlg_plugin)])
-    plain = serve_app(model)
-    temperature = serve_app(model, extra=[("oracle", Oracle(temperature=0.5))])
+def test_hlg_over_http(mlxrt_tiny_checkpoint, mlxrt_serve):
+    model = mlxrt_tiny_checkpoint("llama")
+    hlg = mlxrt_serve(model, plugins=[("hlg", hlg_plugin)])
+    plain = mlxrt_serve(model)
+    temperature = mlxrt_serve(model, plugins=[("oracle", Oracle(temperature=0.5))])
     reference = text(temperature, temperature=0.5)
     # Off by default: the default sampler runs.
     assert text(hlg, temperature=0.5) == text(plain, temperature=0.5)
@@ -288,12 +288,12 @@ def test_hlg_over_http(tiny_models, serve_app):
     assert text(hlg, temperature=0, hlg={"enabled": True}) == text(plain, temperature=0)
 
 
-def test_hlg_server_default_and_request_overrides(tiny_models, serve_app):
-    model = tiny_models("llama")
-    on = serve_app(model, extra=[("hlg", hlg_plugin)],
+def test_hlg_server_default_and_request_overrides(mlxrt_tiny_checkpoint, mlxrt_serve):
+    model = mlxrt_tiny_checkpoint("llama")
+    on = mlxrt_serve(model, plugins=[("hlg", hlg_plugin)],
                    options={"hlg_sampling": "on", "hlg_width": 0.0, "hlg_shoulder": 0.1})
-    hlg = serve_app(model, extra=[("hlg", hlg_plugin)])
-    plain = serve_app(model)
+    hlg = mlxrt_serve(model, plugins=[("hlg", hlg_plugin)])
+    plain = mlxrt_serve(model)
     squashed = text(hlg, temperature=0.5, hlg={"enabled": True, "width": 0, "shoulder": 0.1})
     assert text(on, temperature=0.5) == squashed
     assert text(on, temperature=0.5, hlg={"enabled": False}) == text(plain, temperature=0.5)
@@ -302,11 +302,11 @@ def test_hlg_server_default_and_request_overrides(tiny_models, serve_app):
         "enabled": True, "shoulder": 0, "toe": 0})
 
 
-def test_curve_over_http(tiny_models, serve_app):
-    model = tiny_models("llama")
-    curved = serve_app(model, extra=[("curve", curve_plugin), ("hlg", hlg_plugin)])
-    plain = serve_app(model)
-    t1 = serve_app(model, extra=[("oracle", Oracle(temperature=1.0))])
+def test_curve_over_http(mlxrt_tiny_checkpoint, mlxrt_serve):
+    model = mlxrt_tiny_checkpoint("llama")
+    curved = mlxrt_serve(model, plugins=[("curve", curve_plugin), ("hlg", hlg_plugin)])
+    plain = mlxrt_serve(model)
+    t1 = mlxrt_serve(model, plugins=[("oracle", Oracle(temperature=1.0))])
     # The identity curve is temperature 1, whatever the request's temperature.
     assert text(curved, temperature=0, curve=IDENTITY) == text(t1, temperature=0)
     # It samples even at temperature 0, and wins over HLG.
@@ -316,8 +316,8 @@ def test_curve_over_http(tiny_models, serve_app):
     assert sampled != text(plain, temperature=0)
 
 
-def test_bad_sampler_fields_are_400s_stream_or_not(tiny_models, serve_app):
-    client = serve_app(tiny_models("llama"), extra=[("curve", curve_plugin), ("hlg", hlg_plugin)])
+def test_bad_sampler_fields_are_400s_stream_or_not(mlxrt_tiny_checkpoint, mlxrt_serve):
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("llama"), plugins=[("curve", curve_plugin), ("hlg", hlg_plugin)])
     falling = points((1, 10), (10, 5))
     for stream in (False, True):
         status, message = error(client, stream=stream, curve=falling)
@@ -366,10 +366,10 @@ def test_third_party_sampler_is_discovered(sampler_site):
     assert rank["hooks"] == ["mlxrt_request_fields", "mlxrt_sampler", "mlxrt_serve_options"]
 
 
-def test_third_party_sampler_changes_the_output(sampler_site, tiny_models, serve_app, server_process):
-    model = tiny_models("llama")
-    greedy = text(serve_app(model), temperature=0)
-    second_best = text(serve_app(model, extra=[("oracle", Oracle(rank=1))]), temperature=0)
+def test_third_party_sampler_changes_the_output(sampler_site, mlxrt_tiny_checkpoint, mlxrt_serve, server_process):
+    model = mlxrt_tiny_checkpoint("llama")
+    greedy = text(mlxrt_serve(model), temperature=0)
+    second_best = text(mlxrt_serve(model, plugins=[("oracle", Oracle(rank=1))]), temperature=0)
     assert second_best != greedy
 
     request = dict(model="m", messages=body()["messages"], max_tokens=16, temperature=0)

@@ -150,43 +150,43 @@ def _chat(client, **kw):
     return openai_client(client).chat.completions.create(**body, extra_body=extra or None)
 
 
-def test_logit_bias_forces_a_token(tiny_models, qwen3_client):
-    dog = _token_id(tiny_models("qwen3"), "dog")
-    out = _chat(qwen3_client, logit_bias={str(dog): 100})
+def test_logit_bias_forces_a_token(mlxrt_tiny_checkpoint, mlxrt_client):
+    dog = _token_id(mlxrt_tiny_checkpoint("qwen3"), "dog")
+    out = _chat(mlxrt_client, logit_bias={str(dog): 100})
     assert out.choices[0].message.content == "dog" * 12
     assert out.choices[0].finish_reason == "length"
 
 
-def test_logit_bias_on_completions(tiny_models, qwen3_client):
-    dog = _token_id(tiny_models("qwen3"), " dog")
-    out = openai_client(qwen3_client).completions.create(model="m", prompt="A", max_tokens=5, temperature=0,
+def test_logit_bias_on_completions(mlxrt_tiny_checkpoint, mlxrt_client):
+    dog = _token_id(mlxrt_tiny_checkpoint("qwen3"), " dog")
+    out = openai_client(mlxrt_client).completions.create(model="m", prompt="A", max_tokens=5, temperature=0,
                                                          logit_bias={str(dog): 100})
     assert out.choices[0].text == " dog" * 5
 
 
-def test_repetition_penalty_changes_greedy_output(qwen3_client):
-    plain = _chat(qwen3_client).choices[0].message.content
-    penalised = _chat(qwen3_client, repetition_penalty=5.0).choices[0].message.content
+def test_repetition_penalty_changes_greedy_output(mlxrt_client):
+    plain = _chat(mlxrt_client).choices[0].message.content
+    penalised = _chat(mlxrt_client, repetition_penalty=5.0).choices[0].message.content
     assert penalised != plain
-    assert _chat(qwen3_client, repetition_penalty=5.0).choices[0].message.content == penalised
+    assert _chat(mlxrt_client, repetition_penalty=5.0).choices[0].message.content == penalised
 
 
 @pytest.mark.parametrize("field", ["presence_penalty", "frequency_penalty"])
-def test_additive_penalties_over_the_whole_history_never_repeat_a_token(qwen3_client, field):
-    plain = _chat(qwen3_client, logprobs=True, max_tokens=16)
+def test_additive_penalties_over_the_whole_history_never_repeat_a_token(mlxrt_client, field):
+    plain = _chat(mlxrt_client, logprobs=True, max_tokens=16)
     plain_ids = [e.model_extra["id"] for e in plain.choices[0].logprobs.content]
     assert len(set(plain_ids)) < len(plain_ids)  # the random model loops when left alone
-    out = _chat(qwen3_client, logprobs=True, max_tokens=16, **{field: 50.0, field.replace("penalty", "context_size"): 0})
+    out = _chat(mlxrt_client, logprobs=True, max_tokens=16, **{field: 50.0, field.replace("penalty", "context_size"): 0})
     ids = [e.model_extra["id"] for e in out.choices[0].logprobs.content]
     assert len(set(ids)) == len(ids) == 16
 
 
-def test_xtc_with_threshold_zero_keeps_only_the_least_likely_and_special_tokens(tiny_models, qwen3_client):
-    out = _chat(qwen3_client, temperature=1.0, seed=3, xtc_probability=1.0, xtc_threshold=0.0,
+def test_xtc_with_threshold_zero_keeps_only_the_least_likely_and_special_tokens(mlxrt_tiny_checkpoint, mlxrt_client):
+    out = _chat(mlxrt_client, temperature=1.0, seed=3, xtc_probability=1.0, xtc_threshold=0.0,
                 logprobs=True, top_logprobs=11, max_tokens=10)
-    greedy = _chat(qwen3_client, max_tokens=10).choices[0].message.content
+    greedy = _chat(mlxrt_client, max_tokens=10).choices[0].message.content
     assert out.choices[0].message.content != greedy
-    special = {_token_id(tiny_models("qwen3"), "\n")}
+    special = {_token_id(mlxrt_tiny_checkpoint("qwen3"), "\n")}
     for entry in out.choices[0].logprobs.content:
         if entry.model_extra["id"] not in special:
             assert entry.logprob < entry.top_logprobs[-1].logprob  # never one of the 11 likeliest
@@ -206,9 +206,9 @@ SAMPLED = [
 
 
 @pytest.mark.parametrize("fields", SAMPLED, ids=lambda f: ",".join(f) or "plain")
-def test_same_seed_same_text_with_each_field(qwen3_client, fields):
+def test_same_seed_same_text_with_each_field(mlxrt_client, fields):
     def run(seed):
-        return _chat(qwen3_client, temperature=1.0, seed=seed, max_tokens=16, **fields).choices[0].message.content
+        return _chat(mlxrt_client, temperature=1.0, seed=seed, max_tokens=16, **fields).choices[0].message.content
 
     first = run(11)
     assert run(11) == first
@@ -242,13 +242,13 @@ BAD = [
 
 @pytest.mark.parametrize(("fields", "message"), BAD, ids=[m for _, m in BAD])
 @pytest.mark.parametrize("endpoint", ["chat", "completions"])
-def test_bad_sampling_fields_are_400s_on_both_endpoints(qwen3_client, fields, message, endpoint):
+def test_bad_sampling_fields_are_400s_on_both_endpoints(mlxrt_client, fields, message, endpoint):
     path, body = (("/v1/chat/completions", {"messages": MSG}) if endpoint == "chat"
                   else ("/v1/completions", {"prompt": "Once"}))
-    resp = qwen3_client.post(path, json={**body, "max_tokens": 2, **fields})
+    resp = mlxrt_client.post(path, json={**body, "max_tokens": 2, **fields})
     assert resp.status_code == 400, resp.text
     assert resp.json()["error"]["message"].startswith(message)
-    assert qwen3_client.post(path, json={**body, "max_tokens": 2}).status_code == 200
+    assert mlxrt_client.post(path, json={**body, "max_tokens": 2}).status_code == 200
 
 
 def test_non_finite_logit_bias_is_refused():
@@ -261,11 +261,11 @@ def test_non_finite_logit_bias_is_refused():
             decode_logit_bias(bad)
 
 
-def test_top_k_at_or_past_the_vocabulary_keeps_every_token(qwen3_client):
+def test_top_k_at_or_past_the_vocabulary_keeps_every_token(mlxrt_client):
     """mlx-lm's sampler raises for top_k >= vocab; such a top_k filters nothing."""
-    vocab = qwen3_client.app.state.host.engine.info.config_int("vocab_size")
+    vocab = mlxrt_client.app.state.host.engine.info.config_int("vocab_size")
 
     def run(**kw):
-        return _chat(qwen3_client, temperature=1.0, seed=5, max_tokens=8, **kw).choices[0].message.content
+        return _chat(mlxrt_client, temperature=1.0, seed=5, max_tokens=8, **kw).choices[0].message.content
 
     assert run(top_k=vocab) == run(top_k=10**6) == run()

@@ -28,12 +28,12 @@ def _ask(client: openai.OpenAI, system: str, question: str = "When?"):
 
 
 @pytest.mark.parametrize("on_disk", [False, True], ids=["memory", "disk"])
-def test_one_key_never_reuses_or_sees_another_keys_prompt(tiny_models, serve_app, tmp_path, on_disk):
+def test_one_key_never_reuses_or_sees_another_keys_prompt(mlxrt_tiny_checkpoint, mlxrt_serve, tmp_path, on_disk):
     guessers = ["key-two", "key-three", "key-four"]
     options = {"api_keys": ["key-one", *guessers, "key-five"]}
     if on_disk:
         options["prompt_cache_dir"] = str(tmp_path / "pc")
-    server = serve_app(tiny_models("qwen3"), options=options)
+    server = mlxrt_serve(mlxrt_tiny_checkpoint("qwen3"), options=options)
     one = _client(server, "key-one")
     _ask(one, SYSTEM)
     cached, _header, _ = _ask(one, SYSTEM, "Where?")
@@ -50,13 +50,13 @@ def test_one_key_never_reuses_or_sees_another_keys_prompt(tiny_models, serve_app
     if on_disk:
         # After a restart the files keep their partition: key two still gets nothing of key one's.
         server.app.state.host.models.stop()
-        again = serve_app(tiny_models("qwen3"), options=options)
+        again = mlxrt_serve(mlxrt_tiny_checkpoint("qwen3"), options=options)
         assert _ask(_client(again, "key-five"), SYSTEM, "Where?")[0] == 0
         assert _ask(_client(again, "key-one"), SYSTEM, "Why?")[0] > 40
 
 
-def test_without_keys_every_client_shares_one_partition(tiny_models, serve_app):
-    server = serve_app(tiny_models("qwen3"))
+def test_without_keys_every_client_shares_one_partition(mlxrt_tiny_checkpoint, mlxrt_serve):
+    server = mlxrt_serve(mlxrt_tiny_checkpoint("qwen3"))
     _ask(_client(server, "a"), SYSTEM)
     assert _ask(_client(server, "b"), SYSTEM, "Where?")[0] > 40  # any bearer text: the same caller
 
@@ -64,12 +64,12 @@ def test_without_keys_every_client_shares_one_partition(tiny_models, serve_app):
 # -- finding 2: count_tokens and embeddings refuse over-long text before tokenizing ------------
 
 
-def test_count_tokens_refuses_over_long_text_before_templating(tiny_models, serve_app, monkeypatch):
+def test_count_tokens_refuses_over_long_text_before_templating(mlxrt_tiny_checkpoint, mlxrt_serve, monkeypatch):
     import time
 
     import mlxrt.plugins.anthropic.routes as anthropic_routes
 
-    server = serve_app(tiny_models("qwen3"))
+    server = mlxrt_serve(mlxrt_tiny_checkpoint("qwen3"))
     ceiling = server.get("/stats").json()["engine"]["admission"]["context_ceiling"]
 
     def never(*_args, **_kwargs):
@@ -90,12 +90,12 @@ def test_count_tokens_refuses_over_long_text_before_templating(tiny_models, serv
     assert server.get("/health").status_code == 200
 
 
-def test_embeddings_refuse_over_long_inputs_before_tokenizing(tiny_models, serve_app, monkeypatch):
+def test_embeddings_refuse_over_long_inputs_before_tokenizing(mlxrt_tiny_checkpoint, mlxrt_serve, monkeypatch):
     import time
 
     import mlxrt.plugins.openai.embeddings as embeddings
 
-    server = serve_app(tiny_models("qwen3_embedding"))
+    server = mlxrt_serve(mlxrt_tiny_checkpoint("qwen3_embedding"))
     context = server.get("/stats").json()["engine"]["admission"]["context_ceiling"]  # the window, no budget
 
     def never(*_args, **_kwargs):
@@ -118,8 +118,8 @@ def test_embeddings_refuse_over_long_inputs_before_tokenizing(tiny_models, serve
 
 
 @pytest.mark.parametrize("model", ["qwen3_embedding", "qwen3"])
-def test_deeply_nested_ignored_field_of_embeddings_is_a_400(tiny_models, serve_app, model):
-    server = serve_app(tiny_models(model))
+def test_deeply_nested_ignored_field_of_embeddings_is_a_400(mlxrt_tiny_checkpoint, mlxrt_serve, model):
+    server = mlxrt_serve(mlxrt_tiny_checkpoint(model))
     deep = b'{"model": "m", "input": "hi", "extra": ' + b"[" * 10_000 + b"]" * 10_000 + b"}"
     resp = server.post("/v1/embeddings", content=deep, headers={"content-type": "application/json"})
     assert resp.status_code == 400, resp.text
@@ -243,13 +243,13 @@ SPIN = "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% e
 HI = [{"role": "user", "content": "hi"}]
 
 
-def test_a_template_that_spins_is_aborted_with_a_400(llama, serve_app, monkeypatch):
+def test_a_template_that_spins_is_aborted_with_a_400(llama, mlxrt_serve, monkeypatch):
     import time
 
     import mlxrt.text.chat_template as chat_template
 
     monkeypatch.setattr(chat_template, "RENDER_TIME_LIMIT", 1.0)
-    server = serve_app(llama, options={"chat_template": SPIN})
+    server = mlxrt_serve(llama, options={"chat_template": SPIN})
     started = time.monotonic()
     resp = server.post("/v1/chat/completions", json={"model": "m", "messages": HI, "max_tokens": 2})
     took = time.monotonic() - started
@@ -293,7 +293,7 @@ def _png_url(width: int, height: int) -> str:
     return "data:image/png;base64," + base64.b64encode(buf.getvalue()).decode()
 
 
-def test_decoded_pixels_are_bounded_across_concurrent_requests(serve_app, tmp_path, monkeypatch):
+def test_decoded_pixels_are_bounded_across_concurrent_requests(mlxrt_serve, tmp_path, monkeypatch):
     import threading
     import time
 
@@ -302,7 +302,7 @@ def test_decoded_pixels_are_bounded_across_concurrent_requests(serve_app, tmp_pa
     from mlxrt.testing import write_tiny_checkpoint
 
     # Room for one 96x64 image (6,144 pixels) at a time, across all requests.
-    server = serve_app(write_tiny_checkpoint(tmp_path / "gemma4", "gemma4"),
+    server = mlxrt_serve(write_tiny_checkpoint(tmp_path / "gemma4", "gemma4"),
                        options={"max_image_pixels": 10_000, "max_image_pixels_in_flight": 10_000})
     monkeypatch.setattr(images, "PIXEL_WAIT_S", 0.5)
     towering = threading.Event()
@@ -348,7 +348,7 @@ def _rss() -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def test_a_huge_config_is_refused_before_the_model_is_built(llama, serve_app, tmp_path):
+def test_a_huge_config_is_refused_before_the_model_is_built(llama, mlxrt_serve, tmp_path):
     import json
     import shutil
     import time
@@ -357,7 +357,7 @@ def test_a_huge_config_is_refused_before_the_model_is_built(llama, serve_app, tm
     shutil.copytree(llama, huge)
     config = json.loads((huge / "config.json").read_text())
     (huge / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 10_000}))
-    server = serve_app(llama, options={"model_fallback": False, "strict_model": False})  # loopback: paths load
+    server = mlxrt_serve(llama, options={"model_fallback": False, "strict_model": False})  # loopback: paths load
     client = _client(server, "unused")
     assert client.chat.completions.create(model=str(llama), messages=HI, max_tokens=1).choices  # warm
     before = _rss()
@@ -377,8 +377,8 @@ def test_a_huge_config_is_refused_before_the_model_is_built(llama, serve_app, tm
 # -- found by schemathesis (finding 18) ------------------------------------------------------
 
 
-def test_what_schemathesis_found_is_a_400_or_escaped(llama, serve_app):
-    server = serve_app(llama)
+def test_what_schemathesis_found_is_a_400_or_escaped(llama, mlxrt_serve):
+    server = mlxrt_serve(llama)
     for path in ("/v1/messages", "/v1/messages/count_tokens"):  # an unhashable role was a 500
         resp = server.post(path, json={"model": "m", "max_tokens": 2, "messages": [{"role": {}, "content": "x"}]})
         assert resp.status_code == 400 and "role" in resp.json()["error"]["message"], resp.text
@@ -395,10 +395,10 @@ def test_what_schemathesis_found_is_a_400_or_escaped(llama, serve_app):
 # -- finding 18: the OpenAPI schema describes the bodies; schemathesis finds no 5xx -------------
 
 
-def test_openapi_declares_request_and_error_bodies(llama, serve_app):
+def test_openapi_declares_request_and_error_bodies(llama, mlxrt_serve):
     from openapi_spec_validator import validate
 
-    server = serve_app(llama)
+    server = mlxrt_serve(llama)
     schema = server.get("/schema/openapi.json").json()
     validate(schema)
     posts = {path: item["post"] for path, item in schema["paths"].items() if "post" in item}

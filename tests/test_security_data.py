@@ -22,8 +22,8 @@ def _client(http, key: str) -> openai.OpenAI:
 # -- item 1: /stats and stored responses ------------------------------------------------------
 
 @pytest.fixture
-def keyed(tiny_models, serve_app):
-    return serve_app(tiny_models("qwen3"), options={"api_keys": ["key-alice", "key-bob"]})
+def keyed(mlxrt_tiny_checkpoint, mlxrt_serve):
+    return mlxrt_serve(mlxrt_tiny_checkpoint("qwen3"), options={"api_keys": ["key-alice", "key-bob"]})
 
 
 def test_stats_and_metrics_show_no_prompt_text_and_no_ids_of_other_requests(keyed):
@@ -77,16 +77,16 @@ def test_a_stored_response_is_bound_to_the_key_that_created_it(keyed):
         bob.responses.retrieve(streamed)
 
 
-def test_without_a_key_the_unguessable_id_is_the_only_handle(qwen3_client):
-    client = openai_client(qwen3_client)
+def test_without_a_key_the_unguessable_id_is_the_only_handle(mlxrt_client):
+    client = openai_client(mlxrt_client)
     ids = {client.responses.create(model="m", input="hi", max_output_tokens=1).id for _ in range(3)}
     assert len(ids) == 3 and all(re.fullmatch(r"resp_[0-9a-f]{48}", i) for i in ids)
     some = next(iter(ids))
     assert client.responses.retrieve(some).id == some
-    assert some not in qwen3_client.get("/stats").text
+    assert some not in mlxrt_client.get("/stats").text
     near = some[:-1] + ("1" if some[-1] == "0" else "0")
-    assert qwen3_client.get(f"/v1/responses/{near}").status_code == 404  # a near miss finds nothing
-    assert json.loads(qwen3_client.get("/stats").text)["responses"]["entries"] == 3
+    assert mlxrt_client.get(f"/v1/responses/{near}").status_code == 404  # a near miss finds nothing
+    assert json.loads(mlxrt_client.get("/stats").text)["responses"]["entries"] == 3
 
 
 # -- item 3: the image fetcher's SSRF guard ---------------------------------------------------
@@ -347,14 +347,14 @@ PROMPTS = ["tell me about the sea", "one two three four", "the weather in Paris"
 
 
 @pytest.fixture(scope="module")
-def batch4(tiny_models, tmp_path_factory):
+def batch4(mlxrt_tiny_checkpoint, tmp_path_factory):
     from litestar.testing import TestClient
 
     from mlxrt.cli import build_server
     from mlxrt.host import make_host
 
     host = make_host(extra=[("exploding", Exploding())])
-    app = build_server(host, str(tiny_models("qwen3")), {"host": "127.0.0.1", "port": 0, "batch": 4,
+    app = build_server(host, str(mlxrt_tiny_checkpoint("qwen3")), {"host": "127.0.0.1", "port": 0, "batch": 4,
                                                            "prompt_cache_size": 0, "model_fallback": True})
     with TestClient(app, base_url="http://127.0.0.1") as client:  # a Host the loopback server serves
         yield client
@@ -388,8 +388,8 @@ def test_a_processor_raising_mid_decode_fails_only_its_own_row(batch4):
     assert _complete(batch4, PROMPTS[1]) == alone[0]  # and the lane keeps serving
 
 
-def test_in_the_serial_lane_a_raising_processor_fails_its_request_and_the_server_goes_on(tiny_models, serve_app):
-    client = serve_app(tiny_models("qwen3"), extra=[("exploding", Exploding())], options={"prompt_cache_size": 0})
+def test_in_the_serial_lane_a_raising_processor_fails_its_request_and_the_server_goes_on(mlxrt_tiny_checkpoint, mlxrt_serve):
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("qwen3"), plugins=[("exploding", Exploding())], options={"prompt_cache_size": 0})
     alone = _complete(client, PROMPTS[1])
     with pytest.raises(openai.InternalServerError, match="processor exploded for 2"):
         _complete(client, PROMPTS[0], extra_body={"explode": 2})
@@ -437,10 +437,10 @@ def test_numeric_fields_fuzzed_give_200_or_400_and_never_end_other_requests(batc
 # -- adapters mount only from the operator's folders -----------------------------------------
 
 @pytest.fixture(scope="module")
-def adapter_roots(tiny_models, tmp_path_factory):
+def adapter_roots(mlxrt_tiny_checkpoint, tmp_path_factory):
     from mlxrt.testing import write_random_adapter
 
-    model = tiny_models("qwen3")
+    model = mlxrt_tiny_checkpoint("qwen3")
     root = tmp_path_factory.mktemp("roots")
     inside = write_random_adapter(root / "allowed" / "good", model, seed=1, rank=2)
     outside = write_random_adapter(root / "elsewhere" / "real", model, seed=2, rank=2)
@@ -449,9 +449,9 @@ def adapter_roots(tiny_models, tmp_path_factory):
     return {"model": model, "root": root / "allowed", "inside": inside, "outside": outside}
 
 
-def test_mounting_is_confined_to_the_adapter_dirs(adapter_roots, serve_app):
+def test_mounting_is_confined_to_the_adapter_dirs(adapter_roots, mlxrt_serve):
     r = adapter_roots
-    client = serve_app(r["model"], options={"adapter_dir": (str(r["root"]),)})
+    client = mlxrt_serve(r["model"], options={"adapter_dir": (str(r["root"]),)})
 
     def mount(path, id="x"):
         return client.post("/v1/adapters", json={"id": id, "path": path})
@@ -471,8 +471,8 @@ def test_mounting_is_confined_to_the_adapter_dirs(adapter_roots, serve_app):
     assert client.get("/health").status_code == 200
 
 
-def test_without_an_adapter_dir_mounting_by_path_is_refused(adapter_roots, serve_app):
-    client = serve_app(adapter_roots["model"])
+def test_without_an_adapter_dir_mounting_by_path_is_refused(adapter_roots, mlxrt_serve):
+    client = mlxrt_serve(adapter_roots["model"])
     resp = client.post("/v1/adapters", json={"id": "x", "path": str(adapter_roots["inside"])})
     assert resp.status_code == 400 and "--adapter-dir" in resp.json()["error"]["message"]
 
@@ -514,8 +514,8 @@ def test_decoded_pixels_of_a_request_are_budgeted():
         load_images(refs, ImageLimits(max_total_pixels=25_000))
 
 
-def test_image_caps_and_odd_urls_through_the_server(tiny_models, serve_app):
-    client = openai_client(serve_app(tiny_models("gemma4"), options={"max_images": 2, "max_image_pixels": 25_000}))
+def test_image_caps_and_odd_urls_through_the_server(mlxrt_tiny_checkpoint, mlxrt_serve):
+    client = openai_client(mlxrt_serve(mlxrt_tiny_checkpoint("gemma4"), options={"max_images": 2, "max_image_pixels": 25_000}))
 
     def chat(*urls):
         parts = [{"type": "text", "text": "describe"}] + [{"type": "image_url", "image_url": {"url": u}} for u in urls]

@@ -54,7 +54,7 @@ def app_client(llama):
 # -- item 2: drive-by from web pages -------------------------------------------------------------
 
 
-def test_host_header_is_checked_against_the_bound_names(app_client, llama, serve_app):
+def test_host_header_is_checked_against_the_bound_names(app_client, llama, mlxrt_serve):
     # DNS rebinding: the page's own name reaches 127.0.0.1; the Host header still names it.
     evil = app_client.get("/v1/models", headers={"host": "attacker.example"})
     assert evil.status_code == 421
@@ -69,10 +69,10 @@ def test_host_header_is_checked_against_the_bound_names(app_client, llama, serve
         assert app_client.get("/v1/models", headers={"host": name}).status_code == 200, name
     assert app_client.get("/health").status_code == 200  # the server kept serving
 
-    named = serve_app(llama, options={"allowed_hosts": ["api.example", "other.example"]})
+    named = mlxrt_serve(llama, options={"allowed_hosts": ["api.example", "other.example"]})
     assert named.get("/v1/models", headers={"host": "api.example:443"}).status_code == 200
     assert named.get("/v1/models", headers={"host": "localhost"}).status_code == 421
-    anyone = serve_app(llama, options={"allowed_hosts": ["*"]})
+    anyone = mlxrt_serve(llama, options={"allowed_hosts": ["*"]})
     assert anyone.get("/v1/models", headers={"host": "attacker.example"}).status_code == 200
 
 
@@ -93,7 +93,7 @@ def test_json_routes_require_a_json_content_type(app_client):
     assert anthropic_client(app_client).messages.create(model="m", messages=MSG, max_tokens=2).content is not None
 
 
-def test_state_changing_routes_refuse_other_origins_without_a_key(app_client, llama, serve_app):
+def test_state_changing_routes_refuse_other_origins_without_a_key(app_client, llama, mlxrt_serve):
     mount = {"id": "x", "path": "/nonexistent"}
     refused = app_client.post("/v1/adapters", json=mount, headers={"origin": "http://evil.test"})
     assert refused.status_code == 403
@@ -109,12 +109,12 @@ def test_state_changing_routes_refuse_other_origins_without_a_key(app_client, ll
     # Inference is not state-changing: CORS alone decides whether a page may read it.
     assert app_client.post("/v1/chat/completions", json=CHAT, headers={"origin": "http://evil.test"}).status_code == 200
 
-    listed = serve_app(llama, options={"allowed_origins": "http://a.test"})
+    listed = mlxrt_serve(llama, options={"allowed_origins": "http://a.test"})
     assert listed.post("/v1/adapters", json=mount, headers={"origin": "http://a.test"}).status_code == 400
     assert listed.post("/v1/adapters", json=mount, headers={"origin": "http://b.test"}).status_code == 403
-    star = serve_app(llama, options={"allowed_origins": "*"})  # * opens reading, not acting
+    star = mlxrt_serve(llama, options={"allowed_origins": "*"})  # * opens reading, not acting
     assert star.post("/v1/adapters", json=mount, headers={"origin": "http://b.test"}).status_code == 403
-    keyed = serve_app(llama, options={"api_keys": ["k"]})  # a page cannot know the key
+    keyed = mlxrt_serve(llama, options={"api_keys": ["k"]})  # a page cannot know the key
     resp = keyed.post("/v1/adapters", json=mount, headers={"origin": "http://b.test", "authorization": "Bearer k"})
     assert resp.status_code == 400
 
@@ -336,7 +336,7 @@ def test_sigterm_answers_queued_requests_at_once_in_the_serial_lane(llama, serve
 FAILING = Path(__file__).resolve().parent / "fixture-plugins" / "mlxrt-failing-start-example"
 
 
-def test_plugins_failing_in_routes_or_startup_are_skipped(llama, serve_app):
+def test_plugins_failing_in_routes_or_startup_are_skipped(llama, mlxrt_serve):
     class BadRoutes:
         @hookimpl
         def mlxrt_routes(self, host):
@@ -350,7 +350,7 @@ def test_plugins_failing_in_routes_or_startup_are_skipped(llama, serve_app):
 
             return later()
 
-    client = serve_app(llama, extra=[("badroutes", BadRoutes()), ("badstart", BadStartup())])
+    client = mlxrt_serve(llama, plugins=[("badroutes", BadRoutes()), ("badstart", BadStartup())])
     failed = client.get("/stats").json()["plugins"]["failed"]
     assert "no routes today" in failed["badroutes"] and "mlxrt_routes" in failed["badroutes"]
     assert "no start today" in failed["badstart"] and "mlxrt_startup" in failed["badstart"]
@@ -425,12 +425,12 @@ def test_fuzzed_nesting_and_unicode_only_get_4xx(app_client, depth, text, path):
 # -- item 9: private prompt-cache files --------------------------------------------------------
 
 
-def test_prompt_cache_files_are_private(llama, serve_app, tmp_path):
+def test_prompt_cache_files_are_private(llama, mlxrt_serve, tmp_path):
     user_dir = tmp_path / "mine"
     user_dir.mkdir(mode=0o755)
     os.chmod(user_dir, 0o755)
     cache_dir = user_dir / "new" / "cache"
-    client = serve_app(llama, options={"prompt_cache_dir": str(cache_dir)})
+    client = mlxrt_serve(llama, options={"prompt_cache_dir": str(cache_dir)})
     body = {"messages": [{"role": "user", "content": "a private prompt " * 8}], "max_tokens": 2}
     assert client.post("/v1/chat/completions", json=body).status_code == 200
     deadline = time.monotonic() + 20

@@ -40,8 +40,8 @@ def test_embedded_ipv4_addresses_are_judged_as_ipv4(address, public):
 # -- finding 16: the server's own pages under every loopback name ----------------------------
 
 
-def test_own_pages_under_any_loopback_name_may_change_state(tiny_models, serve_app):
-    client = serve_app(tiny_models("llama"), options={"port": 8123})
+def test_own_pages_under_any_loopback_name_may_change_state(mlxrt_tiny_checkpoint, mlxrt_serve):
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("llama"), options={"port": 8123})
     for origin in ("http://localhost:8123", "http://127.0.0.1:8123", "http://[::1]:8123", "http://LOCALHOST:8123/"):
         resp = client.delete("/v1/adapters/x", headers={"origin": origin})
         assert resp.status_code == 404, (origin, resp.text)  # through the edge: not mounted
@@ -52,8 +52,8 @@ def test_own_pages_under_any_loopback_name_may_change_state(tiny_models, serve_a
         assert resp.json()["error"]["code"] == "cross_origin_refused"
 
 
-def test_loopback_names_are_not_own_origins_off_loopback(tiny_models, serve_app):
-    client = serve_app(tiny_models("llama"), options={"host": "0.0.0.0", "port": 8123})
+def test_loopback_names_are_not_own_origins_off_loopback(mlxrt_tiny_checkpoint, mlxrt_serve):
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("llama"), options={"host": "0.0.0.0", "port": 8123})
     assert client.delete("/v1/adapters/x", headers={"origin": "http://localhost:8123"}).status_code == 403
     assert client.delete("/v1/adapters/x", headers={"origin": "http://127.0.0.1"}).status_code == 404  # Host's own
 
@@ -61,10 +61,10 @@ def test_loopback_names_are_not_own_origins_off_loopback(tiny_models, serve_app)
 # -- finding 11: the response store's byte cap is each caller's ------------------------------
 
 
-def test_one_keys_stored_responses_are_never_evicted_by_another_keys_traffic(tiny_models, serve_app):
+def test_one_keys_stored_responses_are_never_evicted_by_another_keys_traffic(mlxrt_tiny_checkpoint, mlxrt_serve):
     import openai
 
-    client = serve_app(tiny_models("qwen3"), options={"api_keys": ["key-a", "key-b"], "response_store_bytes": 1})
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("qwen3"), options={"api_keys": ["key-a", "key-b"], "response_store_bytes": 1})
     sdk = {k: openai.OpenAI(base_url=f"{client.base_url}/v1", api_key=k, http_client=client, max_retries=0)
            for k in ("key-a", "key-b")}
     kept = sdk["key-a"].responses.create(model="m", input="remember this", max_output_tokens=4)
@@ -81,10 +81,10 @@ def test_one_keys_stored_responses_are_never_evicted_by_another_keys_traffic(tin
 
 
 @pytest.fixture
-def adapter_roots(tiny_models, tmp_path):
+def adapter_roots(mlxrt_tiny_checkpoint, tmp_path):
     from mlxrt.testing import write_random_adapter
 
-    model = tiny_models("qwen3")
+    model = mlxrt_tiny_checkpoint("qwen3")
     root = tmp_path / "adapters"
     write_random_adapter(root / "a", model, seed=1, rank=2)
     outside = write_random_adapter(tmp_path / "outside" / "evil", model, seed=2, rank=2)
@@ -92,8 +92,8 @@ def adapter_roots(tiny_models, tmp_path):
     return {"model": model, "root": root, "a": root / "a"}
 
 
-def test_a_symlink_out_of_the_root_is_not_listed_and_a_folder_mounts_once(adapter_roots, serve_app):
-    client = serve_app(adapter_roots["model"], options={"adapter_dir": (str(adapter_roots["root"]),)})
+def test_a_symlink_out_of_the_root_is_not_listed_and_a_folder_mounts_once(adapter_roots, mlxrt_serve):
+    client = mlxrt_serve(adapter_roots["model"], options={"adapter_dir": (str(adapter_roots["root"]),)})
     listed = client.get("/v1/adapters/available").json()["adapters"]
     assert [row["id"] for row in listed] == ["a"] and "outside" not in str(listed)
     assert client.post("/v1/adapters", json={"id": "a", "path": str(adapter_roots["a"])}).status_code == 200
@@ -103,10 +103,10 @@ def test_a_symlink_out_of_the_root_is_not_listed_and_a_folder_mounts_once(adapte
     assert [a["id"] for a in client.get("/v1/adapters").json()["adapters"]] == ["a"]
 
 
-def test_an_adapter_belongs_to_the_key_that_mounted_it(adapter_roots, serve_app):
+def test_an_adapter_belongs_to_the_key_that_mounted_it(adapter_roots, mlxrt_serve):
     import hashlib
 
-    client = serve_app(adapter_roots["model"], options={"adapter_dir": (str(adapter_roots["root"]),),
+    client = mlxrt_serve(adapter_roots["model"], options={"adapter_dir": (str(adapter_roots["root"]),),
                                                         "api_keys": ["key-a", "key-b"]})
     a, b = ({"Authorization": f"Bearer {k}"} for k in ("key-a", "key-b"))
 

@@ -41,8 +41,8 @@ class Probe:
         return [probe]
 
 
-def test_plugin_counts_and_completes_through_host_model(tiny_models, serve_app):
-    client = serve_app(tiny_models("llama"), extra=[("probe", Probe())])
+def test_plugin_counts_and_completes_through_host_model(mlxrt_tiny_checkpoint, mlxrt_serve):
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("llama"), plugins=[("probe", Probe())])
     got = client.post("/probe")
     assert got.status_code == 200, got.text
     body = got.json()
@@ -60,8 +60,8 @@ def test_plugin_counts_and_completes_through_host_model(tiny_models, serve_app):
     assert count.json() == {"input_tokens": body["count"]}
 
 
-def test_host_model_follows_the_engine(tiny_models, serve_app):
-    client = serve_app(tiny_models("llama"))
+def test_host_model_follows_the_engine(mlxrt_tiny_checkpoint, mlxrt_serve):
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("llama"))
     host = client.app.state.host
     model = host.model
     assert host.model is model  # facts frozen: one view per engine

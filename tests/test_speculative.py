@@ -35,13 +35,13 @@ def cached(reply) -> int:
     return details.cached_tokens if details is not None else 0
 
 
-def test_greedy_output_is_identical_with_a_draft_model(tiny_models, serve_app, draft_dir):
-    model = tiny_models("qwen3")
-    plain = openai_client(serve_app(model, options={"prompt_cache_size": 0}))
+def test_greedy_output_is_identical_with_a_draft_model(mlxrt_tiny_checkpoint, mlxrt_serve, draft_dir):
+    model = mlxrt_tiny_checkpoint("qwen3")
+    plain = openai_client(mlxrt_serve(model, options={"prompt_cache_size": 0}))
     want_text, want_chat = complete(plain).choices[0].text, chat(plain).choices[0].message.content
     assert complete(plain, prompt=PROMPT + " more").choices[0].text  # a fresh prompt for below
 
-    http = serve_app(model, options={"draft_model": str(draft_dir), "num_draft_tokens": 3})
+    http = mlxrt_serve(model, options={"draft_model": str(draft_dir), "num_draft_tokens": 3})
     client = openai_client(http)
     first = complete(client)
     assert first.choices[0].text == want_text and cached(first) == 0
@@ -67,11 +67,11 @@ def test_greedy_output_is_identical_with_a_draft_model(tiny_models, serve_app, d
     assert spec["requests"] == 7 and spec["requests_without_draft"] == 1 and spec["tokens"] > 0
 
 
-def test_the_model_as_its_own_draft_accepts_every_draft_and_still_matches(tiny_models, serve_app):
-    model = tiny_models("qwen3")
-    alone = serve_app(model)
+def test_the_model_as_its_own_draft_accepts_every_draft_and_still_matches(mlxrt_tiny_checkpoint, mlxrt_serve):
+    model = mlxrt_tiny_checkpoint("qwen3")
+    alone = mlxrt_serve(model)
     want = complete(openai_client(alone)).choices[0].text
-    http = serve_app(model, options={"draft_model": str(model), "num_draft_tokens": 4, "batch": 4})
+    http = mlxrt_serve(model, options={"draft_model": str(model), "num_draft_tokens": 4, "batch": 4})
     # Admission counts the draft's weights and KV too (here: the same model twice).
     single, both = (c.get("/stats").json()["engine"]["admission"] for c in (alone, http))
     assert both["weight_bytes"] == 2 * single["weight_bytes"]
@@ -94,8 +94,8 @@ def test_the_model_as_its_own_draft_accepts_every_draft_and_still_matches(tiny_m
     assert tokens > 0 and accepted >= tokens * 3 // 5
 
 
-def test_num_draft_tokens_is_validated(tiny_models, serve_app, draft_dir):
-    client = openai_client(serve_app(tiny_models("qwen3"), options={"draft_model": str(draft_dir)}))
+def test_num_draft_tokens_is_validated(mlxrt_tiny_checkpoint, mlxrt_serve, draft_dir):
+    client = openai_client(mlxrt_serve(mlxrt_tiny_checkpoint("qwen3"), options={"draft_model": str(draft_dir)}))
     for bad in (-1, "3", 2.5, True):
         with pytest.raises(openai.BadRequestError) as err:
             complete(client, num_draft_tokens=bad)
@@ -103,37 +103,37 @@ def test_num_draft_tokens_is_validated(tiny_models, serve_app, draft_dir):
     assert complete(client).choices[0].text is not None  # still serving
 
 
-def test_a_draft_with_another_vocabulary_is_refused_at_start(tiny_models, tmp_path):
+def test_a_draft_with_another_vocabulary_is_refused_at_start(mlxrt_tiny_checkpoint, tmp_path):
     import subprocess
 
     from support import MLXRT_BIN
 
     other = write_tiny_checkpoint(tmp_path / "llama-draft", "llama")
-    out = subprocess.run([MLXRT_BIN, "serve", str(tiny_models("qwen3")), "--draft-model", str(other),
+    out = subprocess.run([MLXRT_BIN, "serve", str(mlxrt_tiny_checkpoint("qwen3")), "--draft-model", str(other),
                           "--port", "1"], capture_output=True, text=True, timeout=120)
     assert out.returncode == 1  # not 134: a worker that failed to load must not abort the process
     assert "--draft-model" in out.stderr and "tokenizer does not match" in out.stderr
     assert "Traceback" not in out.stderr and "terminate" not in out.stderr  # a clean exit, not an abort
 
 
-def test_a_draft_model_works_with_the_prompt_cache_on_disk(tiny_models, serve_app, draft_dir, tmp_path):
-    model, options = tiny_models("qwen3"), {"draft_model": str(draft_dir), "prompt_cache_dir": str(tmp_path)}
-    want = complete(openai_client(serve_app(model))).choices[0].text
-    first = serve_app(model, options=options)
+def test_a_draft_model_works_with_the_prompt_cache_on_disk(mlxrt_tiny_checkpoint, mlxrt_serve, draft_dir, tmp_path):
+    model, options = mlxrt_tiny_checkpoint("qwen3"), {"draft_model": str(draft_dir), "prompt_cache_dir": str(tmp_path)}
+    want = complete(openai_client(mlxrt_serve(model))).choices[0].text
+    first = mlxrt_serve(model, options=options)
     assert complete(openai_client(first)).choices[0].text == want
     first.app.state.host.engine.stop()  # finishes the write
-    second = serve_app(model, options=options)
+    second = mlxrt_serve(model, options=options)
     again = complete(openai_client(second))  # both models' KV come back from the file
     assert again.choices[0].text == want and cached(again) > 0
     assert second.get("/stats").json()["engine"]["prompt_cache"]["disk"]["restored"] == 1
 
 
-def test_plugin_samplers_and_logits_processors_decode_without_the_draft(tiny_models, serve_app, draft_dir):
+def test_plugin_samplers_and_logits_processors_decode_without_the_draft(mlxrt_tiny_checkpoint, mlxrt_serve, draft_dir):
     from support import Scripted
 
-    model = tiny_models("qwen3")
-    plain = openai_client(serve_app(model, extra=[("scripted", Scripted())]))
-    http = serve_app(model, extra=[("scripted", Scripted())], options={"draft_model": str(draft_dir)})
+    model = mlxrt_tiny_checkpoint("qwen3")
+    plain = openai_client(mlxrt_serve(model, plugins=[("scripted", Scripted())]))
+    http = mlxrt_serve(model, plugins=[("scripted", Scripted())], options={"draft_model": str(draft_dir)})
     client = openai_client(http)
     # A stateful plugin sampler: the draft's proposals must not advance it.
     reply = complete(client, script="exactly this text")

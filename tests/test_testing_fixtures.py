@@ -7,13 +7,13 @@ import struct
 from pathlib import Path
 
 import pytest
+from conftest import TOKENIZERS as SHARED_TOKENIZERS
 
 from mlxrt.testing import TINY_MODEL_TYPES, write_tiny_checkpoint
 
 mlx_lm = pytest.importorskip("mlx_lm")
 tokenizers = pytest.importorskip("tokenizers")
 
-SHARED_TOKENIZERS = Path(__file__).resolve().parents[2] / "shared" / "data" / "tokenizers"
 PROMPTS = ["hi", "What is the weather in Paris?", "Tell me a story about a cat.", "def add(a, b):"]
 
 # A few parameter names per family, exactly as the real HF checkpoints name them.

@@ -4,12 +4,14 @@ tests/test_plugin_path.py."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 
 import pytest
 
-from mlxrt.testing import check_family
+from mlxrt import hookimpl
+from mlxrt.testing import check_family, write_tiny_checkpoint
 
 
 def test_the_pytest_plugin_is_registered_and_imports_nothing_heavy():
@@ -30,6 +32,56 @@ def test_fixtures_serve_a_tiny_checkpoint(mlxrt_client, mlxrt_host):
     out = mlxrt_client.post("/v1/completions", json={"model": "m", "prompt": "hi", "max_tokens": 3,
                                                      "temperature": 0})
     assert out.status_code == 200 and out.json()["usage"]["completion_tokens"] <= 3
+
+
+def test_mlxrt_home_is_the_sessions_folder_and_nothing_downloads(mlxrt_home, tmp_path_factory):
+    assert os.environ["MLXRT_HOME"] == str(mlxrt_home) and os.environ["HF_HUB_OFFLINE"] == "1"
+    assert mlxrt_home.parent == tmp_path_factory.getbasetemp()  # one folder for the session's tests
+
+
+def test_tiny_checkpoints_are_made_once_per_arguments(mlxrt_tiny_checkpoint, tmp_path):
+    first = mlxrt_tiny_checkpoint("llama")
+    assert mlxrt_tiny_checkpoint("llama") == first and first.name == "llama-0-gen"
+    assert mlxrt_tiny_checkpoint("llama", seed=1) != first
+    assert (mlxrt_tiny_checkpoint("llama", seed=1) / "model.safetensors").read_bytes() != \
+        (first / "model.safetensors").read_bytes()
+    # a real tokenizer's folder (here another tiny checkpoint's) names the checkpoint instead of "gen"
+    source = write_tiny_checkpoint(tmp_path / "a" / "tok", "qwen3")
+    other = write_tiny_checkpoint(tmp_path / "b" / "tok", "qwen3", seed=3)
+    copied = mlxrt_tiny_checkpoint("qwen3", tokenizer_dir=source)
+    assert copied.name == "qwen3-0-tok"
+    assert (copied / "tokenizer.json").read_bytes() == (source / "tokenizer.json").read_bytes()
+    assert mlxrt_tiny_checkpoint("qwen3", tokenizer_dir=str(source)) == copied
+    assert mlxrt_tiny_checkpoint("qwen3", tokenizer_dir=other) not in (copied, mlxrt_tiny_checkpoint("qwen3"))
+
+
+class _Who:
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    @hookimpl
+    def mlxrt_routes(self, host):
+        from litestar import get
+
+        @get("/example/who", sync_to_thread=False)
+        def who() -> dict:
+            return {"who": self.name}
+
+        return [who]
+
+
+class TestServeRegistersPluginsAfterTheFixtures:
+    @pytest.fixture
+    def mlxrt_plugins(self):
+        return [("first", _Who("first"))]
+
+    def test_per_call_plugins_come_after_mlxrt_plugins(self, mlxrt_serve, mlxrt_tiny_checkpoint):
+        client = mlxrt_serve(mlxrt_tiny_checkpoint("llama"), plugins=[("second", _Who("second"))])
+        # the plugin registered last wins a route both declare
+        assert client.get("/example/who").json() == {"who": "second"}
+        alone = mlxrt_serve(mlxrt_tiny_checkpoint("llama"), plugins=[("second", _Who("second"))],
+                            disable=["second"])
+        assert alone.get("/example/who").json() == {"who": "first"}
 
 
 def test_check_family_passes_a_built_in_family(tmp_path):

@@ -49,8 +49,8 @@ def adapter(gemma4_dir):
 
 
 @pytest.fixture
-def gemma4(gemma4_dir, serve_app):
-    return serve_app(gemma4_dir, options={"prompt_cache_size": 10})
+def gemma4(gemma4_dir, mlxrt_serve):
+    return mlxrt_serve(gemma4_dir, options={"prompt_cache_size": 10})
 
 
 # -- parity -------------------------------------------------------------------------------------
@@ -350,27 +350,27 @@ def test_anthropic_tool_result_image_reaches_the_vision_input(gemma4):
     assert answered.json()["usage"]["input_tokens"] == with_image.json()["input_tokens"]
 
 
-def test_oversize_image_is_400(gemma4_dir, serve_app):
+def test_oversize_image_is_400(gemma4_dir, mlxrt_serve):
     import openai
 
-    client = serve_app(gemma4_dir, options={"max_image_bytes": 1000})
+    client = mlxrt_serve(gemma4_dir, options={"max_image_bytes": 1000})
     with pytest.raises(openai.BadRequestError, match=r"messages\[0\]\.content\[1\]: image is larger than the "
                                                      r"1000-byte limit"):
         _openai_chat(client, data_url(gradient()))
 
 
-def test_text_model_refuses_images(tiny_models, serve_app):
+def test_text_model_refuses_images(mlxrt_tiny_checkpoint, mlxrt_serve):
     import openai
 
-    client = serve_app(tiny_models("qwen3"))
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("qwen3"))
     with pytest.raises(openai.BadRequestError, match=r"messages\[0\]\.content\[1\]: the served model has no "
                                                      "vision input"):
         _openai_chat(client, data_url(gradient()))
     assert client.get("/v1/models").json()["data"][0]["vision"] is False
 
 
-def test_image_request_takes_the_serial_lane_beside_a_batch(gemma4_dir, serve_app):
-    client = serve_app(gemma4_dir, options={"batch": 4})
+def test_image_request_takes_the_serial_lane_beside_a_batch(gemma4_dir, mlxrt_serve):
+    client = mlxrt_serve(gemma4_dir, options={"batch": 4})
     engine = client.app.state.host.engine
     assert engine.lane == "batch"
     # A lone text request decodes in the serial lane's loop (it would join the batch if another came).
@@ -431,7 +431,7 @@ def test_embeddings_are_released_on_every_path(gemma4, monkeypatch):
     assert all(ref() is None for ref in made)
 
 
-def test_served_vision_bidirectional_prefill(tmp_path, serve_app):
+def test_served_vision_bidirectional_prefill(tmp_path, mlxrt_serve):
     """The engine prefills an image prompt of a "vision"-bidirectional checkpoint with its masks:
     the served greedy tokens are the bidirectional forward's, not the causal one's."""
     import contextlib
@@ -445,7 +445,7 @@ def test_served_vision_bidirectional_prefill(tmp_path, serve_app):
     sys.path.insert(0, str(GOLDEN.parent))
     from make_gemma4_vision_golden import BIDIR
 
-    client = serve_app(write_tiny_checkpoint(tmp_path / "bidir", "gemma4", config_overrides=BIDIR))
+    client = mlxrt_serve(write_tiny_checkpoint(tmp_path / "bidir", "gemma4", config_overrides=BIDIR))
     engine = client.app.state.host.engine
     url = data_url(gradient())
     messages = [{"role": "user", "content": [{"type": "text", "text": "describe the picture"},

@@ -553,8 +553,21 @@ class _NoPyTorchNotice(logging.Filter):
         return not str(record.msg).startswith("PyTorch was not found")
 
 
+def _command_from_argv(argv: Sequence[str]) -> str | None:
+    """The command ``argv`` runs (its first word that is not an option; the group's own options
+    are flags)."""
+    return next((arg for arg in argv if not arg.startswith("-")), None)
+
+
 def main(argv: Sequence[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
+    if _command_from_argv(argv) == "serve":
+        from mlxrt.compat import lean_mlx_lm
+
+        # The server's start, before anything imports mlx-lm: its package __init__ imports
+        # transformers (~1.4 s, docs/performance.md). Here, not at `import mlxrt`: it changes
+        # sys.modules for the whole process.
+        lean_mlx_lm()
     from mlxrt.blas import activate
 
     activate(argv)  # before any plugin or command can import mlx.core

@@ -154,10 +154,11 @@ class LockstepSerialLane(SerialLane):
     """The serial lane, with each generation announced to the other ranks and every token
     shared with them (see :class:`Lockstep`)."""
 
-    def __init__(self, lockstep: Lockstep, engine: Any, **kwargs: Any) -> None:
+    def __init__(self, lockstep: Lockstep, ranks: Any, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.lockstep = lockstep
-        self.engine = engine
+        #: The group (:class:`mlxrt.distributed.group.RankGroup`): its ``failure`` and ``declare_failed``.
+        self.ranks = ranks
         self._fault: Exception | None = None  # raised by the running row's sampler chain
         self._row: Row | None = None
 
@@ -180,8 +181,8 @@ class LockstepSerialLane(SerialLane):
     def run(self, row: Row) -> None:
         import mlx.core as mx
 
-        if self.engine.failure is not None:
-            raise RankLost(self.engine.failure)
+        if self.ranks.failure is not None:
+            raise RankLost(self.ranks.failure)
         self._fault, self._row = None, row
         row.processors = [self._guarded(p, lambda _tokens, logits: logits) for p in row.processors]
         sample = self._guarded(row.sampler, lambda logprobs: mx.argmax(logprobs, axis=-1))
@@ -196,7 +197,7 @@ class LockstepSerialLane(SerialLane):
             # the protocol: the group cannot be trusted any more.
             reason = (f"a rank of the distributed group was lost: {exc}" if is_lost(exc) else
                       f"the ranks fell out of step: generation failed on rank 0: {type(exc).__name__}: {exc}")
-            self.engine.declare_failed(reason)
+            self.ranks.declare_failed(reason)
             raise RankLost(reason) from exc
         finally:
             self.lockstep.end_job()

@@ -6,7 +6,8 @@ tensor parallelism, its ``pipeline`` for pipeline parallelism). Rank 0 serves HT
 All model data, and the few integers that keep the ranks in step, travel through MLX's own
 collectives (ring over TCP, MPI where installed); mlxrt adds no transport of its own.
 
-The ranks stay in step with the small protocol of :mod:`mlxrt.distributed.lockstep`.
+The ranks stay in step with the small protocol of :mod:`mlxrt.distributed.lockstep`; rank 0's
+engine takes the others as its peers (:class:`mlxrt.distributed.group.RankGroup`).
 
 A peer that dies makes the ring backend raise (``connection to a peer was lost``); a peer
 that hangs is caught by a watchdog thread when rank 0 has waited on the others past
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import logging
 import os
-import queue
 import signal
 import sys
 import threading
@@ -27,19 +27,11 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from mlxrt.distributed.lockstep import (
-    HEARTBEAT,
-    JOB,
-    SHUTDOWN,
-    Lockstep,
-    LockstepSerialLane,
-    RankLost,
-    WorkItem,
-)
+from mlxrt.distributed.group import DistributedSettings, RankGroup, place, shard_model
+from mlxrt.distributed.lockstep import JOB, SHUTDOWN, Lockstep, RankLost
 from mlxrt.engine.config import EngineConfig
 from mlxrt.engine.engine import Engine
-from mlxrt.engine.lanes import Job
-from mlxrt.errors import InvalidRequest, MlxrtError, ModelLoadError
+from mlxrt.errors import InvalidRequest, MlxrtError
 
 if TYPE_CHECKING:
     from mlxrt.host import PluginHost
@@ -49,29 +41,8 @@ __all__ = ["launched_as_rank", "DistributedSettings", "DistributedEngine", "refu
 
 log = logging.getLogger("mlxrt.distributed.serving")
 
-#: Seconds between idle heartbeats.
-HEARTBEAT_EVERY = 1.0
 #: Seconds a rank keeps trying to reach the others at start-up.
 JOIN_WAIT = 180.0
-
-
-@attrs.frozen
-class DistributedSettings:
-    """``mlxrt serve --distributed`` settings.
-
-    :ivar pipeline: Pipeline parallel (``--pipeline``) instead of tensor parallel.
-    :ivar backend: ``mx.distributed.init``'s backend (``any``, ``ring``, ``mpi``, ...).
-    :ivar timeout: Seconds a collective may take before the peers are declared lost.
-    """
-
-    pipeline: bool = False
-    backend: str = "any"
-    timeout: float = 10.0
-
-    @classmethod
-    def from_options(cls, options: dict[str, Any]) -> DistributedSettings:
-        return cls(pipeline=bool(options.get("pipeline")), backend=options.get("distributed_backend") or "any",
-                   timeout=float(options.get("distributed_timeout") or 10.0))
 
 
 def launched_as_rank(environ: Any = None) -> bool:
@@ -107,46 +78,9 @@ def refusals(options: dict[str, Any]) -> list[str]:
     return why
 
 
-# -- model ------------------------------------------------------------------------------------
-
-
-def shard_model(model: Any, group: Any, *, pipeline: bool) -> str:
-    """Shard ``model`` in place for ``group`` with mlx-lm's own methods; the mode's name.
-
-    :raises ValueError: The architecture has no such support in mlx-lm.
-    """
-    inner = getattr(model, "model", None)
-    if pipeline:
-        if not hasattr(inner, "pipeline"):
-            raise ValueError(f"{type(model).__module__} has no pipeline support in mlx-lm; "
-                             "drop --pipeline to use tensor parallelism")
-        inner.pipeline(group)
-        return "pipeline"
-    if not hasattr(model, "shard"):
-        hint = " (try --pipeline)" if hasattr(inner, "pipeline") else ""
-        raise ValueError(f"{type(model).__module__} has no tensor-parallel support (shard) in mlx-lm{hint}")
-    model.shard(group)
-    return "tensor"
-
-
-def _place(model: Any, group: Any, settings: DistributedSettings) -> None:
-    """Shard, materialize this rank's weights, and wait for every rank to be ready."""
-    import mlx.core as mx
-
-    try:
-        mode = shard_model(model, group, pipeline=settings.pipeline)
-    except ValueError as exc:
-        raise ModelLoadError(str(exc)) from None
-    mx.eval(model.parameters())
-    # Every rank has its shard; and all of them were told the same mode.
-    ranks, piped = mx.distributed.all_sum(mx.array([1, int(settings.pipeline)]), group=group).tolist()
-    if piped not in (0, ranks):
-        raise ModelLoadError(f"{piped} of {ranks} ranks were started with --pipeline: give every rank the same flags")
-    log.info("rank %d of %d holds its %s-parallel shard", group.rank(), group.size(), mode)
-
-
 class DistributedEngine(Engine):
-    """Rank 0's engine: the serial lane, in lockstep with the other ranks.
+    """Rank 0's engine: the serial lane, in lockstep with the other ranks (its peers, a
+    :class:`~mlxrt.distributed.group.RankGroup`).
 
     Refused at start-up (see :func:`refusals`): batching, adapters, quantized KV caches.
     The prompt cache is off (each rank's shard of a cache would have to be kept in step).
@@ -156,22 +90,31 @@ class DistributedEngine(Engine):
     def __init__(self, host: PluginHost, config: EngineConfig, group: Any, settings: DistributedSettings) -> None:
         if config.prompt_cache_size:
             log.info("prompt cache off: it is not kept across ranks (docs/distributed.md)")
-        super().__init__(host, attrs.evolve(config, batch=1, prompt_cache_size=0))
+        #: The other ranks: sharding, lockstep, heartbeat and the group's failure.
+        self.ranks = RankGroup(group, settings, fail=self.fail_all)
+        super().__init__(host, attrs.evolve(config, batch=1, prompt_cache_size=0), peers=self.ranks)
         self.group = group
         self.settings = settings
-        self.lockstep = Lockstep(group, settings.timeout)
-        #: Why the group is lost, once it is (then every request gets 503).
-        self.failure: str | None = None
-        self._failed_lock = threading.Lock()
+        self.lockstep = self.ranks.lockstep
         self._watchdog: threading.Thread | None = None
+
+    @property
+    def failure(self) -> str | None:
+        """Why the group is lost, once it is (then every request gets 503)."""
+        return self.ranks.failure
 
     @property
     def unhealthy(self) -> str | None:
         return self.failure
 
+    def declare_failed(self, reason: str) -> None:
+        """Mark the group lost and fail every waiting request (any thread; idempotent)."""
+        self.ranks.declare_failed(reason)
+
     def load(self, info: ModelInfo) -> None:
         super().load(info)
-        self._watchdog = threading.Thread(target=self._watch, name="mlxrt-watchdog", daemon=True)
+        self._watchdog = threading.Thread(target=self.ranks.watch, args=(lambda: self.serving,),
+                                          name="mlxrt-watchdog", daemon=True)
         self._watchdog.start()
 
     def generate(self, request: GenerationRequest) -> Any:
@@ -192,95 +135,15 @@ class DistributedEngine(Engine):
                              "text generation runs across ranks; see docs/distributed.md",
                              code="distributed_unsupported")
 
-    def stop(self) -> None:
-        if self._thread is not None and self.failure is not None:
-            # The worker may be stuck in a collective with a dead peer: do not wait long.
-            self._inbox.put(None)
-            self._finished.wait(timeout=2)  # a stuck worker is not given back to the pool
-            self._thread = None
-            return
-        super().stop()
+    def stop(self, *, timeout: float = 30.0) -> None:
+        # With the group lost the worker may be stuck in a collective with a dead peer: do not
+        # wait long (a stuck worker is not given back to the pool).
+        super().stop(timeout=2 if self.failure is not None else timeout)
 
     def stats(self) -> dict[str, Any]:
         return {**super().stats(), "distributed": {
             "ranks": self.group.size(), "mode": "pipeline" if self.settings.pipeline else "tensor",
             "failure": self.failure}}
-
-    def declare_failed(self, reason: str) -> None:
-        """Mark the group lost and fail every waiting request (any thread; idempotent)."""
-        with self._failed_lock:
-            if self.failure is not None:
-                return
-            self.failure = reason
-        log.error("%s; failing requests with 503 until restarted", reason)
-        error = RankLost(reason)
-        for row in list(self._running):
-            row.job.deliver(error)
-        for job in list(self._waiting):
-            job.deliver(error)
-        # Submissions the worker has not taken yet (it may be stuck in a collective for good).
-        left = []
-        while True:
-            try:
-                item = self._inbox.get_nowait()
-            except queue.Empty:
-                break
-            if isinstance(item, Job):
-                self._dequeue(item)
-                item.deliver(error)
-            else:
-                left.append(item)
-        for item in left:
-            self._inbox.put(item)
-
-    # -- worker ----------------------------------------------------------------------------------
-
-    def _setup(self) -> None:
-        if self.loaded.engine != "autoregressive":
-            raise ModelLoadError(f"--distributed serves autoregressive models only, not {self.loaded.engine} ones")
-        _place(self.loaded.model, self.group, self.settings)
-        super()._setup()
-        if self._serial is not None:
-            serial = self._serial
-            self._serial = LockstepSerialLane(self.lockstep, self, model=serial.model, stream=serial.stream,
-                                              prefill_step_size=serial.prefill_step_size, done=serial.done,
-                                              tick=serial.tick)
-
-    def _warm_up(self) -> None:
-        """No solo warm-up: a forward on rank 0 alone would wait on the other ranks forever."""
-
-    def _loop(self) -> None:
-        while True:
-            if not self._take_inbox(block=True):
-                break
-            if self.failure is not None:
-                error = RankLost(self.failure)
-                while self._waiting:
-                    job: Job = self._waiting.popleft()
-                    self._dequeue(job)
-                    job.deliver(error)
-                continue
-            self._expire_waiting()
-            self._admit()
-            if self.failure is None and time.monotonic() - self.lockstep.last_beat >= HEARTBEAT_EVERY:
-                try:
-                    self.lockstep.send(WorkItem(HEARTBEAT))
-                except RuntimeError as exc:
-                    self.declare_failed(f"a rank of the distributed group was lost: {exc}")
-        if self.failure is None:
-            try:
-                self.lockstep.send(WorkItem(SHUTDOWN))
-            except RuntimeError:
-                log.warning("could not tell the other ranks to shut down", exc_info=True)
-
-    def _watch(self) -> None:
-        """Declare the group lost when a collective has not returned within the timeout."""
-        while self._thread is not None and self.failure is None:
-            if self.lockstep.overdue(time.monotonic()):
-                self.declare_failed(f"a rank of the distributed group did not answer within "
-                                    f"{self.settings.timeout:g} s (--distributed-timeout)")
-                return
-            time.sleep(0.2)
 
 
 # -- other ranks -------------------------------------------------------------------------------
@@ -304,12 +167,12 @@ def follow(host: PluginHost, info: ModelInfo, group: Any, settings: DistributedS
     with mx.stream(stream):
         try:
             loaded, _profile = load_model(info, host)
-            _place(loaded.model, group, settings)
+            place(loaded.model, group, settings)
             if loaded.engine == "autoregressive":
                 from mlxrt.engine.memory import measure_kv
 
                 # Rank 0's engine measures the KV cost with one forward as it sets up
-                # (Engine._setup); the sharded forward has collectives, so every rank runs it.
+                # (mlxrt.engine.worker_setup); the sharded forward has collectives, so every rank runs it.
                 try:
                     measure_kv(loaded.model)
                 except Exception:  # as the engine does: a model outside mlx-lm's cache protocol

@@ -20,6 +20,21 @@ docs/performance.md). This loop is built on mlx-lm's model modules and cache cla
   share mlx-lm's greedy sampler, otherwise each row's own sampler on its row) and queues the
   next step before the tokens are handed out, as the serial loop does
   (:mod:`mlxrt.engine.steps`). A row's cache always holds every token handed out.
+
+Faults end the rows they belong to, and the loop goes on (no exception leaves :meth:`BatchSteps.next`
+for them):
+
+* a newcomer's prefill chunk (or its merge into the batch) that raises is that row's own: the row
+  is dropped with its cache and reported as a :class:`Progress` with ``error`` set; the other
+  newcomers and the running rows go on untouched (their caches are their own or the batch's);
+* a decode step that raises (the one model call over every row, or the evaluation of its queued
+  draw) cannot be pinned on a row, and it may have left some layers of the batch's cache
+  advanced and others not: every row of that step ends, each reported as a :class:`Response`
+  with ``error`` set and no token, and the batch's cache is dropped. Rows still queued or
+  prefilling hold caches of their own, untouched by the step: they go on and join a new batch.
+
+A row's own logits processors and sampler run inside the step, so the batch lane wraps them
+(:func:`mlxrt.engine.lanes.isolate`) to fail only their row.
 """
 
 from __future__ import annotations
@@ -46,20 +61,24 @@ class Progress:
     uid: int
     progress: tuple[int, int]
     end_of_segment: bool
+    #: The row's prefill raised: it was dropped with its cache and ends with this error.
+    error: Exception | None = None
 
 
 @attrs.define(eq=False)
 class Response:
     """One generated token of row ``uid``, the log-probabilities it was drawn from, and, on the
     row's last token, why it ended (``"stop"``: a stop token; ``"length"``: its max_tokens),
-    its cache and the token ids that cache holds."""
+    its cache and the token ids that cache holds. A row whose decode step raised ends with
+    ``finish_reason`` ``"error"``, the exception as ``error``, and no token, log-probs or cache."""
 
     uid: int
-    token: int
+    token: int | None
     logprobs: Any
     finish_reason: str | None = None
     prompt_cache: list[Any] | None = None
     all_tokens: list[int] | None = None
+    error: Exception | None = None
 
 
 @attrs.define(eq=False)
@@ -177,10 +196,9 @@ class BatchSteps:
             # rows with only their last prompt token left (a row handed over by the serial lane is
             # one from the start) join before this round's step, which feeds that token
             ready = [seq for seq in self._prefilling if seq.ready]
-            if ready:
-                self._join(ready)
+            failed = self._join(ready) if ready else []
             responses = self._step() if self._rows else []
-            progress = [self._prefill(seq) for seq in self._prefilling]
+            progress = failed + [self._prefill(seq) for seq in list(self._prefilling)]
             return progress, responses
 
     def extract_cache(self, uids: Iterable[int]) -> dict[int, tuple[list[Any], list[int]]]:
@@ -225,13 +243,17 @@ class BatchSteps:
     # -- the loop's parts ------------------------------------------------------------------------
 
     def _prefill(self, seq: _Seq) -> Progress:
-        """Run the next chunk of ``seq``'s current segment into its own cache."""
+        """Run the next chunk of ``seq``'s current segment into its own cache (a failure drops
+        ``seq``: see :meth:`_drop_newcomers`)."""
         import mlx.core as mx
 
         segment = seq.segments[0]
         chunk, rest = segment[:self.prefill_step_size], segment[self.prefill_step_size:]
-        self.model(mx.array(chunk)[None], cache=seq.cache)
-        mx.eval([layer.state for layer in seq.cache])
+        try:
+            self.model(mx.array(chunk)[None], cache=seq.cache)
+            mx.eval([layer.state for layer in seq.cache])
+        except Exception as exc:
+            return self._drop_newcomers([seq], exc)[0]
         if seq.total > self.prefill_step_size:  # a long prompt: bound its memory, as the serial loop does
             mx.clear_cache()
         seq.tokens.extend(chunk)
@@ -242,13 +264,43 @@ class BatchSteps:
             seq.segments.pop(0)
         return Progress(seq.uid, (seq.fed, seq.total), end_of_segment=not rest)
 
-    def _join(self, seqs: list[_Seq]) -> None:
-        """Merge prefilled rows into the batch; its next step feeds their last prompt tokens."""
+    def _drop_newcomers(self, seqs: list[_Seq], exc: Exception) -> list[Progress]:
+        """``seqs`` (prefilling) failed: drop them and their caches, and report each with ``exc``."""
+        import mlx.core as mx
+
+        dropped = []
+        for seq in seqs:
+            self._prefilling.remove(seq)
+            seq.cache, seq.context = None, None
+            dropped.append(Progress(seq.uid, (seq.fed, seq.total), end_of_segment=False, error=exc))
+        mx.clear_cache()  # what their caches held goes back now, not at the next step
+        return dropped
+
+    def _drop_rows(self, exc: Exception) -> list[Response]:
+        """The decode step failed: every row of the batch ends with ``exc``; its cache is dropped."""
+        import mlx.core as mx
+
+        ended = [Response(seq.uid, None, None, "error", error=exc) for seq in self._rows]
+        for seq in self._rows:
+            seq.context = None
+        self._rows, self._cache, self._inputs, self._drawn_from = [], [], None, []
+        mx.clear_cache()
+        return ended
+
+    def _join(self, seqs: list[_Seq]) -> list[Progress]:
+        """Merge prefilled rows into the batch; its next step feeds their last prompt tokens.
+        Their caches failing to merge fails them only (reported as :meth:`_prefill` does)."""
         import mlx.core as mx
         from mlx_lm.models.cache import TokenBuffer
 
-        merged = [layer.merge([seq.cache[i] for seq in seqs]) for i, layer in enumerate(seqs[0].cache)]
-        last = mx.array([seq.segments[0][0] for seq in seqs])
+        try:
+            merged = [layer.merge([seq.cache[i] for seq in seqs]) for i, layer in enumerate(seqs[0].cache)]
+            last = mx.array([seq.segments[0][0] for seq in seqs])
+        except Exception as exc:
+            if len(seqs) == 1:
+                return self._drop_newcomers(seqs, exc)
+            # which one's cache would not merge? each joins on its own (or fails on its own)
+            return [failure for seq in seqs for failure in self._join([seq])]
         for seq in seqs:
             self._prefilling.remove(seq)
             seq.segments, seq.cache = [], None
@@ -263,12 +315,28 @@ class BatchSteps:
             self._cache, self._inputs = merged, last
         self._drawn_from += [None] * len(seqs)
         self._rows += seqs
+        return []
 
     def _step(self) -> list[Response]:
-        """Feed every row's pending token, queue the next draw, hand out the fed tokens."""
+        """Feed every row's pending token, queue the next draw, hand out the fed tokens (a
+        failure ends every row: see :meth:`_drop_rows`)."""
         import mlx.core as mx
 
         inputs, drawn_from = self._inputs, self._drawn_from
+        try:
+            contexts = self._draw(inputs)
+            mx.async_eval(self._inputs, self._drawn_from, contexts)
+            # the tokens just fed were drawn by the previous step (or are prompt tokens): hand them out
+            mx.eval(inputs, [lp for lp in drawn_from if lp is not None])
+        except Exception as exc:
+            return self._drop_rows(exc)
+        return self._hand_out(inputs, drawn_from)
+
+    def _draw(self, inputs: Any) -> list[Any]:
+        """Feed ``inputs`` (every row's pending token) and set up the next draw: its tokens and
+        the log-probs each row's comes from. The history buffers the rows' processors updated."""
+        import mlx.core as mx
+
         logits = self.model(inputs[:, None], cache=self._cache)[:, -1, :]
         contexts = []
         if any(seq.processors for seq in self._rows):
@@ -289,9 +357,12 @@ class BatchSteps:
         else:
             drawn = mx.concatenate([sampler(logprobs[at:at + 1]) for at, sampler in enumerate(samplers)], axis=0)
         self._inputs, self._drawn_from = drawn, list(logprobs)
-        mx.async_eval(drawn, self._drawn_from, contexts)
-        # the tokens just fed were drawn by the previous step (or are prompt tokens): hand them out
-        mx.eval(inputs, [lp for lp in drawn_from if lp is not None])
+        return contexts
+
+    def _hand_out(self, inputs: Any, drawn_from: list[Any]) -> list[Response]:
+        """The responses for the tokens just fed; rows that ended leave the batch."""
+        import mlx.core as mx
+
         self._steps += 1
         if self._steps % CLEAR_EVERY == 0:
             mx.clear_cache()

@@ -42,7 +42,7 @@ from mlxrt.records import (
 from mlxrt.text.detokenize import Detokenizer
 from mlxrt.text.stops import StopMatcher
 
-__all__ = ["Job", "Row", "SerialLane", "BatchLane", "batchable", "RequestTimeout", "isolate"]
+__all__ = ["Job", "Row", "SerialLane", "BatchLane", "batchable", "RequestTimeout", "isolate", "generation_error"]
 
 log = logging.getLogger("mlxrt.engine.engine")
 
@@ -214,6 +214,14 @@ def isolate(row: Row) -> None:
 
         row.sampler = sample
     row.processors = [guard_processor(p) for p in row.processors]
+
+
+def generation_error(exc: Exception) -> MlxrtError:
+    """What a request whose generation raised ``exc`` ends with, in either lane: an
+    :class:`MlxrtError` as it is (its own status), anything else a 500 naming the exception."""
+    if isinstance(exc, MlxrtError):
+        return exc
+    return EngineError(f"generation failed: {type(exc).__name__}: {exc}")
 
 
 def _with_prefix(processors: list[Any], prefix: Sequence[int]) -> list[Any]:
@@ -440,9 +448,18 @@ class BatchLane:
         self.rows[uid] = row
 
     def step(self) -> None:
-        """One decode step for the running rows (and one prefill chunk for newcomers)."""
+        """One decode step for the running rows (and one prefill chunk for newcomers).
+
+        A row whose prefill failed, or that was in a decode step that failed, has already left
+        the generator (see :mod:`mlxrt.engine.batch_steps`): it ends here with the error the
+        serial lane gives a request whose generation raises (:func:`generation_error`), and the
+        lane goes on with the other rows."""
         prompts, responses = self._gen.next()
-        for progress in prompts:  # a segment ended: the row's cache holds a snapshot point
+        for progress in prompts:
+            if progress.error is not None:
+                self._fail(progress.uid, progress.error, "prefill")
+                continue
+            # a segment ended: the row's cache holds a snapshot point
             row, wanted = self.rows.get(progress.uid), self._snapshots.get(progress.uid)
             if row is None or not wanted or not progress.end_of_segment:
                 continue
@@ -451,10 +468,14 @@ class BatchLane:
                 if len(tokens) in wanted:
                     wanted.discard(len(tokens))
                     row.snapshots.append((list(tokens), cache))
-        if responses:
-            self.tick(len(responses))
+        made = sum(resp.error is None for resp in responses)
+        if made:
+            self.tick(made)
         ended: list[int] = []
         for resp in responses:
+            if resp.error is not None:
+                self._fail(resp.uid, resp.error, "decode step")
+                continue
             row = self.rows.get(resp.uid)
             if row is None:
                 continue
@@ -480,6 +501,18 @@ class BatchLane:
             row.ending = FinishReason.CANCELLED
         if gone:
             self._remove(gone)
+
+    def _fail(self, uid: int, exc: Exception, where: str) -> None:
+        """End row ``uid`` (already out of the generator, its cache dropped) with ``exc``: that
+        request alone gets the error, nothing of it goes to the prompt cache."""
+        row = self.rows.get(uid)
+        if row is None:
+            return
+        log.error("the batch lane's %s failed for request %s; ending it", where, row.request.request_id,
+                  exc_info=exc)
+        row.error = row.error or generation_error(exc)  # its own sampler chain's error, if that came first
+        row.snapshots = []
+        self._end(row, FinishReason.CANCELLED, None, ())
 
     def _remove(self, uids: list[int]) -> None:
         caches = self._gen.remove(uids, return_prompt_caches=True)

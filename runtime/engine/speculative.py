@@ -38,7 +38,7 @@ from typing import Any
 
 import attrs
 
-from mlxrt.compat import hf_tokenizer
+from mlxrt.compat import hf_tokenizer, is_mlx_lm_sampler
 from mlxrt.errors import ModelLoadError
 from mlxrt.records import LoadedModel, ModelInfo
 
@@ -145,7 +145,7 @@ def _mlx_lm_sampler(sampler: Any) -> bool:
     if sampler is None:
         return True
     inner = getattr(sampler, "inner", sampler)
-    return getattr(inner, "__module__", None) == "mlx_lm.sample_utils"
+    return is_mlx_lm_sampler(inner)
 
 
 def _row_by_row(sampler: Any) -> Any:

@@ -9,7 +9,6 @@ and its support tier. ``mlxrt ls``/``scan``/``rm`` and ``GET /library`` read the
 from __future__ import annotations
 
 import dataclasses
-import importlib.util
 import logging
 from collections.abc import Iterable
 from pathlib import Path
@@ -17,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from mlxrt.compat import mlx_lm_has_architecture
 from mlxrt.errors import ModelLoadError
 from mlxrt.loading import (
     ModelSource,
@@ -86,19 +86,6 @@ class CacheScan:
     warnings: list[str]
 
 
-def _mlx_lm_has(model_type: str) -> bool:
-    spec = importlib.util.find_spec("mlx_lm")  # finds the package without importing it
-    for folder in (spec.submodule_search_locations or []) if spec else []:
-        if (Path(folder) / "models" / f"{model_type}.py").is_file():
-            return True
-    try:
-        from mlx_lm.utils import MODEL_REMAPPING
-    except ImportError:
-        return False
-    remapped = MODEL_REMAPPING.get(model_type)
-    return bool(remapped) and remapped != model_type and _mlx_lm_has(remapped)
-
-
 def support_tier(info: Any, host: PluginHost | None) -> tuple[str | None, str]:
     """``(family plugin or None, tier)`` for a model, from its files alone (nothing loads).
 
@@ -112,7 +99,7 @@ def support_tier(info: Any, host: PluginHost | None) -> tuple[str | None, str]:
     if family:
         return family, "family"
     types = {info.model_type, info.text_model_type}
-    return None, "generic" if any(_mlx_lm_has(t) for t in types) else "unsupported"
+    return None, "generic" if any(mlx_lm_has_architecture(t) for t in types if t) else "unsupported"
 
 
 def _quantization(config: dict[str, Any]) -> tuple[int | None, int | None]:

@@ -116,7 +116,10 @@ def _with_generation_config(path: Path, config: dict[str, Any]) -> dict[str, Any
 def _classes_for(config: dict[str, Any]) -> ModelClasses:
     from mlxrt.compat import mlx_lm_remappings
 
-    by_type, by_architecture = mlx_lm_remappings()
+    tables = mlx_lm_remappings()
+    if tables is None:  # mlx-lm's tables could not be read: its own loader knows them
+        raise _NeedsMlxLm
+    by_type, by_architecture = tables
     model_type = config["model_type"]
     architectures = config.get("architectures") or ()
     if isinstance(architectures, str):

@@ -15,6 +15,9 @@ from pathlib import Path
 
 import numpy as np
 
+from mlxrt.testing._checkpoint_files import save_safetensors, write_json
+from mlxrt.testing._tiny_decoders import write_decoder
+
 __all__ = ["write_tiny_gemma4_vision", "VISION_CONFIG"]
 
 VISION_CONFIG = {
@@ -72,10 +75,7 @@ def write_tiny_gemma4_vision(path: Path, *, seed: int = 0, dtype: str = "float32
     """Write the multimodal checkpoint into ``path``; return it."""
     from safetensors.numpy import load_file
 
-    from mlxrt.testing._checkpoint_files import save_safetensors, write_json
-    from mlxrt.testing.writers import write_tiny_checkpoint
-
-    out = write_tiny_checkpoint(path, "gemma4_text", seed=seed, dtype="float32", **text_kwargs)
+    out = write_decoder(path, "gemma4_text", seed=seed, dtype="float32", **text_kwargs)
     text = json.loads((out / "config.json").read_text())
     tensors = {name.replace("model.", "model.language_model.", 1): t
                for name, t in load_file(str(out / "model.safetensors")).items()}

@@ -1,5 +1,6 @@
 """Pytest fixtures for mlxrt plugin authors (entry point ``pytest11``: loaded in every pytest
-run of an environment where mlxrt is installed; docs/plugins/writing-a-plugin.md).
+run of an environment where mlxrt is installed; docs/plugins/writing-a-plugin.md). mlxrt's own
+test suite uses the same fixtures.
 
 Fixtures (all named ``mlxrt_*`` so that they never shadow a project's own):
 
@@ -7,12 +8,22 @@ Fixtures (all named ``mlxrt_*`` so that they never shadow a project's own):
   it in your ``conftest.py`` (default: none beyond what entry points install).
 * ``mlxrt_host`` — a fresh plugin host with ``mlxrt_plugins`` registered (entry-point plugins
   load too, as in ``mlxrt serve``).
-* ``mlxrt_tiny_checkpoint`` — factory: ``mlxrt_tiny_checkpoint("qwen3")`` → the folder of a
-  tiny random checkpoint of that family (``mlxrt.testing.TINY_MODEL_TYPES``), made once per
-  session and per ``(model_type, seed)``.
-* ``mlxrt_serve`` — factory: ``mlxrt_serve(model_folder, options=None, disable=())`` → a
-  Litestar ``TestClient`` of the whole app, in process, with ``mlxrt_plugins`` registered (any
-  ``model`` name in a body reaches the served model); the engine is stopped at teardown.
+* ``mlxrt_home`` — the test's ``MLXRT_HOME``: one folder per session (conversions and caches
+  are shared by the session's tests, never written to the user's home), with
+  ``HF_HUB_OFFLINE=1`` so nothing downloads; set in the environment for the test, so that
+  ``mlxrt`` subprocesses inherit it. ``mlxrt_serve`` uses it; request it from an autouse
+  fixture to isolate every test.
+* ``mlxrt_tiny_checkpoint`` — factory: ``mlxrt_tiny_checkpoint("qwen3", seed=0,
+  tokenizer_dir=None)`` → the folder of a tiny random checkpoint of that family
+  (``mlxrt.testing.TINY_MODEL_TYPES``, ``TINY_VARIANTS``, ``TINY_FAMILY_TYPES``), made once
+  per session and per arguments; ``tokenizer_dir`` copies a real tokenizer instead of the
+  generated one. The folder, and so the served model's id, is named
+  ``<model_type>-<seed>-gen`` (``gen`` replaced by the tokenizer folder's name).
+* ``mlxrt_serve`` — factory: ``mlxrt_serve(model_folder, plugins=(), options=None,
+  disable=())`` → a Litestar ``TestClient`` of the whole app, in process, with
+  ``mlxrt_plugins`` and then ``plugins`` registered; ``options`` are ``mlxrt serve``'s
+  options by their Python names (``{"batch": 4}``); ``disable`` names plugins to leave out.
+  Any ``model`` name in a body reaches the served model; engines stop at teardown.
 * ``mlxrt_model_type`` — the family ``mlxrt_client`` serves (default ``"qwen3"``; override it).
 * ``mlxrt_client`` — ``mlxrt_serve(mlxrt_tiny_checkpoint(mlxrt_model_type))``.
 
@@ -24,13 +35,14 @@ Importing this module imports nothing but pytest: mlx and the app load when a fi
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-__all__ = ["mlxrt_client", "mlxrt_host", "mlxrt_model_type", "mlxrt_plugins", "mlxrt_serve",
+__all__ = ["mlxrt_client", "mlxrt_home", "mlxrt_host", "mlxrt_model_type", "mlxrt_plugins", "mlxrt_serve",
            "mlxrt_tiny_checkpoint"]
 
 
@@ -47,32 +59,46 @@ def mlxrt_host(mlxrt_plugins: Sequence[object]) -> Any:
     return make_host(extra=mlxrt_plugins)
 
 
+@pytest.fixture
+def mlxrt_home(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """``MLXRT_HOME`` for this test, in a folder shared by the session; no downloads."""
+    home = tmp_path_factory.getbasetemp() / "mlxrt-home"
+    monkeypatch.setenv("MLXRT_HOME", str(home))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    return home
+
+
 @pytest.fixture(scope="session")
 def mlxrt_tiny_checkpoint(tmp_path_factory: pytest.TempPathFactory) -> Callable[..., Path]:
+    """Factory: a tiny random checkpoint's folder, written once per session and per arguments."""
     from mlxrt.testing.writers import write_tiny_checkpoint
 
     root = tmp_path_factory.mktemp("mlxrt-tiny")
-    made: dict[tuple[str, int], Path] = {}
+    made: dict[tuple[str, int, Path | None], Path] = {}
 
-    def make(model_type: str, *, seed: int = 0) -> Path:
-        if (model_type, seed) not in made:
-            made[model_type, seed] = write_tiny_checkpoint(root / f"{model_type}-{seed}", model_type, seed=seed)
-        return made[model_type, seed]
+    def make(model_type: str, *, seed: int = 0, tokenizer_dir: str | os.PathLike | None = None) -> Path:
+        tokenizer = Path(tokenizer_dir).resolve() if tokenizer_dir is not None else None
+        key = (model_type, seed, tokenizer)
+        if key not in made:
+            name = f"{model_type}-{seed}-{tokenizer.name if tokenizer else 'gen'}"
+            if (root / name).exists():  # another tokenizer folder of the same name
+                name = f"{name}-{len(made)}"
+            made[key] = write_tiny_checkpoint(root / name, model_type, tokenizer_dir=tokenizer, seed=seed)
+        return made[key]
 
     return make
 
 
 @pytest.fixture
-def mlxrt_serve(mlxrt_plugins: Sequence[object], tmp_path: Path,
-                monkeypatch: pytest.MonkeyPatch) -> Iterator[Callable[..., Any]]:
+def mlxrt_serve(mlxrt_plugins: Sequence[object], mlxrt_home: Path) -> Iterator[Callable[..., Any]]:
+    """Factory: the whole app for a model folder, in process, as a Litestar ``TestClient``."""
     from mlxrt.testing.conformance import served
 
-    # conversions and caches in the test's folder, never the user's home; no downloads
-    monkeypatch.setenv("MLXRT_HOME", str(tmp_path / "mlxrt-home"))
-    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     with contextlib.ExitStack() as stack:
-        def serve(model: str | Path, *, options: dict[str, Any] | None = None, disable: Sequence[str] = ()) -> Any:
-            return stack.enter_context(served(model, plugins=mlxrt_plugins, options=options, disable=disable))
+        def serve(model: str | Path, *, plugins: Sequence[object] = (), options: dict[str, Any] | None = None,
+                  disable: Sequence[str] = ()) -> Any:
+            return stack.enter_context(served(model, plugins=[*mlxrt_plugins, *plugins], options=options,
+                                              disable=disable))
 
         yield serve
 

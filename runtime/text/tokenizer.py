@@ -22,6 +22,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from mlxrt.compat import mlx_lm_sets_tokenizer_defaults
 from mlxrt.text.chat_template import ChatTemplates, pick_template, render_chat_template
 
 __all__ = ["NATIVE_CLASSES", "TextTokenizer", "fallback_reason", "load_tokenizer"]
@@ -138,24 +139,9 @@ def fallback_reason(path: str | Path, *, trust_remote_code: bool = False) -> str
         if key.endswith("_token") and isinstance(value, dict) and key not in _NAMED:
             return f"tokenizer_config.json's {key} is an AddedToken object"
     model_type = _read_json(path / "config.json").get("model_type")
-    if isinstance(model_type, str) and _model_has_tokenizer_defaults(model_type):
+    if isinstance(model_type, str) and mlx_lm_sets_tokenizer_defaults(model_type):
         return f"mlx-lm's {model_type} model sets tokenizer defaults"
     return None
-
-
-def _model_has_tokenizer_defaults(model_type: str) -> bool:
-    """Whether mlx-lm's module for ``model_type`` has ``TOKENIZER_DEFAULTS`` (a custom chat
-    renderer, tool parser or EOS list its loader applies); read, not imported."""
-    import importlib.util
-
-    spec = importlib.util.find_spec("mlx_lm")  # finds the package without importing it
-    if spec is None or not spec.submodule_search_locations:
-        return False
-    module = Path(next(iter(spec.submodule_search_locations))) / "models" / f"{model_type.replace('-', '_')}.py"
-    try:
-        return "TOKENIZER_DEFAULTS" in module.read_text(encoding="utf-8")
-    except OSError:
-        return False
 
 
 class TextTokenizer:
