@@ -10,7 +10,7 @@ from __future__ import annotations
 import inspect
 import logging
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from litestar import Litestar, Request, Response, get
 from litestar.config.cors import CORSConfig
@@ -24,7 +24,10 @@ from mlxrt.api.errors import exception_handlers
 from mlxrt.blas import current as current_blas
 from mlxrt.compat import lean_litestar, wrap_litestar_handler
 from mlxrt.engine.qmv import status as qmv_status
-from mlxrt.errors import PluginError
+
+if TYPE_CHECKING:
+    from mlxrt.host import PluginHost
+    from mlxrt.serving import ServingEngine
 
 __all__ = ["create_app", "claimed_fields"]
 
@@ -63,7 +66,7 @@ async def index(request: Request) -> dict[str, Any]:
     }
 
 
-def _weights_dtype(engine: Any) -> dict[str, Any] | None:
+def _weights_dtype(engine: ServingEngine | None) -> dict[str, Any] | None:
     choice = getattr(getattr(engine, "loaded", None), "dtype", None)
     return choice.as_dict() if choice is not None else None
 
@@ -151,7 +154,7 @@ def _claims(item: Any) -> list[tuple[str, str]]:
     return []
 
 
-def collect_routes(host: Any) -> list[tuple[str, Any]]:
+def collect_routes(host: PluginHost) -> list[tuple[str, Any]]:
     """Every plugin's routes as ``(plugin, route)``, in plugin call order, minus conflicting
     ones (reported) and those of plugins whose ``mlxrt_routes`` raised (marked failed)."""
     taken: dict[tuple[str, str], str] = {
@@ -171,26 +174,14 @@ def collect_routes(host: Any) -> list[tuple[str, Any]]:
     return accepted
 
 
-def claimed_fields(host: Any, dialect: str) -> dict[str, type]:
-    """Extra body fields plugins claim for ``dialect`` (``mlxrt_request_fields``), merged.
-
-    Computed once per host and dialect; two plugins claiming one field is a load error.
-    """
-    cache = host.field_claims
-    if dialect not in cache:
-        merged: dict[str, type] = {}
-        owners: dict[str, str] = {}
-        for plugin, mapping in host.collect("mlxrt_request_fields", dialect=dialect):
-            for name, kind in dict(mapping).items():
-                if name in merged:
-                    raise PluginError(plugin, "mlxrt_request_fields",
-                                      ValueError(f"field {name!r} is already claimed by plugin {owners[name]}"))
-                merged[name], owners[name] = kind, plugin
-        cache[dialect] = merged
-    return cache[dialect]
+def claimed_fields(host: PluginHost, dialect: str) -> dict[str, type]:
+    """Extra body fields plugins claim for ``dialect`` (``mlxrt_request_fields``) and their
+    types (:meth:`mlxrt.host.PluginHost.request_fields`, collected once per host and dialect;
+    two plugins claiming one field is a load error)."""
+    return {name: claim.type for name, claim in host.request_fields(dialect).items()}
 
 
-def create_app(host: Any, *, cors_origins: list[str] | None = None, debug: bool = False) -> Litestar:
+def create_app(host: PluginHost, *, cors_origins: list[str] | None = None, debug: bool = False) -> Litestar:
     """Build the HTTP app for ``host`` (whose ``engine`` serves the model)."""
     contributed = collect_routes(host)
     for dialect in {getattr(r, "opt", {}).get("dialect") for _plugin, r in contributed} - {None}:

@@ -13,7 +13,7 @@ from __future__ import annotations
 import asyncio
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import aclosing, asynccontextmanager
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import anyio
 from litestar import Request
@@ -22,6 +22,10 @@ from litestar.types import Receive
 from mlxrt.assembly import drain
 from mlxrt.errors import MlxrtError
 from mlxrt.records import CacheReport, FinishEvent, GenerationRequest, TokenEvent
+
+if TYPE_CHECKING:
+    from mlxrt.engine.bridge import Generation
+    from mlxrt.serving import ServedModel
 
 __all__ = ["ClientDisconnected", "until_disconnect", "off_loop", "start_generation", "start_choices",
            "closing_on_error", "drain_until_disconnect", "drain_choices"]
@@ -84,7 +88,8 @@ async def closing_on_error(gen: Any) -> AsyncIterator[None]:
         raise
 
 
-async def start_generation(request: Request, engine: Any, generation: GenerationRequest) -> tuple[Any, CacheReport]:
+async def start_generation(request: Request, model: ServedModel, generation: GenerationRequest
+                           ) -> tuple[Generation, CacheReport]:
     """Submit ``generation`` and wait until it is admitted (its prompt-cache lookup done).
 
     Returns the engine's ``Generation`` handle and its :class:`~mlxrt.records.CacheReport`.
@@ -94,23 +99,23 @@ async def start_generation(request: Request, engine: Any, generation: Generation
     From here the caller owns the handle: a stream closes it when it ends or is closed,
     :func:`drain_until_disconnect` when it returns.
     """
-    gen = engine.generate(generation)
+    gen = model.generate(generation)
     async with closing_on_error(gen):
         return gen, await until_disconnect(request, gen.started())
 
 
-async def start_choices(request: Request, engine: Any, generations: Sequence[GenerationRequest]
-                        ) -> tuple[list[Any], CacheReport]:
+async def start_choices(request: Request, model: ServedModel, generations: Sequence[GenerationRequest]
+                        ) -> tuple[list[Generation], CacheReport]:
     """:func:`start_generation` for the choices of one request (OpenAI's ``n``): all submitted
     at once, so they run side by side where the lane has rows; waits until the first is
     admitted and returns its report. The others may wait behind it (the serial lane runs one
     at a time), so an error that keeps one of them out arrives in its events. If one is
     refused at submission (``QueueFull``), the first fails before its first token, or the
     client leaves, every one is closed and the error raised."""
-    gens: list[Any] = []
+    gens: list[Generation] = []
     try:
         for generation in generations:
-            gens.append(engine.generate(generation))
+            gens.append(model.generate(generation))
         report = await until_disconnect(request, gens[0].started())
     except BaseException:
         for gen in gens:

@@ -31,13 +31,16 @@ a typed error rendered in the route's dialect.
 from __future__ import annotations
 
 from collections.abc import Iterable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 from litestar.connection import ASGIConnection
 from litestar.handlers import BaseRouteHandler
 
 from mlxrt.errors import MlxrtError
+
+if TYPE_CHECKING:
+    from mlxrt.host import PluginHost
 
 __all__ = ["EdgePolicy", "HostNotAllowed", "UnsupportedMediaType", "BrowserRefused", "PluginUnavailable",
            "edge_guard", "is_loopback", "loopback_hosts", "own_origins", "parse_hosts", "is_json_media_type"]
@@ -188,7 +191,7 @@ def _state_changing(method: str, opt: dict[str, Any]) -> bool:
     return method != "POST" or "dialect" not in opt
 
 
-def edge_guard(policy: EdgePolicy, host: Any, owners: dict[tuple[str, str], str] | None = None) -> Any:
+def edge_guard(policy: EdgePolicy, host: PluginHost, owners: dict[tuple[str, str], str] | None = None) -> Any:
     """The Litestar guard enforcing ``policy``; it also refuses (503) the routes whose plugin
     (``owners``: ``(method, path template)`` → plugin) failed at start."""
     owners = owners or {}

@@ -1,23 +1,22 @@
-"""The one path every generation request takes: decode → plan → prepare → engine → assemble →
-encode.
+"""The one HTTP path every generation request takes: decode → plan → prepare → engine →
+assemble → encode.
 
 A dialect owns only its wire shapes: it decodes a body into a :class:`Turn` (the chat the
 model sees and a :class:`~mlxrt.records.RequestOptions`) and encodes the answer as a body or
-stream frames. Everything between is here, once, so ``--max-tokens``, the sampling chain,
-logit-bias checks, ``tool_choice`` enforcement, ``mlxrt_prompt_canonicalize`` and
-``mlxrt_prepare_request`` behave the same on every API:
+stream frames. The model work between is the served model's (:mod:`mlxrt.serving`: planning,
+``--max-tokens``, the sampling chain, logit-bias checks, ``tool_choice`` enforcement,
+``mlxrt_prompt_canonicalize`` and ``mlxrt_prepare_request``), so it behaves the same on every
+API; this module adds the wire edge — the client's connection, headers, framing:
 
-- :func:`plan` builds the engine's :class:`~mlxrt.records.GenerationRequest` (the only builder);
-- :func:`planned_chat` / :func:`planned_text` render or tokenize, plan and run
-  ``mlxrt_prepare_request`` (grammar compilation and its 400s) on a worker thread — never on the
-  event loop, never on the engine thread — before the request queues;
+- :func:`planned_chat` / :func:`planned_text` render or tokenize, plan and prepare
+  (:meth:`mlxrt.serving.ServedModel.plan_chat` / ``plan_text``) on a worker thread abandoned
+  if the client leaves — never on the event loop, never on the engine thread;
 - :func:`assembler_for` makes the answer's :class:`~mlxrt.assembly.ResponseAssembler` from the
   request's own options (its tools) and reports the finished turn to observers;
 - :func:`serve_chat` runs a whole request for a :class:`Dialect` (a dialect with server-side
-  state, such as Responses' stored conversations, binds it in its optional ``resolve`` step); a
-  dialect whose wire needs more (text completions' raw prompt) calls the steps itself;
-- :func:`choice_requests` makes the engine requests of a request for several choices
-  (``options.n``), which :func:`mlxrt.api.disconnect.start_choices` submits together.
+  state, such as Responses' stored conversations, binds it in its optional ``resolve`` step),
+  several choices (``options.n``) included;
+- :func:`serve_text` runs a whole raw-prompt completion for a :class:`TextDialect`.
 
 Writing a dialect: docs/plugins/dialects.md.
 """
@@ -26,7 +25,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import AsyncIterator, Mapping, Sequence
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import attrs
 from litestar import Request, Response
@@ -41,22 +40,15 @@ from mlxrt.api.disconnect import (
     start_choices,
     start_generation,
 )
-from mlxrt.api.generation import (
-    FrameWriter,
-    assembled_stream,
-    forced_tool_call,
-    guarded,
-    refuse_overlong_text,
-    response_headers,
-    turn_observer,
-)
+from mlxrt.api.framing import FrameWriter, assembled_stream, guarded
+from mlxrt.api.headers import response_headers
 from mlxrt.api.models import host_for
+from mlxrt.api.observers import turn_observer
 from mlxrt.api.sse import sse_data, sse_event, sse_response
+from mlxrt.api.text_limits import refuse_overlong_text
 from mlxrt.api.wire import IGNORED_HEADER, parse_json_object
 from mlxrt.assembly import ResponseAssembler
-from mlxrt.engine.admission import check_choices, choice_ceiling, plan_max_tokens
-from mlxrt.engine.sampling import choice_seed, resolve_sampling
-from mlxrt.errors import InvalidRequest, MlxrtError
+from mlxrt.errors import EngineError, InvalidRequest, MlxrtError
 from mlxrt.records import (
     CacheReport,
     ChatInput,
@@ -67,16 +59,15 @@ from mlxrt.records import (
     TokenEvent,
     ToolCall,
 )
-from mlxrt.templating import (
-    RenderedPrompt,
-    canonicalize,
-    encode_text,
-    render_chat,
-    rendered_request,
-)
+from mlxrt.serving import ServedModel, ServingHost, choice_requests
+from mlxrt.templating import RenderedPrompt
 from mlxrt.text.tool_calls import PARTIAL_CALL_HEADER
 
-__all__ = ["Turn", "Answer", "Dialect", "Framed", "plan", "prepare_request", "prepare", "planned_chat", "planned_text",
+if TYPE_CHECKING:
+    from mlxrt.engine.bridge import Generation
+
+__all__ = ["Turn", "Answer", "Dialect", "Framed", "planned_chat", "planned_text", "ServingHost",
+           "TextTurn", "TextAnswer", "TextDialect", "serve_text",
            "assembler_for", "owned_adapters", "serve_chat", "route_opt", "choice_requests",
            # Re-exported so a dialect needs this module, mlxrt.records and mlxrt.errors only:
            "ChatInput", "FrameWriter", "sse_data", "sse_event"]
@@ -105,8 +96,8 @@ class Turn:
     stream: bool = False
     headers: Mapping[str, str] = attrs.field(factory=dict)
     single_call: bool = False
-    wire: Any = None
-    host: Any = None
+    wire: Any = None  # the dialect's own type, opaque here
+    host: ServingHost | None = None
     store: bool = True
 
 
@@ -177,7 +168,7 @@ class Dialect(Protocol):
                report: CacheReport, turn: Turn) -> AsyncIterator[bytes]:
         """A streamed answer's frames: engine events (``gen``, which the stream owns and closes)
         through ``assembler`` into the wire's frames. Most dialects inherit it from
-        :class:`Framed` and write only a :class:`~mlxrt.api.generation.FrameWriter`."""
+        :class:`Framed` and write only a :class:`~mlxrt.api.framing.FrameWriter`."""
         ...
 
     def render_error(self, status: int, type_: str, message: str, param: str | None,
@@ -193,7 +184,7 @@ class Dialect(Protocol):
 
 class Framed:
     """Base of a dialect whose stream is a grammar over assembled deltas: define
-    :meth:`frames`; :meth:`stream` drives it with :func:`mlxrt.api.generation.assembled_stream`."""
+    :meth:`frames`; :meth:`stream` drives it with :func:`mlxrt.api.framing.assembled_stream`."""
 
     def frames(self, *, id: str, model: str, report: CacheReport, turn: Turn) -> FrameWriter:
         """The stream grammar for one streamed answer."""
@@ -210,124 +201,51 @@ def route_opt(dialect: Dialect) -> dict[str, Any]:
     return {"dialect": dialect.name, "render_error": dialect.render_error}
 
 
-def plan(host: Any, options: RequestOptions, prompt_ids: Sequence[int], *, dialect: str, request_id: str,
-         default_max_tokens: int, partition: str = "") -> GenerationRequest:
-    """The engine request for decoded ``options`` and the tokenized prompt, canonicalized.
-
-    ``--max-tokens`` (``host.options["max_tokens"]``) overrides ``default_max_tokens``;
-    admission caps both to the context. An explicit ``options.max_tokens`` that cannot fit is
-    refused, unless ``options.max_tokens_is_ceiling``: then it is capped like a default.
-    Sampling follows :func:`mlxrt.engine.sampling.resolve_sampling`'s chain; a forcing
-    ``tool_choice`` becomes a grammar or forced openings (:func:`mlxrt.api.generation.forced_tool_call`);
-    an unknown ``adapter`` is a 400. ``partition`` is the caller (:func:`mlxrt.api.auth.caller_of`).
-    """
-    engine = host.engine
-    vocab = engine.info.config_int("vocab_size")
-    for token in options.logit_bias:
-        if token < 0 or (vocab is not None and token >= vocab):
-            raise InvalidRequest(f"logit_bias token id {token} is not in the vocabulary"
-                                 + (f" (0 to {vocab - 1})" if vocab is not None else ""), param="logit_bias")
-    option = host.options.get("max_tokens")
-    default = option if option is not None else default_max_tokens
-    requested = options.max_tokens
-    if options.max_tokens_is_ceiling and requested is not None:
-        default, requested = requested, None
-    ceiling = engine.context_ceiling
-    if options.n > 1:
-        config = getattr(engine, "config", None)
-        check_choices(options.n, getattr(config, "batch", 1), getattr(config, "max_queue", 0))
-        ceiling = choice_ceiling(engine.info.context_window, getattr(engine, "safe_context", None), options.n)
-    max_tokens = plan_max_tokens(len(prompt_ids), requested, default, ceiling, choices=options.n)
-    sampling = resolve_sampling(options.sampling, host.options, engine.info.generation_config, seed=options.seed,
-                                logit_bias=options.logit_bias)
-    forced, structured = forced_tool_call(host, options.forced_tools, options.tools, prompt_ids,
-                                          structured=options.structured)
-    gen = GenerationRequest(
-        request_id=request_id, prompt_ids=tuple(prompt_ids), max_tokens=max_tokens, sampling=sampling,
-        stop=tuple(options.stop), dialect=dialect, extra=dict(options.extra), logprobs=options.logprobs,
-        forced_prefixes=forced, structured=structured, num_draft_tokens=options.num_draft_tokens,
-        adapters=registry.resolve(options.adapter) if (registry := getattr(engine, "adapters", None)) else (),
-        partition=partition,
-    )
-    return canonicalize(host, gen, dialect)
+async def planned_chat(request: Request, host: ServingHost, chat: ChatInput, options: RequestOptions, *,
+                       dialect: str, request_id: str, default_max_tokens: int
+                       ) -> tuple[RenderedPrompt, GenerationRequest]:
+    """Render ``chat`` (with ``options.tools``), plan and prepare its engine request
+    (:meth:`mlxrt.serving.ServedModel.plan_chat`), on a worker thread abandoned if the client
+    leaves (templating and grammars may take a while)."""
+    model = _model(host)
+    return await off_loop(request, lambda: model.plan_chat(
+        chat, options, dialect=dialect, request_id=request_id, default_max_tokens=default_max_tokens,
+        partition=caller_of(request)))
 
 
-def choice_requests(generation: GenerationRequest, n: int) -> tuple[GenerationRequest, ...]:
-    """The engine requests of ``n`` choices of one planned request: the first is
-    ``generation`` itself, each other has its own id (``<id>-<index>``) and a seed derived from
-    the request's (:func:`mlxrt.engine.sampling.choice_seed`)."""
-    return (generation, *(attrs.evolve(
-        generation, request_id=f"{generation.request_id}-{i}",
-        sampling=attrs.evolve(generation.sampling, seed=choice_seed(generation.sampling.seed, i)))
-        for i in range(1, n)))
+async def planned_text(request: Request, host: ServingHost, prompt: str, options: RequestOptions, *,
+                       dialect: str, request_id: str, default_max_tokens: int) -> GenerationRequest:
+    """A raw text prompt (no chat template), tokenized, planned and prepared off the loop
+    (:meth:`mlxrt.serving.ServedModel.plan_text`)."""
+    model = _model(host)
+    return await off_loop(request, lambda: model.plan_text(
+        prompt, options, dialect=dialect, request_id=request_id, default_max_tokens=default_max_tokens,
+        partition=caller_of(request)))
 
 
-def prepare_request(host: Any, request: GenerationRequest) -> None:
-    """Run ``mlxrt_prepare_request`` here (a caller already on a worker thread)."""
-    host.collect("mlxrt_prepare_request", request=request, info=host.engine.info, host=host)
+def _model(host: ServingHost) -> ServedModel:
+    model = host.model
+    if model is None:
+        raise EngineError("no model is being served")
+    return model
 
 
-async def prepare(host: Any, request: GenerationRequest) -> None:
-    """Run ``mlxrt_prepare_request`` for ``request`` on a worker thread (neither the event loop
-    nor the engine thread): slow per-request work, such as compiling a grammar, and its 400s,
-    happen before the request queues."""
-    import anyio
-
-    if host.pm.hook.mlxrt_prepare_request.get_hookimpls():  # else skip the thread hop
-        await anyio.to_thread.run_sync(prepare_request, host, request)
-
-
-def _plan_chat(host: Any, chat: ChatInput, options: RequestOptions, dialect: str, request_id: str,
-               default_max_tokens: int, partition: str) -> tuple[RenderedPrompt, GenerationRequest]:
-    engine = host.engine
-    rendered = render_chat(host, engine.tokenizer, engine.profile, attrs.evolve(chat, tools=options.tools))
-    gen = plan(host, options, rendered.ids, dialect=dialect, request_id=request_id,
-               default_max_tokens=default_max_tokens, partition=partition)
-    gen = rendered_request(gen, rendered)
-    prepare_request(host, gen)
-    return rendered, gen
-
-
-async def planned_chat(request: Request, host: Any, chat: ChatInput, options: RequestOptions, *, dialect: str,
-                       request_id: str, default_max_tokens: int) -> tuple[RenderedPrompt, GenerationRequest]:
-    """Render ``chat`` (with ``options.tools``), plan and prepare its engine request, on a
-    worker thread abandoned if the client leaves (templating and grammars may take a while)."""
-    return await off_loop(request, _plan_chat, host, chat, options, dialect, request_id, default_max_tokens,
-                          caller_of(request))
-
-
-def _plan_text(host: Any, prompt: str, options: RequestOptions, dialect: str, request_id: str,
-               default_max_tokens: int, partition: str) -> GenerationRequest:
-    ids = encode_text(host.engine.tokenizer, prompt)
-    gen = plan(host, options, ids, dialect=dialect, request_id=request_id, default_max_tokens=default_max_tokens,
-               partition=partition)
-    prepare_request(host, gen)
-    return gen
-
-
-async def planned_text(request: Request, host: Any, prompt: str, options: RequestOptions, *, dialect: str,
-                       request_id: str, default_max_tokens: int) -> GenerationRequest:
-    """A raw text prompt (no chat template), tokenized, planned and prepared off the loop."""
-    return await off_loop(request, _plan_text, host, prompt, options, dialect, request_id, default_max_tokens,
-                          caller_of(request))
-
-
-def owned_adapters(request: Request, host: Any, options: RequestOptions) -> RequestOptions:
+def owned_adapters(request: Request, host: ServingHost, options: RequestOptions) -> RequestOptions:
     """``options`` with its ``adapter`` names as the caller means them: its own mounts, else the
     server's; another API key's adapter is unknown (400), as if it were not mounted."""
-    registry = getattr(host.engine, "adapters", None)
+    registry = _model(host).adapters
     if registry is None or options.adapter is None:
         return options
     return attrs.evolve(options, adapter=registry.qualify(options.adapter, caller_of(request)))
 
 
-def assembler_for(host: Any, turn: Turn, rendered: RenderedPrompt, generation: GenerationRequest, *,
+def assembler_for(host: ServingHost, turn: Turn, rendered: RenderedPrompt, generation: GenerationRequest, *,
                   caller: str = "", observed: bool = True) -> ResponseAssembler:
     """Engine events → reasoning, content and tool calls, with the request's own tools; the
     finished turn is reported to ``mlxrt_turn_finished`` observers, as ``caller``'s
     (:func:`mlxrt.api.auth.caller_of`), unless not ``observed`` (of several choices, only the
     first is the conversation's turn)."""
-    return ResponseAssembler(host.engine.profile, tools=turn.options.tools,
+    return ResponseAssembler(_model(host).profile, tools=turn.options.tools,
                              starts_in_thinking=rendered.starts_in_thinking,
                              on_finish=turn_observer(host, dialect=generation.dialect,
                                                      request_id=generation.request_id,
@@ -350,16 +268,16 @@ async def serve_chat(request: Request, dialect: Dialect) -> Response:
     rendered, generation = await planned_chat(request, host, turn.chat, turn.options, dialect=dialect.name,
                                               request_id=dialect.new_id(),
                                               default_max_tokens=dialect.default_max_tokens)
-    engine = host.engine
-    model = engine.info.model_id
+    served = _model(host)
+    model = served.info.model_id
     created = int(time.time())
     if turn.options.n > 1:
         return await _serve_choices(request, dialect, turn, rendered, generation, created)
     assembler = assembler_for(host, turn, rendered, generation, caller=caller_of(request))
     # Admission errors (queue full, a failing sampler hook) surface here, as the status.
-    gen, report = await start_generation(request, engine, generation)
+    gen, report = await start_generation(request, served, generation)
     async with closing_on_error(gen):  # until a stream owns it
-        headers = _chat_headers(turn, engine, report)
+        headers = _chat_headers(turn, served, report)
         if turn.stream:
             frames = dialect.stream(gen, assembler, id=generation.request_id, model=model, created=created,
                                     report=report, turn=turn)
@@ -370,12 +288,12 @@ async def serve_chat(request: Request, dialect: Dialect) -> Response:
     return Response(content=dialect.body(answer), status_code=200, headers=headers)
 
 
-def _chat_headers(turn: Turn, engine: Any, report: Any) -> dict[str, str]:
+def _chat_headers(turn: Turn, served: ServedModel, report: CacheReport) -> dict[str, str]:
     """A chat answer's headers (one choice or several): the dialect's and the admission
     report's, and ``tools`` in ``x-mlxrt-ignored`` when the template rendered the tools but
     nothing can read calls back."""
     headers = response_headers(turn.headers, report)
-    if turn.options.tools and engine.profile.tool_parser is None:
+    if turn.options.tools and served.profile.tool_parser is None:
         headers[IGNORED_HEADER] = ", ".join(filter(None, [headers.get(IGNORED_HEADER), "tools"]))
     return headers
 
@@ -406,9 +324,10 @@ async def _serve_choices(request: Request, dialect: Any, turn: Turn, rendered: R
     generations = choice_requests(generation, turn.options.n)
     assemblers = [assembler_for(host, turn, rendered, g, caller=caller_of(request), observed=i == 0)
                   for i, g in enumerate(generations)]
-    model = host.engine.info.model_id
-    gens, report = await start_choices(request, host.engine, generations)
-    headers = _chat_headers(turn, host.engine, report)
+    served = _model(host)
+    model = served.info.model_id
+    gens, report = await start_choices(request, served, generations)
+    headers = _chat_headers(turn, served, report)
     if turn.stream:
         frames = stream_choices(gens, assemblers, id=generation.request_id, model=model, created=created,
                                 report=report, turn=turn)
@@ -419,3 +338,96 @@ async def _serve_choices(request: Request, dialect: Any, turn: Turn, rendered: R
                             created=created, headers=headers) for assembler, (finish, logprobs) in zip(assemblers, results, strict=True))
     answer = attrs.evolve(answers[0], choices=answers)
     return Response(content=dialect.body(answer), status_code=200, headers=headers)
+
+
+@attrs.frozen
+class TextTurn:
+    """A decoded text-completion body (no chat template, no reasoning or tools).
+
+    :ivar prompt: The raw prompt, tokenized with the tokenizer's own special-token handling.
+    :ivar options: How to answer (``n`` choices, sampling, stops, logprobs …).
+    :ivar model: The body's ``model`` (``None``: the default).
+    :ivar stream: Answer as a stream of frames rather than one body.
+    :ivar headers: Response headers the decoder adds (``x-mlxrt-ignored`` …).
+    :ivar wire: The dialect's own decoded body, for its encoder.
+    :ivar host: The host serving the turn, set by the pipeline once the model is chosen.
+    """
+
+    prompt: str
+    options: RequestOptions = RequestOptions()
+    model: str | None = None
+    stream: bool = False
+    headers: Mapping[str, str] = attrs.field(factory=dict)
+    wire: Any = None  # the dialect's own type, opaque here
+    host: ServingHost | None = None
+
+
+@attrs.frozen
+class TextAnswer:
+    """One finished choice of a text completion: its whole ``text`` (the finish event's held-back
+    text included), and its tokens' events when the request asked for log-probabilities."""
+
+    id: str
+    model: str
+    text: str
+    finish: FinishEvent
+    created: int
+    logprobs: Sequence[TokenEvent] | None = None
+
+
+@runtime_checkable
+class TextDialect(Protocol):
+    """A raw-prompt completion API's wire shapes; :func:`serve_text` does the rest."""
+
+    name: str
+    default_max_tokens: int
+
+    def decode(self, body: Mapping[str, Any], claimed: Mapping[str, type], *, strict: bool) -> TextTurn:
+        """Validate ``body`` into a :class:`TextTurn` (:class:`~mlxrt.errors.InvalidRequest` if bad)."""
+        ...
+
+    def new_id(self) -> str:
+        """A fresh response id."""
+        ...
+
+    def body(self, answers: Sequence[TextAnswer], turn: TextTurn) -> Any:
+        """The non-streamed body of every choice (``answers`` in index order)."""
+        ...
+
+    def stream(self, gens: Sequence[Generation], *, id: str, model: str, created: int, turn: TextTurn
+               ) -> AsyncIterator[bytes]:
+        """The frames of every choice's engine request (the stream owns and closes ``gens``)."""
+        ...
+
+    def error_frame(self, exc: MlxrtError) -> bytes:
+        """An error after the stream started, as one frame."""
+        ...
+
+
+async def serve_text(request: Request, dialect: TextDialect) -> Response:
+    """A whole text-completion request for ``dialect``: decode, pick the model, refuse an
+    overlong body, tokenize, plan and prepare off the loop, run its choices, and answer with
+    the dialect's body or stream. Completions are not chat turns: no observer is told."""
+    host = request.app.state.host
+    body = parse_json_object(await request.body())
+    turn = dialect.decode(body, claimed_fields(host, dialect.name), strict=bool(host.options.get("strict")))
+    host = await host_for(request, turn.model)
+    turn = attrs.evolve(turn, host=host)
+    await refuse_overlong_text(request, body, host)
+    options = owned_adapters(request, host, turn.options)
+    generation = await planned_text(request, host, turn.prompt, options, dialect=dialect.name,
+                                    request_id=dialect.new_id(), default_max_tokens=dialect.default_max_tokens)
+    served = _model(host)
+    model = served.info.model_id
+    created = int(time.time())
+    gens, report = await start_choices(request, served, choice_requests(generation, options.n))
+    headers = response_headers(turn.headers, report)
+    if turn.stream:  # the stream owns the engine requests from here
+        frames = dialect.stream(gens, id=generation.request_id, model=model, created=created, turn=turn)
+        return sse_response(guarded(frames, dialect.error_frame), headers=headers)
+    texts: list[list[str]] = [[] for _ in gens]
+    results = await drain_choices(request, gens, [parts.append for parts in texts])
+    answers = [TextAnswer(id=generation.request_id, model=model, text="".join(parts) + finish.text, finish=finish,
+                          created=created, logprobs=logprobs if generation.logprobs is not None else None)
+               for parts, (finish, logprobs) in zip(texts, results, strict=True)]
+    return Response(content=dialect.body(answers, turn), status_code=200, headers=headers)

@@ -22,8 +22,9 @@ import cattrs
 from cattrs.strategies import configure_union_passthrough
 
 from mlxrt.errors import InvalidRequest
+from mlxrt.records import ToolCall
 
-__all__ = ["FieldRule", "check_fields", "parse_json_object", "strict_converter", "structure",
+__all__ = ["tool_input", "FieldRule", "check_fields", "parse_json_object", "strict_converter", "structure",
            "claimed_values", "ignored_fields", "ignored_headers", "IGNORED_HEADER"]
 
 T = TypeVar("T")
@@ -229,3 +230,12 @@ def ignored_headers(ignored: Sequence[str]) -> dict[str, str]:
              for name in ignored[:MAX_IGNORED_NAMED]]
     more = len(ignored) - len(named)
     return {IGNORED_HEADER: ", ".join(named) + (f" (and {more} more)" if more else "")}
+
+
+def tool_input(call: ToolCall) -> dict[str, Any]:
+    """A parsed call's arguments as an object (``{"_raw": text}`` when they are not one)."""
+    try:
+        value = json.loads(call.arguments or "{}")
+    except json.JSONDecodeError:
+        return {"_raw": call.arguments}
+    return value if isinstance(value, dict) else {"_raw": call.arguments}

@@ -8,9 +8,12 @@ hook the grammar plugin also implements.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING
 
 from mlxrt.records import Capabilities, FamilyProfile
+
+if TYPE_CHECKING:
+    from mlxrt.host import PluginHost
 
 __all__ = ["STRUCTURED_OUTPUTS", "declared", "capabilities"]
 
@@ -18,17 +21,17 @@ __all__ = ["STRUCTURED_OUTPUTS", "declared", "capabilities"]
 STRUCTURED_OUTPUTS = "structured_outputs"
 
 
-def declared(host: Any) -> frozenset[str]:
+def declared(host: PluginHost) -> frozenset[str]:
     """The capability names the loaded plugins declare."""
     return frozenset(name for _plugin, name in host.collect("mlxrt_capabilities"))
 
 
-def capabilities(host: Any, profile: FamilyProfile | None = None) -> Capabilities:
-    """The capabilities of the model ``profile`` describes (default: the one ``host.engine``
+def capabilities(host: PluginHost, profile: FamilyProfile | None = None) -> Capabilities:
+    """The capabilities of the model ``profile`` describes (default: the one ``host.model``
     serves; ``/v1/models`` asks for the served model's while another is swapped in), with the
     plugins loaded."""
     from mlxrt.engine.embedding import is_embedding_model
 
-    profile = host.engine.profile if profile is None else profile
+    profile = host.model.profile if profile is None else profile
     return Capabilities(structured_outputs=STRUCTURED_OUTPUTS in declared(host),
                         vision=profile.vision is not None, embeddings=is_embedding_model(profile.info))

@@ -35,8 +35,9 @@ Rules every hook follows:
   fails only that request.
 * **Several models** (``--max-models``, ``--model-alias``): the ``host`` a family or request
   hook receives is that model's view of the host (:class:`mlxrt.model_pool.ModelHost`):
-  ``host.engine`` is the engine of the model being loaded or asked; everything else, plugin
-  state included, is the shared host's (key model-specific caches by ``host.engine``).
+  ``host.model`` (a :class:`mlxrt.serving.ServedModel`) is the model being loaded or asked;
+  everything else, plugin state included, is the shared host's (key model-specific caches by
+  something of that model's, such as ``host.model.tokenizer``).
 """
 
 from __future__ import annotations
@@ -232,7 +233,7 @@ def mlxrt_prompt_canonicalize(
 
     :param request: The request as the dialect built it.
     :param dialect: The dialect's name (``openai``, ``anthropic``, ``responses``).
-    :param host: The plugin host; ``host.engine.tokenizer`` decodes and re-encodes the prompt
+    :param host: The plugin host; ``host.model.tokenizer`` decodes and re-encodes the prompt
         for a rewrite made on text.
     :returns: A replacement request, or ``None`` to leave it unchanged.
 
@@ -248,7 +249,7 @@ def mlxrt_prepare_request(request: GenerationRequest, info: ModelInfo, host: Plu
 
     :param request: The request as the dialect built it (after canonicalization).
     :param info: The served model's description.
-    :param host: The plugin host (``host.engine.tokenizer``, ``host.options``).
+    :param host: The plugin host (``host.model.tokenizer``, ``host.options``).
     :returns: ``None``. Keep what you prepare in your own cache, keyed by the request's
         content, and pick it up in ``mlxrt_logits_processors``.
 
@@ -271,8 +272,9 @@ def mlxrt_capabilities() -> Sequence[str] | None:
 
     Capabilities are declared, never guessed from which hooks a plugin implements: a plugin
     that implements ``mlxrt_prepare_request`` for other reasons does not make the server accept
-    ``response_format``. Read them through :func:`mlxrt.capabilities.capabilities`. Called per
-    request; results are collected.
+    ``response_format``. Read them through ``host.model.capabilities``
+    (:attr:`mlxrt.serving.ServedModel.capabilities`). Collected once per served model, when it
+    starts serving (not per request); results are collected.
 
     .. versionadded:: 0.1
     """
@@ -329,9 +331,10 @@ def mlxrt_turn_finished(turn: FinishedTurn, host: PluginHost) -> None:
     or not, when the dialect has assembled the whole answer; a request the client abandoned or
     that failed is not reported. A plugin that keeps turns keeps each ``turn.caller``'s apart
     (the API key's digest) and keeps none whose ``turn.store`` is false (Responses'
-    ``store: false``). Runs **on the event loop**: hand slow work (disk, network) to
-    your own thread. An exception is logged with the plugin's name and never reaches the
-    client, whose answer is already complete.
+    ``store: false``). Runs **off the event loop**, on the host's one observer thread, in the
+    order turns finish (so a slow observer delays only the observers after it, never a
+    request). An exception is logged with the plugin's name and never reaches the client,
+    whose answer is already complete.
 
     .. versionadded:: 0.1
     """
@@ -344,7 +347,7 @@ def mlxrt_turn_finished(turn: FinishedTurn, host: PluginHost) -> None:
 def mlxrt_routes(host: PluginHost) -> Sequence[Any]:
     """Contribute HTTP routes: Litestar route handlers, controllers or routers.
 
-    :param host: The plugin host; ``host.engine`` and ``host.options`` are available to
+    :param host: The plugin host; ``host.model`` and ``host.options`` are available to
         handlers through it.
     :returns: A list of Litestar ``ControllerRouterHandler`` objects. Tag a handler with
         ``opt={"dialect": "<name>"}`` so errors it raises render in that dialect's shape.
@@ -367,9 +370,12 @@ def mlxrt_request_fields(dialect: str) -> Mapping[str, type] | None:
     """Claim extra request-body fields for a dialect.
 
     :param dialect: The dialect asking (``openai``, …).
-    :returns: A mapping of field name → expected Python type. Claimed fields are type-checked
-        by the dialect and passed on in ``GenerationRequest.extra``. Two plugins claiming one
-        field is a load error.
+    :returns: A mapping of field name → expected Python type, or →
+        :class:`mlxrt.records.RequestField` (the type and a ``validate`` callable, run with the
+        value while the request is planned, off the event loop and before any response
+        starts: raise :class:`~mlxrt.errors.InvalidRequest` for a bad value, a 400 also for a
+        streamed request). Claimed fields are type-checked by the dialect and passed on in
+        ``GenerationRequest.extra``. Two plugins claiming one field is a load error.
 
     Called once per dialect when the app is built. Results are merged.
 

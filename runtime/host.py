@@ -15,14 +15,18 @@ import os
 import re
 import threading
 from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import pluggy
 
 from mlxrt import hookspecs
 from mlxrt.errors import MlxrtError, PluginError
-from mlxrt.records import PluginRecord
+from mlxrt.records import PluginRecord, RequestField
+
+if TYPE_CHECKING:
+    from mlxrt.model_pool import ModelPool
+    from mlxrt.serving import ServedModel, ServingEngine
 
 __all__ = ["PluginHost", "make_host", "FAMILY_HOOKS", "ENTRY_POINT_GROUP"]
 
@@ -63,10 +67,11 @@ class PluginHost:
     :ivar options: Values of ``mlxrt serve`` options, by name (plugins read their own here).
     :ivar engine: The running engine once the server started, else ``None`` (with several
         models: the served model's while resident, else the latest loaded; requests get theirs
-        from ``models``).
+        from ``models``). The runtime's own: plugins use :attr:`model`.
     :ivar models: The :class:`mlxrt.model_pool.ModelPool` once the server started.
     :ivar route_conflicts: Routes skipped because another plugin claimed them first.
-    :ivar field_claims: Request fields claimed by plugins, per dialect (see ``mlxrt_request_fields``).
+    :ivar field_claims: Request fields claimed by plugins, per dialect (see ``mlxrt_request_fields``
+        and :meth:`request_fields`).
     :ivar plugin_states: What plugins keep for the host's lifetime (see :meth:`plugin_state`).
     :ivar strict: ``MLXRT_STRICT_PLUGINS=1``: a plugin failure is an error, not a skipped plugin.
     """
@@ -74,13 +79,25 @@ class PluginHost:
     pm: pluggy.PluginManager
     records: dict[str, PluginRecord] = attrs.field(factory=dict)
     options: dict[str, Any] = attrs.field(factory=dict)
-    engine: Any = None
-    models: Any = None
+    engine: ServingEngine | None = None
+    models: ModelPool | None = None
     route_conflicts: list[str] = attrs.field(factory=list)
-    field_claims: dict[str, dict[str, type]] = attrs.field(factory=dict)
+    field_claims: dict[str, dict[str, RequestField]] = attrs.field(factory=dict)
     plugin_states: dict[str, Any] = attrs.field(factory=dict)
     strict: bool = False
     _state_lock: threading.Lock = attrs.field(factory=threading.Lock, repr=False)
+    _served: Any = attrs.field(default=None, init=False, repr=False, eq=False)
+    _field_owners: dict[tuple[str, str], str] = attrs.field(factory=dict, init=False, repr=False, eq=False)
+
+    @property
+    def model(self) -> ServedModel | None:
+        """The model :attr:`engine` serves, as plugins see it (:class:`mlxrt.serving.ServedModel`),
+        or ``None`` before the server started. Routes that serve a request's ``model`` ask
+        :func:`mlxrt.api.models.host_for` for the host of that model and read its ``model``."""
+        from mlxrt.serving import served_model
+
+        self._served = served_model(self, self.engine, self._served)
+        return self._served
 
     def plugin_state(self, name: str, make: Callable[[], Any]) -> Any:
         """The object plugin ``name`` keeps for as long as this host lives (a cache, a
@@ -90,6 +107,38 @@ class PluginHost:
             if name not in self.plugin_states:
                 self.plugin_states[name] = make()
             return self.plugin_states[name]
+
+    def request_fields(self, dialect: str) -> dict[str, RequestField]:
+        """The body fields plugins claim for ``dialect`` (``mlxrt_request_fields``), merged; a
+        bare type is a :class:`~mlxrt.records.RequestField` without a check. Collected once per
+        dialect; two plugins claiming one field is a :class:`PluginError`."""
+        if dialect not in self.field_claims:
+            merged: dict[str, RequestField] = {}
+            owners: dict[str, str] = {}
+            for plugin, mapping in self.collect("mlxrt_request_fields", dialect=dialect):
+                for name, claim in dict(mapping).items():
+                    if name in merged:
+                        raise PluginError(plugin, "mlxrt_request_fields",
+                                          ValueError(f"field {name!r} is already claimed by plugin {owners[name]}"))
+                    merged[name] = claim if isinstance(claim, RequestField) else RequestField(claim)
+                    owners[name] = self._field_owners[dialect, name] = plugin
+            self.field_claims[dialect] = merged
+        return self.field_claims[dialect]
+
+    def check_request_fields(self, dialect: str, extra: Mapping[str, Any]) -> None:
+        """Run the checks of the claimed fields ``extra`` sets (a bad value raises the client's
+        :class:`~mlxrt.errors.InvalidRequest`; any other exception is the plugin's)."""
+        if not extra:
+            return
+        for name, claim in self.request_fields(dialect).items():
+            if claim.validate is not None and name in extra:
+                try:
+                    claim.validate(extra[name])
+                except MlxrtError:
+                    raise
+                except Exception as exc:  # plugin boundary
+                    owner = self._field_owners.get((dialect, name), "?")
+                    raise PluginError(owner, "mlxrt_request_fields", exc) from exc
 
     @property
     def hook(self) -> Any:

@@ -35,7 +35,7 @@ import contextvars
 import logging
 import time
 from collections.abc import Callable, Iterable, MutableMapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -48,6 +48,11 @@ from mlxrt.errors import (
     QueueFull,
 )
 from mlxrt.loading import ModelSource
+
+if TYPE_CHECKING:
+    from mlxrt.host import PluginHost
+    from mlxrt.records import FamilyProfile, ModelInfo
+    from mlxrt.serving import ServedModel, ServingEngine
 
 __all__ = ["ModelHost", "ModelPool", "PoolSettings", "LEASES_KEY", "FALLBACK_HEADER", "releasing_leases"]
 
@@ -68,15 +73,26 @@ BUSY_WAIT = 60.0
 
 
 class ModelHost:
-    """The plugin host as one model sees it: everything is the shared host's but ``engine``.
+    """The plugin host as one model sees it: everything is the shared host's but ``engine``
+    and ``model``.
 
-    Family hooks capture ``host.engine`` (gemma4's vision tower reads ``host.engine.loaded``)
-    and request hooks read ``host.engine.tokenizer``; with several models each must see its own.
+    Family hooks capture ``host.model`` (gemma4's vision tower reads ``host.model.loaded``)
+    and request hooks read ``host.model.tokenizer``; with several models each must see its own.
     Plugin state stays the shared host's (a plugin keeps one service for the server's life).
     """
 
-    def __init__(self, host: Any, engine: Any = None) -> None:
-        self.__dict__.update(_host=host, engine=engine)
+    def __init__(self, host: PluginHost, engine: ServingEngine | None = None) -> None:
+        self.__dict__.update(_host=host, engine=engine, _served=None)
+
+    @property
+    def model(self) -> ServedModel | None:
+        """This model as plugins see it (:class:`mlxrt.serving.ServedModel`), or ``None`` while
+        it is not resident."""
+        from mlxrt.serving import served_model
+
+        served = served_model(self, self.__dict__["engine"], self.__dict__["_served"])
+        self.__dict__["_served"] = served
+        return served
 
     def __getattr__(self, name: str) -> Any:
         return getattr(self.__dict__["_host"], name)
@@ -121,8 +137,8 @@ class Slot:
     primary: bool = False
     named: bool = False  # named at start (served, --preload, an alias target)
     state: str = "unloaded"  # unloaded | loading | ready
-    engine: Any = None
-    profile: Any = None  # the family profile of its last load (kept while unloaded)
+    engine: ServingEngine | None = None
+    profile: FamilyProfile | None = None  # the family profile of its last load (kept while unloaded)
     loading: asyncio.Task[None] | None = None
     leases: int = 0
     last_used: float = 0.0
@@ -138,6 +154,11 @@ class Slot:
     @property
     def model_id(self) -> str:
         return self.source.model_id
+
+    @property
+    def model(self) -> ServedModel | None:
+        """The resident model as plugins see it (``None`` while unloaded)."""
+        return self.view.model
 
     def idle(self) -> bool:
         if self.leases or self.engine is None:
@@ -162,7 +183,7 @@ class Lease:
 
 
 #: Starts the engine of a model and loads it (blocking): ``make_engine(view, info, primary)``.
-EngineFactory = Callable[[ModelHost, Any, bool], Any]
+EngineFactory = Callable[[ModelHost, "ModelInfo", bool], "ServingEngine"]
 #: Resolves a name to a local model (``mlxrt.loading.resolve_model`` without downloads).
 Resolver = Callable[[str], ModelSource]
 
@@ -177,7 +198,7 @@ class ModelPool:
         map names to models loaded on demand.
     """
 
-    def __init__(self, host: Any, primary: ModelSource, settings: PoolSettings, make_engine: EngineFactory, *,
+    def __init__(self, host: PluginHost, primary: ModelSource, settings: PoolSettings, make_engine: EngineFactory, *,
                  resolver: Resolver, aliases: dict[str, ModelSource] | None = None,
                  preload: Iterable[ModelSource] = (), start_specs: dict[str, str] | None = None) -> None:
         self.host = host
@@ -245,7 +266,7 @@ class ModelPool:
 
     # -- the request path (event loop) ---------------------------------------------------------
 
-    async def host_for(self, name: str | None, scope: MutableMapping[str, Any] | None = None) -> Any:
+    async def host_for(self, name: str | None, scope: MutableMapping[str, Any] | None = None) -> ModelHost:
         """The host whose ``engine`` answers a request naming ``name``, loading it if needed.
 
         ``scope`` (the ASGI scope) holds the request's lease until :func:`releasing_leases`
@@ -388,7 +409,7 @@ class ModelPool:
                                 retry_after=5, code="models_busy")
             await asyncio.sleep(0.05)
 
-    def _start_engine(self, slot: Slot) -> Any:
+    def _start_engine(self, slot: Slot) -> ServingEngine:
         """Load ``slot``'s model on a new engine (blocking: a worker thread or start-up)."""
         from mlxrt.loading import read_model_info
 
@@ -396,7 +417,7 @@ class ModelPool:
         log.info("loading model %s from %s", slot.model_id, slot.source.path)
         return self._make_engine(slot.view, read_model_info(slot.source), slot.primary)
 
-    def _installed(self, slot: Slot, engine: Any) -> None:
+    def _installed(self, slot: Slot, engine: ServingEngine) -> None:
         now = time.monotonic()
         slot.view.engine = slot.engine = engine
         slot.profile = engine.profile

@@ -636,6 +636,22 @@ class FinishEvent:
 
 
 @attrs.frozen
+class RequestField:
+    """A request-body field a plugin claims (``mlxrt_request_fields``), with its check.
+
+    :ivar type: The JSON value's Python type (``dict``, ``str`` …): the dialect's decoder
+        refuses another with a 400 and passes the value on in ``GenerationRequest.extra``.
+    :ivar validate: Called with the value for every request that sets the field, on a worker
+        thread while the request is planned (before a response starts, so a streamed request
+        gets its 400 too); raise :class:`~mlxrt.errors.InvalidRequest` for a bad value. Its
+        return value is ignored.
+    """
+
+    type: type
+    validate: Callable[[Any], object] | None = None
+
+
+@attrs.frozen
 class FinishedTurn:
     """One chat turn a dialect answered in full (what ``mlxrt_turn_finished`` observers see).
 

@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
-from mlxrt.capabilities import STRUCTURED_OUTPUTS, declared
+from mlxrt.capabilities import STRUCTURED_OUTPUTS
+from mlxrt.capabilities import declared as declared_by
 from mlxrt.errors import InvalidRequest
 from mlxrt.records import ChatInput, FamilyProfile, GenerationRequest
 from mlxrt.text.reasoning import prompt_opens_thinking
@@ -249,14 +250,16 @@ def encode_text(tokenizer: Any, text: str) -> Sequence[int]:
     return tokenizer.encode(text)
 
 
-def canonicalize(host: PluginHost, request: Any, dialect: str) -> Any:
+def canonicalize(host: PluginHost, request: Any, dialect: str, *, declared: frozenset[str] | None = None) -> Any:
     """The request after ``mlxrt_prompt_canonicalize`` (unchanged when no plugin answers).
 
     A structured-output constraint (``response_format``, ``text.format``) that no installed
     plugin can enforce is refused here, for every dialect: never silently ignored.
+    ``declared``: the capabilities the plugins declared (:attr:`mlxrt.serving.EngineModel.declared`,
+    collected once); by default they are asked now.
     """
     structured = getattr(request, "structured", None)
-    if structured is not None and STRUCTURED_OUTPUTS not in declared(host):
+    if structured is not None and STRUCTURED_OUTPUTS not in (declared_by(host) if declared is None else declared):
         from mlxrt.errors import InvalidRequest
 
         field = structured.param.split(".")[0] if getattr(structured, "param", None) else "response_format"

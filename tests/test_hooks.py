@@ -45,6 +45,42 @@ def test_hook_mlxrt_request_fields(mlxrt_tiny_checkpoint, mlxrt_serve):
     assert bad.status_code == 400 and bad.json()["error"]["message"] == "script must be of type str"
 
 
+def test_hook_mlxrt_request_fields_with_a_check(mlxrt_tiny_checkpoint, mlxrt_serve):
+    """A claimed field's ``validate`` runs while the request is planned: a bad value is a 400,
+    streamed or not (before any frame), on a worker thread, never the event loop."""
+    import asyncio
+
+    from mlxrt.errors import InvalidRequest
+    from mlxrt.records import RequestField
+
+    seen = []
+
+    def check(value):
+        try:
+            asyncio.get_running_loop()
+            on_loop = True
+        except RuntimeError:
+            on_loop = False
+        seen.append((value, on_loop))
+        if value < 0:
+            raise InvalidRequest("budget must be at least 0", param="budget")
+
+    class Budget:
+        @hookimpl
+        def mlxrt_request_fields(self, dialect):
+            return {"budget": RequestField(int, validate=check)} if dialect == "openai" else None
+
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("llama"), plugins=[("scripted", Scripted()), ("budget", Budget())])
+    ask = {"messages": [{"role": "user", "content": "x"}], "max_tokens": 4}
+    for stream in (False, True):
+        bad = client.post("/v1/chat/completions", json={**ask, "budget": -1, "stream": stream})
+        assert bad.status_code == 400, bad.text
+        assert bad.json()["error"]["message"] == "budget must be at least 0"
+    assert client.post("/v1/chat/completions", json={**ask, "budget": 3}).status_code == 200
+    assert client.post("/v1/chat/completions", json={**ask, "budget": "3"}).status_code == 400  # the type
+    assert seen == [(-1, False), (-1, False), (3, False)]
+
+
 def test_hook_mlxrt_request_fields_conflict_is_a_load_error(mlxrt_tiny_checkpoint, mlxrt_serve):
     class Twin(Scripted):
         pass
@@ -424,11 +460,14 @@ def test_hook_mlxrt_capabilities(mlxrt_tiny_checkpoint, mlxrt_serve):
 
 
 def test_hook_mlxrt_turn_finished(mlxrt_tiny_checkpoint, mlxrt_serve):
-    turns = []
+    import threading
+
+    turns, threads = [], []
 
     class Observer:
         @hookimpl
         def mlxrt_turn_finished(self, turn, host):
+            threads.append(threading.current_thread())
             turns.append(turn)
 
     class Faulty:
@@ -451,6 +490,14 @@ def test_hook_mlxrt_turn_finished(mlxrt_tiny_checkpoint, mlxrt_serve):
     assert responses.status_code == 200, responses.text
     # Text completions are not chat turns.
     assert client.post("/v1/completions", json={"prompt": "x", "max_tokens": 2}).status_code == 200
+    # Observers run off the event loop, on one thread, in order: wait for the fourth.
+    import time
+
+    deadline = time.monotonic() + 10
+    while len(turns) < 4 and time.monotonic() < deadline:
+        time.sleep(0.01)
+    assert threads and all(t is not threading.main_thread() and t.name.startswith("mlxrt-turn-observers")
+                           for t in threads)
     assert [(t.dialect, t.content, t.finish_reason) for t in turns] == [
         ("openai", "Paris.", "stop"), ("openai", "Lyon.", "stop"), ("anthropic", "Nice.", "stop"),
         ("responses", "Lille.", "stop")]

@@ -123,12 +123,12 @@ def test_state_changing_routes_refuse_other_origins_without_a_key(app_client, ll
 
 
 def test_body_cap_and_early_length_refusal(app_client, monkeypatch):
-    import mlxrt.api.pipeline as pipeline  # where every dialect's chat is templated
+    from mlxrt.serving import EngineModel  # where every dialect's chat is templated
 
     def never(*_args, **_kwargs):
         raise AssertionError("the over-long prompt was templated")
 
-    monkeypatch.setattr(pipeline, "render_chat", never)
+    monkeypatch.setattr(EngineModel, "render", never)
     ceiling = app_client.get("/stats").json()["engine"]["admission"]["context_ceiling"]
     long = {"messages": [{"role": "user", "content": "a " * (ceiling * 16 + 8)}], "max_tokens": 2}
     resp = app_client.post("/v1/chat/completions", json=long)
@@ -198,18 +198,18 @@ def test_a_client_leaving_during_templating_queues_nothing(llama, monkeypatch):
 
     import uvicorn
 
-    import mlxrt.api.pipeline as pipeline  # where every dialect's chat is templated
     from mlxrt.cli import build_server
     from mlxrt.host import make_host
+    from mlxrt.serving import EngineModel  # where every dialect's chat is templated
 
-    real, entered = pipeline.render_chat, threading.Event()
+    real, entered = EngineModel.render, threading.Event()
 
     def slow_render(*args):
         entered.set()
         time.sleep(1.5)
         return real(*args)
 
-    monkeypatch.setattr(pipeline, "render_chat", slow_render)
+    monkeypatch.setattr(EngineModel, "render", slow_render)
     host = make_host()
     app = build_server(host, str(llama), {"host": "127.0.0.1", "port": 0, "model_fallback": True})
     port = free_port()

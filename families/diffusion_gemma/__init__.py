@@ -59,4 +59,4 @@ def mlxrt_vision(info: ModelInfo, host: PluginHost) -> VisionAdapter | None:
         processor = json.loads(path.read_text(encoding="utf-8")).get("image_processor") or {}
     # Answered for every DiffusionGemma checkpoint: one without a tower refuses images with a
     # clear 400 ("this checkpoint has no vision tower") instead of "the model has no vision input".
-    return DiffusionVision(info.path, info.config, processor, model=lambda: host.engine.loaded.model)
+    return DiffusionVision(info.path, info.config, processor, model=lambda: host.model.loaded.model)

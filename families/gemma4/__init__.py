@@ -40,7 +40,7 @@ def _ours(info: ModelInfo) -> bool:
 
 
 def _model_of(host: PluginHost) -> Callable[[], Any]:
-    return lambda: host.engine.loaded.model
+    return lambda: host.model.loaded.model
 
 
 def _sentinels(info: ModelInfo, pair: tuple[str, str]) -> bool:

@@ -1,6 +1,6 @@
 """Route handlers of the adapters plugin.
 
-Mount and unmount run on the engine's worker between decode steps (``Engine.call``), so no
+Mount and unmount run on the engine's worker between decode steps (``ServedModel.call``), so no
 array is changed or freed under a running step. Folder scans run off the event loop. An
 adapter belongs to the caller that mounted it (:func:`mlxrt.api.auth.caller_of`).
 """
@@ -16,24 +16,25 @@ from litestar.params import PathParameter
 
 from mlxrt.api.auth import caller_of
 from mlxrt.errors import EngineError, InvalidRequest
+from mlxrt.serving import ServedModel
 
 __all__ = ["ROUTES", "list_adapters", "available_adapters", "mount_adapter", "unmount_adapter"]
 
 
-def _engine(request: Request) -> Any:
-    engine = request.app.state.host.engine
-    if engine is None or not hasattr(engine, "adapters"):
+def _model(request: Request) -> ServedModel:
+    model = request.app.state.host.model
+    if model is None or model.adapters is None:
         raise EngineError("no model is being served")
-    return engine
+    return model
 
 
 @get("/v1/adapters", summary="Mounted LoRA adapters", tags=["adapters"])
 async def list_adapters(request: Request) -> dict[str, Any]:
     """Every adapter the caller may use (its own mounts and the server's: id, path, rank, scale,
     layers) and the server's default."""
-    engine = _engine(request)
-    return {"adapters": [a.describe() for a in engine.adapters.list(caller_of(request))],
-            "default": "+".join(engine.adapters.default) or None}
+    model = _model(request)
+    return {"adapters": [a.describe() for a in model.adapters.list(caller_of(request))],
+            "default": "+".join(model.adapters.default) or None}
 
 
 @get("/v1/adapters/available", summary="Adapter folders found on disk", tags=["adapters"])
@@ -41,15 +42,15 @@ async def available_adapters(request: Request) -> dict[str, Any]:
     """Adapter folders (adapter_config.json + adapters.safetensors) directly under the
     ``--adapter-dir`` folders and beside the ``--adapter`` folder; ``mounted`` is the id a
     folder is mounted under, ``error`` why it cannot be mounted."""
-    engine = _engine(request)
-    found = await anyio.to_thread.run_sync(engine.adapters.available, caller_of(request))
+    model = _model(request)
+    found = await anyio.to_thread.run_sync(model.adapters.available, caller_of(request))
     return {"adapters": found}
 
 
 @post("/v1/adapters", summary="Mount a LoRA adapter", tags=["adapters"], status_code=200)
 async def mount_adapter(request: Request) -> dict[str, Any]:
     """Mount ``{"id", "path"}`` (an mlx-lm adapter folder); the base model never reloads."""
-    engine = _engine(request)
+    model = _model(request)
     try:
         body = json.loads(await request.body())
     except (ValueError, RecursionError):  # RecursionError: nested too deeply for the parser
@@ -66,14 +67,14 @@ async def mount_adapter(request: Request) -> dict[str, Any]:
         adapter_id = adapter_id_for(path)
     if not isinstance(adapter_id, str):
         raise InvalidRequest("id must be a string", param="id")
-    return await engine.mount_adapter(adapter_id, path, caller_of(request))
+    return await model.mount_adapter(adapter_id, path, caller_of(request))
 
 
 @delete("/v1/adapters/{adapter_id:str}", summary="Unmount a LoRA adapter", tags=["adapters"], status_code=200)
 async def unmount_adapter(request: Request, adapter_id: Annotated[str, PathParameter()]) -> dict[str, Any]:
     """Unmount the caller's own adapter; requests already running with it finish with it. 404
     if the caller has none mounted under that id."""
-    return await _engine(request).unmount_adapter(adapter_id, caller_of(request))
+    return await _model(request).unmount_adapter(adapter_id, caller_of(request))
 
 
 ROUTES = (list_adapters, available_adapters, mount_adapter, unmount_adapter)

@@ -27,8 +27,9 @@ def mlxrt_routes(host: PluginHost) -> Sequence[Any]:
 
 @hookimpl
 def mlxrt_prompt_canonicalize(request: GenerationRequest, dialect: str, host: PluginHost) -> GenerationRequest | None:
-    if dialect != "anthropic" or host.engine is None:
+    model = host.model
+    if dialect != "anthropic" or model is None:
         return None
     from mlxrt.plugins.anthropic.canonical import canonical_request
 
-    return canonical_request(request, host.engine.tokenizer)
+    return canonical_request(request, model.tokenizer)

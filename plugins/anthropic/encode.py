@@ -5,8 +5,8 @@ from __future__ import annotations
 import uuid
 from typing import Any
 
-from mlxrt.api.generation import tool_input
 from mlxrt.api.sse import sse_event
+from mlxrt.api.wire import tool_input
 from mlxrt.errors import MlxrtError
 from mlxrt.records import CacheReport, FinishEvent, FinishReason, ToolCall
 

@@ -13,9 +13,9 @@ from litestar import Request, Response, post
 
 from mlxrt.api.app import claimed_fields
 from mlxrt.api.disconnect import off_loop
-from mlxrt.api.generation import refuse_overlong_text
 from mlxrt.api.models import host_for
 from mlxrt.api.pipeline import Answer, Framed, Turn, serve_chat
+from mlxrt.api.text_limits import refuse_overlong_text
 from mlxrt.api.wire import parse_json_object
 from mlxrt.plugins.anthropic.decode import decode_messages
 from mlxrt.plugins.anthropic.encode import (
@@ -26,8 +26,7 @@ from mlxrt.plugins.anthropic.encode import (
     message_body,
     message_id,
 )
-from mlxrt.records import CacheReport, GenerationRequest, RequestOptions
-from mlxrt.templating import render_chat
+from mlxrt.records import CacheReport, RequestOptions
 
 __all__ = ["ROUTES", "MESSAGES"]
 
@@ -89,15 +88,8 @@ async def count_tokens(request: Request) -> dict[str, int]:
     host = await host_for(request, decoded.request.model)
     await refuse_overlong_text(request, body, host)  # as /v1/messages: before anything templates it
 
-    def count() -> int:
-        from mlxrt.templating import canonicalize
-
-        engine = host.engine
-        rendered = render_chat(host, engine.tokenizer, engine.profile, decoded.chat)
-        probe = GenerationRequest(request_id="count", prompt_ids=rendered.ids, max_tokens=1, dialect="anthropic")
-        return len(canonicalize(host, probe, "anthropic").prompt_ids)
-
-    return {"input_tokens": await off_loop(request, count)}
+    model = host.model
+    return {"input_tokens": await off_loop(request, lambda: model.count_tokens(decoded.chat, dialect="anthropic"))}
 
 
 ROUTES = [messages, count_tokens]

@@ -9,27 +9,26 @@ apply. The maths is in docs/samplers.md.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 from mlxrt import GenerationRequest, Sampler, hookimpl
+from mlxrt.records import RequestField
 
 MLXRT_PLUGIN_KIND = "sampler"
 _DIALECTS = frozenset({"openai"})
 
 
-@hookimpl
-def mlxrt_request_fields(dialect: str) -> Mapping[str, type] | None:
-    return {"curve": dict} if dialect in _DIALECTS else None
+def _check(value: Any) -> None:
+    from mlxrt.plugins.curve.params import parse_curve
+
+    parse_curve(value)
 
 
 @hookimpl
-def mlxrt_prompt_canonicalize(request: GenerationRequest, dialect: str) -> GenerationRequest | None:
-    # Not a rewrite: the last hook before a response starts, so a bad curve is a 400 here even
-    # for a streamed request (at admission the stream would already be open).
-    if "curve" in request.extra:
-        from mlxrt.plugins.curve.params import parse_curve
-
-        parse_curve(request.extra["curve"])
-    return None
+def mlxrt_request_fields(dialect: str) -> Mapping[str, RequestField] | None:
+    # The check runs while the request is planned, before a response starts: a bad curve is a
+    # 400 even for a streamed request (at admission the stream would already be open).
+    return {"curve": RequestField(dict, validate=_check)} if dialect in _DIALECTS else None
 
 
 @hookimpl

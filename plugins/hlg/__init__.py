@@ -13,6 +13,7 @@ from typing import Any
 
 from mlxrt import GenerationRequest, Sampler, hookimpl
 from mlxrt.host import PluginHost
+from mlxrt.records import RequestField
 
 MLXRT_PLUGIN_KIND = "sampler"
 _DIALECTS = frozenset({"openai"})
@@ -36,20 +37,17 @@ def mlxrt_serve_options() -> Sequence[Any]:
     ]
 
 
-@hookimpl
-def mlxrt_request_fields(dialect: str) -> Mapping[str, type] | None:
-    return {"hlg": dict} if dialect in _DIALECTS else None
+def _check(value: Any) -> None:
+    from mlxrt.plugins.hlg.settings import request_overrides
+
+    request_overrides(value)
 
 
 @hookimpl
-def mlxrt_prompt_canonicalize(request: GenerationRequest, dialect: str) -> GenerationRequest | None:
-    # Not a rewrite: this is the last hook before a response starts, so a bad `hlg` object is a
-    # 400 here even for a streamed request (at admission the stream would already be open).
-    if "hlg" in request.extra:
-        from mlxrt.plugins.hlg.settings import request_overrides
-
-        request_overrides(request.extra["hlg"])
-    return None
+def mlxrt_request_fields(dialect: str) -> Mapping[str, RequestField] | None:
+    # The check runs while the request is planned, before a response starts: a bad `hlg`
+    # object is a 400 even for a streamed request (at admission the stream would be open).
+    return {"hlg": RequestField(dict, validate=_check)} if dialect in _DIALECTS else None
 
 
 # trylast: HLG only replaces the *default* sampler. Any other sampler plugin answering for the

@@ -10,7 +10,7 @@ device and BLAS. File reads run off the event loop.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, Any
+from typing import TYPE_CHECKING, Annotated, Any
 
 import anyio
 from litestar import Request, get
@@ -21,11 +21,14 @@ from mlxrt.errors import InvalidRequest, ModelLoadError, NotFound
 from mlxrt.sources.dtype_choice import DTYPES, machine_facts
 from mlxrt.sources.fit import DEFAULT_CONTEXT, FitReport, assess
 
+if TYPE_CHECKING:
+    from mlxrt.host import PluginHost
+
 __all__ = ["ROUTES", "fit", "library", "downloads"]
 
 
-def _settings(host: Any, budget_gb: float | None, dtype: str | None = None) -> dict[str, Any]:
-    cfg = getattr(host.engine, "config", None)
+def _settings(host: PluginHost, budget_gb: float | None, dtype: str | None = None) -> dict[str, Any]:
+    cfg = host.model.settings if host.model is not None else None
     if dtype is not None and dtype not in DTYPES:
         raise InvalidRequest(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}", param="dtype")
     if budget_gb is not None:
@@ -43,12 +46,12 @@ def _settings(host: Any, budget_gb: float | None, dtype: str | None = None) -> d
             "models": int(options.get("max_models") or 1), "lazy": bool(options.get("distributed"))}
 
 
-def _served(host: Any) -> tuple[str, Path] | None:
-    engine = host.engine
-    return (engine.info.model_id, Path(engine.info.path)) if engine is not None else None
+def _served(host: PluginHost) -> tuple[str, Path] | None:
+    model = host.model
+    return (model.info.model_id, Path(model.info.path)) if model is not None else None
 
 
-def _resolve(host: Any, query: str | None) -> tuple[str, Path]:
+def _resolve(host: PluginHost, query: str | None) -> tuple[str, Path]:
     from mlxrt.loading import local_repo_ids, match_local_repo, resolve_model
 
     served = _served(host)
@@ -95,13 +98,13 @@ async def fit(
     report = await anyio.to_thread.run_sync(_assess, name, path, ctx, _settings(host, memory_budget, dtype))
     body = report.describe()
     served = _served(host)
-    plan = getattr(host.engine, "memory", None)
+    plan = host.model.memory if host.model is not None else None
     if served is not None and served[1] == path and plan is not None:
         body["measured"] = plan.describe()
     return body
 
 
-def _library_rows(host: Any, ctx: int, settings: dict[str, Any]) -> list[dict[str, Any]]:
+def _library_rows(host: PluginHost, ctx: int, settings: dict[str, Any]) -> list[dict[str, Any]]:
     from mlxrt.sources.library import describe_snapshot, scan_library
 
     served = _served(host)

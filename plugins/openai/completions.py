@@ -1,114 +1,106 @@
 """``POST /v1/completions``: raw text completion (no chat template, no reasoning or tools).
 
-The prompt is tokenized with the tokenizer's own special-token handling (a BOS where the
-model wants one); validation, sampling, stops and logprobs are the chat route's, through
-:func:`mlxrt.plugins.openai.decode.decode_options` and the pipeline's
-:func:`~mlxrt.api.pipeline.planned_text`.
+Only the wire: the body decodes into a :class:`~mlxrt.api.pipeline.TextTurn` (validation,
+sampling, stops and logprobs are the chat route's, through
+:func:`mlxrt.plugins.openai.decode.decode_completion`) and the answer encodes as
+``text_completion`` bodies or chunks; :func:`mlxrt.api.pipeline.serve_text` does the rest
+(the prompt is tokenized with the tokenizer's own special-token handling: a BOS where the model
+wants one).
 """
 
 from __future__ import annotations
 
-import time
+import functools
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Mapping, Sequence
 from contextlib import aclosing
 from typing import Any
 
 from litestar import Request, Response, post
 
-from mlxrt.api.app import claimed_fields
-from mlxrt.api.disconnect import drain_choices, start_choices
-from mlxrt.api.generation import refuse_overlong_text
-from mlxrt.api.models import host_for
-from mlxrt.api.pipeline import choice_requests, owned_adapters, planned_text
-from mlxrt.api.sse import sse_data, sse_response
-from mlxrt.api.wire import parse_json_object
-from mlxrt.assembly import LogprobTrail
+from mlxrt.api.pipeline import TextAnswer, TextTurn, serve_text
 from mlxrt.plugins.openai.decode import decode_completion
 from mlxrt.plugins.openai.encode import (
     ROUTE_OPT,
+    LogprobFrames,
     UsageTally,
     choice_frames,
-    guarded,
-    response_headers,
+    error_frame,
     system_fingerprint,
     text_completion_body,
     text_completion_chunk,
     with_choices,
 )
-from mlxrt.records import FinishEvent, GenerationRequest, TokenEvent
+from mlxrt.records import FinishEvent
 
-__all__ = ["completions", "COMPLETIONS_DEFAULT_MAX_TOKENS"]
+__all__ = ["completions", "COMPLETIONS", "COMPLETIONS_DEFAULT_MAX_TOKENS"]
 
 #: mlx_lm.server's and mlx-bun's default for text completions; ``--max-tokens`` overrides it.
 COMPLETIONS_DEFAULT_MAX_TOKENS = 512
 
 
+class Completions:
+    """OpenAI text completions (:class:`mlxrt.api.pipeline.TextDialect`)."""
+
+    name = "openai"
+    default_max_tokens = COMPLETIONS_DEFAULT_MAX_TOKENS
+    error_frame = staticmethod(error_frame)
+
+    def decode(self, body: Mapping[str, Any], claimed: Mapping[str, type], *, strict: bool) -> TextTurn:
+        decoded = decode_completion(body, claimed, strict=strict)
+        return TextTurn(prompt=decoded.prompt, options=decoded.options.run, model=decoded.request.model,
+                        stream=bool(decoded.request.stream), headers=decoded.options.headers, wire=decoded)
+
+    def new_id(self) -> str:
+        return f"cmpl-{uuid.uuid4()}"
+
+    def body(self, answers: Sequence[TextAnswer], turn: TextTurn) -> dict[str, Any]:
+        fingerprint = system_fingerprint(turn.host)
+        bodies = [text_completion_body(id=a.id, created=a.created, model=a.model, text=a.text,
+                                       finish_reason=str(a.finish.finish_reason), finish=a.finish,
+                                       logprobs=a.logprobs, fingerprint=fingerprint, index=i)
+                  for i, a in enumerate(answers)]
+        return bodies[0] if len(bodies) == 1 else with_choices(bodies, [a.finish for a in answers])
+
+    def stream(self, gens: Sequence[Any], *, id: str, model: str, created: int,
+               turn: TextTurn) -> AsyncIterator[bytes]:
+        fingerprint = system_fingerprint(turn.host)
+        tally = UsageTally(len(gens), turn.wire.options.include_usage)
+        streams = [_stream(gen, id, model, created, index=i, tally=tally, fingerprint=fingerprint)
+                   for i, gen in enumerate(gens)]
+        return choice_frames(streams, id=id, created=created, model=model, object="text_completion", tally=tally,
+                             fingerprint=fingerprint)
+
+
+COMPLETIONS = Completions()
+
+
 @post(["/v1/completions", "/completions"], status_code=200, opt=ROUTE_OPT,
       summary="Create a text completion", tags=["openai"])
 async def completions(request: Request) -> Response:
-    host = request.app.state.host
-    body = parse_json_object(await request.body())
-    decoded = decode_completion(body, claimed_fields(host, "openai"), strict=bool(host.options.get("strict")))
-    host = await host_for(request, decoded.request.model)
-    await refuse_overlong_text(request, body, host)
-    engine = host.engine
-    options = owned_adapters(request, host, decoded.options.run)
-    generation = await planned_text(request, host, decoded.prompt, options, dialect="openai",
-                                    request_id=f"cmpl-{uuid.uuid4()}",
-                                    default_max_tokens=COMPLETIONS_DEFAULT_MAX_TOKENS)
-    model = engine.info.model_id
-    created = int(time.time())
-    fingerprint = system_fingerprint(host)
-    generations = choice_requests(generation, decoded.options.run.n)
-    gens, report = await start_choices(request, engine, generations)
-    headers = response_headers(decoded.options.headers, report)
-    if decoded.request.stream:  # the stream owns the engine requests from here
-        tally = UsageTally(len(gens), decoded.options.include_usage)
-        streams = [_stream(gen, generation, model, created, index=i, tally=tally, fingerprint=fingerprint)
-                   for i, gen in enumerate(gens)]
-        return sse_response(guarded(choice_frames(streams, id=generation.request_id, created=created, model=model,
-                                                  object="text_completion", tally=tally, fingerprint=fingerprint)),
-                            headers=headers)
-    texts: list[list[str]] = [[] for _ in gens]
-    results = await drain_choices(request, gens, [parts.append for parts in texts])
-    bodies = [text_completion_body(
-        id=generation.request_id, created=created, model=model, text="".join(parts) + finish.text,
-        finish_reason=str(finish.finish_reason), finish=finish,
-        logprobs=logprobs if generation.logprobs is not None else None, fingerprint=fingerprint, index=i,
-    ) for i, (parts, (finish, logprobs)) in enumerate(zip(texts, results, strict=True))]
-    body = bodies[0] if len(bodies) == 1 else with_choices(bodies, [finish for finish, _ in results])
-    return Response(content=body, status_code=200, headers=headers)
+    return await serve_text(request, COMPLETIONS)
 
 
-async def _stream(gen: Any, generation: GenerationRequest, model: str, created: int, *, index: int,
+async def _stream(gen: Any, id: str, model: str, created: int, *, index: int,
                   tally: UsageTally, fingerprint: str) -> AsyncIterator[bytes]:
     """One choice's ``text_completion`` chunks: one per non-empty text delta, then its finish
     chunk (empty text, finish_reason, usage as :class:`UsageTally` says). Owns ``gen``:
     closing this stream closes the request."""
-    trail = LogprobTrail()
-    carried: list[TokenEvent] = []  # entries of tokens whose text has not been sent yet
-
-    def frame(text: str, **kw: Any) -> bytes:
-        entries = carried[:]
-        carried.clear()
-        return sse_data(text_completion_chunk(id=generation.request_id, created=created, model=model,
-                                              text=text, logprobs=entries, fingerprint=fingerprint, index=index,
-                                              **kw))
-
+    frames = LogprobFrames(functools.partial(text_completion_chunk, id=id, created=created, model=model,
+                                             fingerprint=fingerprint, index=index))
     async with aclosing(gen):
         # One frame per run of ready events: a stream that falls behind catches up in fewer frames.
         async for run in gen.batches():
             text: list[str] = []
             for event in run:
                 if isinstance(event, FinishEvent):
-                    carried.extend(trail.finish(event))
+                    frames.finish(event)
                     if text or event.text:
-                        yield frame("".join(text) + event.text)
-                    yield frame("", finish_reason=str(event.finish_reason),
-                                usage_body=tally.finished(index, event))
+                        yield frames.frame(text="".join(text) + event.text)
+                    yield frames.frame(text="", finish_reason=str(event.finish_reason),
+                                       usage_body=tally.finished(index, event))
                     return
-                carried.extend(trail.feed(event))
+                frames.feed(event)
                 text.append(event.text)
             if any(text):
-                yield frame("".join(text))
+                yield frames.frame(text="".join(text))

@@ -17,10 +17,9 @@ from typing import TYPE_CHECKING, Any
 from litestar import Request, Response, post
 
 from mlxrt.api.disconnect import off_loop, until_disconnect
-from mlxrt.api.generation import check_text_length
 from mlxrt.api.models import host_for
+from mlxrt.api.text_limits import check_text_length
 from mlxrt.api.wire import FieldRule, check_fields, parse_json_object
-from mlxrt.capabilities import capabilities
 from mlxrt.engine.embedding import (
     embed_ids,
     encode_inputs,
@@ -102,16 +101,16 @@ async def embeddings(request: Request) -> Response:
         body, unreadable = {}, exc
     model = body.get("model")
     host = await host_for(request, model if isinstance(model, str) else None)
-    engine = host.engine
-    info = engine.info
-    if not capabilities(host).embeddings:  # before the body is checked, as mlx-bun: the route is the wrong one
+    model = host.model
+    info = model.info
+    if not model.capabilities.embeddings:  # before the body is checked, as mlx-bun: the route is the wrong one
         raise InvalidRequest(
             f'served model "{info.model_id}" is not an embedding model; serve an embedding model '
             f"(e.g. Qwen3-Embedding) to use /v1/embeddings")
     if unreadable is not None:
         raise unreadable
     check_fields(body, _RULES)
-    tokenizer = engine.tokenizer
+    tokenizer = model.tokenizer
     inputs = _inputs(body, info.config_int("vocab_size") or getattr(tokenizer, "vocab_size", None))
     if (context := info.context_window) is not None and isinstance(inputs[0], str):
         for text in inputs:  # each input must fit the context: refused before it is tokenized
@@ -132,7 +131,7 @@ async def embeddings(request: Request) -> Response:
         raise InvalidRequest("instruction applies to text inputs only, not to token ids", param="instruction")
     else:
         ids = ended_inputs(inputs, end_id, info.context_window)
-    vectors = await until_disconnect(request, engine.call(lambda loaded: embed_ids(loaded, ids,
+    vectors = await until_disconnect(request, model.call(lambda loaded: embed_ids(loaded, ids,
                                                                                    dimensions=dimensions)))
     tokens = sum(len(i) for i in ids)
     return Response(content={

@@ -2,23 +2,26 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import AsyncIterator, Callable, Sequence
 from contextlib import aclosing
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from mlxrt.api import generation
+from mlxrt.api import framing
 from mlxrt.api.errors import openai_error_body
-from mlxrt.api.generation import CACHE_HEADER, response_headers
+from mlxrt.api.headers import CACHE_HEADER, response_headers
 from mlxrt.api.sse import sse_data
+from mlxrt.assembly import LogprobTrail
 from mlxrt.errors import MlxrtError
 from mlxrt.records import FinishEvent, TokenEvent, ToolCall
+
+if TYPE_CHECKING:
+    from mlxrt.host import PluginHost
 
 __all__ = [
     "ROUTE_OPT", "CACHE_HEADER", "response_headers",
     "usage", "completion_body", "chunk", "UsageTally", "choice_frames", "closing_frames", "tool_calls_json", "with_choices",
     "logprob_entries", "logprobs_block", "text_completion_body", "text_completion_chunk", "guarded",
-    "error_frame", "system_fingerprint", "GENERATION_FLAGS",
-]
+    "error_frame", "system_fingerprint", "GENERATION_FLAGS", "LogprobFrames"]
 
 #: Route options every OpenAI handler carries: errors render as OpenAI error objects.
 ROUTE_OPT = {"dialect": "openai", "render_error": openai_error_body}
@@ -30,7 +33,7 @@ GENERATION_FLAGS = ("temp", "top_p", "top_k", "min_p", "max_tokens", "chat_templ
                     "quantized_kv_start", "draft_model", "num_draft_tokens", "adapter_path")
 
 
-def system_fingerprint(host: Any) -> str:
+def system_fingerprint(host: PluginHost) -> str:
     """OpenAI's ``system_fingerprint``: ``fp_`` and 12 hex digits of a hash of what makes an
     answer reproducible here — the model (id, folder, type), the dtype its weights are served
     in, mlxrt's and MLX's versions and the generation flags (:data:`GENERATION_FLAGS`). The
@@ -42,9 +45,9 @@ def system_fingerprint(host: Any) -> str:
 
     from mlxrt import __version__
 
-    engine = host.engine
-    info = engine.info
-    dtype = getattr(getattr(engine, "loaded", None), "dtype", None)
+    model = host.model
+    info = model.info
+    dtype = getattr(model.loaded, "dtype", None)
     facts = {"model": [info.model_id, str(info.path), info.model_type],
              "dtype": getattr(dtype, "served", None), "mlxrt": __version__, "mlx": mx.__version__,
              "flags": {k: host.options.get(k) for k in GENERATION_FLAGS}}
@@ -167,6 +170,34 @@ def chunk(*, id: str, created: int, model: str, delta: dict[str, Any],
     return body
 
 
+class LogprobFrames:
+    """The frames of one streamed choice, chat's or text completion's, each carrying the
+    log-probability entries of the tokens released since the previous frame: text the
+    reasoning splitter or tool router holds back keeps its entries until it is sent.
+
+    ``make(**fields, logprobs=entries)`` is the chunk body (:func:`chunk` or
+    :func:`text_completion_chunk` with the choice's id, model, index… bound)."""
+
+    def __init__(self, make: Callable[..., dict[str, Any]]) -> None:
+        self._make = make
+        self._trail = LogprobTrail()
+        self._carried: list[TokenEvent] = []  # entries of tokens whose text has not been sent yet
+
+    def feed(self, event: TokenEvent) -> None:
+        """A token arrived: its entry waits for the frame that sends its text."""
+        self._carried.extend(self._trail.feed(event))
+
+    def finish(self, event: FinishEvent) -> None:
+        """The request finished: the entries its finish event releases wait too."""
+        self._carried.extend(self._trail.finish(event))
+
+    def frame(self, **fields: Any) -> bytes:
+        """One SSE frame carrying every waiting entry."""
+        entries = self._carried[:]
+        self._carried.clear()
+        return sse_data(self._make(logprobs=entries, **fields))
+
+
 class UsageTally:
     """Usage in a stream of ``n`` choices: the finish chunk of the last choice to finish carries
     the usage of them all (:func:`usage`), unless ``include_usage`` moves it to OpenAI's last
@@ -190,7 +221,7 @@ async def choice_frames(streams: Sequence[AsyncIterator[bytes]], *, id: str, cre
                         tally: UsageTally, fingerprint: str | None = None) -> AsyncIterator[bytes]:
     """A stream of every choice's chunks as they come (each choice's ``streams`` item ends
     with its finish chunk), then :func:`closing_frames`. Closing it closes every choice."""
-    async with aclosing(generation.merged(streams)) as frames:
+    async with aclosing(framing.merged(streams)) as frames:
         async for frame in frames:
             yield frame
     for closing in closing_frames(id=id, created=created, model=model, object=object, tally=tally,
@@ -251,5 +282,5 @@ def error_frame(exc: MlxrtError) -> bytes:
 
 def guarded(frames: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
     """Pass SSE frames through; an error mid-stream becomes an OpenAI error frame followed by
-    ``[DONE]`` (:func:`mlxrt.api.generation.guarded`)."""
-    return generation.guarded(frames, error_frame)
+    ``[DONE]`` (:func:`mlxrt.api.framing.guarded`)."""
+    return framing.guarded(frames, error_frame)

@@ -20,15 +20,16 @@ from litestar import Request, post
 
 from mlxrt.api.app import claimed_fields
 from mlxrt.api.disconnect import off_loop
-from mlxrt.api.generation import refuse_overlong_text
 from mlxrt.api.models import host_for
 from mlxrt.api.openapi import BODIES
+from mlxrt.api.text_limits import refuse_overlong_text
 from mlxrt.api.wire import FieldRule, check_fields, parse_json_object
 from mlxrt.errors import InvalidRequest
 from mlxrt.plugins.openai.decode import decode_chat
 from mlxrt.plugins.openai.encode import ROUTE_OPT
-from mlxrt.records import ChatInput, GenerationRequest
-from mlxrt.templating import RenderedPrompt, canonicalize, render_chat
+from mlxrt.records import ChatInput
+from mlxrt.serving import ServingHost
+from mlxrt.templating import RenderedPrompt
 
 __all__ = ["LLAMA_ROUTES", "rendered_prompt"]
 
@@ -44,13 +45,12 @@ _DETOKENIZE_OPT = {**ROUTE_OPT, "body_schema": {"type": "object", "required": ["
 _CHAT_BODY_OPT = {**ROUTE_OPT, "body_schema": BODIES["/v1/chat/completions"]}
 
 
-def rendered_prompt(host: Any, chat: ChatInput) -> RenderedPrompt:
+def rendered_prompt(host: ServingHost, chat: ChatInput) -> RenderedPrompt:
     """``chat`` as the served model's chat template renders and tokenizes it (call off the loop)."""
-    engine = host.engine
-    return render_chat(host, engine.tokenizer, engine.profile, chat)
+    return host.model.render(chat)
 
 
-async def _decoded_chat(request: Request) -> tuple[Any, Any]:
+async def _decoded_chat(request: Request) -> tuple[ServingHost, Any]:
     host = request.app.state.host
     body = parse_json_object(await request.body())
     decoded = decode_chat(body, claimed_fields(host, "openai"), strict=bool(host.options.get("strict")))
@@ -59,7 +59,7 @@ async def _decoded_chat(request: Request) -> tuple[Any, Any]:
     return host, decoded
 
 
-async def _helper_body(request: Request, field: str, what: str, rules: tuple[FieldRule, ...]) -> tuple[Any, Any]:
+async def _helper_body(request: Request, field: str, what: str, rules: tuple[FieldRule, ...]) -> tuple[Any, ServingHost]:
     """A helper endpoint's checked body (``field`` required) and the host of its ``model``."""
     body = parse_json_object(await request.body())
     if field not in body:
@@ -73,7 +73,7 @@ async def tokenize(request: Request) -> dict[str, Any]:
     body, host = await _helper_body(request, "content", "the text to tokenize", _TOKENIZE_RULES)
 
     def run() -> dict[str, Any]:
-        tokenizer = host.engine.tokenizer
+        tokenizer = host.model.tokenizer
         ids = list(tokenizer.encode(body["content"], add_special_tokens=bool(body.get("add_special"))))
         if not body.get("with_pieces"):
             return {"tokens": ids}
@@ -85,12 +85,12 @@ async def tokenize(request: Request) -> dict[str, Any]:
 @post("/detokenize", status_code=200, opt=_DETOKENIZE_OPT, summary="Detokenize ids (llama-server)", tags=["llama.cpp"])
 async def detokenize(request: Request) -> dict[str, Any]:
     body, host = await _helper_body(request, "tokens", "the ids to detokenize", _DETOKENIZE_RULES)
-    vocab = host.engine.info.config_int("vocab_size")
+    vocab = host.model.info.config_int("vocab_size")
     for i, token in enumerate(body["tokens"]):
         if isinstance(token, bool) or not isinstance(token, int) or token < 0 or (vocab is not None and token >= vocab):
             raise InvalidRequest(f"tokens[{i}] must be a token id (an integer from 0 to {vocab - 1 if vocab else '…'})",
                                  param="tokens")
-    return {"content": await off_loop(request, host.engine.tokenizer.decode, list(body["tokens"]))}
+    return {"content": await off_loop(request, host.model.tokenizer.decode, list(body["tokens"]))}
 
 
 @post("/apply-template", status_code=200, opt=_CHAT_BODY_OPT, summary="Render a chat's prompt (llama-server)",
@@ -106,12 +106,7 @@ async def apply_template(request: Request) -> dict[str, str]:
 async def input_tokens(request: Request) -> dict[str, int]:
     host, decoded = await _decoded_chat(request)
 
-    def count() -> int:
-        rendered = rendered_prompt(host, decoded.chat)
-        probe = GenerationRequest(request_id="count", prompt_ids=rendered.ids, max_tokens=1, dialect="openai")
-        return len(canonicalize(host, probe, "openai").prompt_ids)
-
-    return {"input_tokens": await off_loop(request, count)}
+    return {"input_tokens": await off_loop(request, lambda: host.model.count_tokens(decoded.chat, dialect="openai"))}
 
 
 LLAMA_ROUTES = [tokenize, detokenize, apply_template, input_tokens]

@@ -19,7 +19,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from mlxrt.api.generation import json_schema_output, structured_output
+from mlxrt.api.output_format import json_schema_output, structured_output
 from mlxrt.errors import InvalidRequest
 from mlxrt.records import StructuredOutput
 

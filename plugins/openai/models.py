@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import logging
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -24,6 +25,8 @@ from litestar import Request, get
 from mlxrt.capabilities import capabilities
 from mlxrt.errors import NotFound
 from mlxrt.plugins.openai.encode import ROUTE_OPT
+from mlxrt.records import ModelInfo
+from mlxrt.serving import ServedModel
 from mlxrt.sources.paths import hf_cache_dir
 
 __all__ = ["list_models", "get_model", "codex_catalog", "cached_model_rows"]
@@ -75,10 +78,10 @@ def _served_row(request: Request) -> dict[str, Any]:
     host = request.app.state.host
     pool = host.models
     # The served model's row, also while another model is swapped in (its profile outlives its engine).
-    profile = pool.primary.profile if pool is not None and pool.primary.profile is not None else host.engine.profile
+    profile = pool.primary.profile if pool is not None and pool.primary.profile is not None else host.model.profile
     info = profile.info
     caps = capabilities(host, profile)
-    engine = pool.primary.engine if pool is not None else host.engine
+    model = pool.primary.model if pool is not None else host.model
     created = int(host.options.get("started_at") or time.time())
     return {
         "id": info.model_id,
@@ -86,7 +89,7 @@ def _served_row(request: Request) -> dict[str, Any]:
         "created": created,
         "owned_by": "mlxrt",
         "context_window": info.context_window,
-        **_limits(engine, info, host.options, created),
+        **_limits(model, info, host.options, created),
         "reasoning": profile.thinking_format is not None,
         "vision": caps.vision,
         "structured_outputs": caps.structured_outputs,
@@ -98,13 +101,13 @@ def _served_row(request: Request) -> dict[str, Any]:
     }
 
 
-def _limits(engine: Any, info: Any, options: Any, created: int) -> dict[str, Any]:
+def _limits(model: ServedModel | None, info: ModelInfo, options: Mapping[str, Any], created: int) -> dict[str, Any]:
     """What clients read to size their prompts and answers (docs/dialects.md, "What clients learn
     about the model"): Anthropic's Models API fields (``type``, ``display_name``, ``created_at``,
     ``max_input_tokens`` — the context a request may fill, the window capped by the memory
     budget —, ``max_tokens`` — the most one answer may generate: ``--max-tokens`` when set,
     within that context)."""
-    ceiling = engine.context_ceiling if engine is not None else info.context_window
+    ceiling = model.context_ceiling if model is not None else info.context_window
     cap = options.get("max_tokens")
     output = min(cap, ceiling) if isinstance(cap, int) and cap > 0 and ceiling else (cap or ceiling)
     return {"type": "model", "display_name": info.model_id,

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import uuid
 from collections.abc import AsyncIterator, Mapping
 from contextlib import aclosing
@@ -12,13 +13,13 @@ from litestar import Request, Response, post
 
 from mlxrt.api.errors import openai_error_body
 from mlxrt.api.pipeline import Answer, Turn, serve_chat
-from mlxrt.api.sse import sse_data
-from mlxrt.assembly import LogprobTrail, ResponseAssembler
+from mlxrt.assembly import ResponseAssembler
 from mlxrt.plugins.openai.completions import completions
 from mlxrt.plugins.openai.decode import decode_chat
 from mlxrt.plugins.openai.embeddings import embeddings
 from mlxrt.plugins.openai.encode import (
     ROUTE_OPT,
+    LogprobFrames,
     UsageTally,
     choice_frames,
     chunk,
@@ -30,7 +31,7 @@ from mlxrt.plugins.openai.encode import (
 )
 from mlxrt.plugins.openai.llama import LLAMA_ROUTES, rendered_prompt
 from mlxrt.plugins.openai.models import codex_catalog, get_model, list_models
-from mlxrt.records import CacheReport, FinishEvent, TokenEvent
+from mlxrt.records import CacheReport, FinishEvent
 
 __all__ = ["ROUTES"]
 
@@ -102,19 +103,15 @@ def _stream(gens: list[Any], id: str, assemblers: list[ResponseAssembler], model
 
 async def _choice_stream(gen: Any, id: str, assembler: ResponseAssembler, model: str, created: int, *,
                          index: int, tally: UsageTally, fingerprint: str) -> AsyncIterator[bytes]:
-    """One choice's chunks, up to its finish chunk. Each carries the logprobs of the tokens
-    released since the previous one: text the reasoning splitter or tool router holds back
-    keeps its entries until it is sent.
+    """One choice's chunks, up to its finish chunk, each with the logprobs of the tokens it
+    releases (:class:`~mlxrt.plugins.openai.encode.LogprobFrames`).
 
     Owns ``gen``: closing this stream (the client left) closes the engine request."""
-    trail = LogprobTrail()
-    carried: list[TokenEvent] = []
+    frames = LogprobFrames(functools.partial(chunk, id=id, created=created, model=model, fingerprint=fingerprint,
+                                             index=index))
 
     def frame(delta: dict[str, Any], **kw: Any) -> bytes:
-        entries = carried[:]
-        carried.clear()
-        return sse_data(chunk(id=id, created=created, model=model, delta=delta,
-                              logprobs=entries, fingerprint=fingerprint, index=index, **kw))
+        return frames.frame(delta=delta, **kw)
 
     def delta_body(content: str, reasoning: str) -> dict[str, Any]:
         out: dict[str, Any] = {}
@@ -134,7 +131,7 @@ async def _choice_stream(gen: Any, id: str, assembler: ResponseAssembler, model:
                 if isinstance(event, FinishEvent):
                     if content or reasoning:
                         yield frame(delta_body("".join(content), "".join(reasoning)))
-                    carried.extend(trail.finish(event))
+                    frames.finish(event)
                     last, reason = assembler.finish(event)
                     if last:
                         yield frame(delta_body(last.content, last.reasoning))
@@ -142,7 +139,7 @@ async def _choice_stream(gen: Any, id: str, assembler: ResponseAssembler, model:
                         yield frame({"tool_calls": tool_calls_json(assembler.tool_calls, indexed=True)})
                     yield frame({}, finish_reason=str(reason), usage_body=tally.finished(index, event))
                     return
-                carried.extend(trail.feed(event))
+                frames.feed(event)
                 delta = assembler.feed(event.text)
                 if delta:
                     content.append(delta.content)

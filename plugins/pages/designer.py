@@ -4,7 +4,7 @@ of the model's.
 
 :func:`parse_design` validates a request body (pure Python, on the event loop: every bad input is
 an :class:`InvalidRequest` before the engine is involved). :func:`run_design` is the MLX part; it
-runs as one raw job on the engine worker (``Engine.call``), between decode steps and never
+runs as one raw job on the model's thread (``ServedModel.call``), between decode steps and never
 beside one, so batched requests neither slow it down nor see their random state disturbed
 (every draw here re-seeds, as every seeded sampler of the engine does).
 
@@ -14,6 +14,7 @@ the sampler that differs, not the luck of the draw.
 
 from __future__ import annotations
 
+import contextlib
 import math
 from collections.abc import Mapping, Sequence
 from typing import Any
@@ -23,6 +24,7 @@ import attrs
 from mlxrt.api.wire import FieldRule, check_fields, check_object
 from mlxrt.errors import InvalidRequest
 from mlxrt.plugins.curve.params import Curve, parse_curve
+from mlxrt.records import LoadedModel
 
 __all__ = ["Recipe", "DesignRequest", "Sample", "TokenRow", "DesignResult", "parse_design",
            "run_design", "MAX_N", "MAX_TOKENS", "MAX_TOP"]
@@ -217,20 +219,23 @@ def _plot(curve: Curve) -> tuple[tuple[float, float], ...]:
 
 
 class _Decoder:
-    """Greedy-free decode of short continuations that share one prefilled prompt cache.
+    """Short continuations that share one prefilled prompt cache, decoded by the engine's own
+    token loop (:func:`mlxrt.engine.steps.token_steps`).
 
     The prompt minus its last token is prefilled once; every completion feeds the last prompt
     token and its own tokens, then the cache is trimmed back to the prefix (or, for a cache that
     cannot be trimmed, rebuilt).
     """
 
-    def __init__(self, loaded: Any, prompt: Sequence[int]) -> None:
+    def __init__(self, loaded: LoadedModel, prompt: Sequence[int]) -> None:
+        import mlx.core as mx
         from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
 
         self.model = loaded.model
         self.tokenizer = loaded.tokenizer
         self.prompt = list(prompt)
         self.eos = frozenset(getattr(loaded.tokenizer, "eos_token_ids", None) or ())
+        self.stream = mx.default_stream(mx.default_device())  # the worker's, as the job runs on it
         self._make = lambda: make_prompt_cache(self.model)
         self.cache = self._prefill()
         self.trimmable = can_trim_prompt_cache(self.cache)
@@ -253,36 +258,43 @@ class _Decoder:
         else:
             self.cache = self._prefill()
 
-    def _step(self, token: int) -> Any:
+    def _steps(self, sampler: Any, max_tokens: int) -> Any:
+        """The loop from the last prompt token; logits in float32 before the log-softmax."""
         import mlx.core as mx
 
-        logits = self.model(mx.array([[token]]), cache=self.cache)[:, -1, :].astype(mx.float32)
-        return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        from mlxrt.engine.steps import token_steps
+
+        return token_steps(mx.array([self.prompt[-1]]), self.model, cache=self.cache, stream=self.stream,
+                           max_tokens=max_tokens, sampler=sampler,
+                           processors=[lambda _history, logits: logits.astype(mx.float32)])
 
     def next_logprobs(self) -> Any:
         """The model's next-token log-probabilities after the prompt, shape ``[1, vocab]``."""
         import mlx.core as mx
 
-        logprobs = self._step(self.prompt[-1])
+        with contextlib.closing(self._steps(None, 1)) as steps:
+            _token, logprobs = next(steps)
         mx.eval(logprobs)
-        self._reset(1)
-        return logprobs
+        self._reset(2)  # the prompt's last token and the one the loop queued after it
+        return logprobs[None]
 
     def complete(self, sampler: Any, max_tokens: int) -> Sample:
-        token, tokens, fed, reason = self.prompt[-1], [], 0, "length"
-        for _ in range(max_tokens):
-            logprobs = self._step(token)
-            fed += 1
-            token = int(sampler(logprobs).item())
-            if token in self.eos:
-                reason = "stop"
-                break
-            tokens.append(token)
-        self._reset(fed)
+        tokens: list[int] = []
+        reason, handed = "length", 0
+        with contextlib.closing(self._steps(sampler, max_tokens)) as steps:
+            for token, _logprobs in steps:
+                handed += 1
+                if token in self.eos:
+                    reason = "stop"
+                    break
+                tokens.append(token)
+        # fed: the last prompt token, then each handed-out token (the loop queues the next
+        # step before it hands a token out)
+        self._reset(1 + handed)
         return Sample(text=self.tokenizer.decode(tokens), tokens=len(tokens), finish_reason=reason)
 
 
-def run_design(loaded: Any, request: DesignRequest) -> DesignResult:
+def run_design(loaded: LoadedModel, request: DesignRequest) -> DesignResult:
     """Sample both sides and measure both distributions (MLX: run on the engine worker)."""
     import mlx.core as mx
     from mlx_lm.sample_utils import make_sampler

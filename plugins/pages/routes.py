@@ -7,6 +7,8 @@ for the key); the JSON endpoints go through the server's key guard like every ot
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Callable
 from importlib import resources
 from typing import Any
 
@@ -14,8 +16,9 @@ import anyio
 from litestar import Request, Response, get, post
 
 from mlxrt.api.wire import parse_json_object
-from mlxrt.capabilities import capabilities
 from mlxrt.errors import InvalidRequest, NotFound
+from mlxrt.records import LoadedModel
+from mlxrt.serving import ServedModel
 
 __all__ = ["ROUTES", "ASSETS"]
 
@@ -63,22 +66,22 @@ async def status(request: Request) -> dict[str, Any]:
     plugin the host saw (loaded, failed or disabled, with its kind and hooks), and the sampling
     settings the server was started with."""
     host = request.app.state.host
-    engine = host.engine
-    info, profile = engine.info, engine.profile
-    caps = capabilities(host)
+    model = host.model
+    info, profile = model.info, model.profile
+    caps = model.capabilities
     options = host.options
     return {
         "model": {
             "id": info.model_id, "model_type": info.model_type, "source": info.source,
             "family": profile.family, "tier": profile.tier,
-            "context_window": info.context_window, "context_ceiling": engine.context_ceiling,
+            "context_window": info.context_window, "context_ceiling": model.context_ceiling,
             "capabilities": {
                 "reasoning": profile.thinking_format is not None,
                 "tools": profile.tool_parser is not None,
                 "vision": caps.vision,
                 "structured_outputs": caps.structured_outputs,
                 "embeddings": caps.embeddings,
-                "chat_template": getattr(engine.tokenizer, "chat_template", None) is not None,
+                "chat_template": getattr(model.tokenizer, "chat_template", None) is not None,
             },
             "self_test": dict(profile.self_test),
             "provenance": dict(profile.provenance),
@@ -93,15 +96,13 @@ async def status(request: Request) -> dict[str, Any]:
     }
 
 
-def _tokenizer(engine: Any, host: Any) -> Any:
+def _tokenizer(model: ServedModel) -> Callable[[str, bool], list[int]]:
     def tokenize(prompt: str, chat: bool) -> list[int]:
         if not chat:
-            return list(engine.tokenizer.encode(prompt, add_special_tokens=True))
+            return list(model.tokenizer.encode(prompt, add_special_tokens=True))
         from mlxrt.records import ChatInput
-        from mlxrt.templating import render_chat
 
-        chat_input = ChatInput(messages=({"role": "user", "content": prompt},))
-        return list(render_chat(host, engine.tokenizer, engine.profile, chat_input).ids)
+        return list(model.render(ChatInput(messages=({"role": "user", "content": prompt},))).ids)
 
     return tokenize
 
@@ -113,28 +114,30 @@ async def curve_sample(request: Request) -> dict[str, Any]:
     the next-token distribution of the model, the curve and the recipe (docs/pages.md).
 
     Runs as one raw job on the engine worker, between decode steps (never beside one)."""
-    from mlxrt.plugins.pages.designer import parse_design, run_design
+    from mlxrt.plugins.pages.designer import DesignResult, parse_design, run_design
 
     host = request.app.state.host
-    engine = host.engine
-    if engine.loaded.engine != "autoregressive":
-        raise InvalidRequest(f"the curve designer needs an autoregressive model; {engine.info.model_id} "
-                             f"is served by the {engine.loaded.engine} engine")
+    model = host.model
+    if model.kind != "autoregressive":
+        raise InvalidRequest(f"the curve designer needs an autoregressive model; {model.info.model_id} "
+                             f"is served by the {model.kind} engine")
     body = parse_json_object(await request.body())
-    tokenize = _tokenizer(engine, host)
+    tokenize = _tokenizer(model)
     design = await anyio.to_thread.run_sync(parse_design, body, tokenize)
-    ceiling = engine.context_ceiling
+    ceiling = model.context_ceiling
     if ceiling is not None and len(design.prompt_ids) + design.max_tokens > ceiling:
         raise InvalidRequest(f"prompt ({len(design.prompt_ids)} tokens) + max_tokens ({design.max_tokens}) is "
                              f"over the {ceiling}-token context this server allows", param="prompt",
                              code="context_length_exceeded")
-    def job(loaded: Any) -> Any:
+    adapters = model.adapters
+
+    def job(loaded: LoadedModel) -> DesignResult:
         # The base model: no adapter rows (a batch step's selection must not leak in here).
-        with engine.adapters.select(()):
+        with adapters.select(()) if adapters is not None else contextlib.nullcontext():
             return run_design(loaded, design)
 
-    result = await engine.call(job)
-    return result.as_dict(design, engine.info.model_id)
+    result = await model.call(job)
+    return result.as_dict(design, model.info.model_id)
 
 
 ROUTES = (index_page, curves_page, asset, status, curve_sample)

@@ -16,7 +16,7 @@ from typing import Any
 
 import attrs
 
-from mlxrt.api.generation import structured_output
+from mlxrt.api.output_format import structured_output
 from mlxrt.api.wire import (
     adapter_field,
     check_fields,

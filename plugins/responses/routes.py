@@ -4,14 +4,14 @@
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 from litestar import Request, Response, delete, get, post
 
 from mlxrt.api.auth import caller_of
 from mlxrt.api.errors import openai_error_body
-from mlxrt.api.generation import assembled_stream, guarded
+from mlxrt.api.framing import assembled_stream, guarded
 from mlxrt.api.pipeline import Answer, Turn, serve_chat
 from mlxrt.assembly import ResponseAssembler
 from mlxrt.errors import MlxrtError, NotFound
@@ -33,13 +33,16 @@ from mlxrt.plugins.responses.encode import (
 from mlxrt.plugins.responses.store import DEFAULT_MAX_BYTES, DEFAULT_TTL_S, ResponseStore
 from mlxrt.records import CacheReport, ChatInput, RequestOptions
 
+if TYPE_CHECKING:
+    from mlxrt.host import PluginHost
+
 __all__ = ["ROUTES", "RESPONSES", "store_of", "owner_of"]
 
 #: Like chat completions: room for reasoning traces; admission caps it to the context.
 RESPONSES_DEFAULT_MAX_TOKENS = 65536
 
 
-def store_of(host: Any) -> ResponseStore:
+def store_of(host: PluginHost) -> ResponseStore:
     """The app host's response store (its ``plugin_state("responses")``), made on first use
     with the server's options."""
     options = host.options
@@ -92,7 +95,7 @@ class Exchange:
 
 
 def _reasoning_tokens(turn: Turn, reasoning: str) -> int:
-    return len(turn.host.engine.tokenizer.encode(reasoning, add_special_tokens=False)) if reasoning else 0
+    return len(turn.host.model.tokenizer.encode(reasoning, add_special_tokens=False)) if reasoning else 0
 
 
 class Responses:

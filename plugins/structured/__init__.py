@@ -10,25 +10,28 @@ a constrained request runs in the batch lane like any other.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlxrt import hookimpl
 from mlxrt.records import GenerationRequest, LogitsProcessor, ModelInfo
 
+if TYPE_CHECKING:
+    from mlxrt.host import PluginHost
+
 __all__ = ["mlxrt_capabilities", "mlxrt_prepare_request", "mlxrt_logits_processors"]
 
-def _grammars(host: Any) -> Any:
-    """The grammar cache of the model ``host.engine`` serves (kept by the host, one per engine:
-    a server may serve several models, and an unloaded model's grammars go with its engine)."""
+def _grammars(host: PluginHost) -> Any:
+    """The grammar cache of the model ``host.model`` serves (kept by the host, one per loaded
+    tokenizer: a server may serve several models, and an unloaded model's grammars go with it)."""
     from weakref import WeakKeyDictionary
 
     from mlxrt.plugins.structured.grammar import Grammars
 
-    engine = host.engine
-    per_engine = host.plugin_state("structured", WeakKeyDictionary)
-    grammars = per_engine.get(engine)
+    tokenizer = host.model.tokenizer
+    per_model = host.plugin_state("structured", WeakKeyDictionary)
+    grammars = per_model.get(tokenizer)
     if grammars is None:
-        grammars = per_engine[engine] = Grammars(engine.tokenizer)
+        grammars = per_model[tokenizer] = Grammars(tokenizer)
     return grammars
 
 
@@ -41,14 +44,14 @@ def mlxrt_capabilities() -> list[str]:
 
 
 @hookimpl
-def mlxrt_prepare_request(request: GenerationRequest, host: Any) -> None:
+def mlxrt_prepare_request(request: GenerationRequest, host: PluginHost) -> None:
     """Compile (or find cached) the request's grammar: its errors are the client's 400."""
     if request.structured is not None:
         _grammars(host).matcher(request.structured)
 
 
 @hookimpl
-def mlxrt_logits_processors(request: GenerationRequest, info: ModelInfo, host: Any) -> Sequence[LogitsProcessor]:
+def mlxrt_logits_processors(request: GenerationRequest, info: ModelInfo, host: PluginHost) -> Sequence[LogitsProcessor]:
     if request.structured is None:
         return []
     from mlxrt.plugins.structured.grammar import GrammarProcessor
@@ -58,7 +61,7 @@ def mlxrt_logits_processors(request: GenerationRequest, info: ModelInfo, host: A
                              thinking=_thinking_window(request, host))]
 
 
-def _thinking_window(request: GenerationRequest, host: Any) -> Any:
+def _thinking_window(request: GenerationRequest, host: PluginHost) -> Any:
     """The think block the prompt left open, free of the grammar until it closes (``None``: no
     open block, or a whole-answer grammar such as a forced tool call, which closes it itself).
     An answer that would open its own block (Qwen3) is held to the format from its first token:
@@ -66,11 +69,11 @@ def _thinking_window(request: GenerationRequest, host: Any) -> Any:
     from mlxrt.plugins.structured.grammar import ThinkingWindow
     from mlxrt.text.tool_calls import reasoning_lead
 
-    engine = host.engine
-    fmt = engine.profile.thinking_format
+    model = host.model
+    fmt = model.profile.thinking_format
     if fmt is None or request.structured.kind == "lark" or not fmt.close:
         return None
-    tokenizer = engine.tokenizer
-    if not reasoning_lead(engine.profile, tokenizer, request.prompt_ids):
+    tokenizer = model.tokenizer
+    if not reasoning_lead(model.profile, tokenizer, request.prompt_ids):
         return None
     return ThinkingWindow(close_ids=tuple(tokenizer.encode(fmt.close, add_special_tokens=False)))

@@ -231,8 +231,8 @@ def _setup_logging(level: str, fmt: str) -> None:
 def build_server(host: PluginHost, model: str | None, opts: dict[str, Any]) -> Any:
     """Load the model, start the engine and build the app (also used by tests)."""
     from mlxrt.api.app import create_app
+    from mlxrt.engine import new_engine
     from mlxrt.engine.config import EngineConfig
-    from mlxrt.engine.engine import Engine
     from mlxrt.loading import resolve_model
     from mlxrt.templating import DEFAULT_CHAT_TEMPLATE
 
@@ -256,7 +256,7 @@ def build_server(host: PluginHost, model: str | None, opts: dict[str, Any]) -> A
 
             engine = make_engine(view, config, opts)
         else:
-            engine = Engine(view, config)
+            engine = new_engine(view, config)
         engine.load(info)
         if opts.get("chat_template") and primary:
             from mlxrt.loading import with_replaced_template

@@ -8,3 +8,21 @@ speculative decoding, quantized KV caches, the memory contract and admission, th
 LoRA adapters, image splicing and embeddings. The pool of engines one process serves is
 :mod:`mlxrt.model_pool` (the server's model router); the BLAS loader is :mod:`mlxrt.blas`.
 """
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from mlxrt.engine.config import EngineConfig
+    from mlxrt.engine.engine import Engine
+
+
+def new_engine(host: Any, config: EngineConfig | None = None) -> Engine:
+    """A fresh engine (no model loaded yet: :meth:`~mlxrt.engine.engine.Engine.load`) on ``host``
+    (the plugin host or the pool's view of it for one model). The one way in from outside the
+    engine room: plugins and the HTTP edge see the model it serves as a
+    :class:`mlxrt.serving.ServedModel`, never the engine."""
+    from mlxrt.engine.engine import Engine
+
+    return Engine(host, config)

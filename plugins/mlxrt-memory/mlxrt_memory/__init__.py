@@ -12,9 +12,12 @@ import asyncio
 import logging
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlxrt import hookimpl
+
+if TYPE_CHECKING:
+    from mlxrt.host import PluginHost
 
 log = logging.getLogger("mlxrt.memory")
 
@@ -51,7 +54,7 @@ def _free_folder(ctx: Any, param: Any, value: str | None) -> str | None:
 
 
 @hookimpl
-def mlxrt_startup(host: Any) -> None:
+def mlxrt_startup(host: PluginHost) -> None:
     folder = host.options.get("memory_dir")
     if not folder:
         return
@@ -62,7 +65,7 @@ def mlxrt_startup(host: Any) -> None:
 
 
 @hookimpl
-async def mlxrt_shutdown(host: Any) -> None:
+async def mlxrt_shutdown(host: PluginHost) -> None:
     memory = host.plugin_states.get("memory")
     if memory is None:
         return
@@ -78,7 +81,7 @@ async def mlxrt_shutdown(host: Any) -> None:
 
 
 @hookimpl
-def mlxrt_turn_finished(turn: Any, host: Any) -> None:
+def mlxrt_turn_finished(turn: Any, host: PluginHost) -> None:
     memory = host.plugin_states.get("memory")
     if memory is None:  # no --memory-dir: nothing is ever stored
         return
@@ -111,7 +114,7 @@ def _report_failure(done: Any) -> None:
 
 
 @hookimpl
-def mlxrt_routes(host: Any) -> list[Any]:
+def mlxrt_routes(host: PluginHost) -> list[Any]:
     from mlxrt_memory.routes import ROUTES
 
     return list(ROUTES)

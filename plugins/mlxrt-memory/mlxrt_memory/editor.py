@@ -1,6 +1,6 @@
 """The editor: the model calls of a synthesis run, each answered as JSON under a schema.
 
-:class:`EngineEditor` asks the served model through the server's own engine, with the
+:class:`EngineEditor` asks the served model (``host.model.complete``), with the
 structured-outputs constraint (docs/structured-outputs.md), so every answer parses. A run's
 stages only see the :class:`Editor` protocol; tests give them a scripted one.
 """
@@ -11,10 +11,12 @@ import json
 import logging
 import uuid
 from collections.abc import Sequence
-from contextlib import aclosing
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
+
+if TYPE_CHECKING:
+    from mlxrt.host import PluginHost
 
 __all__ = ["Editor", "EngineEditor", "Entity", "Outline", "EXTRACT_SCHEMA", "OUTLINE_SCHEMA", "section_schema"]
 
@@ -97,7 +99,7 @@ class EngineEditor:
     OUTLINE_TOKENS = 192
     SECTION_TOKENS = 32
 
-    def __init__(self, host: Any) -> None:
+    def __init__(self, host: PluginHost) -> None:
         self.host = host
 
     def extract(self, text: str) -> list[Entity]:
@@ -136,32 +138,20 @@ class EngineEditor:
             return None
 
     async def _generate(self, system: str, prompt: str, schema: dict[str, Any], max_tokens: int) -> Any:
-        """One constrained generation; ``None`` when the answer was cut before it closed."""
-        import anyio
-
-        from mlxrt.api.generation import json_schema_output
-        from mlxrt.api.pipeline import plan, prepare
-        from mlxrt.assembly import ResponseAssembler, drain
+        """One constrained generation through the served model's ``complete`` (planned off the
+        event loop); ``None`` when the answer was cut before it closed."""
+        from mlxrt.api.output_format import json_schema_output
         from mlxrt.records import ChatInput, RequestOptions
-        from mlxrt.templating import render_chat
 
-        host, engine = self.host, self.host.engine
+        model = self.host.model
         chat = ChatInput(messages=({"role": "system", "content": system}, {"role": "user", "content": prompt}),
                          template_kwargs={"enable_thinking": False})
-        rendered = await anyio.to_thread.run_sync(render_chat, host, engine.tokenizer, engine.profile, chat)
         options = RequestOptions(sampling={"temperature": 0.0}, max_tokens=max_tokens,
                                  structured=json_schema_output(schema, param="memory"))
-        request = plan(host, options, rendered.ids, dialect="memory", request_id=f"memory-{uuid.uuid4().hex[:16]}",
-                       default_max_tokens=max_tokens)
-        await prepare(host, request)
-        assembler = ResponseAssembler(engine.profile, tools=None, starts_in_thinking=rendered.starts_in_thinking)
-        async with aclosing(engine.generate(request)) as gen:
-            await gen.started()
-            finish, _ = await drain(gen, assembler.feed)
-        assembler.finish(finish)
-        text = "".join(assembler.content)
+        answer = await model.complete(chat, options, dialect="memory",
+                                      request_id=f"memory-{uuid.uuid4().hex[:16]}")
         try:
-            return json.loads(text)
+            return json.loads(answer.content)
         except json.JSONDecodeError:
             log.warning("memory: the model's answer was cut at %d tokens; skipped", max_tokens)
             return None

@@ -1,0 +1,103 @@
+"""Stream framing: a dialect's frames from engine events (:class:`FrameWriter`,
+:func:`assembled_stream`), several choices' streams merged, and errors once a stream runs
+(:func:`guarded`)."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Callable, Sequence
+from contextlib import aclosing
+from typing import Any, Protocol
+
+from mlxrt.assembly import ResponseAssembler
+from mlxrt.errors import MlxrtError
+from mlxrt.records import FinishEvent, FinishReason, ToolCall
+
+__all__ = ["FrameWriter", "assembled_stream", "guarded", "merged"]
+
+async def guarded(frames: AsyncIterator[bytes], error_frame: Callable[[MlxrtError], bytes]) -> AsyncIterator[bytes]:
+    """Pass SSE frames through; an error mid-stream becomes the dialect's error frame.
+
+    The headers are gone by then, so the error travels in the stream, which then closes
+    without its normal end.
+    """
+    async with aclosing(frames):  # a client that leaves closes the inner stream (and cancels) now
+        try:
+            async for frame in frames:
+                yield frame
+        except MlxrtError as exc:
+            yield error_frame(exc)
+
+
+async def merged(streams: Sequence[AsyncIterator[bytes]]) -> AsyncIterator[bytes]:
+    """The frames of several streams (the choices of one request) as each produces them, every
+    stream's in its own order. The first error ends the merge and closes the other streams, as
+    does closing the merge (the client left): each closes its engine request."""
+    if len(streams) == 1:
+        async with aclosing(streams[0]) as only:
+            async for frame in only:
+                yield frame
+        return
+    import asyncio
+
+    queue: asyncio.Queue[tuple[bytes | None, BaseException | None]] = asyncio.Queue()
+
+    async def pump(stream: AsyncIterator[bytes]) -> None:
+        try:
+            async with aclosing(stream):
+                async for frame in stream:
+                    queue.put_nowait((frame, None))
+        except Exception as exc:  # handed to the reader, which raises it
+            queue.put_nowait((None, exc))
+            return
+        queue.put_nowait((None, None))
+
+    tasks = [asyncio.ensure_future(pump(stream)) for stream in streams]
+    try:
+        done = 0
+        while done < len(tasks):
+            frame, error = await queue.get()
+            if error is not None:
+                raise error
+            if frame is None:
+                done += 1
+            else:
+                yield frame
+    finally:
+        for task in tasks:
+            task.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+
+
+class FrameWriter(Protocol):
+    """A dialect's stream grammar over assembled deltas (:func:`assembled_stream` drives it)."""
+
+    def start(self) -> list[bytes]: ...
+
+    def feed(self, *, reasoning: str = "", text: str = "") -> list[bytes]: ...
+
+    def finish(self, calls: tuple[ToolCall, ...], reason: FinishReason, finish: FinishEvent) -> list[bytes]: ...
+
+
+async def assembled_stream(gen: Any, assembler: ResponseAssembler, writer: FrameWriter, *,
+                           single_call: bool = False) -> AsyncIterator[bytes]:
+    """Engine events → reasoning/text deltas (``assembler``) → the dialect's frames (``writer``).
+
+    Tool calls are known at the end; ``single_call`` keeps only the first (a client that
+    turned parallel calls off). Owns ``gen``: closing this stream (the client left) closes the
+    engine request.
+    """
+    async with aclosing(gen):
+        for frame in writer.start():
+            yield frame
+        async for event in gen:
+            if isinstance(event, FinishEvent):
+                last, reason = assembler.finish(event)
+                for frame in writer.feed(reasoning=last.reasoning, text=last.content):
+                    yield frame
+                calls = assembler.tool_calls[:1] if single_call else assembler.tool_calls
+                for frame in writer.finish(calls, reason, event):
+                    yield frame
+                return
+            delta = assembler.feed(event.text)
+            for frame in writer.feed(reasoning=delta.reasoning, text=delta.content):
+                yield frame

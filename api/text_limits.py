@@ -1,0 +1,51 @@
+"""The overlong-body check: a generation body whose text alone cannot fit the context of the
+model that would serve it is refused (400, the context-length error) before anything templates
+or tokenizes it."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from litestar import Request
+
+from mlxrt.errors import OverBudget
+
+if TYPE_CHECKING:
+    from mlxrt.serving import ServingHost
+
+__all__ = ["MAX_CHARS_PER_TOKEN", "refuse_overlong_text", "check_text_length"]
+
+#: Characters one token covers at most, generously (tokens of long whitespace runs reach a
+#: few dozen): a body with more prompt text than ``context_ceiling`` × this cannot fit, so it
+#: is refused before templating and tokenizing it (a 50 MB body took a minute and gigabytes).
+MAX_CHARS_PER_TOKEN = 32
+
+
+async def refuse_overlong_text(request: Request, body: Any, host: ServingHost) -> None:
+    """Refuse (400, the context-length error) a generation body whose text alone is too long
+    for the context of the model that would serve it (``host``), before anything templates or
+    tokenizes it."""
+    ceiling = host.model.context_ceiling
+    if ceiling is not None and len(await request.body()) > ceiling * MAX_CHARS_PER_TOKEN:  # else none can be
+        check_text_length(body, ceiling)
+
+
+def check_text_length(body: Any, ceiling: int) -> None:
+    """Raise :class:`OverBudget` when the strings of ``body`` (inline ``data:`` URLs, images
+    and files, left out) hold more than ``ceiling`` tokens can cover."""
+    total, stack = 0, [body]
+    while stack:  # iterative: bodies may nest as deep as the JSON parser allowed
+        item = stack.pop()
+        if isinstance(item, str):
+            if not item.startswith("data:"):
+                total += len(item)
+        elif isinstance(item, dict):
+            stack.extend(item.values())
+        elif isinstance(item, list):
+            stack.extend(item)
+    if total > ceiling * MAX_CHARS_PER_TOKEN:
+        raise OverBudget(
+            f"request needs more than {ceiling} tokens of context (its text is {total} characters, at most "
+            f"{MAX_CHARS_PER_TOKEN} per token) but the context holds {ceiling} — shorten the prompt",
+            code="context_over_budget",
+        )
