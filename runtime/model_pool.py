@@ -17,7 +17,7 @@ for, and the log says it once per distinct name), or, on a strict server, is
 there too. A name that is no possible path (too long, a NUL byte) never reaches the filesystem.
 Each resident model has its own :class:`~mlxrt.engine.engine.Engine` (lane,
 prompt cache, adapters, family profile, self-test) built on a :class:`ModelHost` view of the
-plugin host, so hooks that reach ``host.engine`` see the model they serve.
+plugin host, so hooks that read ``host.model`` see the model they serve.
 
 At most ``--max-models`` are resident; loading another evicts the least recently used *idle*
 one (no request holds it, nothing queued or running). ``--idle-unload`` unloads models

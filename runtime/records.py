@@ -496,7 +496,7 @@ class CacheStatus(enum.StrEnum):
 @attrs.frozen
 class RequestOptions:
     """How a decoded body asks to be answered, in one dialect-neutral record: what every
-    dialect's decoder produces and :func:`mlxrt.api.pipeline.plan` turns into a
+    dialect's decoder produces and :meth:`mlxrt.serving.ServedModel.plan` turns into a
     :class:`GenerationRequest`. It travels with the request, so the answer's assembler reads
     the request's tools here and no dialect carries them across the engine call.
 

@@ -2,7 +2,7 @@
 prompt input and the request's :class:`~mlxrt.records.RequestOptions`.
 
 Chat and completions share one validation path (:func:`decode_options`); the engine request
-is built by the pipeline (:func:`mlxrt.api.pipeline.plan`), as for every dialect.
+is built by the served model (:meth:`mlxrt.serving.ServedModel.plan`), as for every dialect.
 """
 
 from __future__ import annotations
