@@ -103,6 +103,9 @@ class ServingEngine(Protocol):
     @property
     def context_ceiling(self) -> int | None: ...
 
+    @property
+    def keeps_snapshots(self) -> bool: ...
+
     def load(self, info: ModelInfo) -> None: ...
 
     def generate(self, request: GenerationRequest) -> Generation: ...
@@ -213,7 +216,7 @@ class ServedModel(Protocol):
         ...
 
     def generate(self, request: GenerationRequest) -> Generation:
-        """Submit a planned request; its event stream."""
+        """Submit a planned request (call on the event loop); its event stream, an async iterator."""
         ...
 
     async def complete(self, chat: ChatInput, options: RequestOptions, *, dialect: str,
@@ -318,7 +321,7 @@ class EngineModel:
     def render(self, chat: ChatInput) -> RenderedPrompt:
         from mlxrt.templating import render_chat
 
-        return render_chat(self._host, self.tokenizer, self.profile, chat)
+        return render_chat(self._host, self.tokenizer, self.profile, chat, turn_boundary=self._engine.keeps_snapshots)
 
     def encode(self, text: str) -> list[int]:
         """Raw text as token ids, with the tokenizer's own special-token handling (a BOS where

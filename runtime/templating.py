@@ -39,7 +39,8 @@ class RenderedPrompt:
     turn_start: int | None = None
 
 
-def render_chat(host: PluginHost, tokenizer: Any, profile: FamilyProfile, chat: ChatInput) -> RenderedPrompt:
+def render_chat(host: PluginHost, tokenizer: Any, profile: FamilyProfile, chat: ChatInput, *,
+                turn_boundary: bool = False) -> RenderedPrompt:
     """Render ``chat`` with the model's chat template and tokenize it.
 
     A model whose template renders no tools has them rendered by its profile's
@@ -52,7 +53,9 @@ def render_chat(host: PluginHost, tokenizer: Any, profile: FamilyProfile, chat: 
     where the template takes them there, else folded into user turns
     (:func:`fold_system_messages`).
     Template errors are the client's (a message shape the template rejects): 400
-    ``prompt build failed: …``.
+    ``prompt build failed: …``. ``turn_boundary``: also find where the last turn starts
+    (``RenderedPrompt.turn_start``), for an engine whose prompt cache keeps snapshots
+    (:attr:`mlxrt.serving.ServingEngine.keeps_snapshots`).
     """
     if chat.images and profile.vision is None:
         where = chat.images[0].where
@@ -77,7 +80,7 @@ def render_chat(host: PluginHost, tokenizer: Any, profile: FamilyProfile, chat: 
     # without adding special tokens again.
     ids = tokenizer.encode(text, add_special_tokens=False)
     turn_start = None
-    if getattr(getattr(host, "engine", None), "keeps_snapshots", False) and not chat.images \
+    if turn_boundary and not chat.images \
             and chat.add_generation_prompt and not chat.continue_final_message:  # else no generation prompt
         turn_start = _turn_start(tokenizer, messages, chat.tools, kwargs, text, ids)
     rendered = RenderedPrompt(

@@ -67,7 +67,7 @@ def test_without_keys_every_client_shares_one_partition(mlxrt_tiny_checkpoint, m
 def test_count_tokens_refuses_over_long_text_before_templating(mlxrt_tiny_checkpoint, mlxrt_serve, monkeypatch):
     import time
 
-    import mlxrt.plugins.anthropic.routes as anthropic_routes
+    from mlxrt.serving import EngineModel
 
     server = mlxrt_serve(mlxrt_tiny_checkpoint("qwen3"))
     ceiling = server.get("/stats").json()["engine"]["admission"]["context_ceiling"]
@@ -75,7 +75,7 @@ def test_count_tokens_refuses_over_long_text_before_templating(mlxrt_tiny_checkp
     def never(*_args, **_kwargs):
         raise AssertionError("the over-long prompt was templated")
 
-    monkeypatch.setattr(anthropic_routes, "render_chat", never)
+    monkeypatch.setattr(EngineModel, "render", never)  # where count_tokens templates
     body = {"model": "m", "messages": [{"role": "user", "content": "a " * (ceiling * 16 + 8)}]}
     started = time.monotonic()
     resp = server.post("/v1/messages/count_tokens", json=body)

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ROUTE_OPT", "CACHE_HEADER", "response_headers",
     "usage", "completion_body", "chunk", "UsageTally", "choice_frames", "closing_frames", "tool_calls_json", "with_choices",
-    "logprob_entries", "logprobs_block", "text_completion_body", "text_completion_chunk", "guarded",
+    "logprob_entries", "logprobs_block", "text_completion_body", "text_completion_chunk",
     "error_frame", "system_fingerprint", "GENERATION_FLAGS", "LogprobFrames"]
 
 #: Route options every OpenAI handler carries: errors render as OpenAI error objects.
@@ -278,9 +278,3 @@ def error_frame(exc: MlxrtError) -> bytes:
     # Then [DONE], as every OpenAI stream ends: clients that wait for it (rather than for the
     # connection to close) stop reading instead of hanging.
     return sse_data(openai_error_body(exc.status, exc.type, exc.message, exc.param, exc.code)) + sse_data("[DONE]")
-
-
-def guarded(frames: AsyncIterator[bytes]) -> AsyncIterator[bytes]:
-    """Pass SSE frames through; an error mid-stream becomes an OpenAI error frame followed by
-    ``[DONE]`` (:func:`mlxrt.api.framing.guarded`)."""
-    return framing.guarded(frames, error_frame)
