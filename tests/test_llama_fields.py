@@ -134,7 +134,7 @@ def test_logit_bias_from_tokenize_ids_bans_those_tokens(client):
 
 
 def test_a_chat_template_that_renders_tools_takes_over_from_the_generic_tool_prompt(mlxrt_tiny_checkpoint, mlxrt_serve):
-    from mlxrt.testing.writers import CHAT_TEMPLATES
+    from mlxrt.testing._tokenizer_factory import CHAT_TEMPLATES
 
     tools = [{"type": "function", "function": {"name": "list_files", "parameters": {"type": "object"}}}]
     loop = [{"role": "user", "content": "Fix the bug"},
