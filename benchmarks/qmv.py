@@ -12,6 +12,7 @@ weights come from DRAM as in a decode step, not from cache. Rows of x: ``--rows`
     python benchmarks/qmv.py --rows 4 --rounds 9
     python benchmarks/qmv.py --threads 1           # the kernel on one thread (MLXRT_QMV_THREADS)
     python benchmarks/qmv.py --decode              # and SmolLM2 served: decode/prefill tok/s by path
+    python benchmarks/qmv.py --decode-only --no-baseline --served-rounds 4   # served only, interleaved
     python benchmarks/qmv.py --identity            # SmolLM2's greedy completions by kernel, compared
 
 Prints the BLAS, the kernel and the load average, since timings on shared cores are noisy.
@@ -40,7 +41,9 @@ def main() -> None:
     ap.add_argument("--shape", action="append", default=[], help="OUTxIN, repeatable (default: SmolLM2's)")
     ap.add_argument("--decode", action="store_true", help="then serve SmolLM2 each way and time decode/prefill")
     ap.add_argument("--decode-only", action="store_true", help="only the served SmolLM2 timings")
-    ap.add_argument("--repeats", type=int, default=3, help="served timings: runs per configuration (median)")
+    ap.add_argument("--repeats", type=int, default=3, help="served timings: runs per server (median)")
+    ap.add_argument("--served-rounds", type=int, default=2,
+                    help="served timings: interleaved rounds, every configuration started once per round")
     ap.add_argument("--identity", action="store_true",
                     help="only: serve SmolLM2's stored weights through the int8 kernel, the float kernel and "
                          "MLX's own path and compare their greedy completions")
@@ -91,7 +94,11 @@ SERVED = [
 
 def serve_decode(args: argparse.Namespace) -> None:
     """The embedded SmolLM2 served each way: the dtype /stats reports, decode tok/s (a streamed
-    greedy completion of 64 tokens) and prefill tok/s (a ~150-word prompt), medians."""
+    greedy completion of 64 tokens), the server's CPU ms per decoded token and prefill tok/s (a
+    ~150-word prompt). ``--served-rounds`` interleaved rounds (every configuration once per round,
+    in turn, so a burst of other load on shared cores hits all of them alike; run one after the
+    other, a configuration's figure depends on when it ran), ``--repeats`` runs per server;
+    medians, then each round's decode figures."""
     import httpx
 
     sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
@@ -99,30 +106,46 @@ def serve_decode(args: argparse.Namespace) -> None:
     from serving import free_port, start_server
 
     mlxrt = os.path.join(os.path.dirname(sys.executable), "mlxrt")
-    print("\n| configuration | served dtype | decode tok/s | prefill tok/s | load avg | auto's reason |\n"
-          "|---|---|---|---|---|---|")
-    for name, flags, env in SERVED:
-        if args.no_baseline and env.get("MLXRT_QMV") == "0":
-            continue
-        saved = {k: os.environ.get(k) for k in env}
-        os.environ.update(env)
-        port = free_port()
-        try:
-            proc = start_server([mlxrt, "serve", "--prompt-cache-size", "0", *flags], port, limit=300)
-        finally:
-            for k, v in saved.items():
-                os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
-        try:
-            url = f"http://127.0.0.1:{port}"
-            dtype = httpx.get(f"{url}/stats", timeout=30).json()["dtype"]
-            served, reason = dtype["served"], dtype["reason"] if dtype["requested"] == "auto" else ""
-            decode(url, 4)  # warm-up
-            dec = statistics.median(decode(url, 64) for _ in range(args.repeats))
-            pre = statistics.median(prefill(url, 150) for _ in range(args.repeats))
-        finally:
-            proc.terminate()
-            proc.wait(timeout=30)
-        print(f"| {name} | {served} | {dec:.1f} | {pre:.1f} | {os.getloadavg()[0]:.1f} | {reason} |", flush=True)
+    tick = os.sysconf("SC_CLK_TCK")
+
+    def cpu_s(pid: int) -> float:  # the server's user + system CPU time, all threads
+        fields = open(f"/proc/{pid}/stat").read().rsplit(")", 1)[1].split()
+        return (int(fields[11]) + int(fields[12])) / tick
+
+    configs = [c for c in SERVED if not (args.no_baseline and c[2].get("MLXRT_QMV") == "0")]
+    runs: dict[str, list[tuple[float, float, float, float]]] = {name: [] for name, _f, _e in configs}
+    served: dict[str, tuple[str, str]] = {}
+    for rnd in range(args.served_rounds):
+        for name, flags, env in configs:
+            saved = {k: os.environ.get(k) for k in env}
+            os.environ.update(env)
+            port = free_port()
+            try:
+                proc = start_server([mlxrt, "serve", "--prompt-cache-size", "0", *flags], port, limit=300)
+            finally:
+                for k, v in saved.items():
+                    os.environ.pop(k) if v is None else os.environ.__setitem__(k, v)
+            try:
+                url = f"http://127.0.0.1:{port}"
+                dtype = httpx.get(f"{url}/stats", timeout=30).json()["dtype"]
+                served[name] = (dtype["served"], dtype["reason"] if dtype["requested"] == "auto" else "")
+                decode(url, 4)  # warm-up
+                c0 = cpu_s(proc.pid)
+                dec = statistics.median(decode(url, 64) for _ in range(args.repeats))
+                cpu_ms = (cpu_s(proc.pid) - c0) * 1e3 / (args.repeats * 64)
+                pre = statistics.median(prefill(url, 150) for _ in range(args.repeats))
+            finally:
+                proc.terminate()
+                proc.wait(timeout=30)
+            runs[name].append((dec, cpu_ms, pre, os.getloadavg()[0]))
+            print(f"  round {rnd + 1}: {name}: decode {dec:.1f} tok/s, {cpu_ms:.1f} CPU ms/token, prefill {pre:.1f} "
+                  f"tok/s, load {os.getloadavg()[0]:.1f}", file=sys.stderr, flush=True)
+    print("\n| configuration | served dtype | decode tok/s | CPU ms/token | prefill tok/s | decode by round | "
+          "load avg | auto's reason |\n|---|---|---|---|---|---|---|---|")
+    for name, got in runs.items():
+        med = [statistics.median(r[i] for r in got) for i in range(4)]
+        print(f"| {name} | {served[name][0]} | {med[0]:.1f} | {med[1]:.1f} | {med[2]:.1f} | "
+              f"{', '.join(f'{r[0]:.1f}' for r in got)} | {med[3]:.1f} | {served[name][1]} |", flush=True)
 
 
 #: Greedy-identity check: the kernel as each path (environment) and prompts to complete.

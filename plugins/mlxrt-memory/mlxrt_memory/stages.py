@@ -11,15 +11,17 @@ items it handled. Only extract, create and section-route ask the model.
 from __future__ import annotations
 
 import json
-import sqlite3
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
 from mlxrt_memory.editor import Editor
 from mlxrt_memory.store import MemoryStore
 from mlxrt_memory.vault import Vault, link_mentions, render_article, render_index, slugify
+
+if TYPE_CHECKING:  # sqlite3 is imported where the store opens a connection, not when routes register
+    import sqlite3
 
 __all__ = ["StageContext", "Stage", "STAGES", "STAGE_NAMES"]
 

@@ -13,14 +13,16 @@ from __future__ import annotations
 import json
 import os
 import queue
-import sqlite3
 import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import Future
 from contextlib import closing, contextmanager
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:  # imported where a connection opens: registering the routes does not load sqlite3
+    import sqlite3
 
 __all__ = ["MemoryStore", "STORE_FILE", "SCHEMA"]
 
@@ -82,6 +84,8 @@ class MemoryStore:
         for extra in ("-wal", "-shm"):
             if (side := store.path.with_name(store.path.name + extra)).exists():
                 os.chmod(side, 0o600)
+        import sqlite3
+
         with closing(sqlite3.connect(store.path)) as conn:
             conn.execute("PRAGMA journal_mode=WAL")
             conn.executescript(SCHEMA)
@@ -99,6 +103,8 @@ class MemoryStore:
     # -- writes ---------------------------------------------------------------------------------
 
     def _writer(self) -> None:
+        import sqlite3
+
         conn = sqlite3.connect(self.path, check_same_thread=False)
         conn.execute("PRAGMA journal_mode=WAL")
         conn.execute("PRAGMA foreign_keys=ON")
@@ -141,6 +147,8 @@ class MemoryStore:
     @contextmanager
     def reading(self) -> Iterator[sqlite3.Connection]:
         """A read-only connection (WAL: it never waits for the writer)."""
+        import sqlite3
+
         conn = sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
         conn.row_factory = sqlite3.Row
         try:
