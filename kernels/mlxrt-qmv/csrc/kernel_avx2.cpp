@@ -27,25 +27,6 @@ inline float hsum(__m128 s) {
   return _mm_cvtss_f32(s);
 }
 
-void scales_avx2(const Problem& p, int r, float* sc, float* bi) {
-  if (p.stype != ScaleType::f16) {
-    row_scales(p, r, sc, bi);
-    return;
-  }
-  const size_t off = static_cast<size_t>(r) * p.G;
-  const uint16_t* s = static_cast<const uint16_t*>(p.scales) + off;
-  const uint16_t* b = static_cast<const uint16_t*>(p.biases) + off;
-  int g = 0;
-  for (; g + 8 <= p.G; g += 8) {
-    _mm256_storeu_ps(sc + g, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + g))));
-    _mm256_storeu_ps(bi + g, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + g))));
-  }
-  for (; g < p.G; ++g) {
-    sc[g] = _cvtsh_ss(s[g]);
-    bi[g] = _cvtsh_ss(b[g]);
-  }
-}
-
 // Partial sums per row of x: an FMA waits ~4 cycles for the previous one into the same
 // register, so one row alone keeps four chains going, two rows two each.
 template <int MM>
@@ -178,6 +159,25 @@ void row8(const Problem& p, const uint32_t* wr, const float* sc, const float* bi
 using RowFn = void (*)(const Problem&, const uint32_t*, const float*, const float*, int, int);
 
 } // namespace
+
+void scales_avx2(const Problem& p, int r, float* sc, float* bi) {
+  if (p.stype != ScaleType::f16) {
+    row_scales(p, r, sc, bi);
+    return;
+  }
+  const size_t off = static_cast<size_t>(r) * p.G;
+  const uint16_t* s = static_cast<const uint16_t*>(p.scales) + off;
+  const uint16_t* b = static_cast<const uint16_t*>(p.biases) + off;
+  int g = 0;
+  for (; g + 8 <= p.G; g += 8) {
+    _mm256_storeu_ps(sc + g, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + g))));
+    _mm256_storeu_ps(bi + g, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + g))));
+  }
+  for (; g < p.G; ++g) {
+    sc[g] = _cvtsh_ss(s[g]);
+    bi[g] = _cvtsh_ss(b[g]);
+  }
+}
 
 void dequant_avx2(const Problem& p, int r0, int r1) {
   const int K = p.K, G = p.G, gs = p.group_size;

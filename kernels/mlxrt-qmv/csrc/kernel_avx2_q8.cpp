@@ -37,20 +37,8 @@ RowScales row_scales_f32(const Problem& p, int r, float* sc, float* bi, float* s
   if (p.stype == ScaleType::f32) {
     sc = const_cast<float*>(static_cast<const float*>(p.scales) + off);
     bi = const_cast<float*>(static_cast<const float*>(p.biases) + off);
-  } else if (p.stype == ScaleType::f16) {
-    const uint16_t* s = static_cast<const uint16_t*>(p.scales) + off;
-    const uint16_t* b = static_cast<const uint16_t*>(p.biases) + off;
-    int g = 0;
-    for (; g + 8 <= p.G; g += 8) {
-      _mm256_storeu_ps(sc + g, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(s + g))));
-      _mm256_storeu_ps(bi + g, _mm256_cvtph_ps(_mm_loadu_si128(reinterpret_cast<const __m128i*>(b + g))));
-    }
-    for (; g < p.G; ++g) {
-      sc[g] = _cvtsh_ss(s[g]);
-      bi[g] = _cvtsh_ss(b[g]);
-    }
   } else {
-    row_scales(p, r, sc, bi);
+    scales_avx2(p, r, sc, bi);
   }
   const int per = p.group_size / 32;
   if (per == 1) return {sc, bi, sc};

@@ -35,6 +35,10 @@ struct Problem {
   float* out; // M rows of N
 };
 
+// Row r's scales and biases as float32 into sc and bi (G each); float16 converted with F16C.
+// Defined in kernel_avx2.cpp: call it only from the AVX2 translation units.
+void scales_avx2(const Problem& p, int r, float* sc, float* bi);
+
 // Computes out[m, r] for every m and r in [r0, r1).
 using RowsFn = void (*)(const Problem&, int r0, int r1);
 
