@@ -15,7 +15,7 @@ from mlxrt.records import Capabilities, FamilyProfile
 if TYPE_CHECKING:
     from mlxrt.host import PluginHost
 
-__all__ = ["STRUCTURED_OUTPUTS", "declared", "capabilities"]
+__all__ = ["STRUCTURED_OUTPUTS", "declared", "capabilities", "capabilities_of"]
 
 #: The capability a grammar plugin declares (``mlxrt_capabilities``).
 STRUCTURED_OUTPUTS = "structured_outputs"
@@ -30,8 +30,13 @@ def capabilities(host: PluginHost, profile: FamilyProfile | None = None) -> Capa
     """The capabilities of the model ``profile`` describes (default: the one ``host.model``
     serves; ``/v1/models`` asks for the served model's while another is swapped in), with the
     plugins loaded."""
+    return capabilities_of(host.model.profile if profile is None else profile, declared(host))
+
+
+def capabilities_of(profile: FamilyProfile, names: frozenset[str]) -> Capabilities:
+    """The capabilities of the model ``profile`` describes when the plugins declared ``names``
+    (:func:`declared`; a served model keeps the set it was served with)."""
     from mlxrt.engine.embedding import is_embedding_model
 
-    profile = host.model.profile if profile is None else profile
-    return Capabilities(structured_outputs=STRUCTURED_OUTPUTS in declared(host),
+    return Capabilities(structured_outputs=STRUCTURED_OUTPUTS in names,
                         vision=profile.vision is not None, embeddings=is_embedding_model(profile.info))

@@ -27,7 +27,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
 
 import attrs
 
-from mlxrt.capabilities import STRUCTURED_OUTPUTS, declared
+from mlxrt.capabilities import capabilities_of, declared
 from mlxrt.errors import InvalidRequest
 from mlxrt.records import (
     Capabilities,
@@ -279,12 +279,7 @@ class EngineModel:
     @property
     def capabilities(self) -> Capabilities:
         if self._capabilities is None:  # the profile is the load's: stated once
-            from mlxrt.engine.embedding import is_embedding_model
-
-            profile = self.profile
-            self._capabilities = Capabilities(structured_outputs=STRUCTURED_OUTPUTS in self._declared,
-                                              vision=profile.vision is not None,
-                                              embeddings=is_embedding_model(profile.info))
+            self._capabilities = capabilities_of(self.profile, self._declared)
         return self._capabilities
 
     @property
