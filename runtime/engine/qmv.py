@@ -129,7 +129,7 @@ def install_fused(model: Any, st: QmvStatus | None = None) -> int:
     model modules it is built from (:func:`mlxrt.compat.route_attention`), run the kernel's fused
     primitives; return how many layers were swapped (0 without the kernel)."""
     st = st if st is not None else load()
-    if not st.active:
+    if not st.active or not hasattr(st.module, "attention"):  # mlxrt-qmv < 0.2 has no fused primitives
         return 0
     classes = _fused_classes(st.module)
     count = 0
