@@ -107,7 +107,7 @@ void RmsNorm::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::arr
   const int64_t wstride = has_weight_ ? inputs[1].strides()[0] : 0;
   encoder.dispatch([xp = x.data<float>(), shape = x.shape(), strides = x.strides(), contiguous = x.flags().row_contiguous,
                     w, wstride, op = out.data<float>(), D, rows, eps = eps_]() {
-    std::vector<float> row;
+    thread_local std::vector<float> row;
     if (!contiguous) row.resize(D);
     for (int64_t r = 0; r < rows; ++r) {
       const float* xr = xp + r * D;
@@ -156,7 +156,10 @@ void Rope::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>
     const int64_t B = xv.shape[0], H = xv.shape[1], T = xv.shape[2], D = xv.shape[3];
     const int half = dims / 2;
     // inv_freq[i] = exp(-i · log(base) / half), as MLX's fallback computes it
-    std::vector<float> inv_freq(half), cs(static_cast<size_t>(T) * half), sn(static_cast<size_t>(T) * half);
+    thread_local std::vector<float> inv_freq, cs, sn; // kept between calls: no allocation per op
+    inv_freq.resize(half);
+    cs.resize(static_cast<size_t>(T) * half);
+    sn.resize(static_cast<size_t>(T) * half);
     const float step = static_cast<float>(std::log(base) / half);
     for (int i = 0; i < half; ++i) inv_freq[i] = std::exp(static_cast<float>(-i) * step);
     for (int64_t b = 0; b < B; ++b) {
@@ -255,7 +258,10 @@ void Attention::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::a
     // work per query row: S·(D + Dv) multiply-adds; spread rows over the pool when it pays
     const size_t bytes = static_cast<size_t>(n) * S * (D + Dv) * sizeof(float);
     parallel_for(static_cast<int>(n), bytes, [&](int r0, int r1) {
-      std::vector<float> qs(D), sc(S), acc(Dv);
+      thread_local std::vector<float> qs, sc, acc; // each thread's own, kept between calls
+      qs.resize(D);
+      sc.resize(S);
+      acc.resize(Dv);
       for (int64_t r = r0; r < r1; ++r) {
         const int64_t b = r / (Hq * L), h = (r / L) % Hq, l = r % L;
         const int64_t hk = h / groups;
