@@ -357,7 +357,7 @@ def load_weights(info: ModelInfo, host: PluginHost) -> tuple[LoadedModel, str | 
 
         if (count := qmv.install(loaded.model)):
             log.info("%d quantized layers of %s run on the %s", count, info.model_id, qmv.status().text)
-    if not lazy:
+    if choice is not None and not lazy:
         from mlxrt.engine import qmv
 
         if (count := qmv.install_fused(loaded.model)):
