@@ -86,11 +86,15 @@ def _progress(chunks: list[dict]) -> list[dict]:
     return [c["prompt_progress"] for c in chunks if "prompt_progress" in c]
 
 
-def test_return_progress_reports_each_prefill_chunk_in_the_models_tokens(client):
+@pytest.mark.parametrize("lane", ["serial", "batch"])
+def test_return_progress_reports_each_prefill_chunk_in_the_models_tokens(client, lane):
+    # A lone stream runs in the serial lane; one with logits processors (a grammar) in the batch lane.
+    extra = {"grammar": 'root ::= "a"{1,4}'} if lane == "batch" else {}
+
     def run() -> tuple[list[dict], dict]:
         chunks = _events(client.post("/v1/chat/completions", json={
             "messages": MSG, "max_tokens": 4, "stream": True, "return_progress": True,
-            "stream_options": {"include_usage": True}}))
+            "stream_options": {"include_usage": True}, **extra}))
         return _progress(chunks), chunks[-1]["usage"]
 
     reports, usage = run()
