@@ -10,7 +10,7 @@ from typing import Any, Protocol
 
 from mlxrt.assembly import ResponseAssembler
 from mlxrt.errors import MlxrtError
-from mlxrt.records import FinishEvent, FinishReason, ToolCall
+from mlxrt.records import FinishEvent, FinishReason, PromptProgress, ToolCall
 
 __all__ = ["FrameWriter", "assembled_stream", "guarded", "merged"]
 
@@ -69,7 +69,13 @@ async def merged(streams: Sequence[AsyncIterator[bytes]]) -> AsyncIterator[bytes
 
 
 class FrameWriter(Protocol):
-    """A dialect's stream grammar over assembled deltas (:func:`assembled_stream` drives it)."""
+    """A dialect's stream grammar over assembled deltas (:func:`assembled_stream` drives it).
+
+    A writer may also have ``observe(event) -> list[bytes]``, called with every engine event
+    before it is assembled, :class:`~mlxrt.records.PromptProgress` reports included (they reach
+    only a stream whose request asked for them: ``RequestOptions.progress``); its frames go out
+    first. Without it, prefill reports are skipped.
+    """
 
     def start(self) -> list[bytes]: ...
 
@@ -86,10 +92,15 @@ async def assembled_stream(gen: Any, assembler: ResponseAssembler, writer: Frame
     turned parallel calls off). Owns ``gen``: closing this stream (the client left) closes the
     engine request.
     """
+    observe = getattr(writer, "observe", None)
     async with aclosing(gen):
         for frame in writer.start():
             yield frame
         async for event in gen:
+            for frame in observe(event) if observe is not None else ():
+                yield frame
+            if isinstance(event, PromptProgress):
+                continue
             if isinstance(event, FinishEvent):
                 last, reason = assembler.finish(event)
                 for frame in writer.feed(reasoning=last.reasoning, text=last.content):

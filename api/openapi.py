@@ -145,7 +145,7 @@ BODIES: dict[str, dict[str, Any]] = {
     "/v1/completions": _COMPLETIONS, "/completions": _COMPLETIONS,
     "/v1/embeddings": _EMBEDDINGS, "/embeddings": _EMBEDDINGS,
     "/v1/messages": _MESSAGES, "/v1/messages/count_tokens": _COUNT_TOKENS,
-    "/v1/responses": _RESPONSES,
+    "/v1/responses": _RESPONSES, "/responses": _RESPONSES,
     "/v1/adapters": _ADAPTERS,
 }
 

@@ -5,10 +5,12 @@ Only the harness is adapted, never a test body: a pytest plugin, loaded with ``-
 with one that starts SERVER on the test's port and waits until ``GET /health`` (or
 ``/v1/models``) answers 200, and ``ServerPreset.load_all`` (which pre-downloads llama.cpp's GGUF
 test models) with nothing. From the test's settings the new start passes on only
-``n_predict`` (as ``--max-tokens``), ``api_key`` (as ``--api-key``, mlxrt only) and
+``n_predict`` (as ``--max-tokens``), ``api_key`` (as ``--api-key``, mlxrt only),
 ``chat_template_file`` (the file's text as ``--chat-template``, read from llama.cpp's
-``models/templates``, ``--templates``); a built-in template name (``chat_template``) has no
-equivalent and is not passed. Tests whose
+``models/templates``, ``--templates``), a built-in template name (``chat_template``, as
+``--chat-template NAME``, mlxrt only: mlxrt has llama-server's common names) and ``n_batch``
+(llama-server's ``--batch-size``, the prompt tokens run per prefill step, as
+``--prefill-step-size``, mlxrt only). Tests whose
 settings give the same command share one server process, started once (the suite's own
 ``DEBUG_EXTERNAL`` mode runs every test against one running server); a different command stops
 it and starts the new one.
@@ -67,8 +69,12 @@ def pytest_configure(config):
         args = [a.replace("{port}", str(self.server_port)) for a in command["args"]]
         if self.n_predict:
             args += ["--max-tokens", str(self.n_predict)]
-        if self.api_key and command.get("api_key"):
+        if self.api_key and command.get("mlxrt"):
             args += ["--api-key", self.api_key]
+        if self.chat_template and command.get("mlxrt"):  # llama-server's built-in names: mlxrt has them too
+            args += ["--chat-template", self.chat_template]
+        if self.n_batch and command.get("mlxrt"):  # llama-server's --batch-size: prompt tokens per prefill step
+            args += ["--prefill-step-size", str(self.n_batch)]
         if self.chat_template_file:  # a Jinja file of llama.cpp's models/templates: passed as its text
             path = os.path.join(os.environ["LLAMA_TESTS_TEMPLATES"], os.path.basename(self.chat_template_file))
             with open(path) as template:
@@ -114,11 +120,11 @@ def server_command(kind: str, model: str | None, extra: list[str]) -> dict:
     if kind == "mlxrt":
         mlxrt = shutil.which("mlxrt") or str(Path(sys.executable).with_name("mlxrt"))
         args = [mlxrt, "serve", *([model] if model else []), "--port", "{port}", *extra]
-        return {"args": args, "api_key": True}
+        return {"args": args, "mlxrt": True}
     if not model:
         raise SystemExit("--server mlx_lm needs --model PATH")
     return {"args": [sys.executable, "-m", "mlx_lm.server", "--model", model, "--port", "{port}", *extra],
-            "api_key": False}
+            "mlxrt": False}
 
 
 def counts(junit: Path) -> dict[str, dict[str, int]]:

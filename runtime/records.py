@@ -16,6 +16,7 @@ import attrs
 
 __all__ = [
     "ChatInput",
+    "PromptProgress",
     "ModelInfo",
     "LoadedModel",
     "EngineKind",
@@ -451,6 +452,10 @@ class GenerationRequest:
     #: ends): the next turn re-renders the prompt up to here, so a model whose cache cannot
     #: be rewound keeps a prompt-cache snapshot at it. ``None`` when unknown (completions).
     turn_start: int | None = None
+    #: Report prefill progress: the engine delivers a :class:`PromptProgress` event before
+    #: prefill, after each prefill chunk and when the first token is known (llama-server's
+    #: ``return_progress``). Only a consumer that handles the events asks for them.
+    progress: bool = False
 
 
 class StructuredKind(enum.StrEnum):
@@ -521,6 +526,8 @@ class RequestOptions:
     :ivar extra: Plugin-claimed request fields (``mlxrt_request_fields``), by name.
     :ivar n: Choices to generate for the one prompt (OpenAI's ``n``): each is its own engine
         request, seeded from ``seed`` (:func:`mlxrt.engine.sampling.choice_seed`).
+    :ivar progress: Stream :class:`PromptProgress` events while the prompt is prefilled
+        (:attr:`GenerationRequest.progress`).
     """
 
     sampling: Mapping[str, Any] = attrs.field(factory=dict)
@@ -537,6 +544,7 @@ class RequestOptions:
     num_draft_tokens: int | None = None
     extra: Mapping[str, Any] = attrs.field(factory=dict)
     n: int = 1
+    progress: bool = False
 
 
 @attrs.frozen
@@ -622,8 +630,32 @@ class TokenEvent:
 
 
 @attrs.frozen
+class PromptProgress:
+    """How far the prefill of a request's prompt has come (only for a request that asked:
+    :attr:`GenerationRequest.progress`), counted in the model's own tokens.
+
+    :ivar total: The prompt's tokens.
+    :ivar cache: Prompt tokens reused from the prompt cache (never run again).
+    :ivar processed: Prompt tokens the model's cache holds so far, ``cache`` included; it
+        grows with every report and equals ``total`` once the first token is known.
+    :ivar seconds: Time since the request started running (after admission and the
+        prompt-cache lookup).
+    """
+
+    total: int
+    cache: int
+    processed: int
+    seconds: float
+
+
+@attrs.frozen
 class FinishEvent:
-    """The last event of every generation."""
+    """The last event of every generation.
+
+    ``prompt_seconds`` and ``decode_seconds`` are the engine's clock: from the start of the
+    request's run (after admission and the prompt-cache lookup) to its first token (the
+    prefill, with the first token's sampling), and from the first token to the last (both 0.0
+    when no token was generated)."""
 
     finish_reason: FinishReason
     prompt_tokens: int
@@ -633,6 +665,8 @@ class FinishEvent:
     #: The stop string that ended the generation (``finish_reason`` ``stop``), if one did;
     #: ``None`` for an end-of-sequence token (Anthropic's ``stop_sequence`` vs ``end_turn``).
     stop_sequence: str | None = None
+    prompt_seconds: float = 0.0
+    decode_seconds: float = 0.0
 
 
 @attrs.frozen

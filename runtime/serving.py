@@ -365,6 +365,7 @@ class EngineModel:
             stop=tuple(options.stop), dialect=dialect, extra=dict(options.extra), logprobs=options.logprobs,
             forced_prefixes=forced, structured=structured, num_draft_tokens=options.num_draft_tokens,
             adapters=registry.resolve(options.adapter) if registry else (), partition=partition,
+            progress=options.progress,
         )
         host.check_request_fields(dialect, gen.extra)  # mlxrt_request_fields' checks: a bad value is a 400
         return canonicalize(host, gen, dialect, declared=self._declared)

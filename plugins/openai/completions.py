@@ -19,6 +19,7 @@ from typing import Any
 from litestar import Request, Response, post
 
 from mlxrt.api.pipeline import TextAnswer, TextTurn, serve_text
+from mlxrt.api.timings import StreamTimings, progress_body, timings
 from mlxrt.plugins.openai.decode import decode_completion
 from mlxrt.plugins.openai.encode import (
     ROUTE_OPT,
@@ -31,7 +32,7 @@ from mlxrt.plugins.openai.encode import (
     text_completion_chunk,
     with_choices,
 )
-from mlxrt.records import FinishEvent
+from mlxrt.records import FinishEvent, PromptProgress
 
 __all__ = ["completions", "COMPLETIONS", "COMPLETIONS_DEFAULT_MAX_TOKENS"]
 
@@ -66,7 +67,8 @@ class Completions:
                turn: TextTurn) -> AsyncIterator[bytes]:
         fingerprint = system_fingerprint(turn.host)
         tally = UsageTally(len(gens), turn.wire.options.include_usage)
-        streams = [_stream(gen, id, model, created, index=i, tally=tally, fingerprint=fingerprint)
+        per_token = bool(turn.wire.request.timings_per_token)
+        streams = [_stream(gen, id, model, created, index=i, tally=tally, fingerprint=fingerprint, per_token=per_token)
                    for i, gen in enumerate(gens)]
         return choice_frames(streams, id=id, created=created, model=model, object="text_completion", tally=tally,
                              fingerprint=fingerprint)
@@ -82,25 +84,36 @@ async def completions(request: Request) -> Response:
 
 
 async def _stream(gen: Any, id: str, model: str, created: int, *, index: int,
-                  tally: UsageTally, fingerprint: str) -> AsyncIterator[bytes]:
+                  tally: UsageTally, fingerprint: str, per_token: bool) -> AsyncIterator[bytes]:
     """One choice's ``text_completion`` chunks: one per non-empty text delta, then its finish
-    chunk (empty text, finish_reason, usage as :class:`UsageTally` says). Owns ``gen``:
-    closing this stream closes the request."""
+    chunk (empty text, finish_reason, usage as :class:`UsageTally` says, llama-server's
+    ``timings``); a ``prompt_progress`` chunk (empty text) per prefill report when the request
+    asked (``return_progress``); the running ``timings`` on every text chunk with ``per_token``
+    (``timings_per_token``). Owns ``gen``: closing this stream closes the request."""
     frames = LogprobFrames(functools.partial(text_completion_chunk, id=id, created=created, model=model,
                                              fingerprint=fingerprint, index=index))
+    clock = StreamTimings(await gen.started())
+
+    def frame(text: str) -> bytes:
+        return frames.frame(text=text, extra={"timings": clock.now()} if per_token else None)
+
     async with aclosing(gen):
         # One frame per run of ready events: a stream that falls behind catches up in fewer frames.
         async for run in gen.batches():
             text: list[str] = []
             for event in run:
+                clock.feed(event)
+                if isinstance(event, PromptProgress):
+                    yield frames.frame(text="", extra={"prompt_progress": progress_body(event)})
+                    continue
                 if isinstance(event, FinishEvent):
                     frames.finish(event)
                     if text or event.text:
-                        yield frames.frame(text="".join(text) + event.text)
+                        yield frame("".join(text) + event.text)
                     yield frames.frame(text="", finish_reason=str(event.finish_reason),
-                                       usage_body=tally.finished(index, event))
+                                       usage_body=tally.finished(index, event), extra={"timings": timings(event)})
                     return
                 frames.feed(event)
                 text.append(event.text)
             if any(text):
-                yield frames.frame(text="".join(text))
+                yield frame("".join(text))

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
@@ -10,6 +10,7 @@ from mlxrt.api import framing
 from mlxrt.api.errors import openai_error_body
 from mlxrt.api.headers import CACHE_HEADER, response_headers
 from mlxrt.api.sse import sse_data
+from mlxrt.api.timings import timings
 from mlxrt.assembly import LogprobTrail
 from mlxrt.errors import MlxrtError
 from mlxrt.records import FinishEvent, TokenEvent, ToolCall
@@ -147,15 +148,17 @@ def completion_body(*, id: str, created: int, model: str, content: str, reasonin
         "choices": [{"index": index, "message": message, "logprobs": logprobs_block(logprobs),
                      "finish_reason": finish_reason}],
         "usage": usage(finish),
+        "timings": timings(finish),
     }
 
 
 def chunk(*, id: str, created: int, model: str, delta: dict[str, Any],
           finish_reason: str | None = None, usage_body: dict[str, Any] | None = None,
           logprobs: Sequence[TokenEvent] | None = None, fingerprint: str | None = None,
-          index: int = 0) -> dict[str, Any]:
+          index: int = 0, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """One ``chat.completion.chunk`` of choice ``index``; ``logprobs`` are the entries of the
-    tokens it carries."""
+    tokens it carries; ``extra``: top-level fields beside OpenAI's (llama-server's ``timings``,
+    ``prompt_progress``)."""
     body: dict[str, Any] = {
         "id": id,
         "object": "chat.completion.chunk",
@@ -167,6 +170,7 @@ def chunk(*, id: str, created: int, model: str, delta: dict[str, Any],
     }
     if usage_body is not None:
         body["usage"] = usage_body
+    body.update(extra or {})
     return body
 
 
@@ -216,6 +220,10 @@ class UsageTally:
     def usage(self) -> dict[str, Any]:
         return usage(*(self._finishes[i] for i in sorted(self._finishes)))
 
+    def timings(self) -> dict[str, Any]:
+        """llama-server's ``timings`` of the first choice (:func:`mlxrt.api.timings.timings`)."""
+        return timings(self._finishes[min(self._finishes)])
+
 
 async def choice_frames(streams: Sequence[AsyncIterator[bytes]], *, id: str, created: int, model: str, object: str,
                         tally: UsageTally, fingerprint: str | None = None) -> AsyncIterator[bytes]:
@@ -232,11 +240,12 @@ async def choice_frames(streams: Sequence[AsyncIterator[bytes]], *, id: str, cre
 def closing_frames(*, id: str, created: int, model: str, object: str, tally: UsageTally,
                    fingerprint: str | None = None) -> list[bytes]:
     """What follows the finish chunks: with ``include_usage``, OpenAI's last chunk (no choices,
-    the usage); then ``data: [DONE]``."""
+    the usage, and llama-server's ``timings``); then ``data: [DONE]``."""
     frames = []
     if tally.include_usage:
         frames.append(sse_data({"id": id, "object": object, "created": created, "model": model,
-                                "system_fingerprint": fingerprint, "choices": [], "usage": tally.usage()}))
+                                "system_fingerprint": fingerprint, "choices": [], "usage": tally.usage(),
+                                "timings": tally.timings()}))
     frames.append(sse_data("[DONE]"))
     return frames
 
@@ -253,13 +262,15 @@ def text_completion_body(*, id: str, created: int, model: str, text: str, finish
         "choices": [{"index": index, "text": text, "logprobs": logprobs_block(logprobs, legacy=True),
                      "finish_reason": finish_reason}],
         "usage": usage(finish),
+        "timings": timings(finish),
     }
 
 
 def text_completion_chunk(*, id: str, created: int, model: str, text: str, finish_reason: str | None = None,
                           usage_body: dict[str, Any] | None = None,
                           logprobs: Sequence[TokenEvent] | None = None,
-                          fingerprint: str | None = None, index: int = 0) -> dict[str, Any]:
+                          fingerprint: str | None = None, index: int = 0,
+                          extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     body: dict[str, Any] = {
         "id": id,
         "object": "text_completion",
@@ -271,6 +282,7 @@ def text_completion_chunk(*, id: str, created: int, model: str, text: str, finis
     }
     if usage_body is not None:
         body["usage"] = usage_body
+    body.update(extra or {})
     return body
 
 

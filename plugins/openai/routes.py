@@ -13,6 +13,7 @@ from litestar import Request, Response, post
 
 from mlxrt.api.errors import openai_error_body
 from mlxrt.api.pipeline import Answer, Turn, serve_chat
+from mlxrt.api.timings import StreamTimings, progress_body, timings
 from mlxrt.assembly import ResponseAssembler
 from mlxrt.plugins.openai.completions import completions
 from mlxrt.plugins.openai.decode import decode_chat
@@ -31,7 +32,7 @@ from mlxrt.plugins.openai.encode import (
 )
 from mlxrt.plugins.openai.llama import LLAMA_ROUTES, rendered_prompt
 from mlxrt.plugins.openai.models import codex_catalog, get_model, list_models
-from mlxrt.records import CacheReport, FinishEvent
+from mlxrt.records import CacheReport, FinishEvent, PromptProgress
 
 __all__ = ["ROUTES"]
 
@@ -75,7 +76,8 @@ class Chat:
     def stream_choices(self, gens: list[Any], assemblers: list[ResponseAssembler], *, id: str, model: str,
                        created: int, report: CacheReport, turn: Turn) -> AsyncIterator[bytes]:
         return _stream(gens, id, assemblers, model, created, include_usage=turn.wire.options.include_usage,
-                       fingerprint=system_fingerprint(turn.host))
+                       fingerprint=system_fingerprint(turn.host),
+                       per_token=bool(turn.wire.request.timings_per_token))
 
     render_error = staticmethod(openai_error_body)
     error_frame = staticmethod(error_frame)
@@ -91,26 +93,32 @@ async def chat_completions(request: Request) -> Response:
 
 
 def _stream(gens: list[Any], id: str, assemblers: list[ResponseAssembler], model: str, created: int, *,
-            include_usage: bool, fingerprint: str) -> AsyncIterator[bytes]:
+            include_usage: bool, fingerprint: str, per_token: bool) -> AsyncIterator[bytes]:
     """Chat chunks of every choice (``n``: each its own engine request, its chunks indexed),
     then the closing frames. Owns ``gens``: closing this stream (the client left) closes them."""
     tally = UsageTally(len(gens), include_usage)
-    streams = [_choice_stream(gen, id, assembler, model, created, index=i, tally=tally, fingerprint=fingerprint)
+    streams = [_choice_stream(gen, id, assembler, model, created, index=i, tally=tally, fingerprint=fingerprint,
+                              per_token=per_token)
                for i, (gen, assembler) in enumerate(zip(gens, assemblers, strict=True))]
     return choice_frames(streams, id=id, created=created, model=model, object="chat.completion.chunk", tally=tally,
                          fingerprint=fingerprint)
 
 
 async def _choice_stream(gen: Any, id: str, assembler: ResponseAssembler, model: str, created: int, *,
-                         index: int, tally: UsageTally, fingerprint: str) -> AsyncIterator[bytes]:
+                         index: int, tally: UsageTally, fingerprint: str, per_token: bool) -> AsyncIterator[bytes]:
     """One choice's chunks, up to its finish chunk, each with the logprobs of the tokens it
-    releases (:class:`~mlxrt.plugins.openai.encode.LogprobFrames`).
+    releases (:class:`~mlxrt.plugins.openai.encode.LogprobFrames`); a ``prompt_progress`` chunk
+    (empty delta) per prefill report when the request asked (``return_progress``); llama-server's
+    ``timings`` on the finish chunk, and on every chunk after the first with ``per_token``.
 
     Owns ``gen``: closing this stream (the client left) closes the engine request."""
     frames = LogprobFrames(functools.partial(chunk, id=id, created=created, model=model, fingerprint=fingerprint,
                                              index=index))
+    clock = StreamTimings(await gen.started())
 
     def frame(delta: dict[str, Any], **kw: Any) -> bytes:
+        if per_token and "extra" not in kw:
+            kw["extra"] = {"timings": clock.now()}
         return frames.frame(delta=delta, **kw)
 
     def delta_body(content: str, reasoning: str) -> dict[str, Any]:
@@ -122,12 +130,16 @@ async def _choice_stream(gen: Any, id: str, assembler: ResponseAssembler, model:
         return out
 
     async with aclosing(gen):
-        yield frame({"role": "assistant", "content": ""})
+        yield frames.frame(delta={"role": "assistant", "content": ""})
         # One frame per run of ready events: a stream that falls behind catches up in fewer frames.
         async for run in gen.batches():
             content: list[str] = []
             reasoning: list[str] = []
             for event in run:
+                clock.feed(event)
+                if isinstance(event, PromptProgress):
+                    yield frame({}, extra={"prompt_progress": progress_body(event)})
+                    continue
                 if isinstance(event, FinishEvent):
                     if content or reasoning:
                         yield frame(delta_body("".join(content), "".join(reasoning)))
@@ -137,7 +149,8 @@ async def _choice_stream(gen: Any, id: str, assembler: ResponseAssembler, model:
                         yield frame(delta_body(last.content, last.reasoning))
                     if assembler.tool_calls:
                         yield frame({"tool_calls": tool_calls_json(assembler.tool_calls, indexed=True)})
-                    yield frame({}, finish_reason=str(reason), usage_body=tally.finished(index, event))
+                    yield frame({}, finish_reason=str(reason), usage_body=tally.finished(index, event),
+                                extra={"timings": timings(event)})
                     return
                 frames.feed(event)
                 delta = assembler.feed(event.text)

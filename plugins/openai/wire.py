@@ -53,6 +53,9 @@ GENERATION_RULES = (
     # llama-server's constraint fields (mlxrt.plugins.openai.llama_fields)
     FieldRule("grammar", (str,)),
     FieldRule("json_schema", (dict,)),
+    # llama-server's telemetry switches (mlxrt.api.timings)
+    FieldRule("timings_per_token", (bool,)),
+    FieldRule("return_progress", (bool,)),
 )
 
 CHAT_RULES = (
@@ -101,6 +104,10 @@ class GenerationFields:
     top_logprobs: int | None = None
     user: str | None = None
     num_draft_tokens: int | None = None
+    #: llama-server's: every streamed chunk carries the running ``timings`` (not only the last).
+    timings_per_token: bool | None = None
+    #: llama-server's: a stream carries ``prompt_progress`` chunks while the prompt is prefilled.
+    return_progress: bool | None = None
 
     @property
     def requested_max_tokens(self) -> int | None:

@@ -11,8 +11,9 @@ import attrs
 
 from mlxrt.api.errors import openai_error_body
 from mlxrt.api.sse import sse_event
+from mlxrt.api.timings import StreamTimings, progress_body, timings
 from mlxrt.errors import MlxrtError
-from mlxrt.records import FinishEvent, FinishReason, ToolCall
+from mlxrt.records import FinishEvent, FinishReason, PromptProgress, ToolCall
 
 __all__ = ["ROUTE_OPT", "ResponseFrame", "new_id", "base_response", "output_items", "finished",
            "error_event", "EventStream"]
@@ -115,11 +116,15 @@ class EventStream:
     (or ``response.incomplete``)."""
 
     def __init__(self, frame: ResponseFrame, *, count_tokens: Callable[[str], int],
-                 on_done: Callable[[dict[str, Any]], None] | None = None) -> None:
+                 on_done: Callable[[dict[str, Any]], None] | None = None,
+                 clock: StreamTimings | None = None) -> None:
         """``count_tokens`` sizes the reasoning (``usage.output_tokens_details``); ``on_done``
-        receives the final response (the route stores it) before ``response.completed``."""
+        receives the final response (the route stores it) before ``response.completed``;
+        ``clock``: the request asked for llama-server's ``timings_per_token``, and each
+        ``response.output_text.delta`` carries the running ``timings``."""
         self.frame = frame
         self.count_tokens, self.on_done = count_tokens, on_done
+        self.clock = clock
         self.reasoning: list[str] = []
         self.seq = 0
         self.output: list[dict[str, Any]] = []
@@ -141,6 +146,16 @@ class EventStream:
         response = base_response(self.frame)
         return [self.event("response.created", response=response),
                 self.event("response.in_progress", response=response)]
+
+    def observe(self, event: object) -> list[bytes]:
+        """Every engine event, before it is assembled: a prefill report (``return_progress``)
+        is another ``response.in_progress`` with llama-server's ``prompt_progress``."""
+        if self.clock is not None:
+            self.clock.feed(event)
+        if isinstance(event, PromptProgress):
+            return [self.event("response.in_progress", response=base_response(self.frame),
+                               prompt_progress=progress_body(event))]
+        return []
 
     @property
     def _index(self) -> int:
@@ -190,7 +205,9 @@ class EventStream:
             self._text.append(delta)
             if kind == "reasoning":
                 self.reasoning.append(delta)
-            extra = {"logprobs": []} if kind == "message" else {}
+            extra: dict[str, Any] = {"logprobs": []} if kind == "message" else {}
+            if kind == "message" and self.clock is not None:
+                extra["timings"] = self.clock.now()
             frames.append(self.event(name, item_id=self._id, output_index=self._index, content_index=0,
                                      delta=delta, **extra))
         return frames
@@ -217,5 +234,5 @@ class EventStream:
         if self.on_done is not None:
             self.on_done(body)
         done = "response.incomplete" if body["status"] == "incomplete" else "response.completed"
-        frames.append(self.event(done, response=body))
+        frames.append(self.event(done, response=body, timings=timings(finish)))  # llama-server's, beside the response
         return frames

@@ -1,5 +1,5 @@
-"""Responses routes: ``POST /v1/responses`` (stream and not), ``GET`` and ``DELETE
-/v1/responses/{id}``."""
+"""Responses routes: ``POST /v1/responses`` (stream and not; also ``/responses``, as
+llama-server serves it), ``GET`` and ``DELETE /v1/responses/{id}``."""
 
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ from mlxrt.api.auth import caller_of
 from mlxrt.api.errors import openai_error_body
 from mlxrt.api.framing import assembled_stream, guarded
 from mlxrt.api.pipeline import Answer, Turn, serve_chat
+from mlxrt.api.timings import StreamTimings
 from mlxrt.assembly import ResponseAssembler
 from mlxrt.errors import MlxrtError, NotFound
 from mlxrt.plugins.responses.decode import (
@@ -112,6 +113,7 @@ class Responses:
             sampling={"temperature": wire.temperature, "top_p": wire.top_p, "top_k": wire.top_k},
             max_tokens=wire.max_output_tokens, seed=wire.seed, adapter=decoded.adapter, tools=decoded.tools,
             forced_tools=decoded.forced, structured=decoded.structured, extra=decoded.extra,
+            progress=bool(wire.return_progress and wire.stream),
         )
         # The chat is known once resolve() has found the conversation this request continues.
         return Turn(chat=ChatInput(messages=()), options=options, model=wire.model, stream=bool(wire.stream),
@@ -152,7 +154,8 @@ class Responses:
         exchange: Exchange = turn.wire
         events = EventStream(exchange.frame(id, model, created),
                              count_tokens=lambda text: _reasoning_tokens(turn, text),
-                             on_done=lambda body: exchange.keep(id, body))
+                             on_done=lambda body: exchange.keep(id, body),
+                             clock=StreamTimings(report) if exchange.decoded.request.timings_per_token else None)
         # Error events carry the stream's next sequence number: the stream catches its own.
         return guarded(assembled_stream(gen, assembler, events, single_call=turn.single_call), events.error_frame)
 
@@ -165,8 +168,8 @@ class Responses:
 RESPONSES = Responses()
 
 
-@post("/v1/responses", status_code=200, opt=ROUTE_OPT, summary="Create a response (OpenAI Responses)",
-      tags=["responses"])
+@post(["/v1/responses", "/responses"], status_code=200, opt=ROUTE_OPT,
+      summary="Create a response (OpenAI Responses)", tags=["responses"])
 async def create_response(request: Request) -> Response:
     return await serve_chat(request, RESPONSES)
 

@@ -30,6 +30,9 @@ RESPONSES_RULES = (
     FieldRule("metadata", (dict,)),
     FieldRule("user", (str,)),
     FieldRule("truncation", (str,)),
+    # llama-server's telemetry switches (mlxrt.api.timings)
+    FieldRule("timings_per_token", (bool,)),
+    FieldRule("return_progress", (bool,)),
 )
 
 
@@ -58,3 +61,7 @@ class ResponsesRequest:
     reasoning: ReasoningConfig | None = None
     metadata: dict[str, Any] | None = None
     user: str | None = None
+    #: llama-server's: every ``response.output_text.delta`` carries the running ``timings``.
+    timings_per_token: bool | None = None
+    #: llama-server's: a stream carries ``response.in_progress`` events with ``prompt_progress``.
+    return_progress: bool | None = None

@@ -260,8 +260,9 @@ def build_server(host: PluginHost, model: str | None, opts: dict[str, Any]) -> A
         engine.load(info)
         if opts.get("chat_template") and primary:
             from mlxrt.loading import with_replaced_template
+            from mlxrt.text.named_templates import chat_template_text
 
-            engine.tokenizer.chat_template = opts["chat_template"]
+            engine.tokenizer.chat_template = chat_template_text(opts["chat_template"], engine.tokenizer)
             engine.profile = with_replaced_template(engine.profile, engine.tokenizer)
         elif opts.get("use_default_chat_template") and getattr(engine.tokenizer, "chat_template", None) is None:
             engine.tokenizer.chat_template = DEFAULT_CHAT_TEMPLATE
@@ -412,7 +413,9 @@ def build_cli(host: PluginHost) -> click.Group:
     @click.option("--thinking/--no-thinking", default=None,
                   help="Default for models that can reason, when a request says nothing "
                   "(chat_template_kwargs.enable_thinking, then reasoning_effort, win). Default: the template's.")
-    @click.option("--chat-template", default="", help="Override the model's chat template (Jinja text).")
+    @click.option("--chat-template", default="",
+                  help="Override the model's chat template: a built-in name (chatml, llama3, command-r, gemma, "
+                       "mistral-v7, phi3, zephyr), a template file or Jinja text.")
     @click.option("--chat-template-args", default="{}", help="JSON object of default chat-template kwargs.")
     @click.option("--adapter", "--adapter-path", "adapter_path", default=None, type=click.Path(file_okay=False),
                   help="LoRA adapter folder (mlx-lm format) mounted at start, id = its folder name; the "
@@ -535,6 +538,13 @@ def build_cli(host: PluginHost) -> click.Group:
         if not isinstance(args, dict):
             raise click.BadParameter("must be a JSON object", param_hint="--chat-template-args")
         opts["chat_template_args"] = args
+        if opts.get("chat_template"):
+            from mlxrt.text.named_templates import chat_template_text
+
+            try:
+                chat_template_text(opts["chat_template"])  # an unknown name fails now, not after loading
+            except ValueError as exc:
+                raise click.BadParameter(str(exc), param_hint="--chat-template") from None
         _serve(host, model_arg or model, opts)
 
     serve.params.extend(serve_options)

@@ -15,19 +15,22 @@ from typing import Any
 
 import attrs
 
-from mlxrt.records import CacheReport, FinishEvent, LoadedModel, TokenEvent
+from mlxrt.records import CacheReport, FinishEvent, LoadedModel, PromptProgress, TokenEvent
 
 __all__ = ["Event", "Generation", "Call", "Outbox", "WAKE"]
 
-Event = TokenEvent | FinishEvent
+#: What a generation yields; :class:`PromptProgress` only for a request that asked for it
+#: (``GenerationRequest.progress``), before its first token.
+Event = TokenEvent | FinishEvent | PromptProgress
 
 
 class Generation:
     """The HTTP side's handle on one submitted request (an async iterator of events).
 
     Items arrive from the worker through the event loop (``call_soon_threadsafe``), in order:
-    the :class:`CacheReport` (resolving :meth:`started`), then token events, then one
-    finish event, or an exception at any point.
+    the :class:`CacheReport` (resolving :meth:`started`), then (when the request asked for
+    them) prefill progress events, then token events, then one finish event, or an exception
+    at any point.
     """
 
     def __init__(self, loop: asyncio.AbstractEventLoop, cancel: Callable[[], None]) -> None:

@@ -36,6 +36,7 @@ from mlxrt.records import (
     FinishEvent,
     FinishReason,
     GenerationRequest,
+    PromptProgress,
     TokenEvent,
     TokenLogprob,
 )
@@ -109,10 +110,23 @@ class Row:
     first_token_at: float | None = None
     #: ``(token ids, cache)`` copies taken inside the prompt, for the prompt cache.
     snapshots: list[tuple[list[int], list[Any]]] = attrs.field(factory=list)
+    #: The last ``processed`` count a :class:`PromptProgress` reported (-1: none yet).
+    reported: int = -1
 
     @property
     def request(self) -> GenerationRequest:
         return self.job.request
+
+    def report_progress(self, processed: int) -> None:
+        """Prompt tokens the cache holds now (``processed``, the reused ones included): a
+        :class:`PromptProgress` for a request that asked for them, once per new count."""
+        total = len(self.request.prompt_ids)
+        processed = min(processed, total)
+        if not self.request.progress or processed <= self.reported:
+            return
+        self.reported = processed
+        self.job.deliver(PromptProgress(total=total, cache=min(self.reused, total), processed=processed,
+                                        seconds=time.monotonic() - self.started))
 
     def on_token(self, token: int, logprobs: Any) -> FinishReason | None:
         """Account for one generated token and emit its text; the reason to stop, if any."""
@@ -122,6 +136,7 @@ class Row:
         self.generated.append(token)
         if self.first_token_at is None:
             self.first_token_at = time.monotonic()
+            self.report_progress(len(self.request.prompt_ids))  # the whole prompt is in the cache
         if token in self.eos:
             return FinishReason.STOP
         k = self.request.logprobs
@@ -150,6 +165,7 @@ class Row:
         if reason is not FinishReason.CANCELLED and not self.stops.stopped:
             tail, _ = self.stops.feed(self.detok.flush())
             tail += self.stops.flush()
+        first = self.first_token_at
         self.job.deliver(FinishEvent(
             finish_reason=reason,
             prompt_tokens=len(self.request.prompt_ids),
@@ -157,6 +173,8 @@ class Row:
             cached_tokens=self.reused,
             text=tail,
             stop_sequence=self.stops.stopped,
+            prompt_seconds=first - self.started if first is not None else 0.0,
+            decode_seconds=time.monotonic() - first if first is not None else 0.0,
         ))
 
 
@@ -295,8 +313,9 @@ class SerialLane:
         reason = FinishReason.LENGTH
         points = snapshot_points(row) if spec is None and row.request.max_tokens > 0 else []
         start = row.reused
+        row.report_progress(start)
         if points and points[0] < len(prompt) - 1:  # the turn boundary: prefill up to it first
-            self._prefill(prompt[start:points[0]], cache)
+            self._prefill(prompt[start:points[0]], cache, lambda done, at=start: row.report_progress(at + done))
             start = points[0]
             row.snapshots.append((prompt[:start], copy.deepcopy(cache)))
         handed = False
@@ -320,11 +339,12 @@ class SerialLane:
                 else:
                     if spec is not None:
                         spec.requests_plain += 1
-                    snapshot = None
-                    if points and points[-1] == len(prompt) - 1 > start:
-                        def snapshot(done: int, total: int, held: list[Any] = cache) -> None:
-                            if done == total - 1:  # the cache holds the prompt but its last token
-                                row.snapshots.append((prompt[:-1], copy.deepcopy(held)))
+                    snapshotting = bool(points) and points[-1] == len(prompt) - 1 > start
+
+                    def progress(done: int, total: int, held: list[Any] = cache, at: int = start) -> None:
+                        row.report_progress(at + done)
+                        if snapshotting and done == total - 1:  # the cache holds the prompt but its last token
+                            row.snapshots.append((prompt[:-1], copy.deepcopy(held)))
                     steps = token_steps(
                         mx.array(fed), self.model,
                         max_tokens=row.request.max_tokens, sampler=row.sampler,
@@ -332,7 +352,7 @@ class SerialLane:
                         cache=cache if spec is None else cache[:spec.main_layers],
                         prefill_step_size=step_size, stream=self.stream,
                         embeddings=vision.embeddings if vision is not None else None,
-                        progress=snapshot,
+                        progress=progress,
                     )
                 for token, logprobs in steps:
                     stop = self.agree(row.on_token(int(token), logprobs))
@@ -360,14 +380,16 @@ class SerialLane:
         self.done(row, reason, cache, held)
         return False
 
-    def _prefill(self, tokens: list[int], cache: list[Any]) -> None:
-        """Run ``tokens`` into ``cache`` in chunks, as ``token_steps`` prefills."""
+    def _prefill(self, tokens: list[int], cache: list[Any], report: Callable[[int], None]) -> None:
+        """Run ``tokens`` into ``cache`` in chunks, as ``token_steps`` prefills; ``report`` is
+        told the tokens run after each chunk."""
         import mlx.core as mx
 
         with mx.stream(self.stream):
             for at in range(0, len(tokens), self.prefill_step_size):
                 self.model(mx.array(tokens[at:at + self.prefill_step_size])[None], cache=cache)
                 mx.eval([layer.state for layer in cache])
+                report(min(at + self.prefill_step_size, len(tokens)))
 
     def agree(self, stop: FinishReason | None) -> FinishReason | None:
         """The decision after each token (the distributed lane shares it with the other ranks)."""
@@ -412,6 +434,7 @@ class BatchLane:
             return
         prompt = list(row.request.prompt_ids)
         isolate(row)
+        row.report_progress(row.reused)
         # Segments end where snapshots are taken (the generator always ends one before the
         # last token): it reports each end, and step() copies the row's cache there.
         points = snapshot_points(row)
@@ -459,8 +482,10 @@ class BatchLane:
             if progress.error is not None:
                 self._fail(progress.uid, progress.error, "prefill")
                 continue
-            # a segment ended: the row's cache holds a snapshot point
             row, wanted = self.rows.get(progress.uid), self._snapshots.get(progress.uid)
+            if row is not None:
+                row.report_progress(row.reused + progress.progress[0])
+            # a segment ended: the row's cache holds a snapshot point
             if row is None or not wanted or not progress.end_of_segment:
                 continue
             for cache, tokens in self._gen.extract_cache([progress.uid]).values():
