@@ -45,6 +45,7 @@ __all__ = [
     "mlx_lm_has_architecture",
     "mlx_lm_remappings",
     "mlx_lm_sets_tokenizer_defaults",
+    "route_attention",
     "uvicorn_connections",
     "uvicorn_http_protocol",
     "uvicorn_loop",
@@ -95,6 +96,29 @@ def masks_overridden(text_model: Any, make: Callable[[Callable[[Any, Any], Any]]
         yield
     finally:
         del text_model._make_masks
+
+
+def route_attention(model: Any, route: Callable[[Callable[..., Any]], Callable[..., Any]]) -> int:
+    """Make the mlx-lm model modules ``model`` is built from call ``route(original)`` where they
+    call ``mlx_lm.models.base.scaled_dot_product_attention`` (each imports it by name and calls
+    that global); return how many modules now do. The replacement is process-wide (every model of
+    those architectures), so ``route`` must compute what the original does: mlxrt routes through
+    the kernel's attention primitive, which is MLX's own where it does not apply. Idempotent."""
+    from mlx_lm.models import base
+
+    original = base.scaled_dot_product_attention
+    routed = 0
+    for name in {type(layer).__module__ for _path, layer in model.named_modules()}:
+        found = sys.modules.get(name)
+        current = getattr(found, "scaled_dot_product_attention", None)
+        if current is original:
+            routed_fn = route(original)
+            routed_fn.__wrapped__ = original  # type: ignore[attr-defined]
+            found.scaled_dot_product_attention = routed_fn  # type: ignore[union-attr]
+            routed += 1
+        elif getattr(current, "__wrapped__", None) is original:
+            routed += 1
+    return routed
 
 
 def lean_mlx_lm() -> None:

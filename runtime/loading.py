@@ -357,6 +357,12 @@ def load_weights(info: ModelInfo, host: PluginHost) -> tuple[LoadedModel, str | 
 
         if (count := qmv.install(loaded.model)):
             log.info("%d quantized layers of %s run on the %s", count, info.model_id, qmv.status().text)
+    if choice is not None and not lazy:
+        from mlxrt.engine import qmv
+
+        if (count := qmv.install_fused(loaded.model)):
+            log.info("%d norm and rotary layers of %s (and its attention) run on the %s fused primitives",
+                     count, info.model_id, qmv.status().text)
     return attrs.evolve(loaded, dtype=choice), plugin
 
 

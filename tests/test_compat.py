@@ -355,3 +355,33 @@ def test_no_module_but_compat_imports_a_private_of_the_fenced_dependencies():
                 elif isinstance(node, ast.Attribute) and node.attr in attributes:
                     found.append(f"{path.relative_to(root)}:{node.lineno} .{node.attr}")
     assert found == []
+
+
+def test_mlx_lm_attention_is_routed_where_its_model_modules_call_it():
+    # mlx-lm's model modules import base.scaled_dot_product_attention by name and call that global
+    # (route_attention replaces it there); a module that stops doing so is found here first.
+    import mlx.core as mx
+    from mlx_lm.models import base, llama, qwen3
+
+    for module in (llama, qwen3):
+        assert module.scaled_dot_product_attention in (base.scaled_dot_product_attention,
+                                                       getattr(module.scaled_dot_product_attention, "__wrapped__", None))
+    args = llama.ModelArgs(model_type="llama", hidden_size=32, num_hidden_layers=1, intermediate_size=64,
+                           num_attention_heads=2, num_key_value_heads=1, rms_norm_eps=1e-5, vocab_size=64)
+    model = llama.Model(args)
+    calls = []
+
+    def route(original):
+        def counted(*args, **kwargs):
+            calls.append(1)
+            return original(*args, **kwargs)
+        return counted
+
+    saved = llama.scaled_dot_product_attention
+    try:
+        llama.scaled_dot_product_attention = base.scaled_dot_product_attention
+        assert compat.route_attention(model, route) == 1
+        mx.eval(model(mx.array([[1, 2, 3]])))
+        assert calls == [1]  # one layer, one call
+    finally:
+        llama.scaled_dot_product_attention = saved

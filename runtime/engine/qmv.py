@@ -12,6 +12,12 @@ MLX, MLX on the CPU; ``MLXRT_QMV=0`` turns it off) and is what ``mlxrt --version
 line and ``GET /stats`` report. :func:`install` swaps a model's eligible quantized layers for
 subclasses whose forward calls the kernel, or for more rows (a long prompt's prefill) multiplies
 by the kernel's dequantized weights through the BLAS; without the kernel nothing changes.
+
+:func:`install_fused` does the same for the operations between the products: MLX's CPU backend
+has no kernel for ``mx.fast.rms_norm``, ``mx.fast.rope`` or ``mx.fast.scaled_dot_product_attention``
+and runs each as its fallback graph (~8, ~40 and ~12 small ops), so a decode step of a 30-layer
+model dispatched ~3,500 ops, most of its time. The kernel's fused primitives compute each as one
+op (float32 on the CPU; anything else goes on to ``mx.fast`` itself).
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ from typing import Any
 
 import attrs
 
-__all__ = ["QmvStatus", "status", "install", "eligible", "load"]
+__all__ = ["QmvStatus", "status", "install", "install_fused", "eligible", "load"]
 
 
 @attrs.frozen
@@ -118,7 +124,71 @@ def install(model: Any, st: QmvStatus | None = None) -> int:
     return count
 
 
+def install_fused(model: Any, st: QmvStatus | None = None) -> int:
+    """Make ``model``'s ``nn.RMSNorm`` and ``nn.RoPE`` layers, and the attention of the mlx-lm
+    model modules it is built from (:func:`mlxrt.compat.route_attention`), run the kernel's fused
+    primitives; return how many layers were swapped (0 without the kernel)."""
+    st = st if st is not None else load()
+    if not st.active or not hasattr(st.module, "attention"):  # mlxrt-qmv < 0.2 has no fused primitives
+        return 0
+    classes = _fused_classes(st.module)
+    count = 0
+    for _name, layer in model.named_modules():
+        if type(layer) in classes:
+            layer.__class__ = classes[type(layer)]
+            count += 1
+    if count:
+        from mlxrt import compat
+
+        compat.route_attention(model, _attention(st.module))
+    return count
+
+
 _CLASSES: dict[type, type] = {}
+_FUSED: dict[type, type] = {}
+
+
+def _fused_classes(module: Any) -> dict[type, type]:
+    """The fused-primitive subclass of ``nn.RMSNorm`` and ``nn.RoPE`` (built once)."""
+    if _FUSED:
+        return _FUSED
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    rms_norm, rope = module.rms_norm, module.rope
+
+    class FusedRMSNorm(nn.RMSNorm):
+        """``nn.RMSNorm`` as one primitive."""
+
+        def __call__(self, x: mx.array) -> mx.array:
+            return rms_norm(x, self["weight"], self.eps)
+
+    class FusedRoPE(nn.RoPE):
+        """``nn.RoPE`` as one primitive."""
+
+        def __call__(self, x: mx.array, offset: int | mx.array = 0) -> mx.array:
+            return rope(x, self.dims, self.traditional, self.base, self.scale, offset)
+
+    _FUSED.update({nn.RMSNorm: FusedRMSNorm, nn.RoPE: FusedRoPE})
+    return _FUSED
+
+
+def _attention(module: Any) -> Any:
+    """mlx-lm's ``scaled_dot_product_attention(queries, keys, values, cache, scale, mask, sinks)``
+    through the kernel's primitive (plain caches, no sinks: what a quantized cache or sinks need
+    stays mlx-lm's)."""
+    attention = module.attention
+
+    def route(original: Any) -> Any:
+        def scaled_dot_product_attention(queries: Any, keys: Any, values: Any, cache: Any, scale: float,
+                                         mask: Any, sinks: Any = None) -> Any:
+            if sinks is None and not hasattr(cache, "bits"):
+                return attention(queries, keys, values, scale, mask)
+            return original(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
+
+        return scaled_dot_product_attention
+
+    return route
 
 
 def _classes(module: Any) -> dict[type, type]:

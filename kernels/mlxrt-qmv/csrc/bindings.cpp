@@ -1,9 +1,12 @@
 // The Python module mlxrt_qmv._ext. It shares nanobind's "mlx" domain with mlx.core, so it
 // takes and returns mx.array objects as they are.
 #include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
+#include <nanobind/stl/variant.h>
 
 #include "mlx/version.h"
+#include "fused.h"
 #include "qmv.h"
 
 #define MLXRT_QMV_STR2(x) #x
@@ -35,6 +38,45 @@ NB_MODULE(_ext, m) {
         return mlxrt_qmv::supported(x, w, group_size, bits);
       },
       "x"_a, "w"_a, "group_size"_a, "bits"_a, "Whether quantized_matmul runs the primitive for these arguments.");
+  m.def(
+      "rms_norm",
+      [](const mx::array& x, const std::optional<mx::array>& weight, float eps) {
+        return mlxrt_qmv::rms_norm(x, weight, eps);
+      },
+      "x"_a, "weight"_a.none(), "eps"_a,
+      "mx.fast.rms_norm(x, weight, eps): one primitive for float32 on the CPU, mx.fast.rms_norm otherwise.");
+  m.def(
+      "rope",
+      [](const mx::array& x, int dims, bool traditional, float base, float scale,
+         const std::variant<int, mx::array>& offset) {
+        const mx::array off = std::holds_alternative<int>(offset) ? mx::array(std::get<int>(offset), mx::int32)
+                                                                  : std::get<mx::array>(offset);
+        return mlxrt_qmv::rope(x, dims, traditional, base, scale, off);
+      },
+      "x"_a, "dims"_a, "traditional"_a, "base"_a, "scale"_a, "offset"_a,
+      "mx.fast.rope(x, dims, traditional=, base=, scale=, offset=) with the default frequencies: one primitive "
+      "for float32 x of 3 or 4 dimensions on the CPU, mx.fast.rope otherwise.");
+  m.def(
+      "attention",
+      [](const mx::array& q, const mx::array& k, const mx::array& v, float scale,
+         const std::variant<std::monostate, std::string, mx::array>& mask) {
+        std::string mode;
+        std::optional<mx::array> arr;
+        if (std::holds_alternative<std::string>(mask)) mode = std::get<std::string>(mask);
+        if (std::holds_alternative<mx::array>(mask)) {
+          mode = "array";
+          arr = std::get<mx::array>(mask);
+        }
+        return mlxrt_qmv::attention(q, k, v, scale, mode, arr);
+      },
+      "q"_a, "k"_a, "v"_a, "scale"_a, "mask"_a.none() = nb::none(),
+      "mx.fast.scaled_dot_product_attention(q, k, v, scale=, mask=) without sinks: one primitive for float32 "
+      "and at most MAX_QUERIES query positions on the CPU, MLX's own otherwise.");
+  m.def(
+      "attention_supported",
+      [](const mx::array& q, const mx::array& k, const mx::array& v) { return mlxrt_qmv::attention_supported(q, k, v); },
+      "q"_a, "k"_a, "v"_a, "Whether attention runs the primitive for these arguments (masks aside).");
+  m.attr("MAX_QUERIES") = mlxrt_qmv::MAX_QUERIES;
   m.def("kernel_name", &mlxrt_qmv::kernel_name,
         "The kernel this CPU runs: 'avx2 q15' (the default with AVX2), 'avx2 int8' or 'avx2+fma' (on request, "
         "MLXRT_QMV_KERNEL), or 'generic'.");

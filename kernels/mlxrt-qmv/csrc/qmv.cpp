@@ -198,6 +198,28 @@ void split_rows(RowsFn fn, const Problem& p) {
   pl->run(job);
 }
 
+} // namespace
+
+void parallel_for(int n, size_t work_bytes, const std::function<void(int, int)>& fn) {
+  auto pl = work_bytes >= SINGLE_THREAD_BYTES && n > 1 ? pool() : nullptr;
+  if (!pl || pl->size() == 1) {
+    fn(0, n);
+    return;
+  }
+  const int chunk = std::max(1, n / (pl->size() * 4));
+  std::atomic<int> next{0};
+  std::function<void(int)> job = [&](int) {
+    for (;;) {
+      const int r0 = next.fetch_add(chunk, std::memory_order_relaxed);
+      if (r0 >= n) return;
+      fn(r0, std::min(n, r0 + chunk));
+    }
+  };
+  pl->run(job);
+}
+
+namespace {
+
 template <typename T>
 void run_dequant(const uint32_t* w, const T* scales, const T* biases, T* out, int N, int K, int group_size, int bits) {
   thread_local std::vector<float> buf;

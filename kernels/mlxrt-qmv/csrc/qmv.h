@@ -1,6 +1,7 @@
 // mlxrt_qmv: a quantized matrix-vector product for MLX's CPU backend, as a custom primitive.
 #pragma once
 
+#include <functional>
 #include <string>
 
 #include "mlx/ops.h"
@@ -43,6 +44,10 @@ std::string kernel_name();
 // process may run on); set_threads changes it for later calls.
 int threads();
 void set_threads(int n);
+
+// Runs fn(begin, end) over [0, n) in chunks on the primitive's threads when the work reads at
+// least a few tens of KiB (work_bytes), else on the calling thread (the fused primitives use it).
+void parallel_for(int n, size_t work_bytes, const std::function<void(int, int)>& fn);
 
 // What both primitives share: the quantization they read, CPU only.
 class QuantizedPrimitive : public mx::Primitive {

@@ -13,6 +13,12 @@ int8`` (x in 8 bits: faster, coarser), ``avx2+fma`` (float: MLX's products to ro
 biases, group_size, bits)`` equals ``mx.dequantize`` (affine) and runs at memory speed, so that
 more rows than :data:`MAX_ROWS` can go through the BLAS (``x @ dequantize(...).T``).
 
+The fused primitives compute what MLX's CPU backend runs as small-op fallback graphs, each as
+one op: ``rms_norm(x, weight, eps)`` (``mx.fast.rms_norm``), ``rope(x, dims, traditional, base,
+scale, offset)`` (``mx.fast.rope``, default frequencies) and ``attention(q, k, v, scale, mask)``
+(``mx.fast.scaled_dot_product_attention`` without sinks, at most :data:`MAX_QUERIES` queries),
+for float32 on the CPU; other arguments go to the ``mx.fast`` operation itself.
+
 Importing this package raises ``ImportError`` when the installed MLX is not the one the
 extension was built against (:data:`BUILT_FOR_MLX`): the primitive is C++ against MLX's ABI.
 """
@@ -23,12 +29,15 @@ import mlx.core as mx
 
 from mlxrt_qmv import _ext
 
-__all__ = ["quantized_matmul", "dequantize", "supported", "kernel_name", "threads", "set_threads", "MAX_ROWS", "BUILT_FOR_MLX"]
+__all__ = ["quantized_matmul", "dequantize", "supported", "rms_norm", "rope", "attention", "attention_supported",
+           "kernel_name", "threads", "set_threads", "MAX_ROWS", "MAX_QUERIES", "BUILT_FOR_MLX"]
 
 #: The MLX version whose headers the extension was compiled with.
 BUILT_FOR_MLX: str = _ext.MLX_VERSION
 #: The most rows of ``x`` the primitive takes.
 MAX_ROWS: int = _ext.MAX_ROWS
+#: The most query positions the attention primitive takes.
+MAX_QUERIES: int = _ext.MAX_QUERIES
 
 if mx.__version__.split(".dev")[0] != BUILT_FOR_MLX:
     raise ImportError(f"mlxrt_qmv was built for mlx {BUILT_FOR_MLX}, this is mlx {mx.__version__}: "
@@ -40,3 +49,7 @@ supported = _ext.supported
 kernel_name = _ext.kernel_name
 threads = _ext.threads
 set_threads = _ext.set_threads
+rms_norm = _ext.rms_norm
+rope = _ext.rope
+attention = _ext.attention
+attention_supported = _ext.attention_supported

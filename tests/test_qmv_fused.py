@@ -1,0 +1,217 @@
+"""The mlxrt-qmv kernel's fused primitives (``rms_norm``, ``rope``, ``attention``): each equals the
+``mx.fast`` operation it stands for (MLX's CPU runs those as small-op fallback graphs), hands what
+it does not support to that operation, and, swapped into a model by ``install_fused``, leaves
+greedy tokens — a lone stream's and a left-padded batch's — as they were while a decode step
+dispatches a quarter of the ops. Skipped where the kernel is not built."""
+
+from __future__ import annotations
+
+import io
+import re
+from collections import Counter
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+
+from mlxrt import compat
+from mlxrt.engine import qmv
+
+try:
+    import mlxrt_qmv as ext
+except ImportError:
+    ext = None
+pytestmark = pytest.mark.skipif(ext is None, reason="mlxrt-qmv is not built (scripts/setup builds it with a compiler)")
+
+
+def _rel(got: mx.array, ref: mx.array) -> float:
+    assert got.shape == ref.shape and got.dtype == ref.dtype
+    return (mx.abs(got - ref).max() / (mx.abs(ref).max() + 1e-9)).item()
+
+
+def _ops(*outputs: mx.array) -> Counter:
+    """The primitives of the graph that computes ``outputs``, by name."""
+    f = io.StringIO()
+    mx.export_to_dot(f, *outputs)
+    return Counter(re.findall(r'label ="([A-Za-z_]+)', f.getvalue()))
+
+
+def test_rms_norm_equals_mlx_and_is_one_op():
+    mx.random.seed(0)
+    x, w = mx.random.normal((2, 3, 576)), mx.random.normal((576,))
+    assert _rel(ext.rms_norm(x, w, 1e-5), mx.fast.rms_norm(x, w, 1e-5)) < 1e-6
+    assert _rel(ext.rms_norm(x, None, 1e-6), mx.fast.rms_norm(x, None, 1e-6)) < 1e-6
+    strided = mx.random.normal((4, 2, 64)).transpose(1, 0, 2)  # rows not in memory order
+    assert _rel(ext.rms_norm(strided, w[:64], 1e-5), mx.fast.rms_norm(strided, w[:64], 1e-5)) < 1e-6
+    assert _ops(ext.rms_norm(x, w, 1e-5)) == Counter({"MlxrtRmsNorm": 1})
+    # half precision is MLX's own computation, exactly
+    half = x.astype(mx.bfloat16)
+    assert mx.array_equal(ext.rms_norm(half, w.astype(mx.bfloat16), 1e-5),
+                          mx.fast.rms_norm(half, w.astype(mx.bfloat16), 1e-5)).item()
+    assert "MlxrtRmsNorm" not in _ops(ext.rms_norm(half, None, 1e-5))
+
+
+def _rope_float64(x: mx.array, dims: int, traditional: bool, base: float, offset: int | mx.array) -> np.ndarray:
+    """RoPE in float64 from the angles MLX computes (in float32), for (batch, heads, positions, dim)."""
+    xs = np.array(x, dtype=np.float64)
+    half = dims // 2
+    inv = np.exp(np.arange(half, dtype=np.float32) * np.float32(-np.log(base) / half)).astype(np.float32)
+    offsets = np.array(offset, dtype=np.float32).reshape(-1, 1, 1, 1)  # one per batch row, or one
+    pos = np.arange(xs.shape[2], dtype=np.float32)[None, None, :, None] + offsets
+    theta = (pos * inv).astype(np.float64)
+    cos, sin = np.cos(theta), np.sin(theta)
+    out = xs.copy()
+    first, second = (slice(0, dims, 2), slice(1, dims, 2)) if traditional else (slice(0, half), slice(half, dims))
+    x1, x2 = xs[..., first], xs[..., second]
+    out[..., first], out[..., second] = x1 * cos - x2 * sin, x1 * sin + x2 * cos
+    return out
+
+
+@pytest.mark.parametrize("traditional", [False, True])
+@pytest.mark.parametrize("dims", [64, 32])
+def test_rope_equals_mlx_for_scalar_and_per_row_offsets(traditional, dims):
+    mx.random.seed(1)
+    # (batch, heads, positions, head dim) as attention layers pass it: a transposed view
+    x = mx.random.normal((2, 5, 4, 64)).transpose(0, 2, 1, 3)
+    for offset in (0, 37, 4000, mx.array([3, 90]), mx.array(12)):
+        got = ext.rope(x, dims, traditional, 10000.0, 1.0, offset)
+        ref = mx.fast.rope(x, dims, traditional=traditional, base=10000.0, scale=1.0, offset=offset)
+        exact = _rope_float64(x, dims, traditional, 10000.0, offset)
+        # both compute the angles alike in float32; their sines differ (libm's against MLX's
+        # vectorized ones), which shows at large angles: the primitive is the nearer to exact
+        err, mlx_err = (np.abs(np.array(a, dtype=np.float64) - exact).max() for a in (got, ref))
+        assert err <= max(1.5 * mlx_err, 1e-6), (offset, err, mlx_err)
+        assert _rel(got, ref) < 2e-4, offset
+    three = mx.random.normal((4, 7, 64))
+    assert _rel(ext.rope(three, dims, traditional, 1e5, 0.5, 5),
+                mx.fast.rope(three, dims, traditional=traditional, base=1e5, scale=0.5, offset=5)) < 2e-5
+    assert _ops(ext.rope(x, dims, traditional, 10000.0, 1.0, 9))["MlxrtRope"] == 1
+    assert "Sin" in _ops(ext.rope(x.astype(mx.float16), dims, traditional, 10000.0, 1.0, 9))  # MLX's fallback
+
+
+def _kv(batch: int, heads: int, length: int, dim: int, capacity: int = 64) -> mx.array:
+    """Keys or values as mlx-lm's KVCache hands them to attention: the first ``length`` positions
+    of a larger buffer (a strided view)."""
+    return mx.random.normal((batch, heads, capacity, dim))[:, :, :length, :]
+
+
+@pytest.mark.parametrize("queries", [1, 4])
+def test_attention_equals_mlx_with_every_mask_kind_and_grouped_heads(queries):
+    mx.random.seed(2)
+    batch, q_heads, kv_heads, keys, dim = 2, 9, 3, 40, 64
+    q = mx.random.normal((batch, queries, q_heads, dim)).transpose(0, 2, 1, 3)
+    k, v = _kv(batch, kv_heads, keys, dim), _kv(batch, kv_heads, keys, dim)
+    masks = ["causal", mx.random.uniform(shape=(batch, 1, queries, keys)) > 0.3,
+             mx.random.normal((batch, 1, queries, keys)), mx.random.normal((queries, keys))]
+    if queries == 1:
+        masks.insert(0, None)
+    for mask in masks:
+        got = ext.attention(q, k, v, 0.125, mask)
+        assert _ops(got)["MlxrtAttention"] == 1
+        ref = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask=mask)
+        assert _rel(got, ref) < 1e-5, mask if isinstance(mask, str | None) else mask.dtype
+    # a row whose keys are all masked out: MLX spreads its weight evenly, so does the primitive
+    none = mx.zeros((batch, 1, queries, keys), dtype=mx.bool_)
+    assert _rel(ext.attention(q, k, v, 0.125, none),
+                mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask=none)) < 1e-5
+
+
+def test_attention_leaves_long_prefills_and_half_precision_to_mlx():
+    mx.random.seed(3)
+    long_q = mx.random.normal((1, 4, ext.MAX_QUERIES + 1, 32))
+    k, v = _kv(1, 2, ext.MAX_QUERIES + 1, 32), _kv(1, 2, ext.MAX_QUERIES + 1, 32)
+    assert not ext.attention_supported(long_q, k, v)
+    got = ext.attention(long_q, k, v, 0.2, "causal")
+    assert "MlxrtAttention" not in _ops(got)
+    assert mx.array_equal(got, mx.fast.scaled_dot_product_attention(long_q, k, v, scale=0.2, mask="causal")).item()
+    half = long_q[:, :, :1].astype(mx.float16)
+    assert not ext.attention_supported(half, k.astype(mx.float16), v.astype(mx.float16))
+
+
+def _tiny(model_type: str) -> nn.Module:
+    if model_type == "qwen3":  # q_norm / k_norm: RMSNorms inside attention too
+        from mlx_lm.models import qwen3 as arch
+
+        args = arch.ModelArgs(model_type="qwen3", hidden_size=128, num_hidden_layers=2, intermediate_size=256,
+                              num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6, vocab_size=512,
+                              max_position_embeddings=512, rope_theta=1e6, head_dim=32, tie_word_embeddings=True)
+    else:
+        from mlx_lm.models import llama as arch
+
+        args = arch.ModelArgs(model_type="llama", hidden_size=128, num_hidden_layers=2, intermediate_size=256,
+                              num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=512,
+                              tie_word_embeddings=True)
+    mx.random.seed(4)
+    model = arch.Model(args)
+    nn.quantize(model, group_size=32, bits=4)
+    mx.eval(model.parameters())
+    return model
+
+
+def _greedy(model: nn.Module, prompt: list[int], n: int) -> tuple[list[int], Counter]:
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache = make_prompt_cache(model)
+    tokens, out, ops = mx.array([prompt]), [], Counter()
+    for _ in range(n):
+        nxt = mx.argmax(model(tokens, cache=cache)[:, -1, :], axis=-1)
+        ops = _ops(nxt)
+        out.append(int(nxt.item()))
+        tokens = mx.array([[out[-1]]])
+    return out, ops
+
+
+def _batched(model: nn.Module, prompts: list[list[int]], n: int) -> list[list[int]]:
+    """Greedy tokens of several prompts decoded as one left-padded batch (mlx-lm's BatchKVCache:
+    a bool mask and one rope offset per row)."""
+    from mlx_lm.models.cache import BatchKVCache
+
+    width = max(len(p) for p in prompts)
+    pads = [width - len(p) for p in prompts]
+    cache = [BatchKVCache(pads) for _ in model.layers]
+    tokens = mx.array([[0] * pad + p for pad, p in zip(pads, prompts, strict=True)])
+    out: list[list[int]] = [[] for _ in prompts]
+    for _ in range(n):
+        nxt = mx.argmax(model(tokens, cache=cache)[:, -1, :], axis=-1)
+        for row, t in zip(out, nxt.tolist(), strict=True):
+            row.append(t)
+        tokens = nxt[:, None]
+    return out
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen3"])
+def test_install_fused_keeps_greedy_tokens_and_cuts_a_decode_step_s_ops(model_type):
+    model = _tiny(model_type)
+    prompt = list(range(7, 27))
+    prompts = [list(range(3, 15)), list(range(40, 60)), [9, 8, 7]]
+    before, ops_before = _greedy(model, prompt, 10)
+    batch_before = _batched(model, prompts, 6)
+    swapped = qmv.install_fused(model)
+    norms = 2 * (2 + (2 if model_type == "qwen3" else 0)) + 1  # per block 2 (+ q/k norms), the final norm
+    assert swapped == norms + 2  # and one RoPE per block
+    kinds = {type(m).__name__ for _, m in model.named_modules()}
+    assert {"FusedRMSNorm", "FusedRoPE"} <= kinds and "RMSNorm" not in kinds
+    after, ops_after = _greedy(model, prompt, 10)
+    assert after == before
+    assert _batched(model, prompts, 6) == batch_before
+    assert ops_after["MlxrtAttention"] == 2 and ops_after["MlxrtRope"] == 4 and ops_after["MlxrtRmsNorm"] == norms
+    assert not {"Sin", "Cos", "Rsqrt", "Softmax"} & set(ops_after)
+    assert sum(ops_after.values()) * 2 < sum(ops_before.values()), (ops_before, ops_after)
+    # a second install finds nothing left to swap and routes attention once
+    assert qmv.install_fused(model) == 0
+
+
+def test_route_attention_replaces_mlx_lm_s_attention_once_and_falls_back_for_quantized_caches():
+    from mlx_lm.models import base, llama
+    from mlx_lm.models.cache import QuantizedKVCache
+
+    model = _tiny("llama")
+    qmv.install_fused(model)
+    routed = llama.scaled_dot_product_attention
+    assert routed.__wrapped__ is base.scaled_dot_product_attention
+    assert compat.route_attention(model, lambda original: original) == 1 and llama.scaled_dot_product_attention is routed
+    # a quantized KV cache keeps mlx-lm's quantized attention
+    cache = [QuantizedKVCache(group_size=32, bits=8) for _ in model.layers]
+    logits = model(mx.array([[1, 2, 3]]), cache=cache)
+    assert logits.shape == (1, 3, 512) and mx.isfinite(logits).all().item()
