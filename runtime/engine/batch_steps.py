@@ -386,14 +386,24 @@ class BatchSteps:
         return responses
 
     def _keep(self, keep: list[int]) -> None:
-        """Only the rows at ``keep`` go on."""
+        """Only the rows at ``keep`` go on.
+
+        MLX's buffer cache is released whenever rows leave: the freed buffers it holds were
+        sized for the batch as it was (cache tensors, activations, logits), and under requests
+        that come and go the cache would otherwise collect a set per batch size until the
+        periodic release (``CLEAR_EVERY`` steps) — the growth of a server's resident memory
+        under concurrent load (docs/benchmarks.md, "Start and peak RSS"). A release costs the
+        next step its allocations (small against a step), and a drained batch gives back all
+        it cached."""
         import mlx.core as mx
 
         if not keep:
             self._rows, self._cache, self._inputs, self._drawn_from = [], [], None, []
+            mx.clear_cache()
             return
         for layer in self._cache:
             layer.filter(keep)
         self._rows = [self._rows[at] for at in keep]
         self._inputs = self._inputs[mx.array(keep)]
         self._drawn_from = [self._drawn_from[at] for at in keep]
+        mx.clear_cache()
