@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
 
 from litestar.connection import ASGIConnection
@@ -70,11 +70,12 @@ def caller_of(connection: ASGIConnection) -> str:
     return hashlib.sha256((presented_key(connection) or "").encode()).hexdigest()
 
 
-def api_key_guard(keys: Sequence[str]) -> Callable[[ASGIConnection, BaseRouteHandler], None]:
-    """A guard admitting requests that present one of ``keys``."""
+def api_key_guard(keys: Sequence[str]) -> Callable[[ASGIConnection, BaseRouteHandler], Awaitable[None]]:
+    """A guard admitting requests that present one of ``keys`` (a coroutine, so that Litestar
+    runs it on the event loop rather than on a worker thread, as :func:`mlxrt.api.edge.edge_guard`)."""
     encoded = [k.encode() for k in keys]
 
-    def guard(connection: ASGIConnection, handler: BaseRouteHandler) -> None:
+    async def guard(connection: ASGIConnection, handler: BaseRouteHandler) -> None:
         if handler.opt.get("public") or connection.scope.get("method") == "OPTIONS":
             return
         given = presented_key(connection)

@@ -196,7 +196,10 @@ def edge_guard(policy: EdgePolicy, host: PluginHost, owners: dict[tuple[str, str
     (``owners``: ``(method, path template)`` → plugin) failed at start."""
     owners = owners or {}
 
-    def guard(connection: ASGIConnection, handler: BaseRouteHandler) -> None:
+    # A coroutine although it never awaits: Litestar runs a plain-function guard on a worker
+    # thread (its sync_to_thread), a thread hop per request and a pool of threads for checks
+    # that take microseconds.
+    async def guard(connection: ASGIConnection, handler: BaseRouteHandler) -> None:
         headers = connection.headers
         host_header = headers.get("host", "")
         if policy.hosts is not None and _hostname(host_header) not in policy.hosts:

@@ -322,3 +322,28 @@ def test_a_cache_that_cannot_join_the_batch_ends_only_its_row(models):
     assert list(failed) == [broken] and "cannot join" in str(failed[broken])
     assert set(ends) == {good} and broken not in tokens
     assert [t for t, _ in tokens[good]] == [t for t, _ in _alone(model, PROMPTS[1], 6)]
+
+
+@pytest.mark.parametrize("small_model", [True, False])
+def test_rows_leaving_release_the_buffer_cache_only_for_a_small_model(models, monkeypatch, small_model):
+    """Rows finishing at different steps change the batch's shape. Where the cached buffers
+    outweigh 1/CACHE_SHARE of the memory in use (a tiny model: its decode buffers outweigh its
+    weights), rows leaving release them, and a drained batch leaves MLX's buffer cache all but empty;
+    a model whose weights dwarf them keeps them for reuse. (The module's three tiny models
+    stand for either, with CACHE_SHARE set to make the cache large or small beside them.)"""
+    import mlxrt.engine.batch_steps as batch_steps
+
+    monkeypatch.setattr(batch_steps, "CACHE_SHARE", 10**9 if small_model else 0)
+    gen = batch_steps.BatchSteps(models["llama"], completion_batch_size=8, prefill_batch_size=8,
+                                 prefill_step_size=16, stream=_stream())
+    mx.clear_cache()
+    uids = gen.insert([PROMPTS[k % len(PROMPTS)] for k in range(8)], max_tokens=[3 + 4 * k for k in range(8)])
+    got, _ends = _drain(gen, uids)
+    assert [len(got[uid]) for uid in uids] == [3 + 4 * k for k in range(8)]
+    assert len(gen) == 0
+    # released: a few bytes at most (the last step's scalars, freed after the release); kept:
+    # the decode buffers of each batch size (~0.7 MB here)
+    if small_model:
+        assert mx.get_cache_memory() < 1024
+    else:
+        assert mx.get_cache_memory() > 100_000

@@ -172,3 +172,18 @@ def test_fuzzed_bodies_on_every_post_route_get_only_4xx(mlxrt_client):
     check()
     assert mlxrt_client.get("/health").status_code == 200
     assert mlxrt_client.post("/v1/chat/completions", json={"messages": MSG, "max_tokens": 2}).status_code == 200
+
+
+def test_guards_run_on_the_event_loop(mlxrt_tiny_checkpoint, mlxrt_serve):
+    """The edge and API-key guards are coroutines: Litestar runs a plain-function guard on a
+    worker thread of the event loop's default executor (named ``asyncio_N``), a thread hop on
+    every request; none is started here."""
+    import threading
+
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("qwen3"), options={"api_keys": ["k1"]})
+    before = {t.name for t in threading.enumerate()}
+    for _ in range(3):
+        assert client.get("/v1/models", headers={"x-api-key": "k1"}).status_code == 200
+        assert client.get("/v1/models").status_code == 401
+    started = {t.name for t in threading.enumerate()} - before
+    assert not [name for name in started if name.startswith("asyncio_")], started

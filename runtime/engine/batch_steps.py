@@ -386,14 +386,40 @@ class BatchSteps:
         return responses
 
     def _keep(self, keep: list[int]) -> None:
-        """Only the rows at ``keep`` go on."""
+        """Only the rows at ``keep`` go on.
+
+        When rows leave, MLX's buffer cache is released if it holds more than
+        1/``CACHE_SHARE`` of the memory in use (:func:`_release_cache`): its freed buffers were
+        sized for the batch as it was (cache tensors, activations, logits), and under requests
+        that come and go it would otherwise collect a set per batch size until the periodic
+        release (``CLEAR_EVERY`` steps) — on the tiny checkpoint, most of a server's resident
+        growth under 8 clients (docs/benchmarks.md, "Start and peak RSS"). A model whose
+        weights dwarf those buffers keeps them for the next steps to reuse."""
         import mlx.core as mx
 
         if not keep:
             self._rows, self._cache, self._inputs, self._drawn_from = [], [], None, []
+            _release_cache()
             return
         for layer in self._cache:
             layer.filter(keep)
         self._rows = [self._rows[at] for at in keep]
         self._inputs = self._inputs[mx.array(keep)]
         self._drawn_from = [self._drawn_from[at] for at in keep]
+        _release_cache()
+
+
+#: The batch lane releases MLX's buffer cache when rows leave once it holds more than
+#: 1/CACHE_SHARE of the memory in use (weights, KV caches, prompt cache).
+CACHE_SHARE = 8
+
+
+def _release_cache() -> None:
+    """Release MLX's buffer cache if it holds more than 1/``CACHE_SHARE`` of the memory in use:
+    a small model's decode buffers are then its largest allocation and the cache would double
+    its footprint; a large one's are a sliver, worth keeping for reuse (releasing them costs the
+    next step fresh pages)."""
+    import mlx.core as mx
+
+    if mx.get_cache_memory() * CACHE_SHARE > mx.get_active_memory():
+        mx.clear_cache()
