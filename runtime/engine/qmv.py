@@ -10,8 +10,9 @@ still with more rows (docs/performance.md, "Quantized decode on the CPU").
 :func:`status` says whether the kernel can be used in this process (installed, built for this
 MLX, MLX on the CPU; ``MLXRT_QMV=0`` turns it off) and is what ``mlxrt --version``, the start
 line and ``GET /stats`` report. :func:`install` swaps a model's eligible quantized layers for
-subclasses whose forward calls the kernel, or for more rows (a long prompt's prefill) multiplies
-by the kernel's dequantized weights through the BLAS; without the kernel nothing changes.
+subclasses whose forward calls the kernel (more than ``MAX_ROWS`` rows in pieces, up to
+:data:`KERNEL_ROWS`), or for more rows (a long prompt's prefill) multiplies by the kernel's
+dequantized weights through the BLAS; without the kernel nothing changes.
 
 :func:`install_fused` does the same for the operations between the products: MLX's CPU backend
 has no kernel for ``mx.fast.rms_norm``, ``mx.fast.rope`` or ``mx.fast.scaled_dot_product_attention``
@@ -150,6 +151,11 @@ def install_fused(model: Any, st: QmvStatus | None = None) -> int:
     return count
 
 
+#: Rows of ``x`` up to which a product runs the kernel (in pieces of ``MAX_ROWS``), not the BLAS
+#: on dequantized weights: that dequantizes the whole matrix each call, and loses below ~60 rows
+#: (docs/performance.md, "Prefill: the kernel or the BLAS").
+KERNEL_ROWS = 56
+
 _CLASSES: dict[type, type] = {}
 _FUSED: dict[type, type] = {}
 
@@ -223,11 +229,18 @@ def _classes(module: Any) -> dict[type, type]:
     import mlx.nn as nn
 
     qmm, dequantize, max_rows = module.quantized_matmul, module.dequantize, module.MAX_ROWS
+    chunked_rows = max(KERNEL_ROWS, max_rows)
 
     def product(layer: Any, x: mx.array) -> mx.array:
         w, scales, biases, gs, bits = layer["weight"], layer["scales"], layer["biases"], layer.group_size, layer.bits
-        if x.size <= max_rows * x.shape[-1]:
+        width = x.shape[-1]
+        rows = x.size // width if width else 0
+        if rows <= max_rows:
             return qmm(x, w, scales, biases, gs, bits)
+        if rows <= chunked_rows:  # the kernel in pieces of max_rows: rows are independent
+            flat = x.reshape(rows, width)
+            pieces = [qmm(flat[i:i + max_rows], w, scales, biases, gs, bits) for i in range(0, rows, max_rows)]
+            return mx.concatenate(pieces).reshape(*x.shape[:-1], -1)
         return x @ dequantize(w, scales, biases, gs, bits).T
 
     class KernelQuantizedLinear(nn.QuantizedLinear):
