@@ -152,9 +152,9 @@ def install_fused(model: Any, st: QmvStatus | None = None) -> int:
 
 
 #: Rows of ``x`` up to which a product runs the kernel (in pieces of ``MAX_ROWS``), not the BLAS
-#: on dequantized weights: that dequantizes the whole matrix each call, and loses below ~60 rows
+#: on dequantized weights: that dequantizes the whole matrix each call, and loses up to ~40 rows
 #: (docs/performance.md, "Prefill: the kernel or the BLAS").
-KERNEL_ROWS = 56
+KERNEL_ROWS = 40
 
 _CLASSES: dict[type, type] = {}
 _FUSED: dict[type, type] = {}
