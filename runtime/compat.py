@@ -46,6 +46,7 @@ __all__ = [
     "mlx_lm_remappings",
     "mlx_lm_sets_tokenizer_defaults",
     "route_attention",
+    "route_swiglu",
     "uvicorn_connections",
     "uvicorn_http_protocol",
     "uvicorn_loop",
@@ -106,15 +107,28 @@ def route_attention(model: Any, route: Callable[[Callable[..., Any]], Callable[.
     the kernel's attention primitive, which is MLX's own where it does not apply. Idempotent."""
     from mlx_lm.models import base
 
-    original = base.scaled_dot_product_attention
+    return _route_global(model, "scaled_dot_product_attention", base.scaled_dot_product_attention, route)
+
+
+def route_swiglu(model: Any, route: Callable[[Callable[..., Any]], Callable[..., Any]]) -> int:
+    """As :func:`route_attention`, for ``mlx_lm.models.activations.swiglu`` (``silu(gate) * x``,
+    the gated MLP of llama-style modules): ``route(original)`` must give the same results."""
+    from mlx_lm.models import activations
+
+    return _route_global(model, "swiglu", activations.swiglu, route)
+
+
+def _route_global(model: Any, attr: str, original: Any, route: Callable[[Callable[..., Any]], Callable[..., Any]]
+                  ) -> int:
+    """Replace the global ``attr`` of ``model``'s modules where it is ``original``; count them."""
     routed = 0
     for name in {type(layer).__module__ for _path, layer in model.named_modules()}:
         found = sys.modules.get(name)
-        current = getattr(found, "scaled_dot_product_attention", None)
+        current = getattr(found, attr, None)
         if current is original:
             routed_fn = route(original)
             routed_fn.__wrapped__ = original  # type: ignore[attr-defined]
-            found.scaled_dot_product_attention = routed_fn  # type: ignore[union-attr]
+            setattr(found, attr, routed_fn)
             routed += 1
         elif getattr(current, "__wrapped__", None) is original:
             routed += 1

@@ -194,8 +194,9 @@ def _greedy(model: nn.Module, prompt: list[int], n: int) -> list[int]:
 @needs_kernel
 def test_install_swaps_layers_and_greedy_tokens_stay_the_same():
     model = _tiny_quantized_model()
-    prompt = list(range(5, 45))  # 40 tokens: the prefill goes the dequantize + BLAS way
-    before = _greedy(model, prompt, 12)
+    prompt = list(range(5, 45))  # 40 tokens: the prefill runs the kernel in two pieces
+    long = list(range(5, 85))  # 80: the dequantize + BLAS way
+    before, long_before = _greedy(model, prompt, 12), _greedy(model, long, 4)
     logits_before = model(mx.array([prompt[:3]]))
     count = qmv.install(model)
     # 7 linear layers a block, 2 blocks, and the embedding (its as_linear is the tied head)
@@ -204,7 +205,7 @@ def test_install_swaps_layers_and_greedy_tokens_stay_the_same():
     assert {"KernelQuantizedLinear", "KernelQuantizedEmbedding"} <= kinds and "QuantizedLinear" not in kinds
     assert all(isinstance(m, nn.QuantizedLinear) for _, m in model.named_modules()
                if type(m).__name__ == "KernelQuantizedLinear")
-    assert _greedy(model, prompt, 12) == before
+    assert _greedy(model, prompt, 12) == before and _greedy(model, long, 4) == long_before
     logits = model(mx.array([prompt[:3]]))
     if INT8:
         # x rounded to int8 per block of 32 moves each product by ~0.1-0.3% of its size (see
@@ -215,6 +216,29 @@ def test_install_swaps_layers_and_greedy_tokens_stay_the_same():
         assert mx.array_equal(mx.argmax(logits, -1), mx.argmax(logits_before, -1)).item()
     else:
         assert mx.allclose(logits, logits_before, rtol=1e-4, atol=1e-4).item()
+
+
+@needs_kernel
+def test_installed_layers_run_the_kernel_in_pieces_up_to_kernel_rows_then_the_blas():
+    import io
+    import re
+
+    mx.random.seed(3)
+    layer = nn.QuantizedLinear(160, 96, bias=False, group_size=32, bits=4)
+    w, s, b = layer["weight"], layer["scales"], layer["biases"]
+    assert qmv.install(nn.Sequential(layer)) == 1
+    for rows in (1, qmv_ext.MAX_ROWS, qmv_ext.MAX_ROWS + 1, qmv.KERNEL_ROWS, qmv.KERNEL_ROWS + 1):
+        x = mx.random.normal((2, rows, 160))[1:]  # leading dimensions kept, a view
+        got = layer(x)
+        f = io.StringIO()
+        mx.export_to_dot(f, got)
+        ops = re.findall(r'label ="([A-Za-z_]+)', f.getvalue())
+        pieces = -(-rows // qmv_ext.MAX_ROWS)
+        if rows <= qmv.KERNEL_ROWS:
+            assert ops.count("MlxrtQuantizedMatvec") == pieces and "MlxrtDequantize" not in ops, (rows, ops)
+        else:
+            assert "MlxrtQuantizedMatvec" not in ops and "MlxrtDequantize" in ops, (rows, ops)
+        _close_to_mlx(x, w, s, b, 32, 4, got)
 
 
 @needs_kernel

@@ -10,14 +10,18 @@ still with more rows (docs/performance.md, "Quantized decode on the CPU").
 :func:`status` says whether the kernel can be used in this process (installed, built for this
 MLX, MLX on the CPU; ``MLXRT_QMV=0`` turns it off) and is what ``mlxrt --version``, the start
 line and ``GET /stats`` report. :func:`install` swaps a model's eligible quantized layers for
-subclasses whose forward calls the kernel, or for more rows (a long prompt's prefill) multiplies
-by the kernel's dequantized weights through the BLAS; without the kernel nothing changes.
+subclasses whose forward calls the kernel (more than ``MAX_ROWS`` rows in pieces, up to
+:data:`KERNEL_ROWS`), or for more rows (a long prompt's prefill) multiplies by the kernel's
+dequantized weights through the BLAS; without the kernel nothing changes.
 
 :func:`install_fused` does the same for the operations between the products: MLX's CPU backend
 has no kernel for ``mx.fast.rms_norm``, ``mx.fast.rope`` or ``mx.fast.scaled_dot_product_attention``
 and runs each as its fallback graph (~8, ~40 and ~12 small ops), so a decode step of a 30-layer
 model dispatched ~3,500 ops, most of its time. The kernel's fused primitives compute each as one
-op (float32 on the CPU; anything else goes on to ``mx.fast`` itself).
+op (float32 on the CPU; anything else goes on to ``mx.fast`` itself). mlx-lm's ``swiglu``
+(``silu(gate) * x``) goes through the kernel's too: MLX's CPU sigmoid runs one element at a time
+through a software fma on x86-64 (~1 ms a layer for a 32-token prefill chunk of SmolLM2); the
+primitive gives the same bits eight at a time.
 """
 
 from __future__ import annotations
@@ -125,9 +129,10 @@ def install(model: Any, st: QmvStatus | None = None) -> int:
 
 
 def install_fused(model: Any, st: QmvStatus | None = None) -> int:
-    """Make ``model``'s ``nn.RMSNorm`` and ``nn.RoPE`` layers, and the attention of the mlx-lm
-    model modules it is built from (:func:`mlxrt.compat.route_attention`), run the kernel's fused
-    primitives; return how many layers were swapped (0 without the kernel)."""
+    """Make ``model``'s ``nn.RMSNorm`` and ``nn.RoPE`` layers, and the attention and gated-MLP
+    activation of the mlx-lm model modules it is built from (:func:`mlxrt.compat.route_attention`,
+    :func:`mlxrt.compat.route_swiglu`), run the kernel's fused primitives; return how many layers
+    were swapped (0 without the kernel)."""
     st = st if st is not None else load()
     if not st.active or not hasattr(st.module, "attention"):  # mlxrt-qmv < 0.2 has no fused primitives
         return 0
@@ -141,8 +146,15 @@ def install_fused(model: Any, st: QmvStatus | None = None) -> int:
         from mlxrt import compat
 
         compat.route_attention(model, _attention(st.module))
+        if hasattr(st.module, "swiglu"):  # builds before it have no swiglu
+            compat.route_swiglu(model, _swiglu(st.module))
     return count
 
+
+#: Rows of ``x`` up to which a product runs the kernel (in pieces of ``MAX_ROWS``), not the BLAS
+#: on dequantized weights: that dequantizes the whole matrix each call, and loses up to ~40 rows
+#: (docs/performance.md, "Prefill: the kernel or the BLAS").
+KERNEL_ROWS = 40
 
 _CLASSES: dict[type, type] = {}
 _FUSED: dict[type, type] = {}
@@ -191,6 +203,24 @@ def _attention(module: Any) -> Any:
     return route
 
 
+def _swiglu(module: Any) -> Any:
+    """mlx-lm's ``swiglu(gate, x)`` through the kernel's primitive for float32 (the same bits);
+    other dtypes keep mlx-lm's compiled function."""
+    swiglu = module.swiglu
+
+    def route(original: Any) -> Any:
+        import mlx.core as mx
+
+        def routed(gate: Any, x: Any) -> Any:
+            if gate.dtype == mx.float32 and x.dtype == mx.float32:
+                return swiglu(gate, x)
+            return original(gate, x)
+
+        return routed
+
+    return route
+
+
 def _classes(module: Any) -> dict[type, type]:
     """The kernel-backed subclass of each quantized layer class (built once)."""
     if _CLASSES:
@@ -199,11 +229,18 @@ def _classes(module: Any) -> dict[type, type]:
     import mlx.nn as nn
 
     qmm, dequantize, max_rows = module.quantized_matmul, module.dequantize, module.MAX_ROWS
+    chunked_rows = max(KERNEL_ROWS, max_rows)
 
     def product(layer: Any, x: mx.array) -> mx.array:
         w, scales, biases, gs, bits = layer["weight"], layer["scales"], layer["biases"], layer.group_size, layer.bits
-        if x.size <= max_rows * x.shape[-1]:
+        width = x.shape[-1]
+        rows = x.size // width if width else 0
+        if rows <= max_rows:
             return qmm(x, w, scales, biases, gs, bits)
+        if rows <= chunked_rows:  # the kernel in pieces of max_rows: rows are independent
+            flat = x.reshape(rows, width)
+            pieces = [qmm(flat[i:i + max_rows], w, scales, biases, gs, bits) for i in range(0, rows, max_rows)]
+            return mx.concatenate(pieces).reshape(*x.shape[:-1], -1)
         return x @ dequantize(w, scales, biases, gs, bits).T
 
     class KernelQuantizedLinear(nn.QuantizedLinear):

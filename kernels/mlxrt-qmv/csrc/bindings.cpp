@@ -6,6 +6,7 @@
 #include <nanobind/stl/variant.h>
 
 #include "mlx/version.h"
+#include "activation.h"
 #include "fused.h"
 #include "qmv.h"
 
@@ -38,6 +39,10 @@ NB_MODULE(_ext, m) {
         return mlxrt_qmv::supported(x, w, group_size, bits);
       },
       "x"_a, "w"_a, "group_size"_a, "bits"_a, "Whether quantized_matmul runs the primitive for these arguments.");
+  m.def(
+      "swiglu", [](const mx::array& gate, const mx::array& x) { return mlxrt_qmv::swiglu(gate, x); }, "gate"_a, "x"_a,
+      "nn.silu(gate) * x (mlx-lm's swiglu), the same float32 bits: one primitive for float32 operands of one "
+      "shape on the CPU, MLX's ops otherwise.");
   m.def(
       "rms_norm",
       [](const mx::array& x, const std::optional<mx::array>& weight, float eps) {

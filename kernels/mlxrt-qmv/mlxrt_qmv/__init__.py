@@ -17,7 +17,9 @@ The fused primitives compute what MLX's CPU backend runs as small-op fallback gr
 one op: ``rms_norm(x, weight, eps)`` (``mx.fast.rms_norm``), ``rope(x, dims, traditional, base,
 scale, offset)`` (``mx.fast.rope``, default frequencies) and ``attention(q, k, v, scale, mask)``
 (``mx.fast.scaled_dot_product_attention`` without sinks, at most :data:`MAX_QUERIES` queries),
-for float32 on the CPU; other arguments go to the ``mx.fast`` operation itself.
+for float32 on the CPU; other arguments go to the ``mx.fast`` operation itself. ``swiglu(gate,
+x)`` is mlx-lm's ``nn.silu(gate) * x`` as one op, the same float32 bits (MLX's CPU sigmoid runs
+one element at a time through a software fma on x86-64).
 
 Importing this package raises ``ImportError`` when the installed MLX is not the one the
 extension was built against (:data:`BUILT_FOR_MLX`): the primitive is C++ against MLX's ABI.
@@ -29,7 +31,7 @@ import mlx.core as mx
 
 from mlxrt_qmv import _ext
 
-__all__ = ["quantized_matmul", "dequantize", "supported", "rms_norm", "rope", "attention", "attention_supported",
+__all__ = ["quantized_matmul", "dequantize", "supported", "rms_norm", "rope", "attention", "swiglu", "attention_supported",
            "kernel_name", "threads", "set_threads", "MAX_ROWS", "MAX_QUERIES", "BUILT_FOR_MLX"]
 
 #: The MLX version whose headers the extension was compiled with.
@@ -52,4 +54,5 @@ set_threads = _ext.set_threads
 rms_norm = _ext.rms_norm
 rope = _ext.rope
 attention = _ext.attention
+swiglu = _ext.swiglu
 attention_supported = _ext.attention_supported

@@ -1,0 +1,54 @@
+// swiglu (activation.h) eight floats at a time: MLX's scalar arithmetic in AVX2, operation for
+// operation, so the results are the same bits. Compiled with AVX2/FMA for this file only (and
+// -ffp-contract=off: a product followed by a sum must stay two roundings, as in MLX's build) and
+// run only where the CPU has them (activation.cpp checks).
+#include <immintrin.h>
+
+#include <cstdint>
+
+#include "activation.h"
+
+namespace mlxrt_qmv {
+
+namespace {
+
+inline __m256 exp8(__m256 x_init) { // MLX's simd::exp
+  __m256 x = _mm256_mul_ps(x_init, _mm256_set1_ps(1.442695f));
+  // floor(x + 0.5) with the sum exact (MLX adds 0.5 as a double): x rounded to nearest, ties up
+  const __m256 r = _mm256_round_ps(x, _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC);
+  const __m256 tie = _mm256_cmp_ps(_mm256_sub_ps(x, r), _mm256_set1_ps(0.5f), _CMP_EQ_OQ);
+  const __m256 ipart = _mm256_add_ps(r, _mm256_and_ps(tie, _mm256_set1_ps(1.0f)));
+  const __m256 fpart = _mm256_sub_ps(x, ipart);
+  x = _mm256_set1_ps(1.535336188319500e-4f);
+  x = _mm256_fmadd_ps(x, fpart, _mm256_set1_ps(1.339887440266574e-3f));
+  x = _mm256_fmadd_ps(x, fpart, _mm256_set1_ps(9.618437357674640e-3f));
+  x = _mm256_fmadd_ps(x, fpart, _mm256_set1_ps(5.550332471162809e-2f));
+  x = _mm256_fmadd_ps(x, fpart, _mm256_set1_ps(2.402264791363012e-1f));
+  x = _mm256_fmadd_ps(x, fpart, _mm256_set1_ps(6.931472028550421e-1f));
+  x = _mm256_fmadd_ps(x, fpart, _mm256_set1_ps(1.000000000000000f));
+  const __m256i epart = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvttps_epi32(ipart), _mm256_set1_epi32(127)), 23);
+  __m256 result = _mm256_mul_ps(_mm256_castsi256_ps(epart), x);
+  result = _mm256_blendv_ps(result, x_init, _mm256_cmp_ps(x_init, x_init, _CMP_UNORD_Q));
+  result = _mm256_blendv_ps(result, _mm256_set1_ps(__builtin_inff()), _mm256_cmp_ps(x_init, _mm256_set1_ps(88.0f), _CMP_GT_OQ));
+  result = _mm256_blendv_ps(result, _mm256_setzero_ps(), _mm256_cmp_ps(x_init, _mm256_set1_ps(-88.0f), _CMP_LT_OQ));
+  return result;
+}
+
+inline __m256 sigmoid8(__m256 v) { // MLX's Sigmoid
+  const __m256 one = _mm256_set1_ps(1.0f);
+  const __m256 y = _mm256_div_ps(one, _mm256_add_ps(one, exp8(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), v))));
+  return _mm256_blendv_ps(_mm256_sub_ps(one, y), y, _mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_LT_OQ));
+}
+
+} // namespace
+
+void swiglu_avx2(const float* gate, const float* x, float* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) {
+    const __m256 g = _mm256_loadu_ps(gate + i);
+    _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(g, sigmoid8(g)), _mm256_loadu_ps(x + i)));
+  }
+  if (i < n) swiglu_generic(gate + i, x + i, out + i, n - i);
+}
+
+} // namespace mlxrt_qmv

@@ -1,0 +1,90 @@
+"""The mlxrt-qmv kernel's ``swiglu`` primitive: mlx-lm's ``silu(gate) * x`` with the same float32
+bits as MLX's CPU ops (edge values, a tail shorter than eight, a buffer split over threads, views),
+MLX's own ops for what it does not take, and, routed by ``install_fused``, one op in a llama
+model's MLP with a model's logits unchanged to the bit. Skipped where the kernel is not built."""
+
+from __future__ import annotations
+
+import io
+import re
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+
+from mlxrt.engine import qmv
+
+try:
+    import mlxrt_qmv as ext
+except ImportError:
+    ext = None
+pytestmark = pytest.mark.skipif(ext is None or not hasattr(ext, "swiglu"),
+                                reason="mlxrt-qmv with swiglu is not built (scripts/setup builds it with a compiler)")
+
+
+def _reference(gate: mx.array, x: mx.array) -> mx.array:
+    from mlx_lm.models import activations
+
+    return getattr(activations.swiglu, "__wrapped__", activations.swiglu)(gate, x)
+
+
+def _same_bits(got: mx.array, ref: mx.array) -> bool:
+    a, b = np.array(got.astype(mx.float32)), np.array(ref.astype(mx.float32))
+    return got.dtype == ref.dtype and bool(((a.view(np.uint32) == b.view(np.uint32)) | (np.isnan(a) & np.isnan(b))).all())
+
+
+def test_swiglu_gives_mlx_s_bits():
+    rng = np.random.default_rng(0)
+    ties = (np.arange(-130, 130) + 0.5) / np.float32(1.442695)  # x·log2(e) near the halves MLX rounds up
+    ties = ties.astype(np.float32)
+    gate = np.concatenate([np.asarray(part, np.float32) for part in (
+        *(rng.standard_normal(100_000) * s for s in (0.01, 1.0, 8.0, 60.0)),
+        np.nextafter(ties, np.float32(np.inf)), np.nextafter(ties, np.float32(-np.inf)), ties,
+        [0.0, -0.0, np.inf, -np.inf, np.nan, 88.0, -88.0, 88.00001, -88.00001, 1e-40, -1e-40, 3.4e38, -3.4e38],
+    )] + [rng.integers(0, 2**32, 100_000, dtype=np.uint64).astype(np.uint32).view(np.float32)])  # any bits
+    gate = mx.array(gate[: len(gate) // 8 * 8 + 5])  # a tail of five after the eights
+    x = mx.array(rng.standard_normal(gate.size).astype(np.float32))
+    assert _same_bits(ext.swiglu(gate, x), _reference(gate, x))
+    for shape in [(1, 1, 1536), (1, 31, 1536), (3, 7, 5)]:
+        g, y = mx.random.normal(shape), mx.random.normal(shape)
+        assert _same_bits(ext.swiglu(g, y), _reference(g, y)), shape
+    g, y = mx.random.normal((64, 48)).T, mx.random.normal((48, 64))  # a transposed view
+    assert _same_bits(ext.swiglu(g, y), _reference(g, y))
+
+
+def test_swiglu_leaves_other_dtypes_and_shapes_to_mlx():
+    g, y = mx.random.normal((4, 64)), mx.random.normal((4, 64))
+    for dtype in (mx.bfloat16, mx.float16):
+        assert _same_bits(ext.swiglu(g.astype(dtype), y.astype(dtype)), _reference(g.astype(dtype), y.astype(dtype)))
+    assert _same_bits(ext.swiglu(g, y[:1]), _reference(g, y[:1]))  # broadcasting
+
+
+def _labels(*outputs: mx.array) -> str:
+    f = io.StringIO()
+    mx.export_to_dot(f, *outputs)
+    return " ".join(re.findall(r'label ="([A-Za-z_]+)', f.getvalue()))
+
+
+def test_install_fused_routes_a_llama_mlp_s_swiglu_and_leaves_its_logits_as_they_were():
+    from mlx_lm.models import activations, llama
+
+    args = llama.ModelArgs(model_type="llama", hidden_size=64, num_hidden_layers=2, intermediate_size=224,
+                           num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=256)
+    mx.random.seed(7)
+    model = llama.Model(args)
+    nn.quantize(model, group_size=32, bits=4)
+    tokens = mx.array([list(range(3, 40))])
+    saved = llama.swiglu
+    try:
+        llama.swiglu = activations.swiglu
+        assert qmv.install_fused(model) > 0
+        assert llama.swiglu.__wrapped__ is activations.swiglu
+        routed = model(tokens)
+        assert _labels(routed).count("MlxrtSwiglu") == 2  # one per layer
+        llama.swiglu = activations.swiglu  # the norms and rotary layers stay fused: only swiglu differs
+        mlx_s = model(tokens)
+        assert "MlxrtSwiglu" not in _labels(mlx_s)
+        assert mx.array_equal(routed, mlx_s).item()
+    finally:
+        llama.swiglu = saved
