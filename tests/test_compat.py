@@ -363,9 +363,9 @@ def test_mlx_lm_attention_is_routed_where_its_model_modules_call_it():
     import mlx.core as mx
     from mlx_lm.models import base, llama, qwen3
 
-    for module in (llama, qwen3):
-        assert module.scaled_dot_product_attention in (base.scaled_dot_product_attention,
-                                                       getattr(module.scaled_dot_product_attention, "__wrapped__", None))
+    for module in (llama, qwen3):  # mlx-lm's own, or (another test routed it) a route around it
+        current = module.scaled_dot_product_attention
+        assert getattr(current, "__wrapped__", current) is base.scaled_dot_product_attention
     args = llama.ModelArgs(model_type="llama", hidden_size=32, num_hidden_layers=1, intermediate_size=64,
                            num_attention_heads=2, num_key_value_heads=1, rms_norm_eps=1e-5, vocab_size=64)
     model = llama.Model(args)
