@@ -294,7 +294,7 @@ void Attention::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::a
         for (int64_t s = 0; s < visible; ++s) axpy(acc.data(), sc[s] * inv, vb + s * vv.stride[2], static_cast<int>(Dv), vv.stride[3]);
         std::memcpy(op + r * Dv, acc.data(), Dv * sizeof(float));
       }
-    });
+    }, B * L == 1);
   });
 }
 

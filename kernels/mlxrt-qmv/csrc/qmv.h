@@ -47,7 +47,9 @@ void set_threads(int n);
 
 // Runs fn(begin, end) over [0, n) in chunks on the primitive's threads when the work reads at
 // least a few tens of KiB (work_bytes), else on the calling thread (the fused primitives use it).
-void parallel_for(int n, size_t work_bytes, const std::function<void(int, int)>& fn);
+// lone: the work of one sequence's decode step, which leaves one of the threads out (see
+// threads_for in qmv.cpp).
+void parallel_for(int n, size_t work_bytes, const std::function<void(int, int)>& fn, bool lone = false);
 
 // What both primitives share: the quantization they read, CPU only.
 class QuantizedPrimitive : public mx::Primitive {
