@@ -674,13 +674,16 @@ SIDE_METRICS = (("ready_s", "ready: spawn to first completion (s)", 2, "low"),
                 ("rss_mib", "peak RSS (MiB)", 0, "low"))
 
 
-def side_round(name: str, model: str, extra: Sequence[str], plan: SidePlan, prompts: Prompts, seed: int) -> dict:
-    """One start of one server under the side-by-side load: its figures."""
+def side_round(name: str, model: str, extra: Sequence[str], plan: SidePlan, prompts: Prompts, seed: int,
+               log: Path | None = None) -> dict:
+    """One start of one server under the side-by-side load: its figures (its output appended to
+    ``log``, so that a server that fails mid-run can be read about)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = server_command(name, model, port, extra)
+    sink = open(log, "ab") if log is not None else subprocess.DEVNULL  # noqa: SIM115 - closed below
     t_spawn = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT if log is not None else sink)
     try:
         out: dict = {"ready_s": first_completion(url, proc, t_spawn)}
         ids = iter(range(seed, seed + 10_000))
@@ -702,11 +705,14 @@ def side_round(name: str, model: str, extra: Sequence[str], plan: SidePlan, prom
         return out
     finally:
         _stop(proc)
+        if log is not None:
+            sink.close()
 
 
 def side_by_side(kind: str, folder: str, gguf: str | None, llama_server: str | None, mlxrt_extra: Sequence[str],
                  mlx_lm_extra: Sequence[str], rounds: int, say: Callable[[str], None],
-                 baselines: Sequence[tuple[str, list[str]]] = (), skip: Sequence[str] = ()) -> tuple[str, dict]:
+                 baselines: Sequence[tuple[str, list[str]]] = (), skip: Sequence[str] = (),
+                 logs: Path | None = None) -> tuple[str, dict]:
     """mlxrt, mlx_lm.server and (with a binary and a GGUF) llama-server on one checkpoint, in
     interleaved rounds: a markdown table of medians and the per-round figures. ``baselines``:
     (python of another install, its serve args) — that install's mlxrt as one more server."""
@@ -719,10 +725,18 @@ def side_by_side(kind: str, folder: str, gguf: str | None, llama_server: str | N
         servers.append(("mlx_lm.server", folder, list(mlx_lm_extra)))
     if llama_server and gguf:
         servers.append(("llama-server", gguf, [llama_server]))
-    results: dict[str, list[dict]] = {name: [] for name, _m, _e in servers}
+    # a round whose server fails (llama-server has exited mid-run here) is None: reported, left
+    # out of the medians and of the ratios of its round, and the run goes on
+    results: dict[str, list[dict | None]] = {name: [] for name, _m, _e in servers}
     for k in range(rounds):
         for name, model, extra in servers:
-            r = side_round(name, model, extra, plan, prompts, seed=100_000 * (k + 1))
+            log = logs / f"{kind}-{name.split()[0].replace('/', '_')}.log" if logs is not None else None
+            try:
+                r = side_round(name, model, extra, plan, prompts, seed=100_000 * (k + 1), log=log)
+            except (httpx.HTTPError, RuntimeError, OSError) as exc:
+                say(f"  round {k} {name}: FAILED ({type(exc).__name__}: {exc}); its log: {log}")
+                results[name].append(None)
+                continue
             r["loadavg"] = _loadavg()
             say(f"  round {k} {name}: " + ", ".join(f"{key} {v:.2f}" for key, v in r.items() if isinstance(v, float))
                 + f"  load {r['loadavg']}")
@@ -730,15 +744,19 @@ def side_by_side(kind: str, folder: str, gguf: str | None, llama_server: str | N
     names = [name for name, _m, _e in servers]
     head = ["metric", *names, *(f"mlxrt / {n}" for n in names[1:])]
     lines = ["| " + " | ".join(head) + " |", "|---|" + "---:|" * (len(head) - 1)]
+
+    def median(values: list[float], digits: int = 2, suffix: str = "") -> str:
+        return f"{statistics.median(values):,.{digits}f}{suffix}" if values else "—"
+
+    ok = {n: [r for r in results[n] if r is not None] for n in names}
     for key, title, digits, _better in SIDE_METRICS:
-        if key == "prefill_s":
-            pt = round(statistics.median(r["prefill_prompt_tokens"] for r in results["mlxrt"]))
+        if key == "prefill_s" and ok["mlxrt"]:
+            pt = round(statistics.median(r["prefill_prompt_tokens"] for r in ok["mlxrt"]))
             title = f"prefill, {pt}-token prompt (s)"
-        meds = {n: statistics.median(r[key] for r in results[n]) for n in names}
-        ratios = [statistics.median(a[key] / b[key] for a, b in zip(results["mlxrt"], results[n], strict=True))
-                  for n in names[1:]]
-        lines.append("| " + " | ".join([title, *(f"{meds[n]:,.{digits}f}" for n in names),
-                                         *(f"{x:.2f}×" for x in ratios)]) + " |")
+        meds = [median([r[key] for r in ok[n]], digits) for n in names]
+        ratios = [median([a[key] / b[key] for a, b in zip(results["mlxrt"], results[n], strict=True)
+                          if a is not None and b is not None], 2, "×") for n in names[1:]]
+        lines.append("| " + " | ".join([title, *meds, *ratios]) + " |")
     return "\n".join(lines), results
 
 
@@ -909,13 +927,14 @@ def run_side_by_side(args: argparse.Namespace, out: Path, mlxrt_extra: list[str]
                      (b.partition(":") for b in args.baseline)]
         table, results = side_by_side(kind, folder, gguf, args.llama_server, mlxrt_extra,
                                       shlex.split(args.mlx_lm_args), args.rounds, say, baselines,
-                                      ["mlx_lm.server"] if args.no_mlx_lm else [])
+                                      ["mlx_lm.server"] if args.no_mlx_lm else [], logs=out / "logs")
         title = {"tiny": "tiny random llama", "smollm2": "SmolLM2-135M-Instruct Q4_1"}[kind]
         print(f"\n{title}: medians of {args.rounds} interleaved rounds; × = median of per-round ratios\n{table}",
               flush=True)
         report["models"][kind] = {"folder": folder, "gguf": gguf, "rounds": results, "table_markdown": table}
-        chart[title] = {name: [(c, statistics.median(r[f"c{c}_tok_s"] for r in runs)) for c in LEVELS]
-                        for name, runs in results.items()}
+        chart[title] = {name: [(c, statistics.median(r[f"c{c}_tok_s"] for r in runs if r is not None))
+                               for c in LEVELS]
+                        for name, runs in results.items() if any(r is not None for r in runs)}
     print(f"load average at the end {_loadavg()}")
     (out / "results.json").write_text(json.dumps(report, indent=2))
     png = Path(args.png) if args.png else out / "benchmarks-concurrency.png"
