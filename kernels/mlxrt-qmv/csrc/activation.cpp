@@ -6,9 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
-#include <stdexcept>
 
-#include "mlx/backend/cpu/encoder.h"
 #include "qmv.h"
 
 namespace mlxrt_qmv {
@@ -70,19 +68,11 @@ mx::array swiglu(const mx::array& gate, const mx::array& x, mx::StreamOrDevice s
                    {mx::contiguous(gate, false, s), mx::contiguous(x, false, s)});
 }
 
-void Swiglu::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
-  throw std::runtime_error("[MlxrtSwiglu] runs on the CPU only");
-}
-
 void Swiglu::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
   const auto& g = inputs[0];
   const auto& x = inputs[1];
   auto& out = outputs[0];
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  auto& encoder = mx::cpu::get_command_encoder(stream());
-  encoder.set_input_array(g);
-  encoder.set_input_array(x);
-  encoder.set_output_array(out);
+  auto& encoder = begin_eval(inputs, out, stream());
   encoder.dispatch([gp = g.data<float>(), xp = x.data<float>(), op = out.data<float>(), n = static_cast<int64_t>(out.size())]() {
     const Loop run = loop();
     // Split over the kernel's threads once there is enough work to pay for waking them.

@@ -7,6 +7,7 @@
 
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
+#include "qmv.h"
 
 namespace mx = mlx::core;
 
@@ -20,11 +21,10 @@ mx::array swiglu(const mx::array& gate, const mx::array& x, mx::StreamOrDevice s
 void swiglu_generic(const float* gate, const float* x, float* out, int64_t n);
 void swiglu_avx2(const float* gate, const float* x, float* out, int64_t n);
 
-class Swiglu : public mx::Primitive {
+class Swiglu : public CpuPrimitive {
  public:
-  explicit Swiglu(mx::Stream stream) : mx::Primitive(stream) {}
+  explicit Swiglu(mx::Stream stream) : CpuPrimitive(stream) {}
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
-  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   bool is_equivalent(const mx::Primitive&) const override {
     return true;
   }

@@ -8,11 +8,9 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
-#include <stdexcept>
 #include <vector>
 
 #include "mlx/backend/common/utils.h"
-#include "mlx/backend/cpu/encoder.h"
 #include "mlx/fast.h"
 #include "qmv.h"
 
@@ -49,14 +47,6 @@ inline void axpy(float* out, float w, const float* v, int n, int64_t stride) {
   }
 }
 
-mx::cpu::CommandEncoder& start(const std::vector<mx::array>& inputs, mx::array& out, mx::Stream stream) {
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  auto& encoder = mx::cpu::get_command_encoder(stream);
-  for (const auto& a : inputs) encoder.set_input_array(a);
-  encoder.set_output_array(out);
-  return encoder;
-}
-
 // A view's element strides, padded on the left to four dimensions.
 struct View4 {
   const float* data;
@@ -75,10 +65,6 @@ View4 view4(const mx::array& a) {
 }
 
 } // namespace
-
-void FusedPrimitive::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
-  throw std::runtime_error(std::string("[") + name() + "] runs on the CPU only");
-}
 
 // ---------------------------------------------------------------- rms_norm
 
@@ -100,7 +86,7 @@ bool RmsNorm::is_equivalent(const mx::Primitive& other) const {
 void RmsNorm::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
   const auto& x = inputs[0];
   auto& out = outputs[0];
-  auto& encoder = start(inputs, out, stream());
+  auto& encoder = begin_eval(inputs, out, stream());
   const int D = x.shape(-1);
   const int64_t rows = static_cast<int64_t>(x.size() / D);
   const float* w = has_weight_ ? inputs[1].data<float>() : nullptr;
@@ -148,7 +134,7 @@ void Rope::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>
   const auto& x = inputs[0];
   const auto& offset = inputs[1];
   auto& out = outputs[0];
-  auto& encoder = start(inputs, out, stream());
+  auto& encoder = begin_eval(inputs, out, stream());
   const View4 xv = view4(x);
   const int n_offsets = static_cast<int>(offset.size());
   encoder.dispatch([xv, offp = offset.data<int32_t>(), n_offsets, op = out.data<float>(), dims = dims_,
@@ -236,7 +222,7 @@ std::vector<mx::Shape> Attention::output_shapes(const std::vector<mx::array>& in
 
 void Attention::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
   auto& out = outputs[0];
-  auto& encoder = start(inputs, out, stream());
+  auto& encoder = begin_eval(inputs, out, stream());
   const View4 qv = view4(inputs[0]), kv = view4(inputs[1]), vv = view4(inputs[2]);
   struct MaskView {
     const uint8_t* b = nullptr; // bool_ is one byte

@@ -11,6 +11,7 @@
 
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
+#include "qmv.h"
 
 namespace mx = mlx::core;
 
@@ -39,15 +40,9 @@ mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, 
 // Whether attention() runs the primitive for these arguments (not MLX's own).
 bool attention_supported(const mx::array& q, const mx::array& k, const mx::array& v, mx::StreamOrDevice s = {});
 
-class FusedPrimitive : public mx::Primitive {
+class RmsNorm : public CpuPrimitive {
  public:
-  using mx::Primitive::Primitive;
-  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
-};
-
-class RmsNorm : public FusedPrimitive {
- public:
-  RmsNorm(mx::Stream stream, float eps, bool has_weight) : FusedPrimitive(stream), eps_(eps), has_weight_(has_weight) {}
+  RmsNorm(mx::Stream stream, float eps, bool has_weight) : CpuPrimitive(stream), eps_(eps), has_weight_(has_weight) {}
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   bool is_equivalent(const mx::Primitive& other) const override;
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
@@ -62,10 +57,10 @@ class RmsNorm : public FusedPrimitive {
   bool has_weight_;
 };
 
-class Rope : public FusedPrimitive {
+class Rope : public CpuPrimitive {
  public:
   Rope(mx::Stream stream, int dims, bool traditional, float base, float scale)
-      : FusedPrimitive(stream), dims_(dims), traditional_(traditional), base_(base), scale_(scale) {}
+      : CpuPrimitive(stream), dims_(dims), traditional_(traditional), base_(base), scale_(scale) {}
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   bool is_equivalent(const mx::Primitive& other) const override;
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
@@ -82,10 +77,10 @@ class Rope : public FusedPrimitive {
   float scale_;
 };
 
-class Attention : public FusedPrimitive {
+class Attention : public CpuPrimitive {
  public:
   // mask: 0 none, 1 causal, 2 a bool array, 3 an additive float array (the fourth input).
-  Attention(mx::Stream stream, float scale, int mask) : FusedPrimitive(stream), scale_(scale), mask_(mask) {}
+  Attention(mx::Stream stream, float scale, int mask) : CpuPrimitive(stream), scale_(scale), mask_(mask) {}
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   bool is_equivalent(const mx::Primitive& other) const override;
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override;

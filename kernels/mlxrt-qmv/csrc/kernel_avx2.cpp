@@ -9,23 +9,11 @@
 
 #include "kernels.h"
 #include "scales.h"
+#include "simd_avx2.h"
 
 namespace mlxrt_qmv {
 
 namespace {
-
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
-
-inline float hsum(__m128 s) {
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 // Partial sums per row of x: an FMA waits ~4 cycles for the previous one into the same
 // register, so one row alone keeps four chains going, two rows two each.

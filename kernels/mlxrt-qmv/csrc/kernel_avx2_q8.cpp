@@ -12,17 +12,11 @@
 
 #include "kernels.h"
 #include "scales.h"
+#include "simd_avx2.h"
 
 namespace mlxrt_qmv {
 
 namespace {
-
-inline float hsum(__m256 v) {
-  __m128 s = _mm_add_ps(_mm256_castps256_ps128(v), _mm256_extractf128_ps(v, 1));
-  s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-  s = _mm_add_ss(s, _mm_movehdup_ps(s));
-  return _mm_cvtss_f32(s);
-}
 
 // One weight row's scales and biases as float32: the stored arrays themselves when they are
 // float32, else converted into sc / bi. scb: the scale of each block of 32 elements (K / 32).
@@ -74,9 +68,7 @@ inline __m256 pair_to_halves(const float* f, __m256i idx) { // [f[0] x4, f[1] x4
 }
 
 inline float fold(__m256 acc, __m128 tail) {
-  __m128 t = _mm_add_ps(tail, _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1)));
-  t = _mm_add_ps(t, _mm_movehl_ps(t, t));
-  return _mm_cvtss_f32(_mm_add_ss(t, _mm_movehdup_ps(t)));
+  return hsum(_mm_add_ps(tail, _mm_add_ps(_mm256_castps256_ps128(acc), _mm256_extractf128_ps(acc, 1))));
 }
 
 // 4-bit, R weight rows against MM rows of x (R * MM accumulators, independent FMA chains; the

@@ -20,7 +20,6 @@
 
 #include "kernels.h"
 #include "mlx/backend/common/utils.h"
-#include "mlx/backend/cpu/encoder.h"
 
 namespace mlxrt_qmv {
 
@@ -204,37 +203,13 @@ void run_on(const std::shared_ptr<Pool>& pl, int threads, const std::function<vo
   pl->run(some);
 }
 
-void split_rows(RowsFn fn, const Problem& p) {
-  const int N = p.N;
-  const size_t wbytes = static_cast<size_t>(N) * p.K * p.bits / 8;
-  auto pl = wbytes >= SINGLE_THREAD_BYTES ? pool() : nullptr;
-  const int threads = threads_for(pl, p.M == 1);
-  if (threads <= 1) {
-    fn(p, 0, N);
-    return;
-  }
-  const int chunk = std::max(1, std::min(64, N / (threads * 8)));
-  std::atomic<int> next{0};
-  std::function<void(int)> job = [&](int) {
-    for (;;) {
-      const int r0 = next.fetch_add(chunk, std::memory_order_relaxed);
-      if (r0 >= N) return;
-      fn(p, r0, std::min(N, r0 + chunk));
-    }
-  };
-  run_on(pl, threads, job);
-}
-
-} // namespace
-
-void parallel_for(int n, size_t work_bytes, const std::function<void(int, int)>& fn, bool lone) {
-  auto pl = work_bytes >= SINGLE_THREAD_BYTES && n > 1 ? pool() : nullptr;
-  const int threads = threads_for(pl, lone);
+// Runs fn over [0, n) in chunks of `chunk` that `threads` of the pool's threads take in turn
+// (an atomic counter); on the calling thread alone when threads <= 1.
+void run_chunks(const std::shared_ptr<Pool>& pl, int threads, int n, int chunk, const std::function<void(int, int)>& fn) {
   if (threads <= 1) {
     fn(0, n);
     return;
   }
-  const int chunk = std::max(1, n / (threads * 4));
   std::atomic<int> next{0};
   std::function<void(int)> job = [&](int) {
     for (;;) {
@@ -244,6 +219,22 @@ void parallel_for(int n, size_t work_bytes, const std::function<void(int, int)>&
     }
   };
   run_on(pl, threads, job);
+}
+
+void split_rows(RowsFn fn, const Problem& p) {
+  const int N = p.N;
+  const size_t wbytes = static_cast<size_t>(N) * p.K * p.bits / 8;
+  auto pl = wbytes >= SINGLE_THREAD_BYTES ? pool() : nullptr;
+  const int threads = threads_for(pl, p.M == 1);
+  run_chunks(pl, threads, N, std::max(1, std::min(64, N / (threads * 8))), [&](int r0, int r1) { fn(p, r0, r1); });
+}
+
+} // namespace
+
+void parallel_for(int n, size_t work_bytes, const std::function<void(int, int)>& fn, bool lone) {
+  auto pl = work_bytes >= SINGLE_THREAD_BYTES && n > 1 ? pool() : nullptr;
+  const int threads = threads_for(pl, lone);
+  run_chunks(pl, threads, n, std::max(1, n / (threads * 4)), fn);
 }
 
 namespace {
@@ -340,11 +331,7 @@ mx::cpu::CommandEncoder& start_eval(const char* name, const std::vector<mx::arra
     if (!inputs[i].flags().row_contiguous)
       throw std::runtime_error(std::string("[") + name + "] the weights, scales and biases must be row contiguous");
   }
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  auto& encoder = mx::cpu::get_command_encoder(stream);
-  for (const auto& a : inputs) encoder.set_input_array(a);
-  encoder.set_output_array(out);
-  return encoder;
+  return begin_eval(inputs, out, stream);
 }
 
 int rows_of(const mx::array& x) {
@@ -446,8 +433,16 @@ bool QuantizedPrimitive::is_equivalent(const mx::Primitive& other) const {
   return group_size_ == o.group_size_ && bits_ == o.bits_;
 }
 
-void QuantizedPrimitive::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
+void CpuPrimitive::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
   throw std::runtime_error(std::string("[") + name() + "] runs on the CPU only");
+}
+
+mx::cpu::CommandEncoder& begin_eval(const std::vector<mx::array>& inputs, mx::array& out, mx::Stream stream) {
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  auto& encoder = mx::cpu::get_command_encoder(stream);
+  for (const auto& a : inputs) encoder.set_input_array(a);
+  encoder.set_output_array(out);
+  return encoder;
 }
 
 void QuantizedMatvec::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {

@@ -4,6 +4,7 @@
 #include <functional>
 #include <string>
 
+#include "mlx/backend/cpu/encoder.h"
 #include "mlx/ops.h"
 #include "mlx/primitives.h"
 
@@ -51,12 +52,22 @@ void set_threads(int n);
 // threads_for in qmv.cpp).
 void parallel_for(int n, size_t work_bytes, const std::function<void(int, int)>& fn, bool lone = false);
 
-// What both primitives share: the quantization they read, CPU only.
-class QuantizedPrimitive : public mx::Primitive {
+// What every primitive of this package shares: it runs on the CPU only (eval_gpu throws).
+class CpuPrimitive : public mx::Primitive {
+ public:
+  using mx::Primitive::Primitive;
+  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+};
+
+// The start of a CPU evaluation: allocates out and registers the inputs and out with the
+// stream's command encoder (which keeps them alive until the dispatched work has run).
+mx::cpu::CommandEncoder& begin_eval(const std::vector<mx::array>& inputs, mx::array& out, mx::Stream stream);
+
+// What both product primitives share: the quantization they read.
+class QuantizedPrimitive : public CpuPrimitive {
  public:
   QuantizedPrimitive(mx::Stream stream, int group_size, int bits)
-      : mx::Primitive(stream), group_size_(group_size), bits_(bits) {}
-  void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+      : CpuPrimitive(stream), group_size_(group_size), bits_(bits) {}
   bool is_equivalent(const mx::Primitive& other) const override;
 
  protected:
