@@ -352,17 +352,14 @@ def load_weights(info: ModelInfo, host: PluginHost) -> tuple[LoadedModel, str | 
     choice = _choose_dtype(loaded, info, host, lazy=lazy)
     if choice is not None and choice.cast:
         cast_weights(loaded.model, choice.cast, model_id=info.model_id)
-    elif choice is not None and not lazy:
-        from mlxrt.engine import qmv
-
-        if (count := qmv.install(loaded.model)):
-            log.info("%d quantized layers of %s run on the %s", count, info.model_id, qmv.status().text)
     if choice is not None and not lazy:
         from mlxrt.engine import qmv
 
+        if not choice.cast and (count := qmv.install(loaded.model)):
+            log.info("%d quantized layers of %s run on the %s", count, info.model_id, qmv.status().text)
         if (count := qmv.install_fused(loaded.model)):
-            log.info("%d norm and rotary layers of %s (and its attention) run on the %s fused primitives",
-                     count, info.model_id, qmv.status().text)
+            log.info("%d norm and rotary layers of %s (and its attention and gated activation) run on "
+                     "the %s fused primitives", count, info.model_id, qmv.status().text)
     return attrs.evolve(loaded, dtype=choice), plugin
 
 
