@@ -10,7 +10,9 @@ test models) with nothing. From the test's settings the new start passes on only
 ``models/templates``, ``--templates``), a built-in template name (``chat_template``, as
 ``--chat-template NAME``, mlxrt only: mlxrt has llama-server's common names) and ``n_batch``
 (llama-server's ``--batch-size``, the prompt tokens run per prefill step, as
-``--prefill-step-size``, mlxrt only). Tests whose
+``--prefill-step-size``, mlxrt only). A test that starts llama-server with ``--embeddings`` (the
+``bert_bge_small`` presets of test_embedding.py) is served ``--embedding-model PATH`` instead
+of ``--model`` when that is given (mlxrt only; default: the same model as every test). Tests whose
 settings give the same command share one server process, started once (the suite's own
 ``DEBUG_EXTERNAL`` mode runs every test against one running server); a different command stops
 it and starts the new one.
@@ -19,11 +21,15 @@ This script fetches nothing. Get the tests folder yourself (llama.cpp's
 ``tools/server/tests``) and a Python environment with its requirements.txt, then:
 
     python benchmarks/llama_server_tests.py TESTS_DIR --python /path/to/venv/bin/python \\
-        --server mlxrt [--server-arg=--strict-model] [--model PATH] [--templates DIR] [-k EXPR]
+        --server mlxrt [--server-arg=--strict-model] [--model PATH] [--embedding-model PATH] \\
+        [--templates DIR] [-k EXPR]
     python benchmarks/llama_server_tests.py TESTS_DIR --python ... --server mlx_lm --model PATH
 
 It prints passed / failed / skipped per test file and in total (``--json`` for a record).
-The default files are the OpenAI- and Anthropic-compatible ones.
+The default files are the OpenAI- and Anthropic-compatible ones (``DEFAULT_FILES``): the chat,
+Responses, Anthropic Messages, completion and embedding files, and test_security.py (API keys as
+OpenAI's client and Anthropic's ``x-api-key`` send them): the set whose counts come nearest
+issue 30's figures (docs/benchmarks.md says how it was found).
 """
 
 from __future__ import annotations
@@ -38,7 +44,8 @@ import tempfile
 import xml.etree.ElementTree as ET
 from pathlib import Path
 
-DEFAULT_FILES = ("test_chat_completion.py", "test_compat_oai_responses.py", "test_compat_anthropic.py")
+DEFAULT_FILES = ("test_chat_completion.py", "test_compat_oai_responses.py", "test_compat_anthropic.py",
+                 "test_completion.py", "test_embedding.py", "test_security.py")
 
 #: The pytest plugin written next to the run: it patches the suite's harness after utils imports.
 PLUGIN = r'''
@@ -66,7 +73,9 @@ def pytest_configure(config):
     command = json.loads(os.environ["LLAMA_TESTS_SERVER"])
 
     def start(self, timeout_seconds=180):
-        args = [a.replace("{port}", str(self.server_port)) for a in command["args"]]
+        # llama-server started with --embeddings (the bert_bge_small presets) serves an embedding model
+        base = command["embedding_args"] if self.server_embeddings and command.get("embedding_args") else command["args"]
+        args = [a.replace("{port}", str(self.server_port)) for a in base]
         if self.n_predict:
             args += ["--max-tokens", str(self.n_predict)]
         if self.api_key and command.get("mlxrt"):
@@ -116,13 +125,19 @@ def pytest_unconfigure(config):
 '''
 
 
-def server_command(kind: str, model: str | None, extra: list[str]) -> dict:
+def server_command(kind: str, model: str | None, extra: list[str], embedding_model: str | None = None) -> dict:
     if kind == "mlxrt":
         mlxrt = shutil.which("mlxrt") or str(Path(sys.executable).with_name("mlxrt"))
-        args = [mlxrt, "serve", *([model] if model else []), "--port", "{port}", *extra]
-        return {"args": args, "mlxrt": True}
+
+        def serve(path: str | None) -> list[str]:
+            return [mlxrt, "serve", *([path] if path else []), "--port", "{port}", *extra]
+
+        return {"args": serve(model), "embedding_args": serve(embedding_model) if embedding_model else None,
+                "mlxrt": True}
     if not model:
         raise SystemExit("--server mlx_lm needs --model PATH")
+    if embedding_model:
+        raise SystemExit("--embedding-model is for --server mlxrt (mlx_lm.server serves no embeddings)")
     return {"args": [sys.executable, "-m", "mlx_lm.server", "--model", model, "--port", "{port}", *extra],
             "mlxrt": False}
 
@@ -146,6 +161,9 @@ def main() -> None:
     parser.add_argument("tests", type=Path, help="llama.cpp's tools/server/tests folder (extracted)")
     parser.add_argument("--server", choices=["mlxrt", "mlx_lm"], default="mlxrt")
     parser.add_argument("--model", default=None, help="model to serve (mlxrt: default, the embedded SmolLM2)")
+    parser.add_argument("--embedding-model", default=None,
+                        help="model to serve where the test starts llama-server with --embeddings (the "
+                             "bert_bge_small presets of test_embedding.py); default: --model, as every test")
     parser.add_argument("--server-arg", action="append", default=[], help="extra server flag (repeatable)")
     parser.add_argument("--python", default=sys.executable, help="the Python with the suite's requirements")
     parser.add_argument("--files", nargs="+", default=list(DEFAULT_FILES), help="test files under unit/")
@@ -166,7 +184,8 @@ def main() -> None:
     junit = work / "junit.xml"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(
         [str(work), str(opts.tests.resolve()), *filter(None, [os.environ.get("PYTHONPATH")])]), "LLAMA_TESTS_LOG": str(log),
-           "LLAMA_TESTS_SERVER": json.dumps(server_command(opts.server, opts.model, opts.server_arg))}
+           "LLAMA_TESTS_SERVER": json.dumps(server_command(opts.server, opts.model, opts.server_arg,
+                                                             opts.embedding_model))}
     env.setdefault("PORT", "8080")
     env["LLAMA_TESTS_REQUEST_TIMEOUT"] = str(opts.request_timeout)
     env["LLAMA_TESTS_TEMPLATES"] = str((opts.templates or opts.tests / "../../../models/templates").resolve())
@@ -178,7 +197,8 @@ def main() -> None:
     by_file = counts(junit)
     total = {k: sum(row[k] for row in by_file.values()) for k in ("passed", "failed", "skipped")}
     if opts.json:
-        print(json.dumps({"server": opts.server, "args": opts.server_arg, "model": opts.model, "files": by_file,
+        print(json.dumps({"server": opts.server, "args": opts.server_arg, "model": opts.model,
+                          "embedding_model": opts.embedding_model, "files": by_file,
                           "total": total, "not_run": opts.deselect}, indent=1))
     else:
         for name, row in sorted(by_file.items()):
