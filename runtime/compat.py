@@ -24,6 +24,7 @@ import ast
 import contextlib
 import functools
 import importlib.util
+import re
 import sys
 import threading
 from collections.abc import Callable, Iterator, MutableSet
@@ -39,6 +40,7 @@ __all__ = [
     "forget_captured_signals",
     "hf_tokenizer",
     "is_mlx_lm_sampler",
+    "defer_module",
     "lean_litestar",
     "lean_mlx_lm",
     "masks_overridden",
@@ -174,6 +176,28 @@ def lean_mlx_lm() -> None:
         pass
 
 
+def defer_module(name: str) -> None:
+    """Make ``import name`` bind a module that runs its file on the first read of one of its
+    names (:class:`importlib.util.LazyLoader`, the standard library's recipe). Does nothing
+    when ``name`` is already imported or not installed.
+
+    ``mlxrt serve`` defers ``yaml``: ``litestar/openapi/plugins.py`` imports it at module level
+    for one route, ``/schema/openapi.yaml``, and PyYAML's import costs a start ~15 ms. Like
+    :func:`lean_mlx_lm` it changes ``sys.modules`` for the whole process, so only ``mlxrt
+    serve`` calls it, first thing. (On Python 3.11 a lazy module's first load is not safe
+    against two threads reading it at once; yaml's first reader is that route's handler, on
+    the event loop.)"""
+    if name in sys.modules:
+        return
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.loader is None:
+        return
+    spec.loader = importlib.util.LazyLoader(spec.loader)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+
+
 #: The tables of ``mlx_lm/utils.py`` that map a model type (or a type and an architecture)
 #: to the ``mlx_lm.models`` module that builds it.
 _REMAPPING_TABLES = ("MODEL_REMAPPING", "MODEL_ARCHITECTURE_REMAPPING")
@@ -201,17 +225,37 @@ def mlx_lm_remappings() -> tuple[dict[str, str], dict[tuple[str, str], str]] | N
         return None
     found: dict[str, Any] = {}
     try:
-        tree = ast.parse((package / "utils.py").read_text(encoding="utf-8"))
-        for node in tree.body:
-            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-                if node.targets[0].id in _REMAPPING_TABLES:
-                    found[node.targets[0].id] = ast.literal_eval(node.value)
+        source = (package / "utils.py").read_text(encoding="utf-8")
+        try:
+            found = {name: _assigned_literal(source, name) for name in _REMAPPING_TABLES}
+        except (TypeError, SyntaxError, ValueError):  # not plainly one statement each: the whole file
+            for node in ast.parse(source).body:
+                if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                    if node.targets[0].id in _REMAPPING_TABLES:
+                        found[node.targets[0].id] = ast.literal_eval(node.value)
     except (TypeError, OSError, SyntaxError, ValueError):
         return None
     by_type, by_architecture = (found.get(name) for name in _REMAPPING_TABLES)
     if not isinstance(by_type, dict) or not isinstance(by_architecture, dict):
         return None
     return by_type, by_architecture
+
+
+def _assigned_literal(source: str, name: str) -> Any:
+    """The literal that ``source`` assigns to ``name`` in its one top-level ``name = ...``,
+    parsed from that statement alone: ``ast.parse`` of all of ``mlx_lm/utils.py`` costs a
+    start ~10 ms. Raises ValueError (or SyntaxError) when that is not plainly so: the caller
+    then parses the whole file."""
+    starts = [m.start() for m in re.finditer(rf"^{re.escape(name)}\s*=", source, re.M)]
+    if len(starts) != 1:
+        raise ValueError(name)
+    # The statement ends at the next line that starts in column 0 without closing a bracket.
+    end = re.compile(r"^[^\s)\]}#]", re.M).search(source, starts[0] + len(name))
+    body = ast.parse(source[starts[0]:end.start() if end else len(source)]).body
+    if not (len(body) == 1 and isinstance(body[0], ast.Assign) and len(body[0].targets) == 1
+            and isinstance(body[0].targets[0], ast.Name) and body[0].targets[0].id == name):
+        raise ValueError(name)
+    return ast.literal_eval(body[0].value)
 
 
 def mlx_lm_has_architecture(model_type: str) -> bool:

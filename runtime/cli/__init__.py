@@ -603,12 +603,13 @@ def _command_from_argv(argv: Sequence[str]) -> str | None:
 def main(argv: Sequence[str] | None = None) -> None:
     argv = list(sys.argv[1:] if argv is None else argv)
     if _command_from_argv(argv) == "serve":
-        from mlxrt.compat import lean_mlx_lm
+        from mlxrt.compat import defer_module, lean_mlx_lm
 
         # The server's start, before anything imports mlx-lm: its package __init__ imports
         # transformers (~1.4 s, docs/performance.md). Here, not at `import mlxrt`: it changes
         # sys.modules for the whole process.
         lean_mlx_lm()
+        defer_module("yaml")  # Litestar imports it for /schema/openapi.yaml alone
         _pause_gc()  # until the server listens (_resume_gc)
     from mlxrt.blas import activate
 
