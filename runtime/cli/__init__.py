@@ -110,7 +110,7 @@ def _serve(host: PluginHost, model: str | None, opts: dict[str, Any]) -> None:
     for record in host.failed():
         click.echo(f"warning: plugin {record.name} failed to load and is skipped: {record.error}", err=True)
     if not opts.get("distributed"):
-        from mlxrt.distributed.serving import launched_as_rank
+        from mlxrt.distributed.launch import launched_as_rank
 
         opts["distributed"] = launched_as_rank()  # under mlx.launch / mpirun, as mlx_lm.server
     if opts.get("pipeline") and not opts.get("distributed"):
