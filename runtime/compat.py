@@ -29,6 +29,7 @@ import sys
 import threading
 from collections.abc import Callable, Iterator, MutableSet
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
@@ -142,60 +143,58 @@ def lean_mlx_lm() -> None:
 
     That file imports ``mlx_lm.generate``, ``mlx_lm.convert`` and ``mlx_lm.utils``, which import
     transformers and huggingface-hub at module level: ~1.4 s and ~45 MB of a server's start for
-    names mlxrt does not use (docs/performance.md, start-up). Here the package module is created
-    from its spec without running that file; the first read of a name it would have defined
-    (``mlx_lm.load``, ``from mlx_lm import generate``, ``__all__``) runs it then, so every other
-    user of mlx-lm in the process sees the package it expects. Does nothing when ``mlx_lm`` is
-    already imported or not installed.
+    names mlxrt does not use (docs/performance.md, start-up). The package is deferred
+    (:func:`defer_module`): its submodules import without that file, and the first read of a
+    name it would have defined (``mlx_lm.load``, ``from mlx_lm import generate``, ``__all__``)
+    runs it then, so every other user of mlx-lm in the process sees the package it expects.
+    Does nothing when ``mlx_lm`` is already imported or not installed.
 
     It changes ``sys.modules`` for the whole process, so only ``mlxrt serve`` calls it, first
     thing (:func:`mlxrt.cli.main`; its ranks under ``mlx.launch`` run the same command), never
     ``import mlxrt``.
     """
-    if "mlx_lm" in sys.modules:
+    package = defer_module("mlx_lm")
+    if package is None:
         return
-    spec = importlib.util.find_spec("mlx_lm")
-    if spec is None or spec.loader is None or not spec.submodule_search_locations:
-        return
-    package = importlib.util.module_from_spec(spec)
-    lock = threading.Lock()
-
-    def finish_import(name: str) -> Any:
-        if name.startswith("__") and name != "__all__":  # probes such as __wrapped__: not ours to define
-            raise AttributeError(f"module 'mlx_lm' has no attribute {name!r}")
-        with lock:
-            if package.__dict__.pop("__getattr__", None) is not None:
-                spec.loader.exec_module(package)
-        return getattr(package, name)
-
-    package.__getattr__ = finish_import  # PEP 562: asked only for names the module lacks
-    sys.modules["mlx_lm"] = package
     try:  # cheap, and read by version checks
         package.__version__ = importlib.import_module("mlx_lm._version").__version__
     except (ImportError, AttributeError):
         pass
 
 
-def defer_module(name: str) -> None:
-    """Make ``import name`` bind a module that runs its file on the first read of one of its
-    names (:class:`importlib.util.LazyLoader`, the standard library's recipe). Does nothing
-    when ``name`` is already imported or not installed.
+def defer_module(name: str) -> ModuleType | None:
+    """Put module ``name`` in ``sys.modules`` without running its file: ``import name`` binds it
+    as it is, its submodules import as usual, and the first read of a name it lacks (``name.f``,
+    ``from name import f``, ``__all__``) runs the file then (a PEP 562 module ``__getattr__``,
+    removed first). Returns the module; ``None`` (and nothing done) when ``name`` is already
+    imported or not installed.
 
-    ``mlxrt serve`` defers ``yaml``: ``litestar/openapi/plugins.py`` imports it at module level
-    for one route, ``/schema/openapi.yaml``, and PyYAML's import costs a start ~15 ms. Like
-    :func:`lean_mlx_lm` it changes ``sys.modules`` for the whole process, so only ``mlxrt
-    serve`` calls it, first thing. (On Python 3.11 a lazy module's first load is not safe
-    against two threads reading it at once; yaml's first reader is that route's handler, on
-    the event loop.)"""
+    ``mlxrt serve`` defers, first thing, mlx-lm's package (:func:`lean_mlx_lm`) and three modules
+    Litestar imports at module level for what a server rarely does: ``yaml`` (``/schema/openapi.yaml``
+    alone), ``annotated_types`` (constraints in handler annotations; mlxrt's have none) and
+    ``pdb`` (``pdb_on_exception``), ~20 ms of a start. Like :func:`lean_mlx_lm` it changes
+    ``sys.modules`` for the whole process, so ``import mlxrt`` never calls it.
+    (:class:`importlib.util.LazyLoader` does not do here: on Python 3.11 the next ``import name``
+    reads the module's ``__spec__``, which runs it.)"""
     if name in sys.modules:
-        return
+        return None
     spec = importlib.util.find_spec(name)
     if spec is None or spec.loader is None:
-        return
-    spec.loader = importlib.util.LazyLoader(spec.loader)
+        return None
     module = importlib.util.module_from_spec(spec)
+    lock = threading.Lock()
+
+    def finish_import(attr: str) -> Any:
+        if attr.startswith("__") and attr != "__all__":  # probes such as __wrapped__: not ours to define
+            raise AttributeError(f"module {name!r} has no attribute {attr!r}")
+        with lock:
+            if module.__dict__.pop("__getattr__", None) is not None:
+                spec.loader.exec_module(module)
+        return getattr(module, attr)
+
+    module.__getattr__ = finish_import  # type: ignore[method-assign]
     sys.modules[name] = module
-    spec.loader.exec_module(module)
+    return module
 
 
 #: The tables of ``mlx_lm/utils.py`` that map a model type (or a type and an architecture)

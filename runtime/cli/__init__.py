@@ -609,7 +609,8 @@ def main(argv: Sequence[str] | None = None) -> None:
         # transformers (~1.4 s, docs/performance.md). Here, not at `import mlxrt`: it changes
         # sys.modules for the whole process.
         lean_mlx_lm()
-        defer_module("yaml")  # Litestar imports it for /schema/openapi.yaml alone
+        for name in ("yaml", "annotated_types", "pdb"):  # Litestar's, for what serving rarely does
+            defer_module(name)
         _pause_gc()  # until the server listens (_resume_gc)
     from mlxrt.blas import activate
 
