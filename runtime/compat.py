@@ -165,8 +165,8 @@ def lean_mlx_lm() -> None:
 def defer_module(name: str) -> ModuleType | None:
     """Put module ``name`` in ``sys.modules`` without running its file: ``import name`` binds it
     as it is, its submodules import as usual, and the first read of a name it lacks (``name.f``,
-    ``from name import f``, ``__all__``) runs the file then (a PEP 562 module ``__getattr__``,
-    removed first). Returns the module; ``None`` (and nothing done) when ``name`` is already
+    ``from name import f``, ``__all__``, ``__version__``; not other dunder names, which
+    introspection probes) runs the file then (a PEP 562 module ``__getattr__``, removed first). Returns the module; ``None`` (and nothing done) when ``name`` is already
     imported or not installed.
 
     ``mlxrt serve`` defers, first thing, mlx-lm's package (:func:`lean_mlx_lm`) and three modules
@@ -185,7 +185,7 @@ def defer_module(name: str) -> ModuleType | None:
     lock = threading.Lock()
 
     def finish_import(attr: str) -> Any:
-        if attr.startswith("__") and attr != "__all__":  # probes such as __wrapped__: not ours to define
+        if attr.startswith("__") and attr not in ("__all__", "__version__"):  # probes such as __wrapped__
             raise AttributeError(f"module {name!r} has no attribute {attr!r}")
         with lock:
             if module.__dict__.pop("__getattr__", None) is not None:
