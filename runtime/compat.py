@@ -38,10 +38,10 @@ if TYPE_CHECKING:
 __all__ = [
     "MLX_LAUNCH_CODE",
     "RequestProgress",
+    "defer_module",
     "forget_captured_signals",
     "hf_tokenizer",
     "is_mlx_lm_sampler",
-    "defer_module",
     "lean_litestar",
     "lean_mlx_lm",
     "masks_overridden",
@@ -166,13 +166,14 @@ def defer_module(name: str) -> ModuleType | None:
     """Put module ``name`` in ``sys.modules`` without running its file: ``import name`` binds it
     as it is, its submodules import as usual, and the first read of a name it lacks (``name.f``,
     ``from name import f``, ``__all__``, ``__version__``; not other dunder names, which
-    introspection probes) runs the file then (a PEP 562 module ``__getattr__``, removed first). Returns the module; ``None`` (and nothing done) when ``name`` is already
-    imported or not installed.
+    introspection probes) runs the file then (a PEP 562 module ``__getattr__``, removed first).
+    Returns the module; ``None`` (and nothing done) when ``name`` is already imported or not
+    installed.
 
     ``mlxrt serve`` defers, first thing, mlx-lm's package (:func:`lean_mlx_lm`) and three modules
-    Litestar imports at module level for what a server rarely does: ``yaml`` (``/schema/openapi.yaml``
-    alone), ``annotated_types`` (constraints in handler annotations; mlxrt's have none) and
-    ``pdb`` (``pdb_on_exception``), ~20 ms of a start. Like :func:`lean_mlx_lm` it changes
+    Litestar imports at module level for what a server rarely does: ``yaml``
+    (``/schema/openapi.yaml`` alone), ``annotated_types`` (constraints in handler annotations;
+    mlxrt's have none) and ``pdb`` (``pdb_on_exception``): ~20 ms and ~1.7 MiB of a start. Like :func:`lean_mlx_lm` it changes
     ``sys.modules`` for the whole process, so ``import mlxrt`` never calls it.
     (:class:`importlib.util.LazyLoader` does not do here: on Python 3.11 the next ``import name``
     reads the module's ``__spec__``, which runs it.)"""
