@@ -24,10 +24,12 @@ import ast
 import contextlib
 import functools
 import importlib.util
+import re
 import sys
 import threading
 from collections.abc import Callable, Iterator, MutableSet
 from pathlib import Path
+from types import ModuleType
 from typing import TYPE_CHECKING, Any, NamedTuple
 
 if TYPE_CHECKING:
@@ -36,6 +38,7 @@ if TYPE_CHECKING:
 __all__ = [
     "MLX_LAUNCH_CODE",
     "RequestProgress",
+    "defer_module",
     "forget_captured_signals",
     "hf_tokenizer",
     "is_mlx_lm_sampler",
@@ -140,38 +143,59 @@ def lean_mlx_lm() -> None:
 
     That file imports ``mlx_lm.generate``, ``mlx_lm.convert`` and ``mlx_lm.utils``, which import
     transformers and huggingface-hub at module level: ~1.4 s and ~45 MB of a server's start for
-    names mlxrt does not use (docs/performance.md, start-up). Here the package module is created
-    from its spec without running that file; the first read of a name it would have defined
-    (``mlx_lm.load``, ``from mlx_lm import generate``, ``__all__``) runs it then, so every other
-    user of mlx-lm in the process sees the package it expects. Does nothing when ``mlx_lm`` is
-    already imported or not installed.
+    names mlxrt does not use (docs/performance.md, start-up). The package is deferred
+    (:func:`defer_module`): its submodules import without that file, and the first read of a
+    name it would have defined (``mlx_lm.load``, ``from mlx_lm import generate``, ``__all__``)
+    runs it then, so every other user of mlx-lm in the process sees the package it expects.
+    Does nothing when ``mlx_lm`` is already imported or not installed.
 
     It changes ``sys.modules`` for the whole process, so only ``mlxrt serve`` calls it, first
     thing (:func:`mlxrt.cli.main`; its ranks under ``mlx.launch`` run the same command), never
     ``import mlxrt``.
     """
-    if "mlx_lm" in sys.modules:
+    package = defer_module("mlx_lm")
+    if package is None:
         return
-    spec = importlib.util.find_spec("mlx_lm")
-    if spec is None or spec.loader is None or not spec.submodule_search_locations:
-        return
-    package = importlib.util.module_from_spec(spec)
-    lock = threading.Lock()
-
-    def finish_import(name: str) -> Any:
-        if name.startswith("__") and name != "__all__":  # probes such as __wrapped__: not ours to define
-            raise AttributeError(f"module 'mlx_lm' has no attribute {name!r}")
-        with lock:
-            if package.__dict__.pop("__getattr__", None) is not None:
-                spec.loader.exec_module(package)
-        return getattr(package, name)
-
-    package.__getattr__ = finish_import  # PEP 562: asked only for names the module lacks
-    sys.modules["mlx_lm"] = package
     try:  # cheap, and read by version checks
         package.__version__ = importlib.import_module("mlx_lm._version").__version__
     except (ImportError, AttributeError):
         pass
+
+
+def defer_module(name: str) -> ModuleType | None:
+    """Put module ``name`` in ``sys.modules`` without running its file: ``import name`` binds it
+    as it is, its submodules import as usual, and the first read of a name it lacks (``name.f``,
+    ``from name import f``, ``__all__``, ``__version__``; not other dunder names, which
+    introspection probes) runs the file then (a PEP 562 module ``__getattr__``, removed first).
+    Returns the module; ``None`` (and nothing done) when ``name`` is already imported or not
+    installed.
+
+    ``mlxrt serve`` defers, first thing, mlx-lm's package (:func:`lean_mlx_lm`) and three modules
+    Litestar imports at module level for what a server rarely does: ``yaml``
+    (``/schema/openapi.yaml`` alone), ``annotated_types`` (constraints in handler annotations;
+    mlxrt's have none) and ``pdb`` (``pdb_on_exception``): ~20 ms and ~1.7 MiB of a start. Like :func:`lean_mlx_lm` it changes
+    ``sys.modules`` for the whole process, so ``import mlxrt`` never calls it.
+    (:class:`importlib.util.LazyLoader` does not do here: on Python 3.11 the next ``import name``
+    reads the module's ``__spec__``, which runs it.)"""
+    if name in sys.modules:
+        return None
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.loader is None:
+        return None
+    module = importlib.util.module_from_spec(spec)
+    lock = threading.Lock()
+
+    def finish_import(attr: str) -> Any:
+        if attr.startswith("__") and attr not in ("__all__", "__version__"):  # probes such as __wrapped__
+            raise AttributeError(f"module {name!r} has no attribute {attr!r}")
+        with lock:
+            if module.__dict__.pop("__getattr__", None) is not None:
+                spec.loader.exec_module(module)
+        return getattr(module, attr)
+
+    module.__getattr__ = finish_import  # type: ignore[method-assign]
+    sys.modules[name] = module
+    return module
 
 
 #: The tables of ``mlx_lm/utils.py`` that map a model type (or a type and an architecture)
@@ -201,17 +225,37 @@ def mlx_lm_remappings() -> tuple[dict[str, str], dict[tuple[str, str], str]] | N
         return None
     found: dict[str, Any] = {}
     try:
-        tree = ast.parse((package / "utils.py").read_text(encoding="utf-8"))
-        for node in tree.body:
-            if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
-                if node.targets[0].id in _REMAPPING_TABLES:
-                    found[node.targets[0].id] = ast.literal_eval(node.value)
+        source = (package / "utils.py").read_text(encoding="utf-8")
+        try:
+            found = {name: _assigned_literal(source, name) for name in _REMAPPING_TABLES}
+        except (TypeError, SyntaxError, ValueError):  # not plainly one statement each: the whole file
+            for node in ast.parse(source).body:
+                if isinstance(node, ast.Assign) and len(node.targets) == 1 and isinstance(node.targets[0], ast.Name):
+                    if node.targets[0].id in _REMAPPING_TABLES:
+                        found[node.targets[0].id] = ast.literal_eval(node.value)
     except (TypeError, OSError, SyntaxError, ValueError):
         return None
     by_type, by_architecture = (found.get(name) for name in _REMAPPING_TABLES)
     if not isinstance(by_type, dict) or not isinstance(by_architecture, dict):
         return None
     return by_type, by_architecture
+
+
+def _assigned_literal(source: str, name: str) -> Any:
+    """The literal that ``source`` assigns to ``name`` in its one top-level ``name = ...``,
+    parsed from that statement alone: ``ast.parse`` of all of ``mlx_lm/utils.py`` costs a
+    start ~10 ms. Raises ValueError (or SyntaxError) when that is not plainly so: the caller
+    then parses the whole file."""
+    starts = [m.start() for m in re.finditer(rf"^{re.escape(name)}\s*=", source, re.M)]
+    if len(starts) != 1:
+        raise ValueError(name)
+    # The statement ends at the next line that starts in column 0 without closing a bracket.
+    end = re.compile(r"^[^\s)\]}#]", re.M).search(source, starts[0] + len(name))
+    body = ast.parse(source[starts[0]:end.start() if end else len(source)]).body
+    if not (len(body) == 1 and isinstance(body[0], ast.Assign) and len(body[0].targets) == 1
+            and isinstance(body[0].targets[0], ast.Name) and body[0].targets[0].id == name):
+        raise ValueError(name)
+    return ast.literal_eval(body[0].value)
 
 
 def mlx_lm_has_architecture(model_type: str) -> bool:

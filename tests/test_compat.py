@@ -101,6 +101,28 @@ def test_lean_mlx_lm_skips_the_package_init_until_a_name_is_read():
     assert "after True True True" in out.stdout
 
 
+def test_defer_module_runs_the_module_at_the_first_read_of_one_of_its_names():
+    """After ``defer_module("yaml")`` (what ``mlxrt serve`` runs first) ``import yaml`` — here
+    Litestar's, at module level — binds the module without running it (LazyLoader would run it
+    there); the first name read runs it, and ``from yaml import ...`` sees the real module."""
+    import subprocess
+    import sys
+
+    script = (
+        "import sys\n"
+        "from mlxrt.compat import defer_module\n"
+        "module = defer_module('yaml')\n"
+        "import litestar.openapi.plugins, yaml\n"
+        "print('before', yaml is module, 'yaml.reader' in sys.modules, hasattr(yaml, '__wrapped__'))\n"
+        "from yaml import safe_load\n"
+        "print('after', safe_load('a: 1') == {'a': 1}, 'yaml.reader' in sys.modules, '__getattr__' in vars(yaml))\n"
+        "print('again', defer_module('yaml'))\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.splitlines() == ["before True False False", "after True True False", "again None"], out.stdout
+
+
 def test_mlx_lm_remappings_are_the_tables_mlx_lm_uses():
     from mlx_lm.utils import MODEL_ARCHITECTURE_REMAPPING, MODEL_REMAPPING
 

@@ -3,21 +3,37 @@
 A thin wrapper: it builds mlx.launch's command line (hosts, backend, ring ports) and runs
 it, so the ranks get exactly what mlx.launch gives any MLX program (``MLX_RANK``,
 ``MLX_HOSTFILE``, ssh to remote hosts, output of every rank on this terminal, and all ranks
-stopped when one fails). Kept apart from :mod:`mlxrt.distributed.serving` so that the command line
-loads without importing the engine.
+stopped when one fails); and :func:`launched_as_rank`, whether this process is such a rank. Kept
+apart from :mod:`mlxrt.distributed.serving` so that the command line, and a start that is not
+distributed, load without importing the engine and the distributed group.
 """
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from collections.abc import Sequence
+from typing import Any
 
 import click
 
 from mlxrt.compat import MLX_LAUNCH_CODE
 
-__all__ = ["register", "launch_command"]
+__all__ = ["register", "launch_command", "launched_as_rank"]
+
+
+def launched_as_rank(environ: Any = None) -> bool:
+    """Whether this process was started as one rank of several (by mlx.launch for the ring
+    backend, or by mpirun): then ``mlxrt serve`` serves distributed even without
+    ``--distributed``, as mlx_lm.server does."""
+    env = os.environ if environ is None else environ
+    if env.get("MLX_RANK") is not None and env.get("MLX_HOSTFILE"):
+        return True
+    try:
+        return int(env.get("OMPI_COMM_WORLD_SIZE") or env.get("PMI_SIZE") or 1) > 1
+    except ValueError:
+        return False
 
 
 def launch_command(serve_args: Sequence[str], *, hosts: str | None, hostfile: str | None, backend: str | None,

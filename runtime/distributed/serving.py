@@ -18,7 +18,6 @@ answers 503 from then on (the group cannot be rebuilt in-process).
 from __future__ import annotations
 
 import logging
-import os
 import signal
 import sys
 import threading
@@ -37,25 +36,12 @@ if TYPE_CHECKING:
     from mlxrt.host import PluginHost
     from mlxrt.records import GenerationRequest, ModelInfo
 
-__all__ = ["launched_as_rank", "DistributedSettings", "DistributedEngine", "refusals", "start", "shard_model", "follow", "make_engine"]
+__all__ = ["DistributedSettings", "DistributedEngine", "refusals", "start", "shard_model", "follow", "make_engine"]
 
 log = logging.getLogger("mlxrt.distributed.serving")
 
 #: Seconds a rank keeps trying to reach the others at start-up.
 JOIN_WAIT = 180.0
-
-
-def launched_as_rank(environ: Any = None) -> bool:
-    """Whether this process was started as one rank of several (by mlx.launch for the ring
-    backend, or by mpirun): then ``mlxrt serve`` serves distributed even without
-    ``--distributed``, as mlx_lm.server does."""
-    env = os.environ if environ is None else environ
-    if env.get("MLX_RANK") is not None and env.get("MLX_HOSTFILE"):
-        return True
-    try:
-        return int(env.get("OMPI_COMM_WORLD_SIZE") or env.get("PMI_SIZE") or 1) > 1
-    except ValueError:
-        return False
 
 
 def refusals(options: dict[str, Any]) -> list[str]:
