@@ -297,6 +297,42 @@ def test_newcomers_that_come_together_are_prefilled_in_one_call(models, model_ty
         assert sorted(recorder.prefills) == [(1, 8), (1, 22), (1, 39), (1, 56)]
 
 
+def test_rows_prefilled_together_keep_their_row_tags(tmp_path):
+    """With the batch lane's RowTag at the end of each row's cache list (adapters served), rows
+    prefilled together are one call whose tag names both rows in the call's row order, and each
+    row's cache keeps its own tag and gets the tokens it gets alone."""
+    from mlx_lm.models.cache import make_prompt_cache
+    from mlx_lm.utils import load_model
+
+    from mlxrt.engine.batch_steps import BatchSteps
+    from mlxrt.engine.lanes import RowTag
+
+    model, _ = load_model(write_tiny_checkpoint(tmp_path / "q", "qwen3"))
+    calls: list[tuple[list[str], tuple[int, ...]]] = []
+
+    class Recording:
+        def __getattr__(self, name):
+            return getattr(model, name)
+
+        def __call__(self, inputs, *args, cache=None, **kwargs):
+            tag = cache[-1]
+            assert isinstance(tag, RowTag) and len(tag.rows) == inputs.shape[0]
+            calls.append((list(tag.rows), tuple(inputs.shape)))
+            return model(inputs, *args, cache=cache[:-1], **kwargs)
+
+    prompts = {"a": PROMPTS[2][:12], "b": PROMPTS[0][:14]}
+    alone = {name: [t for t, _ in _alone(model, prompt, 5)] for name, prompt in prompts.items()}
+    gen = BatchSteps(Recording(), completion_batch_size=4, prefill_batch_size=4, prefill_step_size=64,
+                     stream=_stream())
+    uids = gen.insert(list(prompts.values()), max_tokens=[5, 5],
+                      caches=[[*make_prompt_cache(model), RowTag([name])] for name in prompts])
+    got, ends = _drain(gen, uids)
+    assert calls[0] == (["b", "a"], (2, 13))  # the longer chunk first, padded to by the other
+    for uid, name in zip(uids, prompts, strict=True):
+        assert [t for t, _ in got[uid]] == alone[name]
+        assert ends[uid].prompt_cache[-1].rows == [name]
+
+
 def test_a_group_prefill_that_raises_runs_each_row_on_its_own(models):
     """A group's prefill call that raises is run again one row at a time: the row that fails
     alone is dropped and reported once, the one beside it gets its tokens."""

@@ -277,20 +277,24 @@ class BatchSteps:
 
         chunks = [seq.segments[0][:self.prefill_step_size] for seq in seqs]
         width = max(len(chunk) for chunk in chunks)
-        cache = [KVCache() for _ in seqs[0].cache]
+        kv = [type(entry) is KVCache for entry in seqs[0].cache]
+        # a rider (the lane's RowTag) merges as the batch's own entry does, naming the rows in order
+        cache = [KVCache() if is_kv else entry.merge([seq.cache[i] for seq in seqs])
+                 for i, (entry, is_kv) in enumerate(zip(seqs[0].cache, kv, strict=True))]
         try:
             self.model(mx.array([chunk + [0] * (width - len(chunk)) for chunk in chunks]), cache=cache)
             own = []
-            for at, chunk in enumerate(chunks):
-                layers = []
-                for layer in cache:
-                    mine = KVCache()
-                    mine.keys = mx.contiguous(layer.keys[at:at + 1, :, :len(chunk)])
-                    mine.values = mx.contiguous(layer.values[at:at + 1, :, :len(chunk)])
-                    mine.offset = len(chunk)
-                    layers.append(mine)
-                own.append(layers)
-            mx.eval([layer.state for layers in own for layer in layers])
+            for at, (seq, chunk) in enumerate(zip(seqs, chunks, strict=True)):
+                entries = []
+                for layer, mine, is_kv in zip(cache, seq.cache, kv, strict=True):
+                    if is_kv:
+                        mine = KVCache()
+                        mine.keys = mx.contiguous(layer.keys[at:at + 1, :, :len(chunk)])
+                        mine.values = mx.contiguous(layer.values[at:at + 1, :, :len(chunk)])
+                        mine.offset = len(chunk)
+                    entries.append(mine)
+                own.append(entries)
+            mx.eval([layer.state for entries in own for layer, is_kv in zip(entries, kv, strict=True) if is_kv])
         except Exception:
             return [self._prefill(seq) for seq in seqs]
         finally:
@@ -477,11 +481,16 @@ def _fresh(seq: _Seq) -> bool:
     """Whether ``seq`` may be prefilled beside others (:meth:`BatchSteps._prefill_together`):
     nothing fed yet, a cache of mlx-lm's plain ``KVCache`` in every layer and empty (not a
     prompt-cache hit, not a rotating, quantized or recurrent cache), and more than its last
-    token left to feed."""
-    from mlx_lm.models.cache import KVCache
+    token left to feed. Entries of the cache list that are no mlx-lm cache (the lane's
+    ``RowTag``, which rides at the end of each row's list when adapters are served) merge as
+    they do into the batch."""
+    from mlx_lm.models.cache import KVCache, _BaseCache
 
-    return (seq.fed == 0 and not seq.tokens and not seq.ready and seq.cache is not None
-            and all(type(layer) is KVCache and layer.offset == 0 for layer in seq.cache))
+    if seq.fed or seq.tokens or seq.ready or not seq.cache:
+        return False
+    layers = [entry for entry in seq.cache if isinstance(entry, _BaseCache)]
+    riders_merge = all(hasattr(entry, "merge") for entry in seq.cache if not isinstance(entry, _BaseCache))
+    return bool(layers) and riders_merge and all(type(layer) is KVCache and layer.offset == 0 for layer in layers)
 
 
 #: The batch lane releases MLX's buffer cache when rows leave once it holds more than
