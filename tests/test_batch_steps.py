@@ -247,6 +247,111 @@ def test_a_failing_prefill_ends_only_its_row(models):
     assert not failed and [t for t, _ in tokens[after]] == [t for t, _ in alone[2]]
 
 
+class _Recorder:
+    """The model, recording the (rows, tokens) of each prefill call; with ``POISON`` anywhere in
+    a prefill call's inputs the call raises."""
+
+    POISON = 99
+
+    def __init__(self, model):
+        self.model = model
+        self.prefills: list[tuple[int, int]] = []
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def __call__(self, inputs, *args, cache=None, **kwargs):
+        if inputs.shape[1] > 1:
+            self.prefills.append(tuple(inputs.shape))
+            if self.POISON in sum(inputs.tolist(), []):
+                raise RuntimeError("poisoned prefill")
+        return self.model(inputs, *args, cache=cache, **kwargs)
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen3_5", "gemma3_text"])
+def test_newcomers_that_come_together_are_prefilled_in_one_call(models, model_type):
+    """Fresh newcomers on plain caches are prefilled together, their chunks padded to the
+    longest (at most prefill_step_size tokens a call, each chunk at least half the longest), and
+    get the tokens, log-probs and caches they get alone; rows on sliding-window or recurrent
+    caches are prefilled one at a time."""
+    from mlxrt.engine.batch_steps import BatchSteps
+
+    model = models[model_type]
+    lengths = [6, 5, 7, 4, 6]
+    alone = [_alone(model, p, n) for p, n in zip(PROMPTS, lengths, strict=True)]
+    recorder = _Recorder(model)
+    gen = BatchSteps(recorder, completion_batch_size=8, prefill_batch_size=8, prefill_step_size=256, stream=_stream())
+    uids = gen.insert(PROMPTS, max_tokens=lengths)  # prompts of 40, 9, 23, 1 and 57 tokens
+    got, ends = _drain(gen, uids)
+    for uid, prompt, expected in zip(uids, PROMPTS, alone, strict=True):
+        assert [t for t, _ in got[uid]] == [t for t, _ in expected]
+        for (_, a), (_, b) in zip(got[uid], expected, strict=True):
+            assert mx.allclose(a, b, atol=1e-4).item()
+        assert ends[uid].all_tokens == prompt + [t for t, _ in expected]
+        offsets = {layer.offset for layer in ends[uid].prompt_cache if isinstance(getattr(layer, "offset", None), int)}
+        assert offsets <= {len(ends[uid].all_tokens)}
+    # the last prompt token of each is fed by the batch: chunks of 56, 39, 22 and 8 tokens
+    if model_type == "llama":  # 39 is over half of 56; 22 is not; 8 is not half of 22
+        assert sorted(recorder.prefills) == [(1, 8), (1, 22), (2, 56)]
+    else:
+        assert sorted(recorder.prefills) == [(1, 8), (1, 22), (1, 39), (1, 56)]
+
+
+def test_rows_prefilled_together_keep_their_row_tags(tmp_path):
+    """With the batch lane's RowTag at the end of each row's cache list (adapters served), rows
+    prefilled together are one call whose tag names both rows in the call's row order, and each
+    row's cache keeps its own tag and gets the tokens it gets alone."""
+    from mlx_lm.models.cache import make_prompt_cache
+    from mlx_lm.utils import load_model
+
+    from mlxrt.engine.batch_steps import BatchSteps
+    from mlxrt.engine.lanes import RowTag
+
+    model, _ = load_model(write_tiny_checkpoint(tmp_path / "q", "qwen3"))
+    calls: list[tuple[list[str], tuple[int, ...]]] = []
+
+    class Recording:
+        def __getattr__(self, name):
+            return getattr(model, name)
+
+        def __call__(self, inputs, *args, cache=None, **kwargs):
+            tag = cache[-1]
+            assert isinstance(tag, RowTag) and len(tag.rows) == inputs.shape[0]
+            calls.append((list(tag.rows), tuple(inputs.shape)))
+            return model(inputs, *args, cache=cache[:-1], **kwargs)
+
+    prompts = {"a": PROMPTS[2][:12], "b": PROMPTS[0][:14]}
+    alone = {name: [t for t, _ in _alone(model, prompt, 5)] for name, prompt in prompts.items()}
+    gen = BatchSteps(Recording(), completion_batch_size=4, prefill_batch_size=4, prefill_step_size=64,
+                     stream=_stream())
+    uids = gen.insert(list(prompts.values()), max_tokens=[5, 5],
+                      caches=[[*make_prompt_cache(model), RowTag([name])] for name in prompts])
+    got, ends = _drain(gen, uids)
+    assert calls[0] == (["b", "a"], (2, 13))  # the longer chunk first, padded to by the other
+    for uid, name in zip(uids, prompts, strict=True):
+        assert [t for t, _ in got[uid]] == alone[name]
+        assert ends[uid].prompt_cache[-1].rows == [name]
+
+
+def test_a_group_prefill_that_raises_runs_each_row_on_its_own(models):
+    """A group's prefill call that raises is run again one row at a time: the row that fails
+    alone is dropped and reported once, the one beside it gets its tokens."""
+    from mlxrt.engine.batch_steps import BatchSteps
+
+    model = models["llama"]
+    recorder = _Recorder(model)
+    poisoned = PROMPTS[0][:20] + [_Recorder.POISON] + PROMPTS[0][20:]
+    gen = BatchSteps(recorder, completion_batch_size=4, prefill_batch_size=4, prefill_step_size=256, stream=_stream())
+    bad, good = gen.insert([poisoned, PROMPTS[2] + PROMPTS[2][:10]], max_tokens=[6, 6])
+    good_alone = [t for t, _ in _alone(model, PROMPTS[2] + PROMPTS[2][:10], 6)]
+    tokens, failed, ends = _run(gen)
+    assert recorder.prefills[0] == (2, 40)  # together first, then each on its own
+    assert sorted(recorder.prefills[1:]) == [(1, 32), (1, 40)]
+    assert list(failed) == [bad] and str(failed[bad]) == "poisoned prefill"
+    assert [t for t, _ in tokens[good]] == good_alone and ends[good].finish_reason == "length"
+    assert len(gen) == 0
+
+
 def test_a_failing_decode_step_ends_every_row_of_the_step_and_only_those(models):
     """The batched model call cannot be pinned on one row: every row in it ends with the error
     (a Response with finish_reason "error", no token, once), while a newcomer still prefilling

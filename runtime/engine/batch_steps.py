@@ -8,11 +8,13 @@ docs/performance.md). This loop is built on mlx-lm's model modules and cache cla
 (``mlx_lm.models.cache``: each layer's ``merge`` into its batch class, ``extend``, ``filter``,
 ``extract``), so batching costs a server nothing at start:
 
-* a newcomer's prompt is prefilled on its own cache as one sequence (no padding, no batch
-  masks), in chunks of ``prefill_step_size``: one chunk per :meth:`BatchSteps.next` for each of
-  up to ``prefill_batch_size`` newcomers, between the running rows' decode steps. A chunk never
-  crosses the end of a segment (the points the lane snapshots a cache at), and the prompt's
-  last token is left for the batch;
+* a newcomer's prompt is prefilled into a cache of its own, in chunks of ``prefill_step_size``:
+  one chunk per :meth:`BatchSteps.next` for each of up to ``prefill_batch_size`` newcomers,
+  between the running rows' decode steps. A chunk never crosses the end of a segment (the
+  points the lane snapshots a cache at), and the prompt's last token is left for the batch.
+  Newcomers that start from nothing on plain caches (requests that come together) run their
+  chunks in one model call, right-padded, and each keeps its own rows of the result
+  (:meth:`BatchSteps._prefill_together`); the others, one call each;
 * a prefilled row then joins the batch (its cache merged in) and the batch's next step feeds
   its last prompt token beside the other rows' latest tokens;
 * a decode step feeds every row's pending token in one model call, runs each row's logits
@@ -198,7 +200,7 @@ class BatchSteps:
             ready = [seq for seq in self._prefilling if seq.ready]
             failed = self._join(ready) if ready else []
             responses = self._step() if self._rows else []
-            progress = failed + [self._prefill(seq) for seq in list(self._prefilling)]
+            progress = failed + self._prefill_all(list(self._prefilling))
             return progress, responses
 
     def extract_cache(self, uids: Iterable[int]) -> dict[int, tuple[list[Any], list[int]]]:
@@ -242,13 +244,73 @@ class BatchSteps:
 
     # -- the loop's parts ------------------------------------------------------------------------
 
+    def _prefill_all(self, seqs: list[_Seq]) -> list[Progress]:
+        """One chunk for each of ``seqs``: fresh ones together (:meth:`_prefill_together`, in
+        groups of up to ``prefill_step_size`` tokens, padding included), the rest one at a time."""
+        fresh = sorted((seq for seq in seqs if _fresh(seq)), key=lambda seq: -len(seq.segments[0]))
+        groups: list[list[_Seq]] = []
+        for seq in fresh:
+            # a group: chunks at least half as long as its first (the padding stays under half)
+            # and, padded to the first's length, at most prefill_step_size tokens in all
+            group = groups[-1] if groups else None
+            width = min(len(group[0].segments[0]), self.prefill_step_size) if group else 0
+            length = min(len(seq.segments[0]), self.prefill_step_size)
+            if group and 2 * length >= width and width * (len(group) + 1) <= self.prefill_step_size:
+                group.append(seq)
+            else:
+                groups.append([seq])
+        together = {seq.uid for group in groups if len(group) > 1 for seq in group}
+        progress = [p for group in groups if len(group) > 1 for p in self._prefill_together(group)]
+        return progress + [self._prefill(seq) for seq in seqs if seq.uid not in together]
+
+    def _prefill_together(self, seqs: list[_Seq]) -> list[Progress]:
+        """The next chunk of each of ``seqs`` (fresh caches: see :func:`_fresh`) in one model
+        call: the chunks right-padded to the longest, on one fresh cache, then each row's keys
+        and values up to its own length copied into a cache of its own. Padding after a row's
+        tokens is never attended to by them (the mask is causal), and the positions start at 0
+        for every row, so each row's cache holds what its own prefill would (the products'
+        rounding aside: one matrix of all the rows instead of one each; on a CPU the weights are
+        then dequantized once for all of them). A failure runs each on its own
+        (:meth:`_prefill`), so that it fails only the row it belongs to."""
+        import mlx.core as mx
+        from mlx_lm.models.cache import KVCache
+
+        chunks = [seq.segments[0][:self.prefill_step_size] for seq in seqs]
+        width = max(len(chunk) for chunk in chunks)
+        kv = [type(entry) is KVCache for entry in seqs[0].cache]
+        # a rider (the lane's RowTag) merges as the batch's own entry does, naming the rows in order
+        cache = [KVCache() if is_kv else entry.merge([seq.cache[i] for seq in seqs])
+                 for i, (entry, is_kv) in enumerate(zip(seqs[0].cache, kv, strict=True))]
+        try:
+            self.model(mx.array([chunk + [0] * (width - len(chunk)) for chunk in chunks]), cache=cache)
+            own = []
+            for at, (seq, chunk) in enumerate(zip(seqs, chunks, strict=True)):
+                entries = []
+                for layer, mine, is_kv in zip(cache, seq.cache, kv, strict=True):
+                    if is_kv:
+                        mine = KVCache()
+                        mine.keys = mx.contiguous(layer.keys[at:at + 1, :, :len(chunk)])
+                        mine.values = mx.contiguous(layer.values[at:at + 1, :, :len(chunk)])
+                        mine.offset = len(chunk)
+                    entries.append(mine)
+                own.append(entries)
+            mx.eval([layer.state for entries in own for layer, is_kv in zip(entries, kv, strict=True) if is_kv])
+        except Exception:
+            return [self._prefill(seq) for seq in seqs]
+        finally:
+            del cache
+        progress = []
+        for seq, chunk, layers in zip(seqs, chunks, own, strict=True):
+            seq.cache = layers
+            progress.append(self._fed(seq, chunk))
+        return progress
+
     def _prefill(self, seq: _Seq) -> Progress:
         """Run the next chunk of ``seq``'s current segment into its own cache (a failure drops
         ``seq``: see :meth:`_drop_newcomers`)."""
         import mlx.core as mx
 
-        segment = seq.segments[0]
-        chunk, rest = segment[:self.prefill_step_size], segment[self.prefill_step_size:]
+        chunk = seq.segments[0][:self.prefill_step_size]
         try:
             self.model(mx.array(chunk)[None], cache=seq.cache)
             mx.eval([layer.state for layer in seq.cache])
@@ -256,8 +318,14 @@ class BatchSteps:
             return self._drop_newcomers([seq], exc)[0]
         if seq.total > self.prefill_step_size:  # a long prompt: bound its memory, as the serial loop does
             mx.clear_cache()
+        return self._fed(seq, chunk)
+
+    @staticmethod
+    def _fed(seq: _Seq, chunk: list[int]) -> Progress:
+        """``chunk`` (the head of ``seq``'s current segment) is in its cache now."""
         seq.tokens.extend(chunk)
         seq.fed += len(chunk)
+        rest = seq.segments[0][len(chunk):]
         if rest:
             seq.segments[0] = rest
         else:
@@ -407,6 +475,22 @@ class BatchSteps:
         self._inputs = self._inputs[mx.array(keep)]
         self._drawn_from = [self._drawn_from[at] for at in keep]
         _release_cache()
+
+
+def _fresh(seq: _Seq) -> bool:
+    """Whether ``seq`` may be prefilled beside others (:meth:`BatchSteps._prefill_together`):
+    nothing fed yet, a cache of mlx-lm's plain ``KVCache`` in every layer and empty (not a
+    prompt-cache hit, not a rotating, quantized or recurrent cache), and more than its last
+    token left to feed. Entries of the cache list that are no mlx-lm cache (the lane's
+    ``RowTag``, which rides at the end of each row's list when adapters are served) merge as
+    they do into the batch."""
+    from mlx_lm.models.cache import KVCache, _BaseCache
+
+    if seq.fed or seq.tokens or seq.ready or not seq.cache:
+        return False
+    layers = [entry for entry in seq.cache if isinstance(entry, _BaseCache)]
+    riders_merge = all(hasattr(entry, "merge") for entry in seq.cache if not isinstance(entry, _BaseCache))
+    return bool(layers) and riders_merge and all(type(layer) is KVCache and layer.offset == 0 for layer in layers)
 
 
 #: The batch lane releases MLX's buffer cache when rows leave once it holds more than
