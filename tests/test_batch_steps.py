@@ -297,6 +297,39 @@ def test_newcomers_that_come_together_are_prefilled_in_one_call(models, model_ty
         assert sorted(recorder.prefills) == [(1, 8), (1, 22), (1, 39), (1, 56)]
 
 
+def test_newcomers_with_prompt_cache_hits_are_prefilled_together(models):
+    """Rows whose caches already hold a prefix (a prompt-cache hit: here 30, 12 and 0 tokens)
+    are prefilled in one call, their caches left-padded to a common end, and get the tokens,
+    log-probs and caches they get alone."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    from mlxrt.engine.batch_steps import BatchSteps
+
+    model = models["llama"]
+    prompts = [PROMPTS[4][:50], PROMPTS[0][:28], PROMPTS[2][:20]]
+    held = [30, 12, 0]
+    alone = [_alone(model, p, 5) for p in prompts]
+    caches = []
+    for prompt, n in zip(prompts, held, strict=True):
+        cache = make_prompt_cache(model)
+        if n:
+            model(mx.array(prompt[:n])[None], cache=cache)
+            mx.eval([layer.state for layer in cache])
+        caches.append(cache)
+    recorder = _Recorder(model)
+    gen = BatchSteps(recorder, completion_batch_size=4, prefill_batch_size=4, prefill_step_size=64, stream=_stream())
+    uids = gen.insert([p[n:] for p, n in zip(prompts, held, strict=True)], max_tokens=[5, 5, 5],
+                      caches=caches, all_tokens=[p[:n] for p, n in zip(prompts, held, strict=True)])
+    got, ends = _drain(gen, uids)
+    assert recorder.prefills == [(3, 19)]  # 19, 15 and 19 new tokens before each last one
+    for uid, prompt, expected in zip(uids, prompts, alone, strict=True):
+        assert [t for t, _ in got[uid]] == [t for t, _ in expected]
+        for (_, a), (_, b) in zip(got[uid], expected, strict=True):
+            assert mx.allclose(a, b, atol=1e-4).item()
+        assert ends[uid].all_tokens == prompt + [t for t, _ in expected]
+        assert {layer.offset for layer in ends[uid].prompt_cache} == {len(ends[uid].all_tokens)}
+
+
 def test_rows_prefilled_together_keep_their_row_tags(tmp_path):
     """With the batch lane's RowTag at the end of each row's cache list (adapters served), rows
     prefilled together are one call whose tag names both rows in the call's row order, and each

@@ -12,8 +12,9 @@ docs/performance.md). This loop is built on mlx-lm's model modules and cache cla
   one chunk per :meth:`BatchSteps.next` for each of up to ``prefill_batch_size`` newcomers,
   between the running rows' decode steps. A chunk never crosses the end of a segment (the
   points the lane snapshots a cache at), and the prompt's last token is left for the batch.
-  Newcomers that start from nothing on plain caches (requests that come together) run their
-  chunks in one model call, right-padded, and each keeps its own rows of the result
+  Newcomers on plain KV caches (requests that come together, with or without a prompt-cache
+  hit) run their chunks in one model call, their caches merged as the batch merges them and
+  the chunks right-padded, and each keeps its own rows of the result
   (:meth:`BatchSteps._prefill_together`); the others, one call each;
 * a prefilled row then joins the batch (its cache merged in) and the batch's next step feeds
   its last prompt token beside the other rows' latest tokens;
@@ -245,53 +246,66 @@ class BatchSteps:
     # -- the loop's parts ------------------------------------------------------------------------
 
     def _prefill_all(self, seqs: list[_Seq]) -> list[Progress]:
-        """One chunk for each of ``seqs``: fresh ones together (:meth:`_prefill_together`, in
-        groups of up to ``prefill_step_size`` tokens, padding included), the rest one at a time."""
-        fresh = sorted((seq for seq in seqs if _fresh(seq)), key=lambda seq: -len(seq.segments[0]))
+        """One chunk for each of ``seqs``: those on plain KV caches together
+        (:meth:`_prefill_together`), the rest one call each.
+
+        A group holds chunks at least half as long as its longest, at most ``prefill_step_size``
+        tokens in all once padded to it, and at most twice the keys and values its rows hold
+        (cached and new) once padded to its longest cache and chunk: padding never outweighs
+        what it batches, and a call's memory stays what one chunk's was."""
+        step = self.prefill_step_size
+        ready = sorted((seq for seq in seqs if _groupable(seq)),
+                       key=lambda seq: (-min(len(seq.segments[0]), step), -_cached(seq)))
         groups: list[list[_Seq]] = []
-        for seq in fresh:
-            # a group: chunks at least half as long as its first (the padding stays under half)
-            # and, padded to the first's length, at most prefill_step_size tokens in all
+        for seq in ready:
             group = groups[-1] if groups else None
-            width = min(len(group[0].segments[0]), self.prefill_step_size) if group else 0
-            length = min(len(seq.segments[0]), self.prefill_step_size)
-            if group and 2 * length >= width and width * (len(group) + 1) <= self.prefill_step_size:
-                group.append(seq)
-            else:
-                groups.append([seq])
+            if group is not None:
+                rows = [*group, seq]
+                width = min(len(group[0].segments[0]), step)
+                held = [_cached(s) + min(len(s.segments[0]), step) for s in rows]
+                if (2 * min(len(seq.segments[0]), step) >= width and width * len(rows) <= step
+                        and len(rows) * (max(_cached(s) for s in rows) + width) <= 2 * sum(held)):
+                    group.append(seq)
+                    continue
+            groups.append([seq])
         together = {seq.uid for group in groups if len(group) > 1 for seq in group}
         progress = [p for group in groups if len(group) > 1 for p in self._prefill_together(group)]
         return progress + [self._prefill(seq) for seq in seqs if seq.uid not in together]
 
     def _prefill_together(self, seqs: list[_Seq]) -> list[Progress]:
-        """The next chunk of each of ``seqs`` (fresh caches: see :func:`_fresh`) in one model
-        call: the chunks right-padded to the longest, on one fresh cache, then each row's keys
-        and values up to its own length copied into a cache of its own. Padding after a row's
-        tokens is never attended to by them (the mask is causal), and the positions start at 0
-        for every row, so each row's cache holds what its own prefill would (the products'
-        rounding aside: one matrix of all the rows instead of one each; on a CPU the weights are
-        then dequantized once for all of them). A failure runs each on its own
-        (:meth:`_prefill`), so that it fails only the row it belongs to."""
+        """The next chunk of each of ``seqs`` (caches as :func:`_groupable` says) in one model
+        call, then each row's keys and values copied back into a cache of its own.
+
+        The rows' caches are merged as the batch merges them (mlx-lm's ``BatchKVCache.merge``:
+        left-padded so that every row's cached tokens end at the same column, each row's
+        positions its own) and the chunks right-padded to the longest: a row's new tokens attend
+        to its own cached tokens and to each other, never to the left padding (masked) or to the
+        padding after them (the mask is causal). So each row's cache holds what its own prefill
+        would, the products' rounding aside (one matrix of all the rows instead of one each; on
+        a CPU each quantized matrix is then dequantized once for all of them). A failure runs
+        each on its own (:meth:`_prefill`), so that it fails only the row it belongs to."""
         import mlx.core as mx
         from mlx_lm.models.cache import KVCache
 
         chunks = [seq.segments[0][:self.prefill_step_size] for seq in seqs]
         width = max(len(chunk) for chunk in chunks)
         kv = [type(entry) is KVCache for entry in seqs[0].cache]
-        # a rider (the lane's RowTag) merges as the batch's own entry does, naming the rows in order
-        cache = [KVCache() if is_kv else entry.merge([seq.cache[i] for seq in seqs])
-                 for i, (entry, is_kv) in enumerate(zip(seqs[0].cache, kv, strict=True))]
+        # KV layers merge into mlx-lm's BatchKVCache; a rider (the lane's RowTag) merges as the
+        # batch's own entry does, naming the rows in order
+        cache = [entry.merge([seq.cache[i] for seq in seqs]) for i, entry in enumerate(seqs[0].cache)]
+        cached = [_cached(seq) for seq in seqs]
+        base = max(cached)
         try:
             self.model(mx.array([chunk + [0] * (width - len(chunk)) for chunk in chunks]), cache=cache)
             own = []
-            for at, (seq, chunk) in enumerate(zip(seqs, chunks, strict=True)):
+            for at, (seq, chunk, held) in enumerate(zip(seqs, chunks, cached, strict=True)):
                 entries = []
                 for layer, mine, is_kv in zip(cache, seq.cache, kv, strict=True):
-                    if is_kv:
+                    if is_kv:  # its own columns: after its left padding, up to its last new token
                         mine = KVCache()
-                        mine.keys = mx.contiguous(layer.keys[at:at + 1, :, :len(chunk)])
-                        mine.values = mx.contiguous(layer.values[at:at + 1, :, :len(chunk)])
-                        mine.offset = len(chunk)
+                        mine.keys = mx.contiguous(layer.keys[at:at + 1, :, base - held:base + len(chunk)])
+                        mine.values = mx.contiguous(layer.values[at:at + 1, :, base - held:base + len(chunk)])
+                        mine.offset = held + len(chunk)
                     entries.append(mine)
                 own.append(entries)
             mx.eval([layer.state for entries in own for layer, is_kv in zip(entries, kv, strict=True) if is_kv])
@@ -477,20 +491,27 @@ class BatchSteps:
         _release_cache()
 
 
-def _fresh(seq: _Seq) -> bool:
+def _groupable(seq: _Seq) -> bool:
     """Whether ``seq`` may be prefilled beside others (:meth:`BatchSteps._prefill_together`):
-    nothing fed yet, a cache of mlx-lm's plain ``KVCache`` in every layer and empty (not a
-    prompt-cache hit, not a rotating, quantized or recurrent cache), and more than its last
-    token left to feed. Entries of the cache list that are no mlx-lm cache (the lane's
-    ``RowTag``, which rides at the end of each row's list when adapters are served) merge as
-    they do into the batch."""
+    more than its last prompt token left to feed, and mlx-lm's plain ``KVCache`` in every layer
+    (empty, or holding a prompt-cache hit or earlier chunks; not a rotating, quantized or
+    recurrent cache). Entries of the cache list that are no mlx-lm cache (the lane's ``RowTag``,
+    which rides at the end of each row's list when adapters are served) merge as they do into
+    the batch."""
     from mlx_lm.models.cache import KVCache, _BaseCache
 
-    if seq.fed or seq.tokens or seq.ready or not seq.cache:
+    if seq.ready or not seq.cache:
         return False
     layers = [entry for entry in seq.cache if isinstance(entry, _BaseCache)]
     riders_merge = all(hasattr(entry, "merge") for entry in seq.cache if not isinstance(entry, _BaseCache))
-    return bool(layers) and riders_merge and all(type(layer) is KVCache and layer.offset == 0 for layer in layers)
+    return bool(layers) and riders_merge and all(type(layer) is KVCache for layer in layers)
+
+
+def _cached(seq: _Seq) -> int:
+    """The tokens ``seq``'s own cache holds (a :func:`_groupable` one: each layer as many)."""
+    from mlx_lm.models.cache import KVCache
+
+    return next(layer.offset for layer in seq.cache if type(layer) is KVCache)
 
 
 #: The batch lane releases MLX's buffer cache when rows leave once it holds more than
