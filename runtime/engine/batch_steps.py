@@ -498,13 +498,18 @@ def _groupable(seq: _Seq) -> bool:
     recurrent cache). Entries of the cache list that are no mlx-lm cache (the lane's ``RowTag``,
     which rides at the end of each row's list when adapters are served) merge as they do into
     the batch."""
-    from mlx_lm.models.cache import KVCache, _BaseCache
+    from mlx_lm.models.cache import KVCache
 
     if seq.ready or not seq.cache:
         return False
-    layers = [entry for entry in seq.cache if isinstance(entry, _BaseCache)]
-    riders_merge = all(hasattr(entry, "merge") for entry in seq.cache if not isinstance(entry, _BaseCache))
+    layers = [entry for entry in seq.cache if _mlx_lm_cache(entry)]
+    riders_merge = all(hasattr(entry, "merge") for entry in seq.cache if not _mlx_lm_cache(entry))
     return bool(layers) and riders_merge and all(type(layer) is KVCache for layer in layers)
+
+
+def _mlx_lm_cache(entry: Any) -> bool:
+    """Whether ``entry`` is one of mlx-lm's cache classes (a layer's cache), not a rider."""
+    return type(entry).__module__.split(".")[0] == "mlx_lm"
 
 
 def _cached(seq: _Seq) -> int:
