@@ -122,6 +122,27 @@ def test_stop_tokens_removal_and_continued_caches(models):
     assert first + [t for t, _ in got[again]] == plain
 
 
+class _ReadsTags:
+    """The model as the batch lane's RowAdapterModel sees it: each call's cache list ends in a
+    RowTag naming as many rows as the call has (asserted), which it records with the inputs'
+    shape and takes off before the model sees the list."""
+
+    def __init__(self, model):
+        self.model = model
+        self.calls: list[tuple[list[str], tuple[int, ...]]] = []
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def __call__(self, inputs, *args, cache=None, **kwargs):
+        from mlxrt.engine.lanes import RowTag
+
+        tag = cache[-1]
+        assert isinstance(tag, RowTag) and len(tag.rows) == inputs.shape[0]
+        self.calls.append((list(tag.rows), tuple(inputs.shape)))
+        return self.model(inputs, *args, cache=cache[:-1], **kwargs)
+
+
 def test_the_batch_loop_keeps_row_tags_in_step(tmp_path):
     """The batch lane's RowTag (the last entry of each row's cache list, see mlxrt.engine.lanes) names
     the rows of every model call of the batch loop, in row order: prefill chunks, decode steps
@@ -133,22 +154,12 @@ def test_the_batch_loop_keeps_row_tags_in_step(tmp_path):
     from mlxrt.engine.lanes import RowTag
 
     model, _ = load_model(write_tiny_checkpoint(tmp_path / "q", "qwen3"))
-    calls: list[list[str]] = []
-
-    class Recording:
-        def __getattr__(self, name):
-            return getattr(model, name)
-
-        def __call__(self, inputs, *args, cache=None, **kwargs):
-            tag = cache[-1]
-            assert isinstance(tag, RowTag) and len(tag.rows) == inputs.shape[0]
-            calls.append(list(tag.rows))
-            return model(inputs, *args, cache=cache[:-1], **kwargs)
+    reading = _ReadsTags(model)
 
     def tagged(name):
         return [*make_prompt_cache(model), RowTag([name])]
 
-    gen = BatchSteps(Recording(), completion_batch_size=4, prefill_batch_size=4, prefill_step_size=4,
+    gen = BatchSteps(reading, completion_batch_size=4, prefill_batch_size=4, prefill_step_size=4,
                      stream=_stream())
     short, long_ = gen.insert([[1, 2, 3], [4, 5, 6, 7, 8, 9, 10, 11, 12, 13]], max_tokens=[6, 6],
                               caches=[tagged("short"), tagged("long")])
@@ -163,6 +174,7 @@ def test_the_batch_loop_keeps_row_tags_in_step(tmp_path):
         _, responses = gen.next()
         assert all(r.prompt_cache is None or r.prompt_cache[-1].rows == [names[r.uid]] for r in responses)
     gen.close()
+    calls = [rows for rows, _shape in reading.calls]
     assert ["short"] in calls and ["long"] in calls  # each prefilled on its own cache
     assert ["short", "late"] in calls  # decoding together while "long" still prefills
     assert ["short", "late", "long"] in calls  # "long" joined the running batch
@@ -170,8 +182,9 @@ def test_the_batch_loop_keeps_row_tags_in_step(tmp_path):
 
 
 class _Faulty:
-    """The model, but a prefill chunk holding ``POISON`` raises, and so does the next decode
-    step once ``fail_decode`` is set (a model or plugin bug hitting one request, or every row)."""
+    """The model, but a prefill call with ``POISON`` in any of its rows raises, and so does the
+    next decode step once ``fail_decode`` is set (a model or plugin bug hitting one request, or
+    every row). ``prefills``: the (rows, tokens) of each prefill call, in order."""
 
     POISON = 99  # PROMPTS hold ids 5..94 only
 
@@ -179,14 +192,17 @@ class _Faulty:
         self.model = model
         self.fail_decode = False
         self.prefill_faults = 0
+        self.prefills: list[tuple[int, int]] = []
 
     def __getattr__(self, name):
         return getattr(self.model, name)
 
     def __call__(self, inputs, *args, cache=None, **kwargs):
-        if inputs.shape[1] > 1 and self.POISON in inputs.tolist()[0]:
-            self.prefill_faults += 1
-            raise RuntimeError("poisoned prefill")
+        if inputs.shape[1] > 1:
+            self.prefills.append(tuple(inputs.shape))
+            if any(self.POISON in row for row in inputs.tolist()):
+                self.prefill_faults += 1
+                raise RuntimeError("poisoned prefill")
         if inputs.shape[1] == 1 and self.fail_decode:
             self.fail_decode = False
             raise RuntimeError("decode step exploded")
@@ -247,27 +263,6 @@ def test_a_failing_prefill_ends_only_its_row(models):
     assert not failed and [t for t, _ in tokens[after]] == [t for t, _ in alone[2]]
 
 
-class _Recorder:
-    """The model, recording the (rows, tokens) of each prefill call; with ``POISON`` anywhere in
-    a prefill call's inputs the call raises."""
-
-    POISON = 99
-
-    def __init__(self, model):
-        self.model = model
-        self.prefills: list[tuple[int, int]] = []
-
-    def __getattr__(self, name):
-        return getattr(self.model, name)
-
-    def __call__(self, inputs, *args, cache=None, **kwargs):
-        if inputs.shape[1] > 1:
-            self.prefills.append(tuple(inputs.shape))
-            if self.POISON in sum(inputs.tolist(), []):
-                raise RuntimeError("poisoned prefill")
-        return self.model(inputs, *args, cache=cache, **kwargs)
-
-
 @pytest.mark.parametrize("model_type", ["llama", "qwen3_5", "gemma3_text"])
 def test_newcomers_that_come_together_are_prefilled_in_one_call(models, model_type):
     """Fresh newcomers on plain caches are prefilled together, their chunks padded to the
@@ -279,7 +274,7 @@ def test_newcomers_that_come_together_are_prefilled_in_one_call(models, model_ty
     model = models[model_type]
     lengths = [6, 5, 7, 4, 6]
     alone = [_alone(model, p, n) for p, n in zip(PROMPTS, lengths, strict=True)]
-    recorder = _Recorder(model)
+    recorder = _Faulty(model)
     gen = BatchSteps(recorder, completion_batch_size=8, prefill_batch_size=8, prefill_step_size=256, stream=_stream())
     uids = gen.insert(PROMPTS, max_tokens=lengths)  # prompts of 40, 9, 23, 1 and 57 tokens
     got, ends = _drain(gen, uids)
@@ -316,7 +311,7 @@ def test_newcomers_with_prompt_cache_hits_are_prefilled_together(models):
             model(mx.array(prompt[:n])[None], cache=cache)
             mx.eval([layer.state for layer in cache])
         caches.append(cache)
-    recorder = _Recorder(model)
+    recorder = _Faulty(model)
     gen = BatchSteps(recorder, completion_batch_size=4, prefill_batch_size=4, prefill_step_size=64, stream=_stream())
     uids = gen.insert([p[n:] for p, n in zip(prompts, held, strict=True)], max_tokens=[5, 5, 5],
                       caches=caches, all_tokens=[p[:n] for p, n in zip(prompts, held, strict=True)])
@@ -341,26 +336,15 @@ def test_rows_prefilled_together_keep_their_row_tags(tmp_path):
     from mlxrt.engine.lanes import RowTag
 
     model, _ = load_model(write_tiny_checkpoint(tmp_path / "q", "qwen3"))
-    calls: list[tuple[list[str], tuple[int, ...]]] = []
-
-    class Recording:
-        def __getattr__(self, name):
-            return getattr(model, name)
-
-        def __call__(self, inputs, *args, cache=None, **kwargs):
-            tag = cache[-1]
-            assert isinstance(tag, RowTag) and len(tag.rows) == inputs.shape[0]
-            calls.append((list(tag.rows), tuple(inputs.shape)))
-            return model(inputs, *args, cache=cache[:-1], **kwargs)
-
+    reading = _ReadsTags(model)
     prompts = {"a": PROMPTS[2][:12], "b": PROMPTS[0][:14]}
     alone = {name: [t for t, _ in _alone(model, prompt, 5)] for name, prompt in prompts.items()}
-    gen = BatchSteps(Recording(), completion_batch_size=4, prefill_batch_size=4, prefill_step_size=64,
+    gen = BatchSteps(reading, completion_batch_size=4, prefill_batch_size=4, prefill_step_size=64,
                      stream=_stream())
     uids = gen.insert(list(prompts.values()), max_tokens=[5, 5],
                       caches=[[*make_prompt_cache(model), RowTag([name])] for name in prompts])
     got, ends = _drain(gen, uids)
-    assert calls[0] == (["b", "a"], (2, 13))  # the longer chunk first, padded to by the other
+    assert reading.calls[0] == (["b", "a"], (2, 13))  # the longer chunk first, padded to by the other
     for uid, name in zip(uids, prompts, strict=True):
         assert [t for t, _ in got[uid]] == alone[name]
         assert ends[uid].prompt_cache[-1].rows == [name]
@@ -372,8 +356,8 @@ def test_a_group_prefill_that_raises_runs_each_row_on_its_own(models):
     from mlxrt.engine.batch_steps import BatchSteps
 
     model = models["llama"]
-    recorder = _Recorder(model)
-    poisoned = PROMPTS[0][:20] + [_Recorder.POISON] + PROMPTS[0][20:]
+    recorder = _Faulty(model)
+    poisoned = PROMPTS[0][:20] + [_Faulty.POISON] + PROMPTS[0][20:]
     gen = BatchSteps(recorder, completion_batch_size=4, prefill_batch_size=4, prefill_step_size=256, stream=_stream())
     bad, good = gen.insert([poisoned, PROMPTS[2] + PROMPTS[2][:10]], max_tokens=[6, 6])
     good_alone = [t for t, _ in _alone(model, PROMPTS[2] + PROMPTS[2][:10], 6)]

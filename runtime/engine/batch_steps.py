@@ -254,23 +254,23 @@ class BatchSteps:
         (cached and new) once padded to its longest cache and chunk: padding never outweighs
         what it batches, and a call's memory stays what one chunk's was."""
         step = self.prefill_step_size
-        ready = sorted((seq for seq in seqs if _groupable(seq)),
-                       key=lambda seq: (-min(len(seq.segments[0]), step), -_cached(seq)))
-        groups: list[list[_Seq]] = []
-        for seq in ready:
-            group = groups[-1] if groups else None
-            if group is not None:
-                rows = [*group, seq]
-                width = min(len(group[0].segments[0]), step)
-                held = [_cached(s) + min(len(s.segments[0]), step) for s in rows]
-                if (2 * min(len(seq.segments[0]), step) >= width and width * len(rows) <= step
-                        and len(rows) * (max(_cached(s) for s in rows) + width) <= 2 * sum(held)):
-                    group.append(seq)
-                    continue
-            groups.append([seq])
-        together = {seq.uid for group in groups if len(group) > 1 for seq in group}
-        progress = [p for group in groups if len(group) > 1 for p in self._prefill_together(group)]
-        return progress + [self._prefill(seq) for seq in seqs if seq.uid not in together]
+        # (chunk length, tokens cached, seq), longest chunk first
+        ready = sorted(((min(len(seq.segments[0]), step), _cached(seq), seq) for seq in seqs if _groupable(seq)),
+                       key=lambda row: (-row[0], -row[1]))
+        groups: list[list[tuple[int, int, _Seq]]] = []
+        for row in ready:
+            rows = [*groups[-1], row] if groups else []
+            width = rows[0][0] if rows else 0
+            if (rows and 2 * row[0] >= width and width * len(rows) <= step
+                    and len(rows) * (max(cached for _, cached, _ in rows) + width)
+                    <= 2 * sum(length + cached for length, cached, _ in rows)):
+                groups[-1].append(row)
+            else:
+                groups.append([row])
+        together = [[seq for _, _, seq in group] for group in groups if len(group) > 1]
+        grouped = {seq.uid for group in together for seq in group}
+        progress = [p for group in together for p in self._prefill_together(group)]
+        return progress + [self._prefill(seq) for seq in seqs if seq.uid not in grouped]
 
     def _prefill_together(self, seqs: list[_Seq]) -> list[Progress]:
         """The next chunk of each of ``seqs`` (caches as :func:`_groupable` says) in one model
@@ -297,7 +297,7 @@ class BatchSteps:
         base = max(cached)
         try:
             self.model(mx.array([chunk + [0] * (width - len(chunk)) for chunk in chunks]), cache=cache)
-            own = []
+            own, copies = [], []
             for at, (seq, chunk, held) in enumerate(zip(seqs, chunks, cached, strict=True)):
                 entries = []
                 for layer, mine, is_kv in zip(cache, seq.cache, kv, strict=True):
@@ -306,13 +306,13 @@ class BatchSteps:
                         mine.keys = mx.contiguous(layer.keys[at:at + 1, :, base - held:base + len(chunk)])
                         mine.values = mx.contiguous(layer.values[at:at + 1, :, base - held:base + len(chunk)])
                         mine.offset = held + len(chunk)
+                        copies += [mine.keys, mine.values]
                     entries.append(mine)
                 own.append(entries)
-            mx.eval([layer.state for entries in own for layer, is_kv in zip(entries, kv, strict=True) if is_kv])
+            mx.eval(copies)
         except Exception:
+            del cache  # the merged cache goes before each row runs again on its own
             return [self._prefill(seq) for seq in seqs]
-        finally:
-            del cache
         progress = []
         for seq, chunk, layers in zip(seqs, chunks, own, strict=True):
             seq.cache = layers
@@ -502,14 +502,15 @@ def _groupable(seq: _Seq) -> bool:
 
     if seq.ready or not seq.cache:
         return False
-    layers = [entry for entry in seq.cache if _mlx_lm_cache(entry)]
-    riders_merge = all(hasattr(entry, "merge") for entry in seq.cache if not _mlx_lm_cache(entry))
-    return bool(layers) and riders_merge and all(type(layer) is KVCache for layer in layers)
-
-
-def _mlx_lm_cache(entry: Any) -> bool:
-    """Whether ``entry`` is one of mlx-lm's cache classes (a layer's cache), not a rider."""
-    return type(entry).__module__.split(".")[0] == "mlx_lm"
+    layers = 0
+    for entry in seq.cache:
+        if type(entry).__module__.split(".")[0] == "mlx_lm":  # one of mlx-lm's caches: a layer's
+            if type(entry) is not KVCache:
+                return False
+            layers += 1
+        elif not hasattr(entry, "merge"):  # a rider that cannot ride a group
+            return False
+    return layers > 0
 
 
 def _cached(seq: _Seq) -> int:
