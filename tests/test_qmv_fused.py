@@ -117,16 +117,68 @@ def test_attention_equals_mlx_with_every_mask_kind_and_grouped_heads(queries):
                 mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask=none)) < 1e-5
 
 
-def test_attention_leaves_long_prefills_and_half_precision_to_mlx():
+@pytest.mark.parametrize("q_heads,kv_heads,dim", [(9, 3, 64), (8, 8, 128), (20, 1, 80), (4, 2, 32), (4, 2, 12)])
+def test_attention_over_many_keys_equals_mlx_and_a_left_padded_row_equals_the_row_alone(q_heads, kv_heads, dim):
+    """The decode step's attention over a long context (the vectorized loop, both kernel threads
+    for a lone query past 1 MB of keys and values): MLX's result within 1e-5, for several head
+    shapes (80: not a multiple of 16; 12: not of 8, the portable loop; 20 heads on one key head:
+    more than one group pass). A row of a left-padded batch (its first keys masked out) gets its
+    own result alone bit for bit, which a seeded request's text under load depends on."""
+    mx.random.seed(5)
+    keys, pad = 3000, 37
+    q = mx.random.normal((1, 1, q_heads, dim)).transpose(0, 2, 1, 3)
+    k, v = _kv(1, kv_heads, keys, dim, capacity=keys + 256), _kv(1, kv_heads, keys, dim, capacity=keys + 256)
+    alone = ext.attention(q, k, v, dim ** -0.5, None)
+    assert _ops(alone)["MlxrtAttention"] == 1
+    assert _rel(alone, mx.fast.scaled_dot_product_attention(q, k, v, scale=dim ** -0.5)) < 1e-5
+    # the same row second in a batch of two, behind `pad` masked keys; the first row is noise
+    noise_q = mx.random.normal(q.shape)
+    noise_k, noise_v = mx.random.normal((1, kv_heads, keys + pad, dim)), mx.random.normal((1, kv_heads, keys + pad, dim))
+    bq = mx.concatenate([noise_q, q])
+    bk = mx.concatenate([noise_k, mx.concatenate([mx.random.normal((1, kv_heads, pad, dim)), k], axis=2)])
+    bv = mx.concatenate([noise_v, mx.concatenate([mx.random.normal((1, kv_heads, pad, dim)), v], axis=2)])
+    keep = mx.concatenate([mx.ones((1, 1, 1, keys + pad), dtype=mx.bool_),
+                           (mx.arange(keys + pad) >= pad).reshape(1, 1, 1, -1)])
+    batched = ext.attention(bq, bk, bv, dim ** -0.5, keep)
+    assert mx.array_equal(batched[1:], alone).item()
+
+
+@pytest.mark.parametrize("mask", [None, "causal", "bool", "float"])
+def test_long_prefill_attention_is_mlx_s_graph_with_the_fast_softmax_bit_for_bit(mask):
+    """More queries than the primitive takes (a prefill chunk): MLX's own fallback graph, its
+    softmax the MlxrtSoftmax primitive, so the result is mx.fast's bit for bit (grouped heads
+    included); half precision goes to mx.fast itself."""
     mx.random.seed(3)
-    long_q = mx.random.normal((1, 4, ext.MAX_QUERIES + 1, 32))
-    k, v = _kv(1, 2, ext.MAX_QUERIES + 1, 32), _kv(1, 2, ext.MAX_QUERIES + 1, 32)
+    queries, keys = ext.MAX_QUERIES + 24, ext.MAX_QUERIES + 61
+    long_q = mx.random.normal((2, 6, queries, 32))
+    k, v = _kv(2, 2, keys, 32, capacity=128), _kv(2, 2, keys, 32, capacity=128)
+    m = {"bool": mx.random.uniform(shape=(2, 1, queries, keys)) > 0.3,
+         "float": mx.random.normal((queries, keys))}.get(mask, mask)
     assert not ext.attention_supported(long_q, k, v)
-    got = ext.attention(long_q, k, v, 0.2, "causal")
-    assert "MlxrtAttention" not in _ops(got)
-    assert mx.array_equal(got, mx.fast.scaled_dot_product_attention(long_q, k, v, scale=0.2, mask="causal")).item()
+    got = ext.attention(long_q, k, v, 0.2, m)
+    ops = _ops(got)
+    assert "MlxrtAttention" not in ops and ops["MlxrtSoftmax"] == 1
+    assert mx.array_equal(got, mx.fast.scaled_dot_product_attention(long_q, k, v, scale=0.2, mask=m)).item()
     half = long_q[:, :, :1].astype(mx.float16)
     assert not ext.attention_supported(half, k.astype(mx.float16), v.astype(mx.float16))
+    h = ext.attention(long_q.astype(mx.float16), k.astype(mx.float16), v.astype(mx.float16), 0.2, "causal")
+    assert "MlxrtSoftmax" not in _ops(h)
+
+
+def test_softmax_equals_mlx_bit_for_bit():
+    """mx.softmax over the last axis, MLX's float32 bits: rows of every length mod 8, infinities,
+    a row of one element, huge and tiny values; float16 goes to mx.softmax."""
+    mx.random.seed(4)
+    for shape in [(3, 7), (2, 5, 8), (4, 3, 37), (9, 64, 1000), (1, 1), (2, 17), (5000, 3)]:
+        x = mx.random.normal(shape) * 7
+        got = ext.softmax(x)
+        assert _ops(got)["MlxrtSoftmax"] == 1
+        assert mx.array_equal(got, mx.softmax(x, axis=-1, precise=True)).item(), shape
+    x = mx.array([[0.0, -mx.inf, 1.0, -1e30, 100.0, 3.0, 2.0, 1.0, 0.5], [-90.0, 0.0, 90.0, 1e-30, -1e-30, 7, 8, 9, 10]])
+    assert mx.array_equal(ext.softmax(x), mx.softmax(x, axis=-1)).item()
+    h = mx.random.normal((3, 9)).astype(mx.float16)
+    assert "MlxrtSoftmax" not in _ops(ext.softmax(h))
+    assert mx.array_equal(ext.softmax(h), mx.softmax(h, axis=-1, precise=True)).item()
 
 
 def _tiny(model_type: str) -> nn.Module:

@@ -1,4 +1,4 @@
-// The swiglu primitive (activation.h): its op, the portable loop and the CPU evaluation.
+// The swiglu and softmax primitives (activation.h): their ops, portable loops and CPU evaluation.
 #include "activation.h"
 
 #include <algorithm>
@@ -43,6 +43,17 @@ inline float mlx_sigmoid(float v) {
 }
 
 using Loop = void (*)(const float*, const float*, float*, int64_t);
+using SoftmaxLoop = void (*)(const float*, float*, int64_t, int64_t);
+
+SoftmaxLoop softmax_loop() {
+#if defined(__x86_64__) || defined(_M_X64)
+  static const SoftmaxLoop chosen =
+      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? softmax_avx2 : softmax_generic;
+  return chosen;
+#else
+  return softmax_generic;
+#endif
+}
 
 Loop loop() {
 #if defined(__x86_64__) || defined(_M_X64)
@@ -84,6 +95,59 @@ void Swiglu::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::arra
     parallel_for(static_cast<int>((n + piece - 1) / piece), static_cast<size_t>(n) * 12, [&](int p0, int p1) {
       const int64_t i0 = p0 * piece, i1 = std::min<int64_t>(n, p1 * piece);
       run(gp + i0, xp + i0, op + i0, i1 - i0);
+    });
+  });
+}
+
+// ---------------------------------------------------------------- softmax
+
+void softmax_generic(const float* in, float* out, int64_t rows, int64_t n) {
+  for (int64_t r = 0; r < rows; ++r, in += n, out += n) {
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t i = 0; i < n; ++i) m = std::max(in[i], m);
+    float total = 0.f;
+    for (int64_t i = 0; i < n; ++i) {
+      out[i] = mlx_exp(in[i] - m);
+      total = total + out[i];
+    }
+    const float inv = 1 / total;
+    for (int64_t i = 0; i < n; ++i) out[i] = out[i] * inv;
+  }
+}
+
+mx::array softmax(const mx::array& x, mx::StreamOrDevice s) {
+  const bool ok = mx::to_stream(s).device == mx::Device::cpu && x.dtype() == mx::float32 && x.ndim() >= 1 &&
+      x.shape(-1) > 0 && x.size() > 0;
+  if (!ok) return mx::softmax(x, std::vector<int>{-1}, true, s);
+  return mx::array(x.shape(), mx::float32, std::make_shared<Softmax>(mx::to_stream(s)), {mx::contiguous(x, false, s)});
+}
+
+void Softmax::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  const auto& x = inputs[0];
+  auto& out = outputs[0];
+  // in place where MLX may reuse the input's buffer (as its own softmax does): a prefill chunk's
+  // scores are the largest array of its attention; each element is read before it is written
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  if (x.is_donatable() && x.flags().row_contiguous && x.data_size() == x.size()) {
+    out.copy_shared_buffer(x);
+  } else {
+    out.set_data(mx::allocator::malloc(out.nbytes()));
+  }
+  encoder.set_input_array(x);
+  encoder.set_output_array(out);
+  const int64_t n = x.shape(-1);
+  encoder.dispatch([ip = x.data<float>(), op = out.data<float>(), n, rows = static_cast<int64_t>(x.size()) / n]() {
+    const SoftmaxLoop run = softmax_loop();
+    // rows in pieces of ~16K elements over the kernel's threads, when there are enough
+    const int64_t piece = std::max<int64_t>(1, 16384 / n);
+    const int64_t pieces = (rows + piece - 1) / piece;
+    if (pieces < 2) {
+      run(ip, op, rows, n);
+      return;
+    }
+    parallel_for(static_cast<int>(pieces), static_cast<size_t>(rows * n) * 8, [&](int p0, int p1) {
+      const int64_t r0 = p0 * piece, r1 = std::min<int64_t>(rows, p1 * piece);
+      run(ip + r0 * n, op + r0 * n, r1 - r0, n);
     });
   });
 }

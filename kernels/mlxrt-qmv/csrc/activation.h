@@ -21,6 +21,33 @@ mx::array swiglu(const mx::array& gate, const mx::array& x, mx::StreamOrDevice s
 void swiglu_generic(const float* gate, const float* x, float* out, int64_t n);
 void swiglu_avx2(const float* gate, const float* x, float* out, int64_t n);
 
+// mx.softmax(x, axis=-1) for float32 x on the CPU as one primitive with MLX's float32 results,
+// bit for bit (MLX's CPU softmax: the row's maximum, simd::exp of each element less it, their sum
+// in order, each exponential times the sum's reciprocal), the exponentials eight at a time where
+// the CPU has AVX2 and FMA: MLX's runs one element at a time through a software fma, ~19 ns an
+// element, which made a long prompt's prefill attention (MLX's fallback graph) the bulk of its
+// time. Other dtypes or devices: mx.softmax.
+mx::array softmax(const mx::array& x, mx::StreamOrDevice s = {});
+
+// Softmax of `rows` contiguous rows of n floats, MLX's arithmetic.
+void softmax_generic(const float* in, float* out, int64_t rows, int64_t n);
+void softmax_avx2(const float* in, float* out, int64_t rows, int64_t n);
+
+class Softmax : public CpuPrimitive {
+ public:
+  explicit Softmax(mx::Stream stream) : CpuPrimitive(stream) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  bool is_equivalent(const mx::Primitive&) const override {
+    return true;
+  }
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    return {inputs[0].shape()};
+  }
+  const char* name() const override {
+    return "MlxrtSoftmax";
+  }
+};
+
 class Swiglu : public CpuPrimitive {
  public:
   explicit Swiglu(mx::Stream stream) : CpuPrimitive(stream) {}

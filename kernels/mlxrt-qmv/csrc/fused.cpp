@@ -12,6 +12,8 @@
 
 #include "mlx/backend/common/utils.h"
 #include "mlx/fast.h"
+#include "activation.h"
+#include "attention.h"
 #include "qmv.h"
 
 namespace mlxrt_qmv {
@@ -46,13 +48,6 @@ inline void axpy(float* out, float w, const float* v, int n, int64_t stride) {
     for (int i = 0; i < n; ++i) out[i] += w * v[i * stride];
   }
 }
-
-// A view's element strides, padded on the left to four dimensions.
-struct View4 {
-  const float* data;
-  int64_t shape[4];
-  int64_t stride[4];
-};
 
 View4 view4(const mx::array& a) {
   View4 v{a.data<float>(), {1, 1, 1, 1}, {0, 0, 0, 0}};
@@ -182,12 +177,68 @@ void Rope::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>
 
 // ---------------------------------------------------------------- attention
 
+namespace {
+
+// Key and value bytes above which a lone query's attention uses every kernel thread.
+constexpr size_t LONE_ATTENTION_BYTES = 1 << 20;
+
+} // namespace
+
 bool attention_supported(const mx::array& q, const mx::array& k, const mx::array& v, mx::StreamOrDevice s) {
   return on_cpu(s) && q.dtype() == mx::float32 && k.dtype() == mx::float32 && v.dtype() == mx::float32 &&
       q.ndim() == 4 && k.ndim() == 4 && v.ndim() == 4 && q.shape(2) <= MAX_QUERIES && q.shape(0) == k.shape(0) &&
       k.shape(0) == v.shape(0) && q.shape(-1) == k.shape(-1) && k.shape(1) == v.shape(1) && k.shape(2) == v.shape(2) &&
       k.shape(1) > 0 && q.shape(1) % k.shape(1) == 0 && k.shape(2) > 0;
 }
+
+namespace {
+
+// More queries than the primitive takes (a prefill chunk), float32 on the CPU, no sinks: MLX's own
+// fallback graph for mx.fast.scaled_dot_product_attention (mlx/fast.cpp), op for op, with its
+// softmax computed by the Softmax primitive (activation.h: the same bits, ~20x faster).
+bool long_queries_ok(const mx::array& q, const mx::array& k, const mx::array& v, const std::string& mask_mode,
+                     const std::optional<mx::array>& mask, bool arr, mx::StreamOrDevice s) {
+  if (!on_cpu(s) || q.dtype() != mx::float32 || k.dtype() != mx::float32 || v.dtype() != mx::float32) return false;
+  if (q.ndim() != 4 || k.ndim() != 4 || v.ndim() != 4 || q.shape(2) <= MAX_QUERIES) return false;
+  if (k.shape(1) == 0 || q.shape(1) % k.shape(1) != 0 || q.shape(-1) != k.shape(-1) || k.shape(2) != v.shape(2)) return false;
+  if (!(mask_mode.empty() || mask_mode == "causal" || mask_mode == "array")) return false;
+  if (arr && !(mask.has_value() && mask->ndim() <= 4 && (mask->dtype() == mx::bool_ || mask->dtype() == mx::float32))) return false;
+  return !(mask_mode == "causal" && k.shape(2) < q.shape(2));
+}
+
+mx::array attention_long(const mx::array& queries, const mx::array& keys, const mx::array& values, float scale, bool causal,
+                         const std::optional<mx::array>& mask_arr, mx::StreamOrDevice s) {
+  auto q = mx::multiply(mx::array(scale, mx::float32), queries, s);
+  const int n_kv = keys.shape(1), n_repeats = queries.shape(1) / n_kv;
+  auto k = keys;
+  auto v = values;
+  if (n_repeats > 1) {
+    q = mx::unflatten(q, 1, {n_kv, n_repeats}, s);
+    k = mx::expand_dims(k, 2, s);
+    v = mx::expand_dims(v, 2, s);
+  }
+  auto scores = mx::matmul(q, mx::swapaxes(k, -1, -2, s), s);
+  if (causal || mask_arr) {
+    mx::array mask = mask_arr ? *mask_arr : mx::array(0);
+    if (causal) {
+      const int kL = k.shape(-2), qL = q.shape(-2), offset = kL - qL;
+      mask = mx::greater_equal(mx::expand_dims(mx::arange(offset, qL + offset, s), 1, s),
+                               mx::expand_dims(mx::arange(0, kL, s), 0, s), s);
+    }
+    if (n_repeats > 1 && mask.ndim() >= 3) {
+      mask = mask.shape(-3) == 1 ? mx::expand_dims(mask, -3, s) : mx::unflatten(mask, -3, {n_kv, n_repeats}, s);
+    }
+    scores = mask.dtype() == mx::bool_
+        ? mx::where(mask, scores, mx::array(std::numeric_limits<float>::lowest(), mx::float32), s)
+        : mx::add(scores, mask, s);
+  }
+  scores = softmax(scores, s);
+  auto out = mx::matmul(scores, v, s);
+  if (n_repeats > 1) out = mx::flatten(out, 1, 2, s);
+  return out;
+}
+
+} // namespace
 
 mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, float scale,
                     const std::string& mask_mode, const std::optional<mx::array>& mask, mx::StreamOrDevice s) {
@@ -196,6 +247,7 @@ mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, 
   if (ok && arr) ok = mask.has_value() && mask->ndim() <= 4 && (mask->dtype() == mx::bool_ || mask->dtype() == mx::float32);
   if (ok && mask_mode == "causal") ok = k.shape(2) >= q.shape(2);
   if (!ok) {
+    if (long_queries_ok(q, k, v, mask_mode, mask, arr, s)) return attention_long(q, k, v, scale, mask_mode == "causal", arr ? mask : std::nullopt, s);
     return mx::fast::scaled_dot_product_attention(q, k, v, scale, mask_mode == "array" ? "" : mask_mode,
                                                   arr ? mask : std::nullopt, std::nullopt, false, s);
   }
@@ -224,17 +276,30 @@ void Attention::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::a
   auto& out = outputs[0];
   auto& encoder = begin_eval(inputs, out, stream());
   const View4 qv = view4(inputs[0]), kv = view4(inputs[1]), vv = view4(inputs[2]);
-  struct MaskView {
-    const uint8_t* b = nullptr; // bool_ is one byte
-    const float* f = nullptr;
-    int64_t stride[4] = {0, 0, 0, 0};
-  } mv;
+  MaskView mv;
   if (mask_ >= 2) {
     const auto& m = inputs[3];
     if (mask_ == 2) mv.b = m.data<uint8_t>();
     else mv.f = m.data<float>();
     for (int i = 0; i < 4; ++i) mv.stride[i] = m.strides()[i];
   }
+#if defined(__x86_64__) || defined(_M_X64)
+  const AttnProblem ap{qv, kv, vv, mv, scale_, mask_, out.data<float>()};
+  if (attention_avx2_ok(ap)) {
+    encoder.dispatch([ap]() {
+      const int64_t B = ap.q.shape[0], L = ap.q.shape[2], Hk = ap.k.shape[1], S = ap.k.shape[2];
+      const int64_t n = B * Hk * L;
+      // each task reads its key head's keys and values once: S·(D + Dv) floats
+      const size_t bytes = static_cast<size_t>(n) * S * (ap.q.shape[3] + ap.v.shape[3]) * sizeof(float);
+      // a lone query (one sequence's decode step) keeps one CPU free, as a lone row's products
+      // do, until its keys are many (LONE_ATTENTION_BYTES): then the step is the attention's
+      parallel_for(static_cast<int>(n), bytes, [&](int t0, int t1) {
+        for (int64_t t = t0; t < t1; ++t) attention_group_avx2(ap, t);
+      }, B * L == 1 && bytes < LONE_ATTENTION_BYTES);
+    });
+    return;
+  }
+#endif
   encoder.dispatch([qv, kv, vv, mv, op = out.data<float>(), scale = scale_, mode = mask_]() {
     const int64_t B = qv.shape[0], Hq = qv.shape[1], L = qv.shape[2], D = qv.shape[3];
     const int64_t Hk = kv.shape[1], S = kv.shape[2], Dv = vv.shape[3];

@@ -17,8 +17,9 @@ namespace mx = mlx::core;
 
 namespace mlxrt_qmv {
 
-// The most query positions attention() takes (a decode step, a few speculative drafts); a
-// longer prefill chunk is MLX's, whose products go through the BLAS.
+// The most query positions the attention primitive takes (a decode step, a few speculative
+// drafts); for a longer prefill chunk attention() builds MLX's fallback graph, whose products go
+// through the BLAS, with the Softmax primitive (activation.h) in it.
 constexpr int MAX_QUERIES = 16;
 
 // mx::fast::rms_norm(x, weight, eps): one primitive for float32 x (and weight) on the CPU.
@@ -32,8 +33,9 @@ mx::array rope(const mx::array& x, int dims, bool traditional, float base, float
 
 // mx::fast::scaled_dot_product_attention(q, k, v, scale, mask_mode, mask) without sinks: one
 // primitive for float32 q, k, v of 4 dimensions (grouped heads included) with at most
-// MAX_QUERIES query positions on the CPU. mask_mode is "", "causal" or "array" (then mask, a
-// bool or float mask broadcastable to (B, heads, queries, keys)).
+// MAX_QUERIES query positions on the CPU (more: MLX's fallback graph, mx.fast's bits, its softmax
+// the Softmax primitive). mask_mode is "", "causal" or "array" (then mask, a bool or float mask
+// broadcastable to (B, heads, queries, keys)).
 mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, float scale,
                     const std::string& mask_mode, const std::optional<mx::array>& mask, mx::StreamOrDevice s = {});
 

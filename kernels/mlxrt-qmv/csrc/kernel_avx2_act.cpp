@@ -1,4 +1,4 @@
-// swiglu (activation.h) eight floats at a time: MLX's scalar arithmetic in AVX2, operation for
+// swiglu and softmax (activation.h) eight floats at a time: MLX's scalar arithmetic in AVX2, operation for
 // operation, so the results are the same bits. Compiled with AVX2/FMA for this file only (and
 // -ffp-contract=off: a product followed by a sum must stay two roundings, as in MLX's build) and
 // run only where the CPU has them (activation.cpp checks).
@@ -49,6 +49,32 @@ void swiglu_avx2(const float* gate, const float* x, float* out, int64_t n) {
     _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(g, sigmoid8(g)), _mm256_loadu_ps(x + i)));
   }
   if (i < n) swiglu_generic(gate + i, x + i, out + i, n - i);
+}
+
+void softmax_avx2(const float* in, float* out, int64_t rows, int64_t n) {
+  alignas(32) float tail[8];
+  const int64_t whole = n / 8 * 8;
+  for (int64_t r = 0; r < rows; ++r, in += n, out += n) {
+    __m256 vm = _mm256_set1_ps(-__builtin_inff());
+    for (int64_t i = 0; i < whole; i += 8) vm = _mm256_max_ps(_mm256_loadu_ps(in + i), vm);
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vm), _mm256_extractf128_ps(vm, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    float m = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+    for (int64_t i = whole; i < n; ++i) m = in[i] > m ? in[i] : m;
+    const __m256 mv = _mm256_set1_ps(m);
+    for (int64_t i = 0; i < whole; i += 8) _mm256_storeu_ps(out + i, exp8(_mm256_sub_ps(_mm256_loadu_ps(in + i), mv)));
+    if (whole < n) { // the same exponential for the last elements, through a padded copy
+      for (int j = 0; j < 8; ++j) tail[j] = whole + j < n ? in[whole + j] : m;
+      _mm256_store_ps(tail, exp8(_mm256_sub_ps(_mm256_load_ps(tail), mv)));
+      for (int64_t i = whole; i < n; ++i) out[i] = tail[i - whole];
+    }
+    float total = 0.f; // in order, as MLX's one-lane loop sums them
+    for (int64_t i = 0; i < n; ++i) total += out[i];
+    const __m256 inv = _mm256_set1_ps(1 / total);
+    for (int64_t i = 0; i < whole; i += 8) _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_loadu_ps(out + i), inv));
+    const float invs = 1 / total;
+    for (int64_t i = whole; i < n; ++i) out[i] = out[i] * invs;
+  }
 }
 
 } // namespace mlxrt_qmv

@@ -16,8 +16,10 @@ more rows than :data:`MAX_ROWS` can go through the BLAS (``x @ dequantize(...).T
 The fused primitives compute what MLX's CPU backend runs as small-op fallback graphs, each as
 one op: ``rms_norm(x, weight, eps)`` (``mx.fast.rms_norm``), ``rope(x, dims, traditional, base,
 scale, offset)`` (``mx.fast.rope``, default frequencies) and ``attention(q, k, v, scale, mask)``
-(``mx.fast.scaled_dot_product_attention`` without sinks, at most :data:`MAX_QUERIES` queries),
-for float32 on the CPU; other arguments go to the ``mx.fast`` operation itself. ``swiglu(gate,
+(``mx.fast.scaled_dot_product_attention`` without sinks; more than :data:`MAX_QUERIES` queries, a
+prefill chunk, run MLX's own fallback graph with ``softmax``), for float32 on the CPU; other
+arguments go to the ``mx.fast`` operation itself. ``softmax(x)`` is ``mx.softmax(x, axis=-1)``
+as one op, MLX's float32 bits (its CPU exponential is one element at a time too). ``swiglu(gate,
 x)`` is mlx-lm's ``nn.silu(gate) * x`` as one op, the same float32 bits (MLX's CPU sigmoid runs
 one element at a time through a software fma on x86-64).
 
@@ -31,7 +33,7 @@ import mlx.core as mx
 
 from mlxrt_qmv import _ext
 
-__all__ = ["quantized_matmul", "dequantize", "supported", "rms_norm", "rope", "attention", "swiglu", "attention_supported",
+__all__ = ["quantized_matmul", "dequantize", "supported", "rms_norm", "rope", "attention", "swiglu", "softmax", "attention_supported",
            "kernel_name", "threads", "set_threads", "MAX_ROWS", "MAX_QUERIES", "BUILT_FOR_MLX"]
 
 #: The MLX version whose headers the extension was compiled with.
@@ -55,4 +57,5 @@ rms_norm = _ext.rms_norm
 rope = _ext.rope
 attention = _ext.attention
 swiglu = _ext.swiglu
+softmax = _ext.softmax
 attention_supported = _ext.attention_supported
