@@ -63,7 +63,7 @@ def main() -> None:
             mx.eval([c.state for c in cache])
         prefill = time.perf_counter() - t0
 
-        def step(t: mx.array) -> mx.array:
+        def step(t: mx.array, cache: list = cache) -> mx.array:
             return mx.argmax(model(t, cache=cache)[:, -1, :], axis=-1)[:, None]
 
         nxt = step(mx.array([[5]]))

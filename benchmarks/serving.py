@@ -68,7 +68,7 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import httpx
@@ -712,11 +712,14 @@ def side_round(name: str, model: str, extra: Sequence[str], plan: SidePlan, prom
 def side_by_side(kind: str, folder: str, gguf: str | None, llama_server: str | None, mlxrt_extra: Sequence[str],
                  mlx_lm_extra: Sequence[str], rounds: int, say: Callable[[str], None],
                  baselines: Sequence[tuple[str, list[str]]] = (), skip: Sequence[str] = (),
-                 logs: Path | None = None) -> tuple[str, dict]:
+                 logs: Path | None = None, prefill_tokens: int = 0) -> tuple[str, dict]:
     """mlxrt, mlx_lm.server and (with a binary and a GGUF) llama-server on one checkpoint, in
     interleaved rounds: a markdown table of medians and the per-round figures. ``baselines``:
-    (python of another install, its serve args) — that install's mlxrt as one more server."""
+    (python of another install, its serve args) — that install's mlxrt as one more server.
+    ``prefill_tokens``: the cold long prompt's length instead of the plan's."""
     plan = SIDE_PLANS[kind]
+    if prefill_tokens:
+        plan = replace(plan, prefill_tokens=prefill_tokens)
     prompts = Prompts(folder)
     servers = [("mlxrt", folder, list(mlxrt_extra))]
     for python, extra in baselines:
@@ -806,6 +809,9 @@ def main() -> None:
                         help="--side-by-side: also the mlxrt installed beside PYTHON (another checkout's "
                              ".venv/bin/python), with serve ARGS; repeatable (before/after comparisons)")
     parser.add_argument("--no-mlx-lm", action="store_true", help="--side-by-side: leave mlx_lm.server out")
+    parser.add_argument("--prefill-tokens", type=int, default=0, metavar="N",
+                        help="--side-by-side: the cold long prompt's length (default 335; llama-server's slots "
+                             "hold the model's context each, 8192 tokens for SmolLM2)")
     args = parser.parse_args()
     out = Path(args.out)
     (out / "logs").mkdir(parents=True, exist_ok=True)
@@ -927,7 +933,8 @@ def run_side_by_side(args: argparse.Namespace, out: Path, mlxrt_extra: list[str]
                      (b.partition(":") for b in args.baseline)]
         table, results = side_by_side(kind, folder, gguf, args.llama_server, mlxrt_extra,
                                       shlex.split(args.mlx_lm_args), args.rounds, say, baselines,
-                                      ["mlx_lm.server"] if args.no_mlx_lm else [], logs=out / "logs")
+                                      ["mlx_lm.server"] if args.no_mlx_lm else [], logs=out / "logs",
+                                      prefill_tokens=args.prefill_tokens)
         title = {"tiny": "tiny random llama", "smollm2": "SmolLM2-135M-Instruct Q4_1"}[kind]
         print(f"\n{title}: medians of {args.rounds} interleaved rounds; × = median of per-round ratios\n{table}",
               flush=True)
