@@ -165,6 +165,22 @@ def test_long_prefill_attention_is_mlx_s_graph_with_the_fast_softmax_bit_for_bit
     assert "MlxrtSoftmax" not in _ops(h)
 
 
+@pytest.mark.parametrize("mask", ["causal", "bool", "float"])
+def test_a_long_prompt_s_attention_goes_in_pieces_of_queries_with_mx_fast_s_bits(mask):
+    """Scores of more than 32 MB (here 4 heads x 600 queries x 4,000 keys): the queries in pieces,
+    each with its rows of the mask and, with a causal mask, only the keys its queries may see —
+    mx.fast's result bit for bit, with less memory."""
+    mx.random.seed(6)
+    queries, keys = 600, 4000
+    q = mx.random.normal((1, 4, queries, 32))
+    k, v = mx.random.normal((1, 2, keys, 32)), mx.random.normal((1, 2, keys, 32))
+    m = {"bool": mx.random.uniform(shape=(1, 1, queries, keys)) > 0.2,
+         "float": mx.random.normal((queries, keys))}.get(mask, mask)
+    got = ext.attention(q, k, v, 0.17, m)
+    assert _ops(got)["MlxrtSoftmax"] == 2
+    assert mx.array_equal(got, mx.fast.scaled_dot_product_attention(q, k, v, scale=0.17, mask=m)).item()
+
+
 def test_softmax_equals_mlx_bit_for_bit():
     """mx.softmax over the last axis, MLX's float32 bits: rows of every length mod 8, infinities,
     a row of one element, huge and tiny values; float16 goes to mx.softmax."""

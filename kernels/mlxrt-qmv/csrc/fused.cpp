@@ -195,7 +195,8 @@ namespace {
 
 // More queries than the primitive takes (a prefill chunk), float32 on the CPU, no sinks: MLX's own
 // fallback graph for mx.fast.scaled_dot_product_attention (mlx/fast.cpp), op for op, with its
-// softmax computed by the Softmax primitive (activation.h: the same bits, ~20x faster).
+// softmax computed by the Softmax primitive (activation.h: the same bits, ~20x faster); a long
+// prompt's queries in pieces (attention_long).
 bool long_queries_ok(const mx::array& q, const mx::array& k, const mx::array& v, const std::string& mask_mode,
                      const std::optional<mx::array>& mask, bool arr, mx::StreamOrDevice s) {
   if (!on_cpu(s) || q.dtype() != mx::float32 || k.dtype() != mx::float32 || v.dtype() != mx::float32) return false;
@@ -204,6 +205,20 @@ bool long_queries_ok(const mx::array& q, const mx::array& k, const mx::array& v,
   if (!(mask_mode.empty() || mask_mode == "causal" || mask_mode == "array")) return false;
   if (arr && !(mask.has_value() && mask->ndim() <= 4 && (mask->dtype() == mx::bool_ || mask->dtype() == mx::float32))) return false;
   return !(mask_mode == "causal" && k.shape(2) < q.shape(2));
+}
+
+// A long prompt's scores are (batch, heads, queries, keys) floats: 295 MB a layer for a 2,048-token
+// chunk over 4,000 SmolLM2 keys. attention_long takes the queries in pieces whose scores stay
+// under this, each piece with only the keys a causal mask lets any of its queries see.
+constexpr size_t LONG_SCORES_BYTES = 32 << 20;
+
+mx::array slice_axis(const mx::array& a, int axis, int start, int stop, mx::StreamOrDevice s) {
+  mx::Shape lo(a.ndim(), 0);
+  mx::Shape hi = a.shape();
+  const int ax = axis < 0 ? axis + static_cast<int>(a.ndim()) : axis;
+  lo[ax] = start;
+  hi[ax] = stop;
+  return mx::slice(a, std::move(lo), std::move(hi), s);
 }
 
 mx::array attention_long(const mx::array& queries, const mx::array& keys, const mx::array& values, float scale, bool causal,
@@ -217,23 +232,40 @@ mx::array attention_long(const mx::array& queries, const mx::array& keys, const 
     k = mx::expand_dims(k, 2, s);
     v = mx::expand_dims(v, 2, s);
   }
-  auto scores = mx::matmul(q, mx::swapaxes(k, -1, -2, s), s);
-  if (causal || mask_arr) {
-    mx::array mask = mask_arr ? *mask_arr : mx::array(0);
-    if (causal) {
-      const int kL = k.shape(-2), qL = q.shape(-2), offset = kL - qL;
-      mask = mx::greater_equal(mx::expand_dims(mx::arange(offset, qL + offset, s), 1, s),
-                               mx::expand_dims(mx::arange(0, kL, s), 0, s), s);
+  const int L = queries.shape(2), S = keys.shape(2), offset = S - L;
+  const size_t query_bytes = static_cast<size_t>(queries.shape(0)) * queries.shape(1) * S * sizeof(float);
+  const int piece = query_bytes * L <= LONG_SCORES_BYTES
+      ? L
+      : std::max<int>(MAX_QUERIES, static_cast<int>(LONG_SCORES_BYTES / query_bytes));
+  std::vector<mx::array> outs;
+  for (int a = 0; a < L; a += piece) {
+    const int b = std::min(L, a + piece);
+    const bool whole = a == 0 && b == L;
+    // with a causal mask, the keys after the piece's last query are masked for all its queries:
+    // leaving them out leaves every score and sum as it was (they add exact zeros)
+    const int keys_seen = causal ? offset + b : S;
+    const auto qp = whole ? q : slice_axis(q, -2, a, b, s);
+    const auto kp = keys_seen == S ? k : slice_axis(k, -2, 0, keys_seen, s);
+    const auto vp = keys_seen == S ? v : slice_axis(v, -2, 0, keys_seen, s);
+    auto scores = mx::matmul(qp, mx::swapaxes(kp, -1, -2, s), s);
+    if (causal || mask_arr) {
+      mx::array mask = mask_arr ? *mask_arr : mx::array(0);
+      if (causal) {
+        mask = mx::greater_equal(mx::expand_dims(mx::arange(offset + a, offset + b, s), 1, s),
+                                 mx::expand_dims(mx::arange(0, keys_seen, s), 0, s), s);
+      } else if (!whole && mask.ndim() >= 2 && mask.shape(-2) > 1) {
+        mask = slice_axis(mask, -2, a, b, s);
+      }
+      if (n_repeats > 1 && mask.ndim() >= 3) {
+        mask = mask.shape(-3) == 1 ? mx::expand_dims(mask, -3, s) : mx::unflatten(mask, -3, {n_kv, n_repeats}, s);
+      }
+      scores = mask.dtype() == mx::bool_
+          ? mx::where(mask, scores, mx::array(std::numeric_limits<float>::lowest(), mx::float32), s)
+          : mx::add(scores, mask, s);
     }
-    if (n_repeats > 1 && mask.ndim() >= 3) {
-      mask = mask.shape(-3) == 1 ? mx::expand_dims(mask, -3, s) : mx::unflatten(mask, -3, {n_kv, n_repeats}, s);
-    }
-    scores = mask.dtype() == mx::bool_
-        ? mx::where(mask, scores, mx::array(std::numeric_limits<float>::lowest(), mx::float32), s)
-        : mx::add(scores, mask, s);
+    outs.push_back(mx::matmul(softmax(scores, s), vp, s));
   }
-  scores = softmax(scores, s);
-  auto out = mx::matmul(scores, v, s);
+  auto out = outs.size() == 1 ? outs[0] : mx::concatenate(std::move(outs), -2, s);
   if (n_repeats > 1) out = mx::flatten(out, 1, 2, s);
   return out;
 }
