@@ -169,7 +169,8 @@ def test_long_prefill_attention_is_mlx_s_graph_with_the_fast_softmax_bit_for_bit
 def test_a_long_prompt_s_attention_goes_in_pieces_of_queries_with_mx_fast_s_bits(mask):
     """Scores of more than 32 MB (here 4 heads x 600 queries x 4,000 keys): the queries in pieces,
     each with its rows of the mask and, with a causal mask, only the keys its queries may see —
-    mx.fast's result bit for bit, with less memory."""
+    mx.fast's result within 1e-6 (bit for bit with the bundled BLAS and MKL; OpenBLAS's products
+    round differently with fewer rows, ~4e-7), with less memory."""
     mx.random.seed(6)
     queries, keys = 600, 4000
     q = mx.random.normal((1, 4, queries, 32))
@@ -178,7 +179,7 @@ def test_a_long_prompt_s_attention_goes_in_pieces_of_queries_with_mx_fast_s_bits
          "float": mx.random.normal((queries, keys))}.get(mask, mask)
     got = ext.attention(q, k, v, 0.17, m)
     assert _ops(got)["MlxrtSoftmax"] == 2
-    assert mx.array_equal(got, mx.fast.scaled_dot_product_attention(q, k, v, scale=0.17, mask=m)).item()
+    assert _rel(got, mx.fast.scaled_dot_product_attention(q, k, v, scale=0.17, mask=m)) < 1e-6
 
 
 def test_softmax_equals_mlx_bit_for_bit():

@@ -242,7 +242,8 @@ mx::array attention_long(const mx::array& queries, const mx::array& keys, const 
     const int b = std::min(L, a + piece);
     const bool whole = a == 0 && b == L;
     // with a causal mask, the keys after the piece's last query are masked for all its queries:
-    // leaving them out leaves every score and sum as it was (they add exact zeros)
+    // left out, they no longer add their exact zeros (a BLAS may round a product over fewer rows
+    // or keys differently: the same bits with MLX's bundled BLAS and MKL, ~4e-7 with OpenBLAS)
     const int keys_seen = causal ? offset + b : S;
     const auto qp = whole ? q : slice_axis(q, -2, a, b, s);
     const auto kp = keys_seen == S ? k : slice_axis(k, -2, 0, keys_seen, s);

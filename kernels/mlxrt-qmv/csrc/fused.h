@@ -33,8 +33,8 @@ mx::array rope(const mx::array& x, int dims, bool traditional, float base, float
 
 // mx::fast::scaled_dot_product_attention(q, k, v, scale, mask_mode, mask) without sinks: one
 // primitive for float32 q, k, v of 4 dimensions (grouped heads included) with at most
-// MAX_QUERIES query positions on the CPU (more: MLX's fallback graph, mx.fast's bits, its softmax
-// the Softmax primitive). mask_mode is "", "causal" or "array" (then mask, a bool or float mask
+// MAX_QUERIES query positions on the CPU (more: MLX's fallback graph with the Softmax primitive,
+// mx.fast's bits; a long prompt's queries in pieces, see fused.cpp). mask_mode is "", "causal" or "array" (then mask, a bool or float mask
 // broadcastable to (B, heads, queries, keys)).
 mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, float scale,
                     const std::string& mask_mode, const std::optional<mx::array>& mask, mx::StreamOrDevice s = {});
