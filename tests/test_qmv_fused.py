@@ -182,6 +182,24 @@ def test_a_long_prompt_s_attention_goes_in_pieces_of_queries_with_mx_fast_s_bits
     assert _rel(got, mx.fast.scaled_dot_product_attention(q, k, v, scale=0.17, mask=m)) < 1e-6
 
 
+@pytest.mark.parametrize("shape,start", [((2, 3, 37, 50), 13), ((4, 300, 400), 100), ((5, 20), 0), ((1, 9, 64), 3)])
+def test_a_causal_softmax_equals_mlx_s_mask_where_and_softmax_bit_for_bit(shape, start):
+    """softmax(x, causal_start): query i of the last-but-one axis sees keys up to start + i — MLX's
+    softmax of where(mask, x, finfo.min), bit for bit (over the kernel's threads when the rows are
+    many: 1,200 rows of 400 keys), masked keys exact zeros; float16 goes to MLX's own ops."""
+    mx.random.seed(7)
+    x = mx.random.normal(shape) * 4
+    queries, keys = shape[-2], shape[-1]
+    mask = (mx.arange(start, start + queries)[:, None] >= mx.arange(keys)[None])
+    ref = mx.softmax(mx.where(mask, x, mx.array(np.finfo(np.float32).min, mx.float32)), axis=-1, precise=True)
+    got = ext.softmax(x, causal_start=start)
+    assert _ops(got)["MlxrtSoftmax"] == 1 and "Select" not in _ops(got)
+    assert mx.array_equal(got, ref).item()
+    h = x.astype(mx.float16)
+    ref16 = mx.softmax(mx.where(mask, h, mx.array(np.finfo(np.float16).min, mx.float16)), axis=-1, precise=True)
+    assert mx.array_equal(ext.softmax(h, causal_start=start), ref16).item()
+
+
 def test_softmax_equals_mlx_bit_for_bit():
     """mx.softmax over the last axis, MLX's float32 bits: rows of every length mod 8, infinities,
     a row of one element, huge and tiny values; float16 goes to mx.softmax."""

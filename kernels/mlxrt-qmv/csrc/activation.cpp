@@ -7,6 +7,7 @@
 #include <cstring>
 #include <limits>
 
+#include "mlx/utils.h"
 #include "qmv.h"
 
 namespace mlxrt_qmv {
@@ -43,7 +44,7 @@ inline float mlx_sigmoid(float v) {
 }
 
 using Loop = void (*)(const float*, const float*, float*, int64_t);
-using SoftmaxLoop = void (*)(const float*, float*, int64_t, int64_t);
+using SoftmaxLoop = void (*)(const float*, float*, int64_t, const SoftmaxRows&);
 
 SoftmaxLoop softmax_loop() {
 #if defined(__x86_64__) || defined(_M_X64)
@@ -101,25 +102,36 @@ void Swiglu::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::arra
 
 // ---------------------------------------------------------------- softmax
 
-void softmax_generic(const float* in, float* out, int64_t rows, int64_t n) {
+void softmax_generic(const float* in, float* out, int64_t rows, const SoftmaxRows& a) {
+  const int64_t n = a.n;
   for (int64_t r = 0; r < rows; ++r, in += n, out += n) {
+    const int64_t seen = a.causal_start < 0 ? n : std::min(n, a.causal_start + (a.first_row + r) % a.queries + 1);
     float m = -std::numeric_limits<float>::infinity();
-    for (int64_t i = 0; i < n; ++i) m = std::max(in[i], m);
+    for (int64_t i = 0; i < seen; ++i) m = std::max(in[i], m);
     float total = 0.f;
-    for (int64_t i = 0; i < n; ++i) {
+    for (int64_t i = 0; i < seen; ++i) {
       out[i] = mlx_exp(in[i] - m);
       total = total + out[i];
     }
     const float inv = 1 / total;
-    for (int64_t i = 0; i < n; ++i) out[i] = out[i] * inv;
+    for (int64_t i = 0; i < seen; ++i) out[i] = out[i] * inv;
+    for (int64_t i = seen; i < n; ++i) out[i] = 0.f;
   }
 }
 
-mx::array softmax(const mx::array& x, mx::StreamOrDevice s) {
+mx::array softmax(const mx::array& x, int causal_start, mx::StreamOrDevice s) {
   const bool ok = mx::to_stream(s).device == mx::Device::cpu && x.dtype() == mx::float32 && x.ndim() >= 1 &&
-      x.shape(-1) > 0 && x.size() > 0;
-  if (!ok) return mx::softmax(x, std::vector<int>{-1}, true, s);
-  return mx::array(x.shape(), mx::float32, std::make_shared<Softmax>(mx::to_stream(s)), {mx::contiguous(x, false, s)});
+      x.shape(-1) > 0 && x.size() > 0 && (causal_start < 0 || x.ndim() >= 2);
+  if (!ok) {
+    if (causal_start < 0) return mx::softmax(x, std::vector<int>{-1}, true, s);
+    const int queries = x.shape(-2), keys = x.shape(-1);
+    const auto mask = mx::greater_equal(mx::expand_dims(mx::arange(causal_start, causal_start + queries, s), 1, s),
+                                        mx::expand_dims(mx::arange(0, keys, s), 0, s), s);
+    const auto lowest = mx::array(mx::finfo(x.dtype()).min, x.dtype());
+    return mx::softmax(mx::where(mask, x, lowest, s), std::vector<int>{-1}, true, s);
+  }
+  return mx::array(x.shape(), mx::float32, std::make_shared<Softmax>(mx::to_stream(s), causal_start),
+                   {mx::contiguous(x, false, s)});
 }
 
 void Softmax::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
@@ -136,18 +148,22 @@ void Softmax::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::arr
   encoder.set_input_array(x);
   encoder.set_output_array(out);
   const int64_t n = x.shape(-1);
-  encoder.dispatch([ip = x.data<float>(), op = out.data<float>(), n, rows = static_cast<int64_t>(x.size()) / n]() {
+  const SoftmaxRows shape{n, 0, causal_start_ < 0 ? 1 : x.shape(-2), causal_start_};
+  encoder.dispatch([ip = x.data<float>(), op = out.data<float>(), shape, rows = static_cast<int64_t>(x.size()) / n]() {
     const SoftmaxLoop run = softmax_loop();
+    const int64_t n = shape.n;
     // rows in pieces of ~16K elements over the kernel's threads, when there are enough
     const int64_t piece = std::max<int64_t>(1, 16384 / n);
     const int64_t pieces = (rows + piece - 1) / piece;
     if (pieces < 2) {
-      run(ip, op, rows, n);
+      run(ip, op, rows, shape);
       return;
     }
     parallel_for(static_cast<int>(pieces), static_cast<size_t>(rows * n) * 8, [&](int p0, int p1) {
       const int64_t r0 = p0 * piece, r1 = std::min<int64_t>(rows, p1 * piece);
-      run(ip + r0 * n, op + r0 * n, r1 - r0, n);
+      SoftmaxRows part = shape;
+      part.first_row = r0;
+      run(ip + r0 * n, op + r0 * n, r1 - r0, part);
     });
   });
 }

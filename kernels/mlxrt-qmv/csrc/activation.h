@@ -27,18 +27,28 @@ void swiglu_avx2(const float* gate, const float* x, float* out, int64_t n);
 // the CPU has AVX2 and FMA: MLX's runs one element at a time through a software fma, ~19 ns an
 // element, which made a long prompt's prefill attention (MLX's fallback graph) the bulk of its
 // time. Other dtypes or devices: mx.softmax.
-mx::array softmax(const mx::array& x, mx::StreamOrDevice s = {});
+//
+// causal_start >= 0: x's last two axes are (queries, keys) scores and query i may see keys up to
+// causal_start + i — the result is MLX's softmax of where(mask, x, finfo.min) for that causal
+// mask (the masked keys' exponentials are exact zeros and add nothing to the sums, which run in
+// key order), without the mask or the where: what mx.fast's fallback graph computes for a
+// causal chunk of queries whose first query is at key position causal_start.
+mx::array softmax(const mx::array& x, int causal_start = -1, mx::StreamOrDevice s = {});
 
-// Softmax of `rows` contiguous rows of n floats, MLX's arithmetic.
-void softmax_generic(const float* in, float* out, int64_t rows, int64_t n);
-void softmax_avx2(const float* in, float* out, int64_t rows, int64_t n);
+// Softmax of `rows` contiguous rows of n floats, MLX's arithmetic. causal_start >= 0: row r is
+// query (first_row + r) % queries of its block and sees keys [0, causal_start + that query].
+struct SoftmaxRows {
+  int64_t n, first_row = 0, queries = 1, causal_start = -1;
+};
+void softmax_generic(const float* in, float* out, int64_t rows, const SoftmaxRows& a);
+void softmax_avx2(const float* in, float* out, int64_t rows, const SoftmaxRows& a);
 
 class Softmax : public CpuPrimitive {
  public:
-  explicit Softmax(mx::Stream stream) : CpuPrimitive(stream) {}
+  Softmax(mx::Stream stream, int causal_start) : CpuPrimitive(stream), causal_start_(causal_start) {}
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
-  bool is_equivalent(const mx::Primitive&) const override {
-    return true;
+  bool is_equivalent(const mx::Primitive& other) const override {
+    return causal_start_ == static_cast<const Softmax&>(other).causal_start_;
   }
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
     return {inputs[0].shape()};
@@ -46,6 +56,9 @@ class Softmax : public CpuPrimitive {
   const char* name() const override {
     return "MlxrtSoftmax";
   }
+
+ private:
+  int causal_start_;
 };
 
 class Swiglu : public CpuPrimitive {

@@ -40,9 +40,12 @@ NB_MODULE(_ext, m) {
       },
       "x"_a, "w"_a, "group_size"_a, "bits"_a, "Whether quantized_matmul runs the primitive for these arguments.");
   m.def(
-      "softmax", [](const mx::array& x) { return mlxrt_qmv::softmax(x); }, "x"_a,
+      "softmax", [](const mx::array& x, int causal_start) { return mlxrt_qmv::softmax(x, causal_start); }, "x"_a,
+      "causal_start"_a = -1,
       "mx.softmax(x, axis=-1) with MLX's float32 results bit for bit: one primitive for float32 x on the CPU "
-      "(exponentials eight at a time where the CPU has AVX2/FMA), mx.softmax otherwise.");
+      "(exponentials eight at a time where the CPU has AVX2/FMA), mx.softmax otherwise. causal_start >= 0: x's "
+      "last two axes are (queries, keys) and query i sees keys up to causal_start + i, as mx.softmax of "
+      "where(that causal mask, x, finfo.min).");
   m.def(
       "swiglu", [](const mx::array& gate, const mx::array& x) { return mlxrt_qmv::swiglu(gate, x); }, "gate"_a, "x"_a,
       "nn.silu(gate) * x (mlx-lm's swiglu), the same float32 bits: one primitive for float32 operands of one "

@@ -249,14 +249,13 @@ mx::array attention_long(const mx::array& queries, const mx::array& keys, const 
     const auto kp = keys_seen == S ? k : slice_axis(k, -2, 0, keys_seen, s);
     const auto vp = keys_seen == S ? v : slice_axis(v, -2, 0, keys_seen, s);
     auto scores = mx::matmul(qp, mx::swapaxes(kp, -1, -2, s), s);
-    if (causal || mask_arr) {
-      mx::array mask = mask_arr ? *mask_arr : mx::array(0);
-      if (causal) {
-        mask = mx::greater_equal(mx::expand_dims(mx::arange(offset + a, offset + b, s), 1, s),
-                                 mx::expand_dims(mx::arange(0, keys_seen, s), 0, s), s);
-      } else if (!whole && mask.ndim() >= 2 && mask.shape(-2) > 1) {
-        mask = slice_axis(mask, -2, a, b, s);
-      }
+    if (causal) { // MLX's causal mask and where, inside the softmax (the same bits)
+      outs.push_back(mx::matmul(softmax(scores, offset + a, s), vp, s));
+      continue;
+    }
+    if (mask_arr) {
+      mx::array mask = *mask_arr;
+      if (!whole && mask.ndim() >= 2 && mask.shape(-2) > 1) mask = slice_axis(mask, -2, a, b, s);
       if (n_repeats > 1 && mask.ndim() >= 3) {
         mask = mask.shape(-3) == 1 ? mx::expand_dims(mask, -3, s) : mx::unflatten(mask, -3, {n_kv, n_repeats}, s);
       }
@@ -264,7 +263,7 @@ mx::array attention_long(const mx::array& queries, const mx::array& keys, const 
           ? mx::where(mask, scores, mx::array(std::numeric_limits<float>::lowest(), mx::float32), s)
           : mx::add(scores, mask, s);
     }
-    outs.push_back(mx::matmul(softmax(scores, s), vp, s));
+    outs.push_back(mx::matmul(softmax(scores, -1, s), vp, s));
   }
   auto out = outs.size() == 1 ? outs[0] : mx::concatenate(std::move(outs), -2, s);
   if (n_repeats > 1) out = mx::flatten(out, 1, 2, s);

@@ -51,29 +51,33 @@ void swiglu_avx2(const float* gate, const float* x, float* out, int64_t n) {
   if (i < n) swiglu_generic(gate + i, x + i, out + i, n - i);
 }
 
-void softmax_avx2(const float* in, float* out, int64_t rows, int64_t n) {
+void softmax_avx2(const float* in, float* out, int64_t rows, const SoftmaxRows& a) {
   alignas(32) float tail[8];
-  const int64_t whole = n / 8 * 8;
+  const int64_t n = a.n;
   for (int64_t r = 0; r < rows; ++r, in += n, out += n) {
+    // a causal row's masked keys: exact zeros, left out of the maximum and the sum
+    const int64_t seen = a.causal_start < 0 ? n : std::min(n, a.causal_start + (a.first_row + r) % a.queries + 1);
+    const int64_t whole = seen / 8 * 8;
     __m256 vm = _mm256_set1_ps(-__builtin_inff());
     for (int64_t i = 0; i < whole; i += 8) vm = _mm256_max_ps(_mm256_loadu_ps(in + i), vm);
     __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vm), _mm256_extractf128_ps(vm, 1));
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
     float m = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
-    for (int64_t i = whole; i < n; ++i) m = in[i] > m ? in[i] : m;
+    for (int64_t i = whole; i < seen; ++i) m = in[i] > m ? in[i] : m;
     const __m256 mv = _mm256_set1_ps(m);
     for (int64_t i = 0; i < whole; i += 8) _mm256_storeu_ps(out + i, exp8(_mm256_sub_ps(_mm256_loadu_ps(in + i), mv)));
-    if (whole < n) { // the same exponential for the last elements, through a padded copy
-      for (int j = 0; j < 8; ++j) tail[j] = whole + j < n ? in[whole + j] : m;
+    if (whole < seen) { // the same exponential for the last elements, through a padded copy
+      for (int j = 0; j < 8; ++j) tail[j] = whole + j < seen ? in[whole + j] : m;
       _mm256_store_ps(tail, exp8(_mm256_sub_ps(_mm256_load_ps(tail), mv)));
-      for (int64_t i = whole; i < n; ++i) out[i] = tail[i - whole];
+      for (int64_t i = whole; i < seen; ++i) out[i] = tail[i - whole];
     }
     float total = 0.f; // in order, as MLX's one-lane loop sums them
-    for (int64_t i = 0; i < n; ++i) total += out[i];
+    for (int64_t i = 0; i < seen; ++i) total += out[i];
     const __m256 inv = _mm256_set1_ps(1 / total);
     for (int64_t i = 0; i < whole; i += 8) _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_loadu_ps(out + i), inv));
     const float invs = 1 / total;
-    for (int64_t i = whole; i < n; ++i) out[i] = out[i] * invs;
+    for (int64_t i = whole; i < seen; ++i) out[i] = out[i] * invs;
+    for (int64_t i = seen; i < n; ++i) out[i] = 0.f;
   }
 }
 
