@@ -289,6 +289,36 @@ def test_install_fused_keeps_greedy_tokens_and_cuts_a_decode_step_s_ops(model_ty
     assert qmv.install_fused(model) == 0
 
 
+def test_a_long_prompt_through_the_fused_model_matches_mlx_s_own_path():
+    """A 2,100-token prompt prefilled in chunks of 2,048 (the engine's) through the swapped-in
+    primitives: the first chunk's attention in pieces of queries with the causal softmax, the
+    second whole, then decode steps over 2,100 keys — the same logits as mlx-lm's own path (MLX's
+    fallback graph and softmax) within 1e-5, and the same greedy tokens."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    model = _tiny("llama")
+    prompt = [(i * 37) % 500 + 3 for i in range(2100)]
+
+    def run() -> tuple[mx.array, list[int]]:
+        cache = make_prompt_cache(model)
+        model(mx.array([prompt[:2048]]), cache=cache)
+        logits = model(mx.array([prompt[2048:]]), cache=cache)[:, -1, :]
+        first = logits
+        out = []
+        for _ in range(4):
+            out.append(int(mx.argmax(logits, axis=-1).item()))
+            logits = model(mx.array([[out[-1]]]), cache=cache)[:, -1, :]
+        return first, out
+
+    ref_logits, ref_tokens = run()
+    qmv.install_fused(model)
+    chunk = model(mx.array([prompt[:2048]]), cache=make_prompt_cache(model))
+    assert _ops(chunk)["MlxrtSoftmax"] == 2 * 2  # two layers, two pieces each
+    logits, tokens = run()
+    assert _rel(logits, ref_logits) < 1e-5
+    assert tokens == ref_tokens
+
+
 def test_route_attention_replaces_mlx_lm_s_attention_once_and_falls_back_for_quantized_caches():
     from mlx_lm.models import base, llama
     from mlx_lm.models.cache import QuantizedKVCache
