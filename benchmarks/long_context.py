@@ -52,11 +52,12 @@ def main() -> None:
     if kernel.active:
         qmv.install(model, kernel)
         qmv.install_fused(model, kernel)
+    vocab = min(20000, getattr(getattr(model, "args", None), "vocab_size", 20000))
     print(f"BLAS: {status}; kernel: {kernel.text}; load average {os.getloadavg()[0]:.2f}")
     print("| context (tokens) | prefill (s) | prefill (tok/s) | decode step (ms) | decode (tok/s) |\n|---|--:|--:|--:|--:|")
     for n in args.tokens or [40, 1000, 4000]:
         cache = make_prompt_cache(model)
-        tokens = [100 + (i * 7919) % 20000 for i in range(n)]
+        tokens = [3 + (i * 7919) % (vocab - 3) for i in range(n)]
         t0 = time.perf_counter()
         for at in range(0, n, args.chunk):
             model(mx.array(tokens[at:at + args.chunk])[None], cache=cache)

@@ -61,6 +61,13 @@ SOURCES = ("openblas", "mkl", "bundled")
 #: Threads only pay on big prefill matmuls of an idle machine: ask for them with
 #: MKL_NUM_THREADS / OMP_NUM_THREADS (or MKL_THREADING_LAYER).
 MKL_THREADING_DEFAULT = "SEQUENTIAL"
+#: OpenBLAS's worker threads spin after each product for 2^N cycles (``OPENBLAS_THREAD_TIMEOUT``,
+#: 4..30, its build's default 28: ~0.1 s) before they sleep, taking a core from the kernel's
+#: threads and the engine between the products of a prefill. mlxrt sets 4 (sleep at once) unless
+#: the variable is set. Measured here (2 cores, quiet, `benchmarks/long_context.py`, SmolLM2 Q4_1,
+#: two interleaved runs): a 1,000-token prefill 2.88-2.99 -> 2.16-2.30 s, 4,000 tokens
+#: 16.7-19.7 -> 13.0-14.0 s; decode steps and the tiny fp32 checkpoint unchanged within noise.
+OPENBLAS_THREAD_TIMEOUT_DEFAULT = "4"
 
 
 @attrs.frozen
@@ -246,6 +253,9 @@ def _decide(argv: Sequence[str], env: Mapping[str, str], *, load: bool = True) -
     if threading is not None and not env.get("MKL_THREADING_LAYER"):
         # Read by MKL when it first runs, from the C environment, which os.environ writes through.
         os.environ["MKL_THREADING_LAYER"] = threading
+    if kind == "openblas" and not env.get("OPENBLAS_THREAD_TIMEOUT"):
+        # Read by OpenBLAS when it is loaded (its thread server starts then).
+        os.environ["OPENBLAS_THREAD_TIMEOUT"] = OPENBLAS_THREAD_TIMEOUT_DEFAULT
     try:
         _load(path)
     except OSError as exc:

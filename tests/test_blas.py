@@ -55,9 +55,33 @@ def _decide_with(monkeypatch, env, *, openblas, mkl, loaded):
     monkeypatch.setattr(blas, "find_mkl", lambda: mkl)
     monkeypatch.setattr(blas, "_load", loaded.append)
     monkeypatch.setattr(blas, "matmul_matches", lambda: True)
-    monkeypatch.setenv("MKL_THREADING_LAYER", "")  # so that monkeypatch restores what activate() sets
-    monkeypatch.delenv("MKL_THREADING_LAYER")
+    for name in ("MKL_THREADING_LAYER", "OPENBLAS_THREAD_TIMEOUT"):
+        monkeypatch.setenv(name, "")  # so that monkeypatch restores what activate() sets
+        monkeypatch.delenv(name)
     return blas.activate([], env)
+
+
+def test_openblas_threads_sleep_after_a_product_unless_the_user_says_otherwise(monkeypatch):
+    """OpenBLAS's workers would spin ~0.1 s after each product, taking a core from the kernel's
+    threads: activate() sets OPENBLAS_THREAD_TIMEOUT=4 (sleep at once) before loading it, leaves
+    a value the user set, and sets nothing for MKL."""
+    from pathlib import Path
+
+    class WithTimeout(list):
+        """Each library loaded, with OPENBLAS_THREAD_TIMEOUT as the loader saw it."""
+
+        def append(self, path):
+            super().append((path, blas.os.environ.get("OPENBLAS_THREAD_TIMEOUT")))
+
+    ob, mkl = Path("/usr/lib/x/libopenblas.so.0"), Path("/venv/lib/libmkl_rt.so.3")
+    loaded: list = []
+    seen = WithTimeout()
+    assert _decide_with(monkeypatch, {}, openblas=ob, mkl=mkl, loaded=seen).kind == "openblas"
+    assert seen == [(ob, "4")]  # set before the library is loaded
+    assert _decide_with(monkeypatch, {"OPENBLAS_THREAD_TIMEOUT": "20"}, openblas=ob, mkl=mkl, loaded=loaded).kind == "openblas"
+    assert blas.os.environ.get("OPENBLAS_THREAD_TIMEOUT") is None  # the user's value is OpenBLAS's to read
+    assert _decide_with(monkeypatch, {}, openblas=None, mkl=mkl, loaded=loaded).kind == "mkl"
+    assert blas.os.environ.get("OPENBLAS_THREAD_TIMEOUT") is None
 
 
 def test_openblas_comes_before_mkl_and_mlxrt_blas_forces_either(monkeypatch):
