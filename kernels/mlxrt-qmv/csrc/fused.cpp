@@ -182,30 +182,27 @@ namespace {
 // Key and value bytes above which a lone query's attention uses every kernel thread.
 constexpr size_t LONE_ATTENTION_BYTES = 1 << 20;
 
-} // namespace
-
-bool attention_supported(const mx::array& q, const mx::array& k, const mx::array& v, mx::StreamOrDevice s) {
-  return on_cpu(s) && q.dtype() == mx::float32 && k.dtype() == mx::float32 && v.dtype() == mx::float32 &&
-      q.ndim() == 4 && k.ndim() == 4 && v.ndim() == 4 && q.shape(2) <= MAX_QUERIES && q.shape(0) == k.shape(0) &&
-      k.shape(0) == v.shape(0) && q.shape(-1) == k.shape(-1) && k.shape(1) == v.shape(1) && k.shape(2) == v.shape(2) &&
-      k.shape(1) > 0 && q.shape(1) % k.shape(1) == 0 && k.shape(2) > 0;
-}
-
-namespace {
-
-// More queries than the primitive takes (a prefill chunk), float32 on the CPU, no sinks: MLX's own
-// fallback graph for mx.fast.scaled_dot_product_attention (mlx/fast.cpp), op for op, with its
-// softmax computed by the Softmax primitive (activation.h: the same bits, ~20x faster); a long
-// prompt's queries in pieces (attention_long).
-bool long_queries_ok(const mx::array& q, const mx::array& k, const mx::array& v, const std::string& mask_mode,
-                     const std::optional<mx::array>& mask, bool arr, mx::StreamOrDevice s) {
-  if (!on_cpu(s) || q.dtype() != mx::float32 || k.dtype() != mx::float32 || v.dtype() != mx::float32) return false;
-  if (q.ndim() != 4 || k.ndim() != 4 || v.ndim() != 4 || q.shape(2) <= MAX_QUERIES) return false;
-  if (k.shape(1) == 0 || q.shape(1) % k.shape(1) != 0 || q.shape(-1) != k.shape(-1) || k.shape(2) != v.shape(2)) return false;
-  if (!(mask_mode.empty() || mask_mode == "causal" || mask_mode == "array")) return false;
+// What attention() computes itself, whatever the number of queries: float32 q, k, v of 4
+// dimensions on the CPU whose shapes agree (grouped heads included), no mask, "causal" (with at
+// least as many keys as queries) or a bool / float32 array mask of at most 4 dimensions.
+bool arguments_ok(const mx::array& q, const mx::array& k, const mx::array& v, const std::string& mask_mode,
+                  const std::optional<mx::array>& mask, bool arr, mx::StreamOrDevice s) {
+  const bool tensors = on_cpu(s) && q.dtype() == mx::float32 && k.dtype() == mx::float32 && v.dtype() == mx::float32 &&
+      q.ndim() == 4 && k.ndim() == 4 && v.ndim() == 4 && q.shape(0) == k.shape(0) && k.shape(0) == v.shape(0) &&
+      q.shape(-1) == k.shape(-1) && k.shape(1) == v.shape(1) && k.shape(2) == v.shape(2) && k.shape(1) > 0 &&
+      q.shape(1) % k.shape(1) == 0 && k.shape(2) > 0;
+  if (!tensors || !(mask_mode.empty() || mask_mode == "causal" || mask_mode == "array")) return false;
   if (arr && !(mask.has_value() && mask->ndim() <= 4 && (mask->dtype() == mx::bool_ || mask->dtype() == mx::float32))) return false;
   return !(mask_mode == "causal" && k.shape(2) < q.shape(2));
 }
+
+} // namespace
+
+bool attention_supported(const mx::array& q, const mx::array& k, const mx::array& v, mx::StreamOrDevice s) {
+  return arguments_ok(q, k, v, "", std::nullopt, false, s) && q.shape(2) <= MAX_QUERIES;
+}
+
+namespace {
 
 // A long prompt's scores are (batch, heads, queries, keys) floats: 295 MB a layer for a 2,048-token
 // chunk over 4,000 SmolLM2 keys. attention_long takes the queries in pieces whose scores stay
@@ -275,14 +272,14 @@ mx::array attention_long(const mx::array& queries, const mx::array& keys, const 
 mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, float scale,
                     const std::string& mask_mode, const std::optional<mx::array>& mask, mx::StreamOrDevice s) {
   const bool arr = mask_mode == "array" || (mask_mode.empty() && mask.has_value());
-  bool ok = attention_supported(q, k, v, s) && (mask_mode.empty() || mask_mode == "causal" || mask_mode == "array");
-  if (ok && arr) ok = mask.has_value() && mask->ndim() <= 4 && (mask->dtype() == mx::bool_ || mask->dtype() == mx::float32);
-  if (ok && mask_mode == "causal") ok = k.shape(2) >= q.shape(2);
-  if (!ok) {
-    if (long_queries_ok(q, k, v, mask_mode, mask, arr, s)) return attention_long(q, k, v, scale, mask_mode == "causal", arr ? mask : std::nullopt, s);
+  if (!arguments_ok(q, k, v, mask_mode, mask, arr, s)) {
     return mx::fast::scaled_dot_product_attention(q, k, v, scale, mask_mode == "array" ? "" : mask_mode,
                                                   arr ? mask : std::nullopt, std::nullopt, false, s);
   }
+  // more queries than the primitive takes (a prefill chunk): MLX's own fallback graph for
+  // mx.fast.scaled_dot_product_attention (mlx/fast.cpp), op for op, with its softmax the Softmax
+  // primitive (activation.h: the same bits, ~20x faster); a long prompt's queries in pieces
+  if (q.shape(2) > MAX_QUERIES) return attention_long(q, k, v, scale, mask_mode == "causal", arr ? mask : std::nullopt, s);
   std::vector<mx::array> inputs = {q, k, v};
   int mode = mask_mode == "causal" ? 1 : 0;
   if (arr) {
