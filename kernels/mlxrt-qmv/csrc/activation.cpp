@@ -105,7 +105,7 @@ void Swiglu::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::arra
 void softmax_generic(const float* in, float* out, int64_t rows, const SoftmaxRows& a) {
   const int64_t n = a.n;
   for (int64_t r = 0; r < rows; ++r, in += n, out += n) {
-    const int64_t seen = a.causal_start < 0 ? n : std::min(n, a.causal_start + (a.first_row + r) % a.queries + 1);
+    const int64_t seen = a.seen(r);
     float m = -std::numeric_limits<float>::infinity();
     for (int64_t i = 0; i < seen; ++i) m = std::max(in[i], m);
     float total = 0.f;

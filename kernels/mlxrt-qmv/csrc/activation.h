@@ -39,6 +39,11 @@ mx::array softmax(const mx::array& x, int causal_start = -1, mx::StreamOrDevice 
 // query (first_row + r) % queries of its block and sees keys [0, causal_start + that query].
 struct SoftmaxRows {
   int64_t n, first_row = 0, queries = 1, causal_start = -1;
+  // The keys row r (of a run starting at first_row) sees: all n, or up to its causal bound.
+  int64_t seen(int64_t r) const {
+    const int64_t bound = causal_start + (first_row + r) % queries + 1;
+    return causal_start < 0 || bound > n ? n : bound;
+  }
 };
 void softmax_generic(const float* in, float* out, int64_t rows, const SoftmaxRows& a);
 void softmax_avx2(const float* in, float* out, int64_t rows, const SoftmaxRows& a);

@@ -35,7 +35,7 @@ void softmax_avx2(const float* in, float* out, int64_t rows, const SoftmaxRows& 
   const int64_t n = a.n;
   for (int64_t r = 0; r < rows; ++r, in += n, out += n) {
     // a causal row's masked keys: exact zeros, left out of the maximum and the sum
-    const int64_t seen = a.causal_start < 0 ? n : std::min(n, a.causal_start + (a.first_row + r) % a.queries + 1);
+    const int64_t seen = a.seen(r);
     const int64_t whole = seen / 8 * 8;
     __m256 vm = _mm256_set1_ps(-__builtin_inff());
     for (int64_t i = 0; i < whole; i += 8) vm = _mm256_max_ps(_mm256_loadu_ps(in + i), vm);
