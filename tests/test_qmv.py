@@ -83,6 +83,24 @@ def test_float32_products_equal_mlx_quantized_matmul(bits, gs, rows):
 
 
 @needs_kernel
+@pytest.mark.skipif(not INT8, reason="the float kernels (on request only) sum a row in as many chains as the "
+                                     "registers allow for the rows beside it")
+@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("gs", [32, 64, 128])
+def test_each_row_of_a_product_is_that_row_s_product_alone_bit_for_bit(bits, gs):
+    # A batch's decode step multiplies its rows together and a lone stream's one row; the integer
+    # kernels have a loop for each (one row, up to four), and a seeded request must return the
+    # same text alone and under load (tests/test_batching.py), so every row's bits are its own.
+    for n, k in SHAPES[gs]:
+        w, s, b = _quantized(n, k, gs, bits, seed=n)
+        x = mx.random.normal((13, k))
+        together = qmv_ext.quantized_matmul(x, w, s, b, gs, bits)
+        for i in range(x.shape[0]):
+            alone = qmv_ext.quantized_matmul(x[i:i + 1], w, s, b, gs, bits)
+            assert mx.array_equal(together[i:i + 1], alone).item(), (n, k, i)
+
+
+@needs_kernel
 @pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16])
 @pytest.mark.parametrize("bits", [4, 8])
 def test_half_precision_is_at_least_as_close_to_the_exact_product_as_mlx(dtype, bits):
@@ -274,7 +292,7 @@ def test_version_reports_the_kernel_and_mlxrt_qmv_0_turns_it_off():
         assert run.returncode == 0, run.stderr
         return run.stdout
 
-    assert f"quantized kernel: mlxrt-qmv 0.4.0 ({qmv_ext.kernel_name()}, " in version()
+    assert f"quantized kernel: mlxrt-qmv 0.4.1 ({qmv_ext.kernel_name()}, " in version()
     assert "quantized kernel: none (MLXRT_QMV=0)" in version(MLXRT_QMV="0")
 
 
