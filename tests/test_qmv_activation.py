@@ -1,7 +1,9 @@
 """The mlxrt-qmv kernel's ``swiglu`` primitive: mlx-lm's ``silu(gate) * x`` with the same float32
 bits as MLX's CPU ops (edge values, a tail shorter than eight, a buffer split over threads, views),
 MLX's own ops for what it does not take, and, routed by ``install_fused``, one op in a llama
-model's MLP with a model's logits unchanged to the bit. Skipped where the kernel is not built."""
+model's MLP with a model's logits unchanged to the bit. Its ``log_softmax`` primitive: a decode
+step's log-probabilities, ``logits - mx.logsumexp(logits, axis=-1, keepdims=True)``, with MLX's
+bits, as the engine computes them. Skipped where the kernel is not built."""
 
 from __future__ import annotations
 
@@ -88,3 +90,48 @@ def test_install_fused_routes_a_llama_mlp_s_swiglu_and_leaves_its_logits_as_they
         assert mx.array_equal(routed, mlx_s).item()
     finally:
         llama.swiglu = saved
+
+
+needs_log_softmax = pytest.mark.skipif(ext is None or not hasattr(ext, "log_softmax"),
+                                       reason="mlxrt-qmv before 0.4.1 has no log_softmax")
+
+
+def _log_softmax_mlx(x: mx.array) -> mx.array:
+    return x - mx.logsumexp(x, axis=-1, keepdims=True)
+
+
+@needs_log_softmax
+def test_log_softmax_gives_mlx_s_bits():
+    rng = np.random.default_rng(1)
+    rows = [rng.standard_normal(n).astype(np.float32) * s for n, s in
+            ((49152, 1.0), (49152, 25.0), (151936, 4.0), (37, 1e-3), (8, 80.0), (1, 3.0), (13, 1e4))]
+    edge = rng.standard_normal(1000).astype(np.float32)
+    for values in ([np.inf], [-np.inf], [np.nan], [np.nan, np.inf], [1e-40, -1e-40, 0.0, -0.0], [3.4e38, -3.4e38]):
+        row = edge.copy()
+        row[rng.choice(row.size, len(values), replace=False)] = values
+        rows.append(row)
+    rows.append(np.full(19, -np.inf, np.float32))  # every token masked out
+    rows.append(rng.integers(0, 2**32, 4099, dtype=np.uint64).astype(np.uint32).view(np.float32))  # any bits
+    for row in rows:
+        x = mx.array(row)[None]
+        assert _same_bits(ext.log_softmax(x), _log_softmax_mlx(x)), row.size
+    batch = mx.random.normal((8, 49152)) * 6  # a batch's rows, split over the kernel's threads
+    assert _same_bits(ext.log_softmax(batch), _log_softmax_mlx(batch))
+    for x in (mx.random.normal((2, 3, 1000)), mx.random.normal((300, 5)).T):  # more axes, a transposed view
+        assert _same_bits(ext.log_softmax(x), _log_softmax_mlx(x))
+
+
+@needs_log_softmax
+def test_log_softmax_leaves_other_dtypes_to_mlx():
+    x = mx.random.normal((3, 500))
+    for dtype in (mx.bfloat16, mx.float16):
+        assert _same_bits(ext.log_softmax(x.astype(dtype)), _log_softmax_mlx(x.astype(dtype)))
+    assert "MlxrtLogSoftmax" not in _labels(ext.log_softmax(x.astype(mx.float16)))
+
+
+@needs_log_softmax
+def test_the_engine_draws_from_the_primitive_s_log_probabilities():
+    logits = mx.random.normal((4, 49152)) * 8
+    got = qmv.log_softmax(logits)
+    assert "MlxrtLogSoftmax" in _labels(got)
+    assert _same_bits(got, _log_softmax_mlx(logits))

@@ -47,6 +47,7 @@ from typing import Any
 
 import attrs
 
+from mlxrt.engine import qmv
 from mlxrt.engine.steps import CLEAR_EVERY
 
 __all__ = ["BatchSteps", "Progress", "Response"]
@@ -350,7 +351,7 @@ class BatchSteps:
                         row = processor(history, row)
                 processed.append(row)
             logits = mx.concatenate(processed, axis=0)
-        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+        logprobs = qmv.log_softmax(logits)
         samplers = [seq.sampler for seq in self._rows]
         if all(sampler is samplers[0] for sampler in samplers):
             drawn = samplers[0](logprobs)

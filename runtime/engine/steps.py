@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from mlxrt.engine import qmv
+
 __all__ = ["token_steps"]
 
 #: Steps between two releases of MLX's buffer cache while decoding (as mlx-lm).
@@ -67,7 +69,7 @@ def token_steps(prompt: Any, model: Any, *, cache: list[Any], stream: Any, max_t
             remember(tokens)
             for processor in processors or ():
                 logits = processor(history, logits)
-            logprobs = logits - mx.logsumexp(logits, keepdims=True)
+            logprobs = qmv.log_softmax(logits)
             return sample(logprobs), logprobs.squeeze(0)
 
     # Releasing MLX's buffer cache after each chunk bounds a long prefill's memory; after the

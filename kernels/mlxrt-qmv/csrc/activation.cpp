@@ -44,6 +44,17 @@ inline float mlx_sigmoid(float v) {
 }
 
 using Loop = void (*)(const float*, const float*, float*, int64_t);
+using LogSoftmaxLoop = void (*)(const float*, float*, int64_t, int64_t);
+
+LogSoftmaxLoop log_softmax_loop() {
+#if defined(__x86_64__) || defined(_M_X64)
+  static const LogSoftmaxLoop chosen =
+      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? log_softmax_avx2 : log_softmax_generic;
+  return chosen;
+#else
+  return log_softmax_generic;
+#endif
+}
 using SoftmaxLoop = void (*)(const float*, float*, int64_t, const SoftmaxRows&);
 
 SoftmaxLoop softmax_loop() {
@@ -165,6 +176,41 @@ void Softmax::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::arr
       part.first_row = r0;
       run(ip + r0 * n, op + r0 * n, r1 - r0, part);
     });
+  });
+}
+
+
+// ---------------------------------------------------------------- log_softmax
+
+void log_softmax_generic(const float* in, float* out, int64_t rows, int64_t n) {
+  for (int64_t r = 0; r < rows; ++r, in += n, out += n) {
+    float m = -std::numeric_limits<float>::infinity();
+    for (int64_t i = 0; i < n; ++i) m = std::isnan(in[i]) ? in[i] : (in[i] > m ? in[i] : m); // MLX's maximum
+    float total = 0.f;
+    for (int64_t i = 0; i < n; ++i) total = total + mlx_exp(in[i] - m);
+    const float lse = std::isinf(m) ? m : std::log(total) + m;
+    for (int64_t i = 0; i < n; ++i) out[i] = in[i] - lse;
+  }
+}
+
+mx::array log_softmax(const mx::array& x, mx::StreamOrDevice s) {
+  const bool ok = mx::to_stream(s).device == mx::Device::cpu && x.dtype() == mx::float32 && x.ndim() >= 1 &&
+      x.shape(-1) > 0 && x.size() > 0;
+  if (!ok) return mx::subtract(x, mx::logsumexp(x, std::vector<int>{-1}, true, s), s);
+  return mx::array(x.shape(), mx::float32, std::make_shared<LogSoftmax>(mx::to_stream(s)), {mx::contiguous(x, false, s)});
+}
+
+void LogSoftmax::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  const auto& x = inputs[0];
+  auto& out = outputs[0];
+  auto& encoder = begin_eval(inputs, out, stream());
+  const int64_t n = x.shape(-1), rows = static_cast<int64_t>(x.size()) / n;
+  encoder.dispatch([ip = x.data<float>(), op = out.data<float>(), rows, n]() {
+    const LogSoftmaxLoop run = log_softmax_loop();
+    // a batch's rows over the kernel's threads (one row of a 49K vocabulary is ~0.1 ms)
+    parallel_for(static_cast<int>(rows), static_cast<size_t>(rows * n) * 8, [&](int r0, int r1) {
+      run(ip + r0 * n, op + r0 * n, r1 - r0, n);
+    }, rows == 1);
   });
 }
 

@@ -47,6 +47,10 @@ NB_MODULE(_ext, m) {
       "last two axes are (queries, keys) and query i sees keys up to causal_start + i, as mx.softmax of "
       "where(that causal mask, x, finfo.min).");
   m.def(
+      "log_softmax", [](const mx::array& x) { return mlxrt_qmv::log_softmax(x); }, "x"_a,
+      "x - mx.logsumexp(x, axis=-1, keepdims=True) with MLX's float32 results bit for bit: one primitive for "
+      "float32 x on the CPU (exponentials eight at a time where the CPU has AVX2/FMA), MLX's ops otherwise.");
+  m.def(
       "swiglu", [](const mx::array& gate, const mx::array& x) { return mlxrt_qmv::swiglu(gate, x); }, "gate"_a, "x"_a,
       "nn.silu(gate) * x (mlx-lm's swiglu), the same float32 bits: one primitive for float32 operands of one "
       "shape on the CPU, MLX's ops otherwise.");

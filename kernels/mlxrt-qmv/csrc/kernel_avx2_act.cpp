@@ -4,6 +4,7 @@
 // run only where the CPU has them (activation.cpp checks).
 #include <immintrin.h>
 
+#include <cmath>
 #include <cstdint>
 
 #include "activation.h"
@@ -57,6 +58,51 @@ void softmax_avx2(const float* in, float* out, int64_t rows, const SoftmaxRows& 
     const float invs = 1 / total;
     for (int64_t i = whole; i < seen; ++i) out[i] = out[i] * invs;
     for (int64_t i = seen; i < n; ++i) out[i] = 0.f;
+  }
+}
+
+
+void log_softmax_avx2(const float* in, float* out, int64_t rows, int64_t n) {
+  alignas(32) float e[8];
+  const int64_t whole = n / 8 * 8;
+  for (int64_t r = 0; r < rows; ++r, in += n, out += n) {
+    // the maximum; MLX's one-lane loop keeps the first NaN it meets, so any NaN gives NaN
+    __m256 vm = _mm256_set1_ps(-__builtin_inff()), nan = _mm256_setzero_ps();
+    for (int64_t i = 0; i < whole; i += 8) {
+      const __m256 v = _mm256_loadu_ps(in + i);
+      nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+      vm = _mm256_max_ps(v, vm);
+    }
+    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vm), _mm256_extractf128_ps(vm, 1));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    float m = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+    bool any_nan = _mm256_movemask_ps(nan) != 0;
+    for (int64_t i = whole; i < n; ++i) {
+      any_nan = any_nan || std::isnan(in[i]);
+      m = in[i] > m ? in[i] : m;
+    }
+    if (any_nan)
+      for (int64_t i = 0; i < n; ++i)
+        if (std::isnan(in[i])) {
+          m = in[i];
+          break;
+        }
+    // the exponentials eight at a time, summed one by one in order, as MLX's loop sums them
+    const __m256 mv = _mm256_set1_ps(m);
+    float total = 0.f;
+    for (int64_t i = 0; i < whole; i += 8) {
+      _mm256_store_ps(e, exp8(_mm256_sub_ps(_mm256_loadu_ps(in + i), mv)));
+      for (int j = 0; j < 8; ++j) total += e[j];
+    }
+    if (whole < n) {
+      for (int j = 0; j < 8; ++j) e[j] = whole + j < n ? in[whole + j] : m;
+      _mm256_store_ps(e, exp8(_mm256_sub_ps(_mm256_load_ps(e), mv)));
+      for (int64_t i = whole; i < n; ++i) total += e[i - whole];
+    }
+    const float lse = std::isinf(m) ? m : std::log(total) + m;
+    const __m256 lv = _mm256_set1_ps(lse);
+    for (int64_t i = 0; i < whole; i += 8) _mm256_storeu_ps(out + i, _mm256_sub_ps(_mm256_loadu_ps(in + i), lv));
+    for (int64_t i = whole; i < n; ++i) out[i] = in[i] - lse;
   }
 }
 

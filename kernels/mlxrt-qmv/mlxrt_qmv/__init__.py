@@ -21,7 +21,9 @@ prefill chunk, run MLX's own fallback graph with ``softmax``), for float32 on th
 arguments go to the ``mx.fast`` operation itself. ``softmax(x)`` is ``mx.softmax(x, axis=-1)``
 as one op, MLX's float32 bits (its CPU exponential is one element at a time too). ``swiglu(gate,
 x)`` is mlx-lm's ``nn.silu(gate) * x`` as one op, the same float32 bits (MLX's CPU sigmoid runs
-one element at a time through a software fma on x86-64).
+one element at a time through a software fma on x86-64). ``log_softmax(x)`` is ``x -
+mx.logsumexp(x, axis=-1, keepdims=True)`` as one op, MLX's float32 bits: a decode step's
+log-probabilities over the vocabulary.
 
 Importing this package raises ``ImportError`` when the installed MLX is not the one the
 extension was built against (:data:`BUILT_FOR_MLX`): the primitive is C++ against MLX's ABI.
@@ -33,7 +35,8 @@ import mlx.core as mx
 
 from mlxrt_qmv import _ext
 
-__all__ = ["quantized_matmul", "dequantize", "supported", "rms_norm", "rope", "attention", "swiglu", "softmax", "attention_supported",
+__all__ = ["quantized_matmul", "dequantize", "supported", "rms_norm", "rope", "attention", "swiglu", "softmax", "log_softmax",
+           "attention_supported",
            "kernel_name", "threads", "set_threads", "MAX_ROWS", "MAX_QUERIES", "BUILT_FOR_MLX"]
 
 #: The MLX version whose headers the extension was compiled with.
@@ -58,4 +61,5 @@ rope = _ext.rope
 attention = _ext.attention
 swiglu = _ext.swiglu
 softmax = _ext.softmax
+log_softmax = _ext.log_softmax
 attention_supported = _ext.attention_supported
