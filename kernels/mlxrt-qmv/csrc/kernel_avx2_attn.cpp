@@ -37,9 +37,12 @@ void group(const AttnProblem& p, int64_t b, int64_t hk, int64_t l, int64_t h0, i
   const float lowest = std::numeric_limits<float>::lowest(); // MLX's where(mask, s, finfo.min)
   const int64_t visible = p.mode == 1 ? S - L + l + 1 : S;
   const int64_t padded = (visible + 7) / 8 * 8;
-  thread_local std::vector<float> qs, sc;
-  qs.resize(static_cast<size_t>(G) * D);
-  sc.resize(static_cast<size_t>(G) * padded);
+  thread_local std::vector<float> qs_buf, sc_buf;
+  qs_buf.resize(static_cast<size_t>(G) * D);
+  sc_buf.resize(static_cast<size_t>(G) * padded);
+  // the buffers' addresses once: each use of a thread_local in this shared library is a call
+  float* const qs = qs_buf.data();
+  float* const sc = sc_buf.data();
   for (int g = 0; g < G; ++g) {
     const float* qr = p.q.data + b * p.q.stride[0] + (h0 + g) * p.q.stride[1] + l * p.q.stride[2];
     for (int64_t d = 0; d < D; ++d) qs[g * D + d] = qr[d * p.q.stride[3]] * p.scale;
@@ -51,7 +54,7 @@ void group(const AttnProblem& p, int64_t b, int64_t hk, int64_t l, int64_t h0, i
   for (int64_t s = 0; s < visible; ++s) {
     const float* kr = kb + s * p.k.stride[2];
     for (int g = 0; g < G; ++g) {
-      float v = dot8(qs.data() + g * D, kr, static_cast<int>(D));
+      float v = dot8(qs + g * D, kr, static_cast<int>(D));
       const int64_t at = b * p.mask.stride[0] + (h0 + g) * p.mask.stride[1] + l * p.mask.stride[2] + s * p.mask.stride[3];
       if (p.mode == 2) {
         if (!p.mask.b[at]) v = lowest;
@@ -64,7 +67,7 @@ void group(const AttnProblem& p, int64_t b, int64_t hk, int64_t l, int64_t h0, i
   }
   float inv[MAX_GROUP];
   for (int g = 0; g < G; ++g) {
-    float* row = sc.data() + g * padded;
+    float* row = sc + g * padded;
     for (int64_t s = visible; s < padded; ++s) row[s] = lowest; // exp(lowest - max) = 0, not read
     const __m256 m = _mm256_set1_ps(mx[g]);
     for (int64_t s = 0; s < padded; s += 8) _mm256_storeu_ps(row + s, exp8(_mm256_sub_ps(_mm256_loadu_ps(row + s), m)));
@@ -73,7 +76,7 @@ void group(const AttnProblem& p, int64_t b, int64_t hk, int64_t l, int64_t h0, i
     inv[g] = 1.0f / total;
   }
   for (int g = 0; g < G; ++g) {
-    const float* row = sc.data() + g * padded;
+    const float* row = sc + g * padded;
     float* o = p.out + (((b * Hq) + h0 + g) * L + l) * Dv;
     for (int64_t d0 = 0; d0 < Dv; d0 += 64) { // 8 accumulators of 8 lanes a pass
       const int n = static_cast<int>(std::min<int64_t>(64, Dv - d0)) / 8;

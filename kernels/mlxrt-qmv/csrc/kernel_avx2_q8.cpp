@@ -291,6 +291,7 @@ void rows_q(const Problem& p, int r0, int r1) {
   const size_t sz = 2 * static_cast<size_t>(p.G) + p.K / 32;
   thread_local std::vector<float> sb;
   sb.resize(4 * sz);
+  float* const scratch = sb.data(); // once: each use of a thread_local in this shared library is a call
   float res[4][4];
   for (int m0 = 0; m0 < p.M; m0 += 4) {
     const int mm = p.M - m0 < 4 ? p.M - m0 : 4;
@@ -301,7 +302,7 @@ void rows_q(const Problem& p, int r0, int r1) {
       const uint8_t* w[4];
       RowScales rs[4];
       for (int i = 0; i < n; ++i) {
-        float* base = sb.data() + i * sz;
+        float* base = scratch + i * sz;
         w[i] = wbase + static_cast<size_t>(r + i) * row_bytes;
         rs[i] = row_scales_f32(p, r + i, base, base + p.G, base + 2 * p.G);
       }
