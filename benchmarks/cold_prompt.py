@@ -41,7 +41,9 @@ def main() -> None:
                str(serving.LLAMA_SLOTS), "-c", "65536", "--host", "127.0.0.1", "--port", str(port)]
     else:
         cmd = [args.mlxrt, "serve", folder, "--port", str(port), "--log-level", "warning"]
-    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    llama = bool(args.llama_server)  # its stop signals blocked, stopped with SIGKILL: serving.block_stop_signals
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                            preexec_fn=serving.block_stop_signals if llama else None)
     try:
         serving.first_completion(url, proc, time.perf_counter())
         print(f"{' '.join(cmd[:2])}; load average {serving._loadavg()}")
@@ -56,7 +58,7 @@ def main() -> None:
             print(f"| {round(sum(r.prompt_tokens for r in runs) / 2)} | "
                   f"{', '.join(f'{r.ttft:.2f}' for r in runs)} |", flush=True)
     finally:
-        serving._stop(proc)
+        serving._stop(proc, hard=llama)
 
 
 if __name__ == "__main__":

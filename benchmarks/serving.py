@@ -61,6 +61,7 @@ import platform
 import random
 import re
 import shlex
+import signal
 import socket
 import statistics
 import subprocess
@@ -449,7 +450,13 @@ def run_session(name: str, model: str, extra: Sequence[str], plan: Plan, prompts
     return s
 
 
-def _stop(proc: subprocess.Popen) -> None:
+def _stop(proc: subprocess.Popen, hard: bool = False) -> None:
+    """Stop a server: SIGTERM and up to 30 s, then SIGKILL; ``hard``: SIGKILL at once (a server
+    started with its stop signals blocked, :func:`block_stop_signals`)."""
+    if hard:
+        proc.kill()
+        proc.wait()
+        return
     proc.terminate()
     try:
         proc.wait(timeout=30)
@@ -674,6 +681,16 @@ SIDE_METRICS = (("ready_s", "ready: spawn to first completion (s)", 2, "low"),
                 ("rss_mib", "peak RSS (MiB)", 0, "low"))
 
 
+def block_stop_signals() -> None:
+    """``preexec_fn`` for llama-server: SIGINT and SIGTERM blocked (pending through exec and the
+    handlers it installs for both; the harness then stops it with SIGKILL). In this sandbox a
+    SIGINT or SIGTERM from outside the harness reached llama-server in a background run whenever
+    another shell command started (not in a new session either), and it shut down mid-round
+    ("cleaning up before exit", status 0; the Python servers were unaffected). With both blocked
+    it ran every round through."""
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+
+
 def side_round(name: str, model: str, extra: Sequence[str], plan: SidePlan, prompts: Prompts, seed: int,
                log: Path | None = None) -> dict:
     """One start of one server under the side-by-side load: its figures (its output appended to
@@ -683,7 +700,9 @@ def side_round(name: str, model: str, extra: Sequence[str], plan: SidePlan, prom
     cmd = server_command(name, model, port, extra)
     sink = open(log, "ab") if log is not None else subprocess.DEVNULL  # noqa: SIM115 - closed below
     t_spawn = time.perf_counter()
-    proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT if log is not None else sink)
+    llama = name == "llama-server"
+    proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT if log is not None else sink,
+                            preexec_fn=block_stop_signals if llama else None)
     try:
         out: dict = {"ready_s": first_completion(url, proc, t_spawn)}
         ids = iter(range(seed, seed + 10_000))
@@ -704,7 +723,7 @@ def side_round(name: str, model: str, extra: Sequence[str], plan: SidePlan, prom
         out["rss_mib"] = peak_rss_mib(proc.pid)
         return out
     finally:
-        _stop(proc)
+        _stop(proc, hard=llama)
         if log is not None:
             sink.close()
 
