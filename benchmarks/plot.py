@@ -128,8 +128,20 @@ def concurrency_png(data: Mapping[str, Mapping[str, Sequence[tuple[int, float]]]
     for lines in data.values():
         servers += [s for s in lines if s not in servers]
     styles = {s: _STYLES[i % len(_STYLES)] for i, s in enumerate(servers)}
-    header, legend_h = (30 if title else 0), 34
     panels = max(1, len(data))
+    # the legend in as many lines as the width needs, the note on a line of its own below it
+    f = _font(14)
+    measure = ImageDraw.Draw(Image.new("RGB", (1, 1)))
+    rows: list[list[tuple[str, int]]] = [[]]
+    x = 20
+    for s in servers:
+        w = 38 + _text_size(measure, s, f)[0] + 44
+        if rows[-1] and x + w > _PANEL_W * panels - 10:
+            rows.append([])
+            x = 20
+        rows[-1].append((s, x))
+        x += w
+    header, legend_h = (30 if title else 0), 26 * len(rows) + (20 if note else 0) + 8
     img = Image.new("RGB", (_PANEL_W * panels, _PANEL_H + header + legend_h), "white")
     body = Image.new("RGB", (_PANEL_W * panels, _PANEL_H), "white")
     for i, (model, lines) in enumerate(data.items()):
@@ -140,15 +152,15 @@ def concurrency_png(data: Mapping[str, Mapping[str, Sequence[tuple[int, float]]]
         f = _font(17)
         tw, _ = _text_size(draw, title, f)
         draw.text(((img.width - tw) / 2, 6), title, fill="black", font=f)
-    f = _font(14)
-    x, y = 20, header + _PANEL_H + 6
-    for s in servers:
-        colour, kind = styles[s]
-        draw.line((x, y + 9, x + 30, y + 9), fill=colour, width=3)
-        _marker(draw, x + 15, y + 9, kind, colour)
-        draw.text((x + 38, y), s, fill="black", font=f)
-        x += 38 + _text_size(draw, s, f)[0] + 30
+    y = header + _PANEL_H + 6
+    for row in rows:
+        for s, x in row:
+            colour, kind = styles[s]
+            draw.line((x, y + 9, x + 30, y + 9), fill=colour, width=3)
+            _marker(draw, x + 15, y + 9, kind, colour)
+            draw.text((x + 38, y), s, fill="black", font=f)
+        y += 26
     if note:
         tw, _ = _text_size(draw, note, _font(12))
-        draw.text((img.width - tw - 12, y + 2), note, fill=(90, 90, 90), font=_font(12))
+        draw.text((img.width - tw - 12, y), note, fill=(90, 90, 90), font=_font(12))
     img.save(path)
