@@ -21,7 +21,9 @@ model dispatched ~3,500 ops, most of its time. The kernel's fused primitives com
 op (float32 on the CPU; anything else goes on to ``mx.fast`` itself). mlx-lm's ``swiglu``
 (``silu(gate) * x``) goes through the kernel's too: MLX's CPU sigmoid runs one element at a time
 through a software fma on x86-64 (~1 ms a layer for a 32-token prefill chunk of SmolLM2); the
-primitive gives the same bits eight at a time.
+primitive gives the same bits eight at a time. :func:`log_softmax` is the log-probabilities both
+lanes draw each token from, through the kernel's one-op primitive (MLX's bits; MLX's CPU
+``logsumexp`` takes its exponentials one at a time, 0.8 ms a row of a 49K vocabulary).
 """
 
 from __future__ import annotations
