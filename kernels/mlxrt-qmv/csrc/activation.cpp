@@ -45,6 +45,16 @@ inline float mlx_sigmoid(float v) {
 
 using Loop = void (*)(const float*, const float*, float*, int64_t);
 using LogSoftmaxLoop = void (*)(const float*, float*, int64_t, int64_t);
+using ExpLoop = void (*)(const float*, float*, int64_t);
+
+ExpLoop exp_loop() {
+#if defined(__x86_64__) || defined(_M_X64)
+  static const ExpLoop chosen = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? exp_avx2 : exp_generic;
+  return chosen;
+#else
+  return exp_generic;
+#endif
+}
 
 LogSoftmaxLoop log_softmax_loop() {
 #if defined(__x86_64__) || defined(_M_X64)
@@ -211,6 +221,28 @@ void LogSoftmax::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::
     parallel_for(static_cast<int>(rows), static_cast<size_t>(rows * n) * 8, [&](int r0, int r1) {
       run(ip + r0 * n, op + r0 * n, r1 - r0, n);
     }, rows == 1);
+  });
+}
+
+
+// ---------------------------------------------------------------- exp
+
+void exp_generic(const float* in, float* out, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) out[i] = mlx_exp(in[i]);
+}
+
+mx::array exp(const mx::array& x, mx::StreamOrDevice s) {
+  const bool ok = mx::to_stream(s).device == mx::Device::cpu && x.dtype() == mx::float32 && x.size() > 0;
+  if (!ok) return mx::exp(x, s);
+  return mx::array(x.shape(), mx::float32, std::make_shared<Exp>(mx::to_stream(s)), {mx::contiguous(x, false, s)});
+}
+
+void Exp::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  const auto& x = inputs[0];
+  auto& out = outputs[0];
+  auto& encoder = begin_eval(inputs, out, stream());
+  encoder.dispatch([ip = x.data<float>(), op = out.data<float>(), n = static_cast<int64_t>(x.size())]() {
+    exp_loop()(ip, op, n);
   });
 }
 

@@ -7,6 +7,7 @@
 
 #include "mlx/version.h"
 #include "activation.h"
+#include "sort.h"
 #include "fused.h"
 #include "qmv.h"
 
@@ -46,6 +47,14 @@ NB_MODULE(_ext, m) {
       "(exponentials eight at a time where the CPU has AVX2/FMA), mx.softmax otherwise. causal_start >= 0: x's "
       "last two axes are (queries, keys) and query i sees keys up to causal_start + i, as mx.softmax of "
       "where(that causal mask, x, finfo.min).");
+  m.def(
+      "exp", [](const mx::array& x) { return mlxrt_qmv::exp(x); }, "x"_a,
+      "mx.exp(x) with MLX's float32 results bit for bit: one primitive for float32 x on the CPU (eight at a time "
+      "where the CPU has AVX2/FMA), mx.exp otherwise.");
+  m.def(
+      "sort", [](const mx::array& x) { return mlxrt_qmv::sort(x); }, "x"_a,
+      "mx.sort(x, axis=-1) with MLX's results: one primitive for float32 x on the CPU (a stable radix sort: "
+      "ascending, NaNs last, equal values in their order), mx.sort otherwise.");
   m.def(
       "log_softmax", [](const mx::array& x) { return mlxrt_qmv::log_softmax(x); }, "x"_a,
       "x - mx.logsumexp(x, axis=-1, keepdims=True) with MLX's float32 results bit for bit: one primitive for "

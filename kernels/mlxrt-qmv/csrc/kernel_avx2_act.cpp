@@ -106,4 +106,16 @@ void log_softmax_avx2(const float* in, float* out, int64_t rows, int64_t n) {
   }
 }
 
+
+void exp_avx2(const float* in, float* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, exp8(_mm256_loadu_ps(in + i)));
+  if (i < n) { // the same exponential for the last elements, through a padded copy
+    alignas(32) float tail[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int64_t j = i; j < n; ++j) tail[j - i] = in[j];
+    _mm256_store_ps(tail, exp8(_mm256_load_ps(tail)));
+    for (int64_t j = i; j < n; ++j) out[j] = tail[j - i];
+  }
+}
+
 } // namespace mlxrt_qmv

@@ -23,7 +23,8 @@ as one op, MLX's float32 bits (its CPU exponential is one element at a time too)
 x)`` is mlx-lm's ``nn.silu(gate) * x`` as one op, the same float32 bits (MLX's CPU sigmoid runs
 one element at a time through a software fma on x86-64). ``log_softmax(x)`` is ``x -
 mx.logsumexp(x, axis=-1, keepdims=True)`` as one op, MLX's float32 bits: a decode step's
-log-probabilities over the vocabulary.
+log-probabilities over the vocabulary. ``exp(x)`` and ``sort(x)`` are ``mx.exp`` and ``mx.sort(x,
+axis=-1)`` with MLX's float32 results, for a sampler's nucleus (top-p) filter.
 
 Importing this package raises ``ImportError`` when the installed MLX is not the one the
 extension was built against (:data:`BUILT_FOR_MLX`): the primitive is C++ against MLX's ABI.
@@ -35,7 +36,7 @@ import mlx.core as mx
 
 from mlxrt_qmv import _ext
 
-__all__ = ["quantized_matmul", "dequantize", "supported", "rms_norm", "rope", "attention", "swiglu", "softmax", "log_softmax",
+__all__ = ["quantized_matmul", "dequantize", "supported", "rms_norm", "rope", "attention", "swiglu", "softmax", "log_softmax", "exp", "sort",
            "attention_supported",
            "kernel_name", "threads", "set_threads", "MAX_ROWS", "MAX_QUERIES", "BUILT_FOR_MLX"]
 
@@ -62,4 +63,6 @@ attention = _ext.attention
 swiglu = _ext.swiglu
 softmax = _ext.softmax
 log_softmax = _ext.log_softmax
+exp = _ext.exp
+sort = _ext.sort
 attention_supported = _ext.attention_supported
