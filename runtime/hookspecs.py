@@ -310,7 +310,8 @@ def mlxrt_sampler(request: GenerationRequest, info: ModelInfo, host: PluginHost)
     :param host: The plugin host (server options in ``host.options``, e.g. a plugin's own
         ``mlxrt_serve_options`` values).
     :returns: A ``(logprobs) -> tokens`` callable (mlx-lm's protocol), or ``None`` for the
-        default, ``mlx_lm.sample_utils.make_sampler`` over the request's sampling settings.
+        default, ``mlx_lm.sample_utils.make_sampler`` over the request's sampling settings (its
+        top-p filter the mlxrt-qmv kernel's where that is loaded: the same tokens).
 
     Called per request at admission, on the engine thread. Stops at first non-None result.
     Raise :class:`mlxrt.errors.InvalidRequest` for a client error in a claimed field (a 400).

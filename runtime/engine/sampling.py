@@ -1,7 +1,8 @@
 """The sampler chain of one request: built-in samplers and logits processors, and the hooks.
 
 The built-in chain is mlx-lm's (``make_sampler``, ``make_logits_processors``), configured from
-the request's :class:`SamplingParams`. ``mlxrt_sampler`` replaces the sampler;
+the request's :class:`SamplingParams`; where the mlxrt-qmv kernel is loaded its top-p filter is
+the kernel's (:func:`mlxrt.engine.qmv.top_p_filter`: the same results, a quarter of the time). ``mlxrt_sampler`` replaces the sampler;
 ``mlxrt_logits_processors`` adds processors after the built-in ones. Hooks are called once per
 request at admission (never per token); the returned callables run per token on the engine
 thread.
