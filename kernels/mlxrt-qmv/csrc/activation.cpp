@@ -1,4 +1,5 @@
-// The swiglu and softmax primitives (activation.h): their ops, portable loops and CPU evaluation.
+// The swiglu, softmax, log_softmax and exp primitives (activation.h): their ops, portable loops and CPU
+// evaluation.
 #include "activation.h"
 
 #include <algorithm>
@@ -65,6 +66,7 @@ LogSoftmaxLoop log_softmax_loop() {
   return log_softmax_generic;
 #endif
 }
+
 using SoftmaxLoop = void (*)(const float*, float*, int64_t, const SoftmaxRows&);
 
 SoftmaxLoop softmax_loop() {
@@ -189,7 +191,6 @@ void Softmax::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::arr
   });
 }
 
-
 // ---------------------------------------------------------------- log_softmax
 
 void log_softmax_generic(const float* in, float* out, int64_t rows, int64_t n) {
@@ -223,7 +224,6 @@ void LogSoftmax::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::
     }, rows == 1);
   });
 }
-
 
 // ---------------------------------------------------------------- exp
 

@@ -1,4 +1,6 @@
-// mlxrt_qmv's activation primitive: mlx-lm's swiglu, silu(gate) * x, as one op. MLX's CPU
+// mlxrt_qmv's elementwise and row primitives, each MLX's float32 results bit for bit: swiglu,
+// softmax, log_softmax (a decode step's log-probabilities) and exp. First, mlx-lm's swiglu,
+// silu(gate) * x, as one op. MLX's CPU
 // backend on x86-64 runs its sigmoid one element at a time through a software fma (std::fma in
 // its simd::exp): ~14 ns an element, ~1 ms a layer for a 32-token SmolLM2 prefill chunk, a sixth
 // of the chunk's time. The primitive computes the same operations in the same order (the same

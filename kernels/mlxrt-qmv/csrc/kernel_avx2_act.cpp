@@ -1,4 +1,4 @@
-// swiglu and softmax (activation.h) eight floats at a time: MLX's scalar arithmetic in AVX2, operation for
+// swiglu, softmax, log_softmax and exp (activation.h) eight floats at a time: MLX's scalar arithmetic in AVX2, operation for
 // operation, so the results are the same bits. Compiled with AVX2/FMA for this file only (and
 // -ffp-contract=off: a product followed by a sum must stay two roundings, as in MLX's build) and
 // run only where the CPU has them (activation.cpp checks).
@@ -61,7 +61,6 @@ void softmax_avx2(const float* in, float* out, int64_t rows, const SoftmaxRows& 
   }
 }
 
-
 void log_softmax_avx2(const float* in, float* out, int64_t rows, int64_t n) {
   alignas(32) float e[8];
   const int64_t whole = n / 8 * 8;
@@ -105,7 +104,6 @@ void log_softmax_avx2(const float* in, float* out, int64_t rows, int64_t n) {
     for (int64_t i = whole; i < n; ++i) out[i] = in[i] - lse;
   }
 }
-
 
 void exp_avx2(const float* in, float* out, int64_t n) {
   int64_t i = 0;
