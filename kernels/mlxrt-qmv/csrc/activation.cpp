@@ -44,49 +44,17 @@ inline float mlx_sigmoid(float v) {
   return v < 0 ? y : 1.0f - y;
 }
 
-using Loop = void (*)(const float*, const float*, float*, int64_t);
-using LogSoftmaxLoop = void (*)(const float*, float*, int64_t, int64_t);
-using ExpLoop = void (*)(const float*, float*, int64_t);
-
-ExpLoop exp_loop() {
+// The loop NAME_avx2 where the CPU has AVX2 and FMA (kernel_avx2_act.cpp: x86-64 builds only),
+// else the portable NAME_generic.
 #if defined(__x86_64__) || defined(_M_X64)
-  static const ExpLoop chosen = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? exp_avx2 : exp_generic;
-  return chosen;
-#else
-  return exp_generic;
-#endif
+bool avx2_fma() {
+  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  return ok;
 }
-
-LogSoftmaxLoop log_softmax_loop() {
-#if defined(__x86_64__) || defined(_M_X64)
-  static const LogSoftmaxLoop chosen =
-      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? log_softmax_avx2 : log_softmax_generic;
-  return chosen;
+#define MLXRT_LOOP(NAME) (avx2_fma() ? NAME##_avx2 : NAME##_generic)
 #else
-  return log_softmax_generic;
+#define MLXRT_LOOP(NAME) NAME##_generic
 #endif
-}
-
-using SoftmaxLoop = void (*)(const float*, float*, int64_t, const SoftmaxRows&);
-
-SoftmaxLoop softmax_loop() {
-#if defined(__x86_64__) || defined(_M_X64)
-  static const SoftmaxLoop chosen =
-      __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? softmax_avx2 : softmax_generic;
-  return chosen;
-#else
-  return softmax_generic;
-#endif
-}
-
-Loop loop() {
-#if defined(__x86_64__) || defined(_M_X64)
-  static const Loop chosen = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") ? swiglu_avx2 : swiglu_generic;
-  return chosen;
-#else
-  return swiglu_generic;
-#endif
-}
 
 } // namespace
 
@@ -109,7 +77,7 @@ void Swiglu::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::arra
   auto& out = outputs[0];
   auto& encoder = begin_eval(inputs, out, stream());
   encoder.dispatch([gp = g.data<float>(), xp = x.data<float>(), op = out.data<float>(), n = static_cast<int64_t>(out.size())]() {
-    const Loop run = loop();
+    const auto run = MLXRT_LOOP(swiglu);
     // Split over the kernel's threads once there is enough work to pay for waking them.
     constexpr int64_t piece = 4096;
     if (n < 4 * piece) {
@@ -173,7 +141,7 @@ void Softmax::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::arr
   const int64_t n = x.shape(-1);
   const SoftmaxRows shape{n, 0, causal_start_ < 0 ? 1 : x.shape(-2), causal_start_};
   encoder.dispatch([ip = x.data<float>(), op = out.data<float>(), shape, rows = static_cast<int64_t>(x.size()) / n]() {
-    const SoftmaxLoop run = softmax_loop();
+    const auto run = MLXRT_LOOP(softmax);
     const int64_t n = shape.n;
     // rows in pieces of ~16K elements over the kernel's threads, when there are enough
     const int64_t piece = std::max<int64_t>(1, 16384 / n);
@@ -217,7 +185,7 @@ void LogSoftmax::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::
   auto& encoder = begin_eval(inputs, out, stream());
   const int64_t n = x.shape(-1), rows = static_cast<int64_t>(x.size()) / n;
   encoder.dispatch([ip = x.data<float>(), op = out.data<float>(), rows, n]() {
-    const LogSoftmaxLoop run = log_softmax_loop();
+    const auto run = MLXRT_LOOP(log_softmax);
     // a batch's rows over the kernel's threads (one row of a 49K vocabulary is ~0.1 ms)
     parallel_for(static_cast<int>(rows), static_cast<size_t>(rows * n) * 8, [&](int r0, int r1) {
       run(ip + r0 * n, op + r0 * n, r1 - r0, n);
@@ -242,7 +210,7 @@ void Exp::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>&
   auto& out = outputs[0];
   auto& encoder = begin_eval(inputs, out, stream());
   encoder.dispatch([ip = x.data<float>(), op = out.data<float>(), n = static_cast<int64_t>(x.size())]() {
-    exp_loop()(ip, op, n);
+    MLXRT_LOOP(exp)(ip, op, n);
   });
 }
 

@@ -67,16 +67,10 @@ mx::array exp(const mx::array& x, mx::StreamOrDevice s = {});
 void exp_generic(const float* in, float* out, int64_t n);
 void exp_avx2(const float* in, float* out, int64_t n);
 
-class Exp : public CpuPrimitive {
+class Exp : public PlainPrimitive {
  public:
-  explicit Exp(mx::Stream stream) : CpuPrimitive(stream) {}
+  using PlainPrimitive::PlainPrimitive;
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
-  bool is_equivalent(const mx::Primitive&) const override {
-    return true;
-  }
-  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
-    return {inputs[0].shape()};
-  }
   const char* name() const override {
     return "MlxrtExp";
   }
@@ -86,30 +80,21 @@ class Exp : public CpuPrimitive {
 void log_softmax_generic(const float* in, float* out, int64_t rows, int64_t n);
 void log_softmax_avx2(const float* in, float* out, int64_t rows, int64_t n);
 
-class LogSoftmax : public CpuPrimitive {
+class LogSoftmax : public PlainPrimitive {
  public:
-  explicit LogSoftmax(mx::Stream stream) : CpuPrimitive(stream) {}
+  using PlainPrimitive::PlainPrimitive;
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
-  bool is_equivalent(const mx::Primitive&) const override {
-    return true;
-  }
-  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
-    return {inputs[0].shape()};
-  }
   const char* name() const override {
     return "MlxrtLogSoftmax";
   }
 };
 
-class Softmax : public CpuPrimitive {
+class Softmax : public SameShapePrimitive {
  public:
-  Softmax(mx::Stream stream, int causal_start) : CpuPrimitive(stream), causal_start_(causal_start) {}
+  Softmax(mx::Stream stream, int causal_start) : SameShapePrimitive(stream), causal_start_(causal_start) {}
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   bool is_equivalent(const mx::Primitive& other) const override {
     return causal_start_ == static_cast<const Softmax&>(other).causal_start_;
-  }
-  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
-    return {inputs[0].shape()};
   }
   const char* name() const override {
     return "MlxrtSoftmax";
@@ -119,16 +104,10 @@ class Softmax : public CpuPrimitive {
   int causal_start_;
 };
 
-class Swiglu : public CpuPrimitive {
+class Swiglu : public PlainPrimitive {
  public:
-  explicit Swiglu(mx::Stream stream) : CpuPrimitive(stream) {}
+  using PlainPrimitive::PlainPrimitive;
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
-  bool is_equivalent(const mx::Primitive&) const override {
-    return true;
-  }
-  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
-    return {inputs[0].shape()};
-  }
   const char* name() const override {
     return "MlxrtSwiglu";
   }

@@ -42,14 +42,11 @@ mx::array attention(const mx::array& q, const mx::array& k, const mx::array& v, 
 // Whether attention() runs the primitive for these arguments (not MLX's own).
 bool attention_supported(const mx::array& q, const mx::array& k, const mx::array& v, mx::StreamOrDevice s = {});
 
-class RmsNorm : public CpuPrimitive {
+class RmsNorm : public SameShapePrimitive {
  public:
-  RmsNorm(mx::Stream stream, float eps, bool has_weight) : CpuPrimitive(stream), eps_(eps), has_weight_(has_weight) {}
+  RmsNorm(mx::Stream stream, float eps, bool has_weight) : SameShapePrimitive(stream), eps_(eps), has_weight_(has_weight) {}
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   bool is_equivalent(const mx::Primitive& other) const override;
-  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
-    return {inputs[0].shape()};
-  }
   const char* name() const override {
     return "MlxrtRmsNorm";
   }
@@ -59,15 +56,12 @@ class RmsNorm : public CpuPrimitive {
   bool has_weight_;
 };
 
-class Rope : public CpuPrimitive {
+class Rope : public SameShapePrimitive {
  public:
   Rope(mx::Stream stream, int dims, bool traditional, float base, float scale)
-      : CpuPrimitive(stream), dims_(dims), traditional_(traditional), base_(base), scale_(scale) {}
+      : SameShapePrimitive(stream), dims_(dims), traditional_(traditional), base_(base), scale_(scale) {}
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   bool is_equivalent(const mx::Primitive& other) const override;
-  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
-    return {inputs[0].shape()};
-  }
   const char* name() const override {
     return "MlxrtRope";
   }

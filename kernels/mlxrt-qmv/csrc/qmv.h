@@ -59,6 +59,25 @@ class CpuPrimitive : public mx::Primitive {
   void eval_gpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
 };
 
+// A primitive whose one output has its first input's shape: the ops that stand in for an MLX op
+// on one array (a norm, the rotary embedding, an activation, softmax, sort).
+class SameShapePrimitive : public CpuPrimitive {
+ public:
+  using CpuPrimitive::CpuPrimitive;
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    return {inputs[0].shape()};
+  }
+};
+
+// One of those with no parameters of its own: any two are equivalent.
+class PlainPrimitive : public SameShapePrimitive {
+ public:
+  using SameShapePrimitive::SameShapePrimitive;
+  bool is_equivalent(const mx::Primitive&) const override {
+    return true;
+  }
+};
+
 // The start of a CPU evaluation: allocates out and registers the inputs and out with the
 // stream's command encoder (which keeps them alive until the dispatched work has run).
 mx::cpu::CommandEncoder& begin_eval(const std::vector<mx::array>& inputs, mx::array& out, mx::Stream stream);

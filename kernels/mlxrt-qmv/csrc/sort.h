@@ -20,16 +20,10 @@ mx::array sort(const mx::array& x, mx::StreamOrDevice s = {});
 // Sorts each of `rows` contiguous rows of n floats from in into out, in MLX's order.
 void sort_rows(const float* in, float* out, int64_t rows, int64_t n);
 
-class Sort : public CpuPrimitive {
+class Sort : public PlainPrimitive {
  public:
-  explicit Sort(mx::Stream stream) : CpuPrimitive(stream) {}
+  using PlainPrimitive::PlainPrimitive;
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
-  bool is_equivalent(const mx::Primitive&) const override {
-    return true;
-  }
-  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
-    return {inputs[0].shape()};
-  }
   const char* name() const override {
     return "MlxrtSort";
   }
