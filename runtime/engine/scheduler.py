@@ -33,7 +33,7 @@ from mlxrt.engine.lanes import BatchLane, Job, Row, generation_error
 from mlxrt.engine.sampling import build_logits_processors, build_sampler, seeded
 from mlxrt.errors import EngineError, MlxrtError, QueueFull, ShuttingDown
 from mlxrt.records import CacheReport, FinishReason, GenerationRequest
-from mlxrt.text.detokenize import Detokenizer
+from mlxrt.text.detokenize import Detokenizers
 from mlxrt.text.stops import StopMatcher
 
 if TYPE_CHECKING:
@@ -103,6 +103,7 @@ class Scheduler:
         self._new_batch: Callable[[int], BatchLane] | None = None
         self.eos: frozenset[int] = frozenset()
         self.safe_context: int | None = None
+        self.detokenizers: Detokenizers | None = None
         self.waiting: collections.deque[Job] = collections.deque()
         self.running: list[Row] = []  # rows admitted and not finished (either lane)
         self.reserved = 0
@@ -118,6 +119,7 @@ class Scheduler:
         """Take the loaded model and what the set-up built around it (on the worker, before the loop)."""
         self.loaded, self.info = loaded, info
         self.eos = setup.eos
+        self.detokenizers = Detokenizers.of(loaded.tokenizer)
         if setup.prompt_cache is not None:
             self.prompt_cache = setup.prompt_cache
         self.safe_context = setup.memory.safe_context if setup.memory is not None else None
@@ -398,7 +400,7 @@ class Scheduler:
         job.deliver(report)
         return Row(
             job=job, sampler=sampler, processors=processors, report=report, cache=cache, reused=reused,
-            eos=self.eos, detok=Detokenizer(lambda ids: tokenizer.decode(ids, skip_special_tokens=False)),
+            eos=self.eos, detok=self.detokenizers.new(),
             stops=StopMatcher(request.stop), timeout=self.config.request_timeout, adapters=adapters,
         )
 

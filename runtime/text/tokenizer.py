@@ -24,6 +24,7 @@ from typing import Any
 
 from mlxrt.compat import mlx_lm_sets_tokenizer_defaults
 from mlxrt.text.chat_template import ChatTemplates, pick_template, render_chat_template
+from mlxrt.text.token_bytes import CLEAN_UP
 
 __all__ = ["NATIVE_CLASSES", "TextTokenizer", "fallback_reason", "load_tokenizer"]
 
@@ -57,9 +58,6 @@ _UNSUPPORTED_IF_TRUE = ("split_special_tokens", "fix_mistral_regex")
 _THINK_PAIRS = (("<think>", "</think>"), ("<longcat_think>", "</longcat_think>"),
                 ("<|think:start|>", "<|think:end|>"), ("<|channel>", "<channel|>"))
 _XTML = ("<|open|>", "<|close|>", "<|sep|>", "<|end_of_msg|>")
-# transformers' clean_up_tokenization, for non-BPE tokenizers that ask for it.
-_CLEAN_UP = ((" .", "."), (" ?", "?"), (" !", "!"), (" ,", ","), (" ' ", "'"), (" n't", "n't"),
-             (" 'm", "'m"), (" 's", "'s"), (" 've", "'ve"), (" 're", "'re"))
 
 
 def _content(token: Any) -> Any:
@@ -179,6 +177,11 @@ class TextTokenizer:
         raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
 
     @property
+    def backend_tokenizer(self) -> Any:
+        """The ``tokenizers.Tokenizer`` underneath (transformers' fast tokenizers' name for it)."""
+        return self._backend
+
+    @property
     def vocab_size(self) -> int:
         """The base vocabulary, without added tokens (transformers' ``vocab_size``)."""
         return self._backend.get_vocab_size(with_added_tokens=False)
@@ -206,7 +209,7 @@ class TextTokenizer:
         text = self._backend.decode([ids] if isinstance(ids, int) else list(ids),
                                     skip_special_tokens=skip_special_tokens)
         if self.clean_up_tokenization_spaces:
-            for a, b in _CLEAN_UP:
+            for a, b in CLEAN_UP:
                 text = text.replace(a, b)
         return text
 
