@@ -19,7 +19,8 @@ if TYPE_CHECKING:
     from mlxrt.host import PluginHost
 
 __all__ = ["RenderedPrompt", "render_chat", "canonicalize", "DEFAULT_CHAT_TEMPLATE",
-           "thinking_switch", "thinking_kwargs", "rendered_request", "fold_system_messages"]
+           "thinking_switch", "thinking_kwargs", "rendered_request", "fold_system_messages",
+           "name_tool_results", "merge_user_runs"]
 
 #: ChatML, for ``--use-default-chat-template`` on a model that ships no template.
 DEFAULT_CHAT_TEMPLATE = (
@@ -72,6 +73,8 @@ def render_chat(host: PluginHost, tokenizer: Any, profile: FamilyProfile, chat: 
         raise InvalidRequest(
             "prompt build failed: this model has no chat template; use /v1/completions"
         )
+    if any(m.get("role") == "tool" and not m.get("name") for m in chat.messages):
+        chat = attrs.evolve(chat, messages=name_tool_results(chat.messages))
     if chat.tools and profile.tool_prompt is not None:
         # The template renders no tools: mlxrt writes them (and past calls) into the messages.
         chat = attrs.evolve(chat, messages=tuple(profile.tool_prompt.render(chat.messages, chat.tools)), tools=None)
@@ -124,18 +127,83 @@ def _placed_render(tokenizer: Any, chat: ChatInput, kwargs: Mapping[str, Any]
     later = [m for m in messages[1:] if m.get("role") == "system"]
     ending = {"add_generation_prompt": chat.add_generation_prompt and not chat.continue_final_message,
               "continue_final_message": chat.continue_final_message}
+    error: Exception | None = None
     try:
         text = _apply(tokenizer, messages, chat.tools, kwargs, **ending)
         if all(_text_of(m.get("content")).strip() in text for m in later):
             return messages, text
     except Exception as exc:  # jinja raises many types; all mean the input can't be rendered
-        if not later:
-            raise InvalidRequest(f"prompt build failed: {exc}") from exc
-    messages = fold_system_messages(messages)
-    try:
-        return messages, _apply(tokenizer, messages, chat.tools, kwargs, **ending)
-    except Exception as exc:
-        raise InvalidRequest(f"prompt build failed: {exc}") from exc
+        error = exc
+    # Then system messages folded (when some come later), then, if the template refused the
+    # conversation, runs of user messages merged: tool results rendered as user turns
+    # (the generic tier) come two in a row after parallel calls, and templates that insist
+    # on alternating roles (Gemma 3's) refuse them.
+    folded = fold_system_messages(messages) if later else messages
+    for candidate in (folded, merge_user_runs(folded)):
+        if candidate is messages or (candidate is not folded and error is None):
+            continue
+        try:
+            return candidate, _apply(tokenizer, candidate, chat.tools, kwargs, **ending)
+        except Exception as exc:
+            error = error or exc
+    raise InvalidRequest(f"prompt build failed: {error}") from error
+
+
+def name_tool_results(messages: Sequence[Mapping[str, Any]]) -> tuple[Mapping[str, Any], ...]:
+    """``messages`` with each tool result that has no ``name`` given the name of the call it
+    answers, so every template can render it (Gemma 4's writes ``response:NAME{…}``).
+
+    A result answers the earlier call whose ``id`` is its ``tool_call_id`` (OpenAI's
+    ``tool_call_id``, Anthropic's ``tool_use_id``, Responses' ``call_id``: the dialects decode
+    all three into ``tool_call_id``); a result without a matching id answers the call at its
+    place in the run of results after the assistant turn (the first result the first call).
+    """
+    names: dict[str, str] = {}
+    calls: list[str] = []  # the last assistant turn's call names, in order
+    at = 0  # the place of the next result in the run after that turn
+    out: list[Mapping[str, Any]] = []
+    for message in messages:
+        role = message.get("role")
+        if role == "assistant":
+            calls, at = [], 0
+            for call in message.get("tool_calls") or ():
+                name = (call.get("function") or call).get("name") if isinstance(call, Mapping) else None
+                if isinstance(name, str):
+                    calls.append(name)
+                    if isinstance(call.get("id"), str):
+                        names[call["id"]] = name
+        elif role == "tool":
+            name = names.get(message.get("tool_call_id")) or (calls[at] if at < len(calls) else None)
+            at += 1
+            if name is not None and not message.get("name"):
+                message = {**message, "name": name}
+        elif role != "system":
+            calls, at = [], 0
+        out.append(message)
+    return tuple(out)
+
+
+def merge_user_runs(messages: Sequence[Mapping[str, Any]]) -> tuple[Mapping[str, Any], ...]:
+    """``messages`` with each run of consecutive user messages joined into one, texts
+    separated by a newline (Qwen3's template joins consecutive tool results that way inside
+    one user turn). Only the runs change, so a conversation that grows keeps its prefix."""
+    out: list[Mapping[str, Any]] = []
+    for message in messages:
+        if out and message.get("role") == "user" and out[-1].get("role") == "user":
+            out[-1] = {**out[-1], "content": _concatenated(out[-1].get("content"), message.get("content"))}
+        else:
+            out.append(message)
+    return tuple(out)
+
+
+def _concatenated(first: Any, second: Any) -> Any:
+    if (isinstance(first, str) or first is None) and (isinstance(second, str) or second is None):
+        return "\n".join(t for t in (first, second) if t)
+
+    def parts(content: Any) -> list[Any]:
+        return [{"type": "text", "text": content}] if isinstance(content, str) else list(content or ())
+
+    return [*parts(first), {"type": "text", "text": "\n"}, *parts(second)]
 
 
 def fold_system_messages(messages: Sequence[Mapping[str, Any]]) -> tuple[Mapping[str, Any], ...]:
