@@ -37,6 +37,7 @@ _MAX_WINDOW = 64
 # Every proper prefix of a clean-up pattern: text ending in one may still change.
 _CLEAN_UP_PREFIXES = frozenset(a[:k] for a, _ in CLEAN_UP for k in range(1, len(a)))
 _HOLD_MAX = max(len(a) for a, _ in CLEAN_UP) - 1
+_UTF8 = codecs.getincrementaldecoder("utf-8")  # (the codec lookup costs more than the decode)
 
 
 @attrs.frozen
@@ -66,7 +67,7 @@ def _clean(table: TokenBytes, held: str, text: str, final: bool) -> tuple[str, s
 
 
 def _step(table: TokenBytes, state: _ByteState, piece: bytes, *, final: bool = False) -> tuple[_ByteState, str]:
-    decoder = codecs.getincrementaldecoder("utf-8")("replace")
+    decoder = _UTF8("replace")
     text = decoder.decode(state.pending + piece, final)
     pending = decoder.getstate()[0]
     strip = state.strip
@@ -200,15 +201,18 @@ class Detokenizers:
         if isinstance(table, str):
             log.info("detokenizer: %s; decoding windows of ids", table)
             return cls(decode=decode, table=None, reason=table)
-        ids = tokenizer.encode(PROBE, add_special_tokens=False)
-        expected = decode(ids)
-        # Whether transformers cleans up spaces is settled by trying both: its attribute
-        # does not say that transformers 5 skips the clean-up for BPE models.
-        for candidate in (table, attrs.evolve(table, clean_up=not table.clean_up)):
-            got = cls(decode=decode, table=candidate).decode_all(ids)
-            if got == expected:
-                return cls(decode=decode, table=candidate)
-        reason = f"the byte table reads the probe as {got!r}, the tokenizer as {expected!r}"
+        try:
+            ids = list(tokenizer.encode(PROBE, add_special_tokens=False))
+            expected = decode(ids)
+            # Whether transformers cleans up spaces is settled by trying both: its attribute
+            # does not say that transformers 5 skips the clean-up for BPE models.
+            for candidate in (table, attrs.evolve(table, clean_up=not table.clean_up)):
+                got = cls(decode=decode, table=candidate).decode_all(ids)
+                if got == expected:
+                    return cls(decode=decode, table=candidate)
+            reason = f"the byte table reads the probe as {got!r}, the tokenizer as {expected!r}"
+        except Exception as exc:  # a tokenizer that cannot encode the probe: windows are safe
+            reason = f"the probe failed: {type(exc).__name__}: {exc}"
         log.warning("detokenizer: %s; decoding windows of ids", reason)
         return cls(decode=decode, table=None, reason=reason)
 
