@@ -162,3 +162,29 @@ def test_random_text_round_trips_through_the_served_stream(served, tokenizer):
         assert streamed == expected
 
     check()
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_reasoning_and_tool_arguments_are_exact_on_gemma4(served, stream):
+    """The same text path feeds the reasoning splitter and the tool-call parser."""
+    client, tok, _extra = served("gemma4")
+    rare = TEXTS["runes"] + " " + TEXTS["chinese"]
+    text = (f'<|channel>thought\n{rare}<channel|>{TEXTS["devanagari"]}'
+            f'<|tool_call>call:note{{text:<|"|>{rare}<|"|>}}<tool_call|>')
+    tools = [{"type": "function", "function": {"name": "note", "parameters": {
+        "type": "object", "properties": {"text": {"type": "string"}}}}}]
+    oai = openai_client(client)
+    out = oai.chat.completions.create(model="m", messages=MSG, tools=tools, max_tokens=300, stream=stream,
+                                      reasoning_effort="high", extra_body=script(tok, text))
+    if stream:
+        chunks = [c.choices[0].delta for c in out if c.choices]
+        reasoning = "".join((d.model_extra or {}).get("reasoning_content") or "" for d in chunks)
+        content = "".join(d.content or "" for d in chunks)
+        args = "".join(tc.function.arguments or "" for d in chunks for tc in d.tool_calls or ())
+    else:
+        message = out.choices[0].message
+        reasoning, content = message.model_extra["reasoning_content"], message.content
+        args = message.tool_calls[0].function.arguments
+    assert reasoning.strip() == rare
+    assert content.strip() == TEXTS["devanagari"]
+    assert json.loads(args) == {"text": rare}
