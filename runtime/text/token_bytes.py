@@ -49,6 +49,7 @@ PROBE = ("  Runes: ᚠᛇᚻ ᚦᚨᚱ. It's 中文文本，龘靐齉 देव�
          "d ' e don't I'm we've they're\n\n\tend  ")
 
 _PER_TOKEN = ("Replace", "Metaspace", "WordPiece", "Strip")
+_ANCHOR = "\x00"
 _BYTE_TOKEN = re.compile(r"<0x(\+?[0-9A-Fa-f]{1,2})>")
 
 
@@ -102,13 +103,9 @@ class TokenBytes:
             return text
         if first:
             return self.per_token.decode([text])
-        # The library's own steps, run on a neutral token then this one: the second token's
-        # text is what any later position gets (the steps act on each token alone).
-        anchor = self.per_token.decode(["\x00"])
-        both = self.per_token.decode(["\x00", text])
-        if not both.startswith(anchor):
-            raise ValueError(f"the per-token decoder changed its anchor: {anchor!r} -> {both!r}")
-        return both[len(anchor):]
+        # The library's own steps, run on a neutral token (they leave it as it is: checked in
+        # _compile) then this one: the second token's text is what any later position gets.
+        return self.per_token.decode([_ANCHOR, text])[len(_ANCHOR):]
 
     def _assemble(self, text: str) -> bytes:
         if self.assembly == "ByteFallback":
@@ -181,8 +178,10 @@ def _compile(backend: Any, spec: Mapping[str, Any] | None, clean_up: bool) -> To
             strip = (step.get("content", " "), int(step.get("start", 0)))
         else:
             return f"the decoder step {step['type']} at that place is not one the byte table reproduces"
-    return TokenBytes(backend=backend, assembly=assembly, per_token=_per_token_decoder(per_token),
-                      strip=strip, clean_up=clean_up)
+    decoder = _per_token_decoder(per_token)
+    if decoder is not None and decoder.decode([_ANCHOR]) != _ANCHOR:
+        return "the per-token decoder steps change a NUL token"
+    return TokenBytes(backend=backend, assembly=assembly, per_token=decoder, strip=strip, clean_up=clean_up)
 
 
 def backend_of(tokenizer: Any) -> Any:
