@@ -16,10 +16,13 @@ from __future__ import annotations
 
 import pytest
 from conftest import shared_tokenizer
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from support import anthropic_client, openai_client
 from tokenizers import Tokenizer
 
 from mlxrt import hookimpl
+from mlxrt.templating import merge_user_runs, name_tool_results
 
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city.",
                                            "parameters": {"type": "object", "properties": {
@@ -167,3 +170,36 @@ def test_named_results_reach_the_generic_prompt_too(mlxrt_tiny_checkpoint, mlxrt
                                                  max_tokens=1)
     (prompt,) = prompts.seen
     assert prompt.count("<tool_response>\nRESULT-") == 2
+
+
+# -- the two message rules on their own: a conversation that grows keeps its prefix ----------------
+
+_MESSAGE = st.one_of(
+    st.builds(lambda t: {"role": "user", "content": t}, st.sampled_from(["q", "r", ""])),
+    st.builds(lambda ids: {"role": "assistant", "content": "", "tool_calls": [
+        {"id": i, "type": "function", "function": {"name": f"fn_{i}", "arguments": "{}"}} for i in ids]},
+        st.lists(st.sampled_from(["a", "b", "c"]), max_size=3)),
+    st.builds(lambda i, named: {"role": "tool", "tool_call_id": i, "content": "x", **({"name": "given"} if named else {})},
+              st.sampled_from(["a", "b", "zz"]), st.booleans()),
+    st.just({"role": "system", "content": "s"}),
+)
+
+
+@settings(max_examples=80, deadline=None, derandomize=True)
+@given(st.lists(_MESSAGE, max_size=10), _MESSAGE)
+def test_naming_and_joining_keep_a_growing_conversation_s_prefix(conversation, more):
+    named = name_tool_results(conversation)
+    assert name_tool_results([*conversation, more])[: len(conversation)] == named
+    for k, (message, original) in enumerate(zip(named, conversation, strict=True)):
+        if original["role"] == "tool":
+            calls = {c["id"] for m in conversation[:k] if m["role"] == "assistant" for c in m.get("tool_calls", ())}
+            if original.get("name"):
+                assert message["name"] == original["name"]
+            elif original["tool_call_id"] in calls:
+                assert message["name"] == f"fn_{original['tool_call_id']}"
+        else:
+            assert message == original
+    if more["role"] != "user":
+        assert merge_user_runs([*conversation, more]) == (*merge_user_runs(conversation), more)
+    joined = merge_user_runs(conversation)
+    assert not any(a["role"] == b["role"] == "user" for a, b in zip(joined, joined[1:], strict=False))
