@@ -188,3 +188,18 @@ def test_reasoning_and_tool_arguments_are_exact_on_gemma4(served, stream):
     assert reasoning.strip() == rare
     assert content.strip() == TEXTS["devanagari"]
     assert json.loads(args) == {"text": rare}
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_stop_strings_match_characters_spelled_in_bytes(served, stream):
+    client, tok, extra = served("gemma4")
+    oai = openai_client(client)
+    out = oai.chat.completions.create(model="m", messages=MSG, max_tokens=200, stop=["ᚦᚨᚱ"], stream=stream,
+                                      extra_body={**script(tok, TEXTS["runes"] + " never"), **extra})
+    if stream:
+        chunks = [c for c in out if c.choices]
+        content = "".join(c.choices[0].delta.content or "" for c in chunks)
+        finish = chunks[-1].choices[0].finish_reason
+    else:
+        content, finish = out.choices[0].message.content, out.choices[0].finish_reason
+    assert (content, finish) == ("Runes: ᚠᛇᚻ ", "stop")
