@@ -197,7 +197,10 @@ class Detokenizers:
         def decode(ids: Sequence[int]) -> str:
             return tokenizer.decode(list(ids), skip_special_tokens=False)
 
-        table = token_bytes(tokenizer)
+        try:
+            table = token_bytes(tokenizer)
+        except Exception as exc:  # a decoder description this module misreads: windows are safe
+            table = f"its decoder could not be compiled: {type(exc).__name__}: {exc}"
         if isinstance(table, str):
             log.info("detokenizer: %s; decoding windows of ids", table)
             return cls(decode=decode, table=None, reason=table)
