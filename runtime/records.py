@@ -519,6 +519,9 @@ class RequestOptions:
     :ivar tools: The request's function tools (OpenAI-shaped), or ``None``.
     :ivar forced_tools: Tools the answer must call (``tool_choice`` forcing a call); ``()``
         leaves the model free.
+    :ivar parallel_tool_calls: The answer may hold several calls (OpenAI's ``parallel_tool_calls``,
+        Anthropic's ``disable_parallel_tool_use`` negated); grammars that force or shape a call
+        on a model whose tools mlxrt renders allow several only then.
     :ivar structured: The output constraint (``response_format``, ``text.format``); ``None`` is
         free text.
     :ivar num_draft_tokens: Draft tokens per step for speculative decoding (``None``: the
@@ -540,6 +543,7 @@ class RequestOptions:
     adapter: str | None = None
     tools: tuple[Mapping[str, Any], ...] | None = None
     forced_tools: tuple[str, ...] = ()
+    parallel_tool_calls: bool = True
     structured: StructuredOutput | None = None
     num_draft_tokens: int | None = None
     extra: Mapping[str, Any] = attrs.field(factory=dict)
