@@ -138,3 +138,27 @@ def test_anthropic_count_tokens_counts_the_tools(generic):
     bare = client.post("/v1/messages/count_tokens", json=body).json()["input_tokens"]
     with_tools = client.post("/v1/messages/count_tokens", json={**body, "tools": tools}).json()["input_tokens"]
     assert with_tools > bare + 50
+
+
+OPEN_TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "required": ["city"], "properties": {
+        "city": {"enum": ["Paris", "Oslo"]}, "days": {"type": "integer", "minimum": 1, "maximum": 7}}}}}]
+
+
+def test_parallel_calls_and_closed_arguments(generic):
+    """Issue 42, item 9: with ``parallel_tool_calls`` left on, the grammar lets the generic tier
+    write several calls in one turn; with it off, one. Arguments take only the schema's keys
+    although the schema leaves ``additionalProperties`` unset (the grammar closes objects)."""
+    oai = openai_client(generic())
+    counts = {True: [], False: []}
+    for parallel in (True, False):
+        for seed in range(4):
+            extra = {} if parallel else {"parallel_tool_calls": False}
+            out = oai.chat.completions.create(model="m", messages=MSG, tools=OPEN_TOOLS, tool_choice="required",
+                                              max_tokens=120, temperature=1.0, seed=seed, **extra)
+            calls = out.choices[0].message.tool_calls or []
+            for call in calls:
+                args = json.loads(call.function.arguments)
+                assert set(args) <= {"city", "days"} and args["city"] in ("Paris", "Oslo"), args
+            counts[parallel].append(len(calls))
+    assert max(counts[True]) >= 2 and counts[False] == [1, 1, 1, 1], counts
