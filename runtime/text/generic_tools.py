@@ -70,6 +70,26 @@ def _skip_space(text: str, pos: int) -> int:
     return pos
 
 
+def _end_outside_strings(text: str, pos: int, end: str) -> int | None:
+    """Past the first ``end`` at or after ``pos`` that is not inside a JSON string."""
+    in_string = escaped = False
+    for i in range(pos, len(text)):
+        c = text[i]
+        if in_string:
+            if escaped:
+                escaped = False
+            elif c == "\\":
+                escaped = True
+            elif c == '"':
+                in_string = False
+            continue
+        if c == '"':
+            in_string = True
+        elif text.startswith(end, i):
+            return i + len(end)
+    return None
+
+
 class JsonToolCallParser:
     """``<tool_call>{"name": …, "arguments": {…}}</tool_call>`` blocks (Qwen3's format, and
     the generic one); arguments typed by the tool's schema, ``"arguments"`` given as a JSON
@@ -91,22 +111,19 @@ class JsonToolCallParser:
     def call_end(self, text: str) -> int | None:
         """Where the call at the start of ``text`` ends: past the end marker that follows its
         JSON object (a string in it may hold ``</tool_call>``); ``None`` while the object or
-        the marker is unfinished. An object that does not decode ends at the first marker."""
+        the marker is unfinished. An object that does not decode ends at the first marker
+        outside its strings (``None`` when there is none: the text ends inside it)."""
         pos = _skip_space(text, len(self.start))
         try:
             _obj, after = _DECODER.raw_decode(text, pos)
-        except json.JSONDecodeError as exc:
-            if exc.pos >= len(text.rstrip()) or exc.msg.startswith("Unterminated string"):
-                return None  # the text ends inside the object
-            at = text.find(self.end, pos)
-            return None if at < 0 else at + len(self.end)
+        except json.JSONDecodeError:
+            return _end_outside_strings(text, pos, self.end)
         close = _skip_space(text, after)
         if text.startswith(self.end, close):
             return close + len(self.end)
         if self.end.startswith(text[close:]):
             return None  # the text ends before (or inside) the end marker
-        at = text.find(self.end, after)
-        return None if at < 0 else at + len(self.end)
+        return _end_outside_strings(text, after, self.end)
 
     def parse(self, text: str, tools: Sequence[Mapping[str, Any]] | None) -> list[ToolCall]:
         calls = []
