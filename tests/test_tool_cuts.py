@@ -165,3 +165,38 @@ def test_no_empty_anthropic_text_block(clients):  # noqa: F811
                 events.append(json.loads(line[6:]))
     assert not [e for e in events if e["type"] == "content_block_start"], events
     assert [e["delta"]["stop_reason"] for e in events if e["type"] == "message_delta"] == ["max_tokens"]
+
+
+#: family → a city value holding the family's own markup (where its format can express it)
+MARKED = {"qwen3": 'Paris </tool_call> "<tool_call>"', "qwen3_5": "Paris\n</tool_call>\n<function=x>",
+          "minicpm5": "<![CDATA[Paris </param></function> & <x>]]>", "gemma4": "Paris <tool_call|> {x}"}
+CITY = {"qwen3": 'Paris </tool_call> "<tool_call>"', "qwen3_5": "Paris\n</tool_call>\n<function=x>",
+        "minicpm5": "Paris </param></function> & <x>", "gemma4": "Paris <tool_call|> {x}"}
+
+
+@pytest.mark.parametrize("family", list(TURNS))
+def test_cuts_give_the_same_answer_streamed_and_not_on_every_dialect(clients, family):  # noqa: F811
+    """A turn of two calls (the first value holding the family's markup, text between and
+    after), cut by ``max_tokens`` at sampled tokens: on every dialect the streamed answer equals
+    the non-streamed one, holds exactly the calls finished before the cut, and no markup."""
+    client, path = clients(family)
+    lead, call, _sep = TURNS[family]
+    first = call(MARKED[family], 3) if family != "qwen3" else _qwen3(CITY[family], 3)
+    script = lead + "OK.\n" + first + "\nThen:\n" + call("Oslo", 1) + "\nDone."
+    ends = [len(lead + "OK.\n" + first), len(script) - len("\nDone.")]
+    expected = [("get_weather", {"city": CITY[family], "days": 3}), CALL2]
+    tok = Tokenizer.from_file(str(path / "tokenizer.json"))
+    ids = tok.encode(script, add_special_tokens=False).ids
+    for dialect, (turn, cut_reason, call_reason) in DIALECTS.items():
+        sdk = anthropic_client(client) if dialect == "anthropic" else openai_client(client)
+        step = 5 if dialect == "openai" else 11
+        for max_tokens in [*range(2, len(ids), step), len(ids) - 1, len(ids) + 1]:
+            answers = [(*a[:3], a[3] or "") for a in (turn(sdk, family, script, max_tokens, stream)
+                                                      for stream in (False, True))]
+            where = (family, dialect, max_tokens)
+            assert answers[0] == answers[1], where
+            reason, calls, text, _reasoning = answers[0]
+            reached = len(tok.decode(ids[:max_tokens], skip_special_tokens=False))
+            assert calls == expected[: sum(1 for e in ends if e <= reached)], where
+            assert reason == (call_reason if max_tokens > len(ids) else cut_reason), where
+            no_markup(text)
