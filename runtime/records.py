@@ -29,6 +29,7 @@ __all__ = [
     "ToolCall",
     "ToolParser",
     "ToolCallOpening",
+    "ToolCallExtent",
     "ToolPrompt",
     "ToolCallGrammar",
     "StructuredOutput",
@@ -190,6 +191,18 @@ class ToolParser(Protocol):
     end: str
 
     def parse(self, text: str, tools: Sequence[Mapping[str, Any]] | None) -> list[ToolCall]: ...
+
+
+@runtime_checkable
+class ToolCallExtent(Protocol):
+    """Optional: a tool parser that says where a call ends when a value may hold its end marker.
+
+    ``call_end(text)``: ``text`` begins with the parser's ``start``; the length of the call
+    there, through its end marker, or ``None`` while the text ends inside it (an unfinished
+    call, which the router drops). Without it the first ``end`` after ``start`` closes a call.
+    """
+
+    def call_end(self, text: str) -> int | None: ...
 
 
 @runtime_checkable

@@ -493,8 +493,10 @@ def forced_tool_call(model: ServedModel, names: Sequence[str], tools: Sequence[M
     writes the arguments. A forced call cannot also follow another constraint
     (``response_format``): the client's 400. With no forced call, a model whose tools mlxrt
     renders itself (:mod:`mlxrt.text.generic_tools`) has its reply held to free text or one
-    well-formed call (:func:`mlxrt.text.tool_grammar.auto_tool_constraint`). ``several`` (the
-    request allows parallel calls): on such a model the grammars allow one call or more.
+    well-formed call (:func:`mlxrt.text.tool_grammar.auto_tool_constraint`); ``several`` (the
+    request allows parallel calls): one call or more. A forced choice is one call: a client
+    that names the function (instructor, LangChain's structured output) wants that one, and a
+    greedy small model under a grammar that allowed more repeats the call to ``max_tokens``.
     """
     from mlxrt.text.tool_calls import reasoning_lead
     from mlxrt.text.tool_grammar import auto_tool_constraint, tool_call_constraint
@@ -509,8 +511,7 @@ def forced_tool_call(model: ServedModel, names: Sequence[str], tools: Sequence[M
         return (), structured
     if enforced:
         lead = reasoning_lead(profile, tokenizer, prompt_ids)
-        several = several and getattr(profile, "tool_prompt", None) is not None
-        constraint = tool_call_constraint(profile, tokenizer, names, tools, lead, param=param, several=several)
+        constraint = tool_call_constraint(profile, tokenizer, names, tools, lead, param=param)
         if constraint is not None:
             if structured is not None:
                 raise InvalidRequest(f"{param} forcing a tool call cannot be combined with {structured.param}",

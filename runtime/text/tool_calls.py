@@ -5,7 +5,7 @@ of its whole text and of how the generation ended, the same for every dialect, s
 not: content streams as usual until the family parser's start marker appears (a text that may
 still become the marker is held back); from there the text is held and split when generation
 ends (:func:`split_calls`) into text and calls. Where a call ends is the parser's to say
-(``call_end``, :class:`~mlxrt.records.ToolCallExtent`): a value may hold the family's own
+(``call_end``, :class:`mlxrt.records.ToolCallExtent`): a value may hold the family's own
 markup wherever its format can express it (a JSON string holding ``</tool_call>``, a MiniCPM5
 CDATA value holding ``</function>``); without ``call_end`` the first end marker closes a call.
 
