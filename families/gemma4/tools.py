@@ -17,7 +17,7 @@ from typing import Any
 
 from mlxrt import ToolCall
 from mlxrt.text.json_numbers import number_regex
-from mlxrt.text.tool_calls import split_calls, typed_arguments
+from mlxrt.text.tool_calls import call_texts, typed_arguments
 from mlxrt.text.tool_grammar import CallGrammar, schema_properties, value_regex
 
 __all__ = ["Gemma4Parser"]
@@ -150,17 +150,11 @@ class Gemma4Parser:
 
     def parse(self, text: str, tools: Sequence[Mapping[str, Any]] | None) -> list[ToolCall]:
         calls = []
-        for piece in split_calls(self, text):
-            if piece.kind == "unfinished":
-                raise ValueError(f"unfinished tool call: {piece.text[:80]!r}")
-            if piece.kind != "call":
-                continue
-            read = _read_calls(piece.text, self.start, self.end)
+        for markup in call_texts(self, text):
+            read = _read_calls(markup, self.start, self.end)
             if read is None:
                 raise ValueError("no call:NAME{...} after <|tool_call>")
             calls += [ToolCall(name=name, arguments=typed_arguments(name, args, tools)) for name, args in read[0]]
-        if not calls:
-            raise ValueError("no call:NAME{...} after <|tool_call>")
         return calls
 
 

@@ -16,7 +16,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mlxrt import ToolCall
-from mlxrt.text.tool_calls import split_calls, typed_arguments
+from mlxrt.text.tool_calls import call_texts, typed_arguments
 from mlxrt.text.tool_grammar import CallGrammar, schema_properties, value_regex
 
 __all__ = ["MiniCPM5Parser"]
@@ -55,20 +55,14 @@ class MiniCPM5Parser:
 
     def parse(self, text: str, tools: Sequence[Mapping[str, Any]] | None) -> list[ToolCall]:
         calls = []
-        for piece in split_calls(self, text):
-            if piece.kind == "unfinished":
-                raise ValueError(f"unfinished tool call: {piece.text[:80]!r}")
-            if piece.kind != "call":
-                continue
-            read = _read_call(piece.text)
+        for markup in call_texts(self, text):
+            read = _read_call(markup)
             if read is None:
                 raise ValueError("a MiniCPM5 call needs a name and <param> arguments")
             name, params, _end = read
             if not name:
                 raise ValueError("a MiniCPM5 call needs a name")
             calls.append(ToolCall(name=name, arguments=typed_arguments(name, params, tools)))
-        if not calls:
-            raise ValueError("no <function name=...> call")
         return calls
 
 

@@ -25,7 +25,7 @@ from typing import Any
 
 from mlxrt import ToolCall
 from mlxrt.text.generic_tools import JsonToolCallParser
-from mlxrt.text.tool_calls import split_calls, tool_parameters
+from mlxrt.text.tool_calls import call_texts, tool_parameters
 from mlxrt.text.tool_grammar import CallGrammar, schema_properties, value_regex
 
 __all__ = ["Qwen3JsonParser", "Qwen3XmlParser"]
@@ -196,15 +196,7 @@ class Qwen3XmlParser:
         return None if read is None else read[2]
 
     def parse(self, text: str, tools: Sequence[Mapping[str, Any]] | None) -> list[ToolCall]:
-        calls = []
-        for piece in split_calls(self, text):
-            if piece.kind == "unfinished":
-                raise ValueError(f"unfinished tool call: {piece.text[:80]!r}")
-            if piece.kind == "call":
-                calls += self._read(piece.text, tools)
-        if not calls:
-            raise ValueError("no <tool_call> block")
-        return calls
+        return [call for markup in call_texts(self, text) for call in self._read(markup, tools)]
 
     def _read(self, text: str, tools: Sequence[Mapping[str, Any]] | None) -> list[ToolCall]:
         try:

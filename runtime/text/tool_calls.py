@@ -40,7 +40,7 @@ import attrs
 
 from mlxrt.records import ToolCall, ToolParser, ToolStreamMode
 
-__all__ = ["ToolRouter", "RoutedTools", "Piece", "split_calls", "call_bodies", "call_end", "offered_names", "PARTIAL_CALL_HEADER",
+__all__ = ["ToolRouter", "RoutedTools", "Piece", "split_calls", "call_texts", "call_bodies", "call_end", "offered_names", "PARTIAL_CALL_HEADER",
            "typed_arguments", "ForcedPrefix", "tool_choice_processors", "tool_choice_prefixes", "reasoning_lead",
            "tool_parameters"]
 
@@ -92,21 +92,27 @@ def call_end(parser: ToolParser, text: str) -> int | None:
     return None if at < 0 else at + len(parser.end)
 
 
-def call_bodies(parser: ToolParser, text: str) -> list[str]:
-    """The text between the start and end markers of each finished call in ``text``
-    (stripped; text outside the calls is ignored), for a parser's ``parse``.
+def call_texts(parser: ToolParser, text: str) -> list[str]:
+    """The markup of each finished call in ``text`` (text outside the calls is ignored), for a
+    parser's ``parse``.
 
     :raises ValueError: when ``text`` holds no call, or an unfinished one.
     """
-    bodies = []
+    calls = []
     for piece in split_calls(parser, text):
         if piece.kind == "unfinished":
             raise ValueError(f"unfinished tool call: {piece.text[:80]!r}")
         if piece.kind == "call":
-            bodies.append(piece.text[len(parser.start): len(piece.text) - len(parser.end)].strip())
-    if not bodies:
+            calls.append(piece.text)
+    if not calls:
         raise ValueError(f"no {parser.start} block")
-    return bodies
+    return calls
+
+
+def call_bodies(parser: ToolParser, text: str) -> list[str]:
+    """The text between the start and end markers of each finished call in ``text``, stripped
+    (:func:`call_texts`)."""
+    return [c[len(parser.start): len(c) - len(parser.end)].strip() for c in call_texts(parser, text)]
 
 
 def split_calls(parser: ToolParser, text: str) -> list[Piece]:
