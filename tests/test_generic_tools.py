@@ -201,3 +201,40 @@ def test_parallel_calls_and_closed_arguments(mlxrt_tiny_checkpoint, mlxrt_serve)
                                       tool_choice="required", extra_body={"prefer": invented})
     (only,) = out.choices[0].message.tool_calls
     assert set(json.loads(only.function.arguments)) <= {"city", "days"}
+
+
+def test_generic_cuts_give_the_same_answer_streamed_and_not(generic, mlxrt_tiny_checkpoint):
+    """Issue 42: the generic format (several tokens per marker on SmolLM2's vocabulary) cut by
+    ``max_tokens`` at sampled tokens: streamed equals non-streamed, only finished calls, no
+    markup (the full sweep is tests/test_tool_properties.py)."""
+    from tokenizers import Tokenizer
+
+    client = generic(disable=("structured",))
+    oai = openai_client(client)
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "%s"}}\n</tool_call>'
+    script = "Sure.\n" + call % "Paris" + "\n" + call % "Oslo" + "\nDone."
+    ends = [script.index("</tool_call>") + 12, script.rindex("</tool_call>") + 12]
+    tok = Tokenizer.from_file(str(mlxrt_tiny_checkpoint("llama") / "tokenizer.json"))
+    ids = tok.encode(script, add_special_tokens=False).ids
+    for max_tokens in [*range(3, len(ids), 4), len(ids) + 1]:
+        answers = []
+        for stream in (False, True):
+            out = oai.chat.completions.create(model="m", messages=MSG, tools=TOOLS, max_tokens=max_tokens,
+                                              stream=stream, extra_body={"script": script})
+            if stream:
+                chunks = list(out)
+                calls = [(c.function.name, c.function.arguments) for ch in chunks
+                         for c in ch.choices[0].delta.tool_calls or []]
+                text = "".join(ch.choices[0].delta.content or "" for ch in chunks)
+                reason = [ch.choices[0].finish_reason for ch in chunks if ch.choices[0].finish_reason][0]
+            else:
+                msg = out.choices[0].message
+                calls = [(c.function.name, c.function.arguments) for c in msg.tool_calls or []]
+                text, reason = msg.content or "", out.choices[0].finish_reason
+            answers.append((reason, calls, text))
+        assert answers[0] == answers[1], max_tokens
+        reason, calls, text = answers[0]
+        reached = len(tok.decode(ids[:max_tokens]))
+        assert len(calls) == sum(1 for e in ends if e <= reached), (max_tokens, calls)
+        assert "<tool" not in text and "tool_call>" not in text and "{" not in text, (max_tokens, text)
+        assert reason == ("tool_calls" if max_tokens > len(ids) else "length")
