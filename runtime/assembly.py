@@ -54,10 +54,11 @@ class ResponseAssembler:
     def finish(self, event: FinishEvent) -> tuple[Delta, FinishReason]:
         """Flush held text (``event.text`` first); return the last delta and the finish reason.
 
-        A generation cut by ``max_tokens`` or a stop string inside a tool call finishes with
-        ``length`` (Anthropic ``max_tokens``, Responses ``incomplete``), never ``tool_calls`` or
-        ``stop``: the turn did not end where the model meant it to, and the unfinished call is
-        dropped (:meth:`mlxrt.text.tool_calls.ToolRouter.finish`); calls closed before it are kept.
+        The reason is ``length`` (Anthropic ``max_tokens``, Responses ``incomplete``) whenever
+        ``max_tokens`` ended the turn, calls or not (mlx-lm's and vLLM's rule), and when a
+        stop string ended it inside a call; else ``tool_calls`` when the answer has calls.
+        An unfinished call is dropped wherever the turn ended
+        (:meth:`mlxrt.text.tool_calls.ToolRouter.finish`); calls finished before it are kept.
         """
         cut = event.finish_reason == FinishReason.LENGTH or event.stop_sequence is not None
         r1, c1 = self._split.feed(event.text) if event.text else ("", "")
@@ -67,8 +68,10 @@ class ResponseAssembler:
         self.tool_calls, self.warning = routed.calls, routed.warning
         self.dropped_partial_call = routed.dropped
         delta = self._record(Delta(content=content + routed.content, reasoning=r1 + r2))
-        if routed.dropped:
-            reason = FinishReason.LENGTH
+        if event.finish_reason in (FinishReason.LENGTH, FinishReason.CANCELLED):
+            reason = event.finish_reason
+        elif routed.dropped and event.stop_sequence is not None:
+            reason = FinishReason.LENGTH  # the stop string ended the turn inside a call
         else:
             reason = FinishReason.TOOL_CALLS if self.tool_calls else event.finish_reason
         if self._on_finish is not None:

@@ -29,6 +29,7 @@ __all__ = [
     "ToolCall",
     "ToolParser",
     "ToolCallOpening",
+    "ToolCallExtent",
     "ToolPrompt",
     "ToolCallGrammar",
     "StructuredOutput",
@@ -190,6 +191,18 @@ class ToolParser(Protocol):
     end: str
 
     def parse(self, text: str, tools: Sequence[Mapping[str, Any]] | None) -> list[ToolCall]: ...
+
+
+@runtime_checkable
+class ToolCallExtent(Protocol):
+    """Optional: a tool parser that says where a call ends when a value may hold its end marker.
+
+    ``call_end(text)``: ``text`` begins with the parser's ``start``; the length of the call
+    there, through its end marker, or ``None`` while the text ends inside it (an unfinished
+    call, which the router drops). Without it the first ``end`` after ``start`` closes a call.
+    """
+
+    def call_end(self, text: str) -> int | None: ...
 
 
 @runtime_checkable
@@ -519,6 +532,9 @@ class RequestOptions:
     :ivar tools: The request's function tools (OpenAI-shaped), or ``None``.
     :ivar forced_tools: Tools the answer must call (``tool_choice`` forcing a call); ``()``
         leaves the model free.
+    :ivar parallel_tool_calls: The answer may hold several calls (OpenAI's ``parallel_tool_calls``,
+        Anthropic's ``disable_parallel_tool_use`` negated); grammars that force or shape a call
+        on a model whose tools mlxrt renders allow several only then.
     :ivar structured: The output constraint (``response_format``, ``text.format``); ``None`` is
         free text.
     :ivar num_draft_tokens: Draft tokens per step for speculative decoding (``None``: the
@@ -540,6 +556,7 @@ class RequestOptions:
     adapter: str | None = None
     tools: tuple[Mapping[str, Any], ...] | None = None
     forced_tools: tuple[str, ...] = ()
+    parallel_tool_calls: bool = True
     structured: StructuredOutput | None = None
     num_draft_tokens: int | None = None
     extra: Mapping[str, Any] = attrs.field(factory=dict)

@@ -358,7 +358,7 @@ class EngineModel:
         sampling = resolve_sampling(options.sampling, host.options, info.generation_config, seed=options.seed,
                                     logit_bias=options.logit_bias)
         forced, structured = forced_tool_call(self, options.forced_tools, options.tools, prompt_ids,
-                                              structured=options.structured)
+                                              structured=options.structured, several=options.parallel_tool_calls)
         registry = self.adapters
         gen = GenerationRequest(
             request_id=request_id, prompt_ids=tuple(prompt_ids), max_tokens=max_tokens, sampling=sampling,
@@ -481,7 +481,7 @@ def forced_openings(model: ServedModel, names: Sequence[str], prompt_ids: Sequen
 
 def forced_tool_call(model: ServedModel, names: Sequence[str], tools: Sequence[Mapping[str, Any]] | None,
                      prompt_ids: Sequence[int], *, param: str = "tool_choice",
-                     structured: StructuredOutput | None = None
+                     structured: StructuredOutput | None = None, several: bool = False
                      ) -> tuple[tuple[tuple[int, ...], ...], StructuredOutput | None]:
     """How a request whose ``tool_choice`` forces a call to one of ``names`` is enforced:
     ``(forced_prefixes, structured)`` for its :class:`~mlxrt.records.GenerationRequest`.
@@ -493,7 +493,10 @@ def forced_tool_call(model: ServedModel, names: Sequence[str], tools: Sequence[M
     writes the arguments. A forced call cannot also follow another constraint
     (``response_format``): the client's 400. With no forced call, a model whose tools mlxrt
     renders itself (:mod:`mlxrt.text.generic_tools`) has its reply held to free text or one
-    well-formed call (:func:`mlxrt.text.tool_grammar.auto_tool_constraint`).
+    well-formed call (:func:`mlxrt.text.tool_grammar.auto_tool_constraint`); ``several`` (the
+    request allows parallel calls): one call or more. A forced choice is one call: a client
+    that names the function (instructor, LangChain's structured output) wants that one, and a
+    greedy small model under a grammar that allowed more repeats the call to ``max_tokens``.
     """
     from mlxrt.text.tool_calls import reasoning_lead
     from mlxrt.text.tool_grammar import auto_tool_constraint, tool_call_constraint
@@ -504,7 +507,7 @@ def forced_tool_call(model: ServedModel, names: Sequence[str], tools: Sequence[M
         renders_tools = getattr(profile, "tool_prompt", None) is not None
         if tools and renders_tools and structured is None and enforced:
             # tool_choice "auto" on a model whose tools mlxrt renders: text, or a well-formed call
-            structured = auto_tool_constraint(profile, tokenizer, tools)
+            structured = auto_tool_constraint(profile, tokenizer, tools, several=several)
         return (), structured
     if enforced:
         lead = reasoning_lead(profile, tokenizer, prompt_ids)

@@ -14,6 +14,8 @@ import jsonschema
 import pytest
 from support import Scripted, anthropic_client, openai_client
 
+from mlxrt import hookimpl
+
 TOOLS = [{"type": "function", "function": {"name": "get_weather", "description": "Weather for a city.",
                                            "parameters": {"type": "object", "additionalProperties": False,
                                                           "required": ["city"], "properties": {
@@ -138,3 +140,101 @@ def test_anthropic_count_tokens_counts_the_tools(generic):
     bare = client.post("/v1/messages/count_tokens", json=body).json()["input_tokens"]
     with_tools = client.post("/v1/messages/count_tokens", json={**body, "tools": tools}).json()["input_tokens"]
     assert with_tools > bare + 50
+
+
+OPEN_TOOLS = [{"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "required": ["city"], "properties": {
+        "city": {"enum": ["Paris", "Oslo"]}, "days": {"type": "integer", "minimum": 1, "maximum": 7}}}}}]
+
+
+class Preferred:
+    """Claims ``prefer`` (text): samples the text's next token where the server's grammar allows
+    it, else the best allowed token, then EOS once the text is spent (where allowed)."""
+
+    @hookimpl
+    def mlxrt_request_fields(self, dialect):
+        return {"prefer": str}
+
+    @hookimpl
+    def mlxrt_sampler(self, request, info):
+        text = request.extra.get("prefer")
+        if text is None:
+            return None
+        import mlx.core as mx
+        from tokenizers import Tokenizer
+
+        ids = Tokenizer.from_file(str(info.path / "tokenizer.json")).encode(text, add_special_tokens=False).ids
+        eos = json.loads((info.path / "generation_config.json").read_text())["eos_token_id"]
+        queue = [*ids, eos if isinstance(eos, int) else eos[0]]
+
+        def sample(logprobs):
+            want = queue[0] if queue else 0
+            if queue and float(logprobs.reshape(-1)[want]) > -1e30:
+                queue.pop(0)
+                return mx.array([want])
+            queue.clear()  # the grammar refused the text: free (best allowed) from here
+            return mx.argmax(logprobs, axis=-1).reshape(-1)
+
+        return sample
+
+
+def test_parallel_calls_and_closed_arguments(mlxrt_tiny_checkpoint, mlxrt_serve):
+    """Issue 42, item 9: with ``parallel_tool_calls`` left on, the ``auto`` grammar lets the
+    generic tier write two calls in one turn; with it off, the grammar stops the second (one
+    call). A key the schema does not name is refused by the grammar although the schema leaves
+    ``additionalProperties`` unset."""
+    oai = openai_client(mlxrt_serve(mlxrt_tiny_checkpoint("llama"), plugins=(Preferred(),)))
+
+    def call(city, extra=""):
+        return (f'<tool_call>\n{{"name": "get_weather", "arguments": {{"city": "{city}"{extra}}}}}\n</tool_call>')
+
+    two = call("Paris") + "\n" + call("Oslo")
+    got = {}
+    for parallel in (True, False):
+        extra = {} if parallel else {"parallel_tool_calls": False}
+        out = oai.chat.completions.create(model="m", messages=MSG, tools=OPEN_TOOLS, max_tokens=120,
+                                          extra_body={"prefer": two, **extra})
+        got[parallel] = [json.loads(c.function.arguments) for c in out.choices[0].message.tool_calls or []]
+    assert got == {True: [{"city": "Paris"}, {"city": "Oslo"}], False: [{"city": "Paris"}]}, got
+    invented = call("Paris", ', "country": "FR"')
+    out = oai.chat.completions.create(model="m", messages=MSG, tools=OPEN_TOOLS, max_tokens=120,
+                                      tool_choice="required", extra_body={"prefer": invented})
+    (only,) = out.choices[0].message.tool_calls
+    assert set(json.loads(only.function.arguments)) <= {"city", "days"}
+
+
+def test_generic_cuts_give_the_same_answer_streamed_and_not(generic, mlxrt_tiny_checkpoint):
+    """Issue 42: the generic format (several tokens per marker on SmolLM2's vocabulary) cut by
+    ``max_tokens`` at sampled tokens: streamed equals non-streamed, only finished calls, no
+    markup (the full sweep is tests/test_tool_properties.py)."""
+    from tokenizers import Tokenizer
+
+    client = generic(disable=("structured",))
+    oai = openai_client(client)
+    call = '<tool_call>\n{"name": "get_weather", "arguments": {"city": "%s"}}\n</tool_call>'
+    script = "Sure.\n" + call % "Paris" + "\n" + call % "Oslo" + "\nDone."
+    ends = [script.index("</tool_call>") + 12, script.rindex("</tool_call>") + 12]
+    tok = Tokenizer.from_file(str(mlxrt_tiny_checkpoint("llama") / "tokenizer.json"))
+    ids = tok.encode(script, add_special_tokens=False).ids
+    for max_tokens in [*range(3, len(ids), 4), len(ids) + 1]:
+        answers = []
+        for stream in (False, True):
+            out = oai.chat.completions.create(model="m", messages=MSG, tools=TOOLS, max_tokens=max_tokens,
+                                              stream=stream, extra_body={"script": script})
+            if stream:
+                chunks = list(out)
+                calls = [(c.function.name, c.function.arguments) for ch in chunks
+                         for c in ch.choices[0].delta.tool_calls or []]
+                text = "".join(ch.choices[0].delta.content or "" for ch in chunks)
+                reason = [ch.choices[0].finish_reason for ch in chunks if ch.choices[0].finish_reason][0]
+            else:
+                msg = out.choices[0].message
+                calls = [(c.function.name, c.function.arguments) for c in msg.tool_calls or []]
+                text, reason = msg.content or "", out.choices[0].finish_reason
+            answers.append((reason, calls, text))
+        assert answers[0] == answers[1], max_tokens
+        reason, calls, text = answers[0]
+        reached = len(tok.decode(ids[:max_tokens]))
+        assert len(calls) == sum(1 for e in ends if e <= reached), (max_tokens, calls)
+        assert "<tool" not in text and "tool_call>" not in text and "{" not in text, (max_tokens, text)
+        assert reason == ("tool_calls" if max_tokens > len(ids) else "length")

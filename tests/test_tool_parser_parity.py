@@ -71,6 +71,10 @@ CORPUS = {
         "malformed": '<tool_call>\n{"name": "get_time", "arguments": {oops}\n</tool_call>',
         "no_name": '<tool_call>\n{"arguments": {}}\n</tool_call>',
         "float_number": _qwen3("search", {"query": "q", "ratio": 2.5}),
+        "end_marker_in_string": _qwen3("write_file", {"path": "a.py", "content": "END = '</tool_call>'\n"}),
+        "text_between_calls": _qwen3("get_time", {}) + "\nAnd then:\n" + _qwen3("get_weather", {"city": "Oslo"}),
+        "tool_not_offered": _qwen3("rm_rf", {"path": "/"}),
+        "end_of_turn_inside_call": _qwen3("get_time", {}) + '\n<tool_call>\n{"name": "get_weather", "arguments": {',
     },
     "qwen3_5": {
         "one_call": _xml("get_weather", [("city", "Paris"), ("days", "3"), ("metric", "true")]),
@@ -94,6 +98,11 @@ CORPUS = {
         "union_type_digits": _xml("search", [("note", "123")]),
         "boolean_word": _xml("get_weather", [("metric", "True")]),
         "bad_integer": _xml("get_weather", [("days", "three")]),
+        "end_marker_in_value": _xml("write_file", [("path", "a.py"), ("content", "END = '</tool_call>'")]),
+        "close_markup_in_value": _xml("write_file", [("content", "</parameter> and </function>\n</tool_call>")]),
+        "text_between_calls": _xml("get_time", []) + "\nAnd then:\n" + _xml("get_weather", [("city", "Oslo")]),
+        "tool_not_offered": _xml("rm_rf", [("path", "/")]),
+        "end_of_turn_inside_call": _xml("get_time", []) + "\n<tool_call>\n<function=get_weather>\n<parameter=city>\nOs",
     },
     "minicpm5": {
         "one_call": _cpm("get_weather", [("city", "Paris"), ("days", "3"), ("metric", "true")]),
@@ -105,6 +114,10 @@ CORPUS = {
         "unicode": _cpm("get_weather", [("city", "Zürich 東京 🌧")]),
         "empty_arguments": _cpm("get_time", []),
         "number_fraction": _cpm("search", [("ratio", "2.5")]),
+        "cdata_close_markup": _cpm("write_file", [("path", "a.py"), ("content", "<![CDATA[</param></function>]]>")]),
+        "text_between_calls": _cpm("get_time", []) + "\nAnd then:\n" + _cpm("get_weather", [("city", "Oslo")]),
+        "tool_not_offered": _cpm("rm_rf", [("path", "/")]),
+        "end_of_turn_inside_call": _cpm("get_time", []) + '<function name="get_weather"><param name="city">Os',
     },
     "gemma4": {
         "one_call": _gemma("get_weather", f"city:{Q}Paris{Q},days:3,metric:true"),
@@ -115,6 +128,10 @@ CORPUS = {
         "unicode": _gemma("get_weather", f"city:{Q}Zürich 東京 🌧{Q}"),
         "empty_arguments": _gemma("get_time", ""),
         "number_fraction": _gemma("search", "ratio:2.5"),
+        "end_marker_in_string": _gemma("write_file", f"content:{Q}a <tool_call|> b{Q}"),
+        "text_between_calls": _gemma("get_time", "") + "And then:" + _gemma("get_weather", f"city:{Q}Oslo{Q}"),
+        "tool_not_offered": _gemma("rm_rf", f"path:{Q}/{Q}"),
+        "end_of_turn_inside_call": _gemma("get_time", "") + f"<|tool_call>call:get_weather{{city:{Q}Os",
     },
 }
 
@@ -162,7 +179,8 @@ def mlxrt_reads(family, text, cut):
 
 
 def mlx_lm_reads(family, text, cut):
-    """mlx_lm.server's reading: blocks between the markers; the unfinished one only at a cut."""
+    """mlx_lm.server's reading: blocks between the markers, and the unfinished last one (its
+    server parses what it holds when the turn ends inside a call, at a cut or at EOS)."""
     module = importlib.import_module(f"mlx_lm.tool_parsers.{_parser(family)[1]}")
     start, end = module.tool_call_start, module.tool_call_end
     blocks, rest = [], text
@@ -172,8 +190,7 @@ def mlx_lm_reads(family, text, cut):
             block, rest = rest.split(end, 1)
             blocks.append(block)
         else:
-            if cut:
-                blocks.append(rest)
+            blocks.append(rest)
             break
     calls = []
     for block in blocks:

@@ -42,9 +42,10 @@ def test_router_streams_content_then_parses_calls():
 
 def test_router_malformed_call_becomes_content_with_warning():
     router = ToolRouter(Qwen3JsonParser(), TOOLS, ToolStreamMode.BUFFERED_TEXT)
-    router.feed("<tool_call>{broken")
+    router.feed("<tool_call>{broken}</tool_call>")
     routed = router.finish()
-    assert routed.calls == () and routed.content == "<tool_call>{broken" and routed.warning
+    assert routed.calls == () and routed.content == "<tool_call>{broken}</tool_call>" and routed.warning
+    assert not routed.dropped
 
 
 def test_router_inactive_without_tools():
@@ -150,6 +151,6 @@ def test_a_cut_drops_the_unfinished_call_and_keeps_the_closed_ones():
         assert [c.name for c in routed.calls] == calls and (out + routed.content).strip() == content.strip()
         assert routed.dropped
     router = ToolRouter(Qwen3JsonParser(), TOOLS, ToolStreamMode.BUFFERED_TEXT)
-    router.feed('<tool_call>\n{"name": "get_time", "arguments": {}}')
-    routed = router.finish()  # the model ended its turn (EOS): an unclosed last call is still read
-    assert [c.name for c in routed.calls] == ["get_time"] and not routed.dropped
+    router.feed(closed + '\n<tool_call>\n{"name": "get_weather", "arguments": {}}')
+    routed = router.finish()  # the model ended its turn (EOS) inside a call: dropped too (issue 42)
+    assert [c.name for c in routed.calls] == ["get_weather"] and routed.dropped and routed.content == ""

@@ -4,8 +4,15 @@ Both put each call between ``<tool_call>`` and ``</tool_call>``. Qwen3 writes
 ``{"name": ..., "arguments": {...}}``; Qwen3.5 writes ``<function=NAME><parameter=KEY>VALUE
 </parameter></function>`` with raw-text values that are typed by the tool's JSON schema.
 mlx-lm's ``json_tools`` is a bare ``json.loads`` and its ``qwen3_coder`` needs exactly one
-closed ``<function=…>`` per call, so these are mlxrt's own (tolerant of an unclosed last
-call and of several calls in one turn).
+closed ``<function=…>`` per call, so these are mlxrt's own.
+
+A Qwen3.5 value is raw text, so it may hold the markup itself (code that writes
+``</tool_call>``). The call is read by its structure, as vLLM's ``qwen3_coder`` parser reads
+it: a value ends at the first ``</parameter>`` followed (after blank space) by the next
+``<parameter=`` or by ``</function>``, and the call at ``</function>`` followed by
+``</tool_call>``. Only a value holding ``</parameter>`` followed by one of those cannot be
+expressed. A call whose markup does not follow that structure is read leniently, up to the
+first ``</tool_call>``.
 """
 
 from __future__ import annotations
@@ -18,12 +25,11 @@ from typing import Any
 
 from mlxrt import ToolCall
 from mlxrt.text.generic_tools import JsonToolCallParser
-from mlxrt.text.tool_calls import tool_parameters
+from mlxrt.text.tool_calls import call_texts, tool_parameters
 from mlxrt.text.tool_grammar import CallGrammar, schema_properties, value_regex
 
 __all__ = ["Qwen3JsonParser", "Qwen3XmlParser"]
 
-_BLOCK = re.compile(r"<tool_call>(.*?)(?:</tool_call>|\Z)", re.S)
 _FUNCTION = re.compile(r"<function=([^>\s]+)>(.*?)(?:</function>|\Z)", re.S)
 _PARAMETER = re.compile(r"<parameter=([^>\s]+)>(.*?)(?:</parameter>|(?=<parameter=)|\Z)", re.S)
 
@@ -31,11 +37,77 @@ _PARAMETER = re.compile(r"<parameter=([^>\s]+)>(.*?)(?:</parameter>|(?=<paramete
 _NL = r"\n?"  # a value sits on its own lines in the template's markup
 
 
-def _blocks(text: str) -> list[str]:
-    blocks = [b.strip() for b in _BLOCK.findall(text)]
+class _Malformed(ValueError):
+    """The call's markup does not follow Qwen3.5's structure."""
+
+
+def _space(text: str, pos: int) -> int:
+    while pos < len(text) and text[pos].isspace():
+        pos += 1
+    return pos
+
+
+def _unfinished(text: str, pos: int, *markers: str) -> bool:
+    """``text`` ends at ``pos`` or inside one of ``markers`` written from there."""
+    rest = text[pos:]
+    return any(len(rest) < len(m) and m.startswith(rest) for m in markers)
+
+
+def _read_xml_call(text: str) -> tuple[str, list[tuple[str, str]], int] | None:
+    """``(name, [(key, raw value)], end)`` of the call at the start of ``text`` (which begins
+    with ``<tool_call>``), ``end`` just past its ``</tool_call>``; ``None`` when the text ends
+    inside the call.
+
+    :raises _Malformed: when the markup does not follow the structure.
+    """
+    pos = _space(text, len("<tool_call>"))
+    if _unfinished(text, pos, "<function="):
+        return None
+    if not text.startswith("<function=", pos):
+        raise _Malformed("a tool call must open with <function=NAME>")
+    close = text.find(">", pos)
+    if close < 0:
+        return None
+    name = text[pos + len("<function="):close]
+    params: list[tuple[str, str]] = []
+    pos = close + 1
+    while True:
+        pos = _space(text, pos)
+        if _unfinished(text, pos, "<parameter=", "</function>"):
+            return None
+        if text.startswith("</function>", pos):
+            pos = _space(text, pos + len("</function>"))
+            if _unfinished(text, pos, "</tool_call>"):
+                return None
+            if not text.startswith("</tool_call>", pos):
+                raise _Malformed("</function> must be followed by </tool_call>")
+            return name, params, pos + len("</tool_call>")
+        if not text.startswith("<parameter=", pos):
+            raise _Malformed("expected <parameter=KEY> or </function>")
+        close = text.find(">", pos)
+        if close < 0:
+            return None
+        key = text[pos + len("<parameter="):close]
+        start = end = close + 1
+        while True:  # the value ends at a </parameter> the structure goes on after
+            end = text.find("</parameter>", end)
+            if end < 0:
+                return None
+            after = _space(text, end + len("</parameter>"))
+            if text.startswith(("<parameter=", "</function>"), after):
+                break
+            if _unfinished(text, after, "<parameter=", "</function>"):
+                return None
+            end += 1
+        params.append((key, text[start:end]))
+        pos = end + len("</parameter>")
+
+
+def _lenient_blocks(text: str) -> list[str]:
+    blocks = re.findall(r"<tool_call>(.*?)(?:</tool_call>|\Z)", text, re.S)
     if not blocks:
         raise ValueError("no <tool_call> block")
-    return blocks
+    return [b.strip() for b in blocks]
 
 
 class Qwen3JsonParser(JsonToolCallParser):
@@ -114,15 +186,36 @@ class Qwen3XmlParser:
         close = g.literal("</function>\n" + self.end)
         return f"{g.literal(self.opening(name))} {body} {close}"
 
+    def call_end(self, text: str) -> int | None:
+        """Where the call at the start of ``text`` ends (see the module docstring)."""
+        try:
+            read = _read_xml_call(text)
+        except _Malformed:
+            at = text.find(self.end, len(self.start))
+            return None if at < 0 else at + len(self.end)
+        return None if read is None else read[2]
+
     def parse(self, text: str, tools: Sequence[Mapping[str, Any]] | None) -> list[ToolCall]:
+        return [call for markup in call_texts(self, text) for call in self._read(markup, tools)]
+
+    def _read(self, text: str, tools: Sequence[Mapping[str, Any]] | None) -> list[ToolCall]:
+        try:
+            read = _read_xml_call(text)
+        except _Malformed:
+            read = None
+        if read is not None:
+            found = [(read[0], read[1])]
+        else:  # not Qwen3.5's structure: the lenient reading, up to the first markers
+            found = []
+            for block in _lenient_blocks(text):
+                fn = _FUNCTION.search(block)
+                if fn is None:
+                    raise ValueError("a tool call must contain <function=NAME>")
+                found.append((fn.group(1), _PARAMETER.findall(fn.group(2))))
         calls = []
-        for block in _blocks(text):
-            fn = _FUNCTION.search(block)
-            if fn is None:
-                raise ValueError("a tool call must contain <function=NAME>")
-            name, body = fn.group(1), fn.group(2)
+        for name, params in found:
             props = tool_parameters(tools, name).get("properties") or {}
             args = {key: _xml_value(val, props[key] if isinstance(props.get(key), Mapping) else None)
-                    for key, val in _PARAMETER.findall(body)}
+                    for key, val in params}
             calls.append(ToolCall(name=name, arguments=json.dumps(args, ensure_ascii=False)))
         return calls

@@ -142,8 +142,7 @@ class BlockStream:
             arguments = block.pop("input")
             frames += self._begin({**block, "input": {}})
             frames.append(self._delta({"type": "input_json_delta", "partial_json": _dumps(arguments)}))
-        if self._index < 0:  # an empty answer is still one (empty) text block
-            frames += self._begin({"type": "text", "text": ""})
+        # no empty text block for an empty answer: the message body has none either
         frames += self._close()
         stop, sequence = stop_reason(reason, finish)
         frames.append(sse_event("message_delta", {

@@ -45,14 +45,14 @@ class Messages(Framed):
     def decode(self, body: Mapping[str, Any], claimed: Mapping[str, type], *, strict: bool) -> Turn:
         decoded = decode_messages(body, claimed, strict=strict)
         wire = decoded.request
+        single = bool(wire.tool_choice and wire.tool_choice.disable_parallel_tool_use)
         options = RequestOptions(
             sampling={"temperature": wire.temperature, "top_p": wire.top_p, "top_k": wire.top_k},
             max_tokens=wire.max_tokens, max_tokens_is_ceiling=True, stop=decoded.stop, adapter=decoded.adapter,
-            tools=decoded.chat.tools, forced_tools=decoded.forced, extra=decoded.extra,
+            tools=decoded.chat.tools, forced_tools=decoded.forced, extra=decoded.extra, parallel_tool_calls=not single,
         )
         return Turn(chat=decoded.chat, options=options, model=wire.model, stream=bool(wire.stream),
-                    headers=decoded.headers,
-                    single_call=bool(wire.tool_choice and wire.tool_choice.disable_parallel_tool_use))
+                    headers=decoded.headers, single_call=single)
 
     def new_id(self) -> str:
         return message_id()

@@ -300,7 +300,8 @@ def decode_chat(body: Mapping[str, Any], claimed: Mapping[str, type] | None = No
     images: list[ImageRef] = []
     decoded = tuple(_decode_message(i, m, images) for i, m in enumerate(messages))
     tools = _decode_tools(body.get("tools")) if body.get("tool_choice") != "none" else None
-    run = attrs.evolve(options.run, tools=tools, forced_tools=_decode_tool_choice(body.get("tool_choice"), tools))
+    run = attrs.evolve(options.run, tools=tools, forced_tools=_decode_tool_choice(body.get("tool_choice"), tools),
+                       parallel_tool_calls=request.parallel_tool_calls is not False)
     options = attrs.evolve(options, run=run)
     add_generation_prompt, continue_final = template_ending(decoded, request.add_generation_prompt,
                                                             request.continue_final_message)

@@ -51,7 +51,8 @@ class Chat:
     def decode(self, body: Mapping[str, Any], claimed: Mapping[str, type], *, strict: bool) -> Turn:
         decoded = decode_chat(body, claimed, strict=strict)
         return Turn(chat=decoded.chat, options=decoded.options.run, model=decoded.request.model,
-                    stream=bool(decoded.request.stream), headers=decoded.options.headers, wire=decoded)
+                    stream=bool(decoded.request.stream), headers=decoded.options.headers, wire=decoded,
+                    single_call=not decoded.options.run.parallel_tool_calls)
 
     def new_id(self) -> str:
         return f"chatcmpl-{uuid.uuid4()}"

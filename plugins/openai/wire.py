@@ -66,6 +66,7 @@ CHAT_RULES = (
     FieldRule("add_generation_prompt", (bool,)),
     FieldRule("continue_final_message", (bool,)),
     FieldRule("verbose", (bool,)),
+    FieldRule("parallel_tool_calls", (bool,)),
 )
 
 COMPLETION_RULES = GENERATION_RULES
@@ -135,6 +136,8 @@ class ChatCompletionRequest(GenerationFields):
     continue_final_message: bool | None = None
     #: llama-server's: answer with ``__verbose.prompt``, the rendered prompt.
     verbose: bool | None = None
+    #: OpenAI's: ``false`` keeps the answer to one tool call.
+    parallel_tool_calls: bool | None = None
 
 
 @attrs.frozen

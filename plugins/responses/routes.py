@@ -113,7 +113,7 @@ class Responses:
             sampling={"temperature": wire.temperature, "top_p": wire.top_p, "top_k": wire.top_k},
             max_tokens=wire.max_output_tokens, seed=wire.seed, adapter=decoded.adapter, tools=decoded.tools,
             forced_tools=decoded.forced, structured=decoded.structured, extra=decoded.extra,
-            progress=bool(wire.return_progress and wire.stream),
+            progress=bool(wire.return_progress and wire.stream), parallel_tool_calls=wire.parallel_tool_calls,
         )
         # The chat is known once resolve() has found the conversation this request continues.
         return Turn(chat=ChatInput(messages=()), options=options, model=wire.model, stream=bool(wire.stream),

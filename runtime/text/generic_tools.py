@@ -28,10 +28,10 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from mlxrt.records import ToolCall
-from mlxrt.text.tool_calls import tool_parameters, typed_arguments
+from mlxrt.text.tool_calls import call_bodies, tool_parameters, typed_arguments
 from mlxrt.text.tool_grammar import CallGrammar
 
-__all__ = ["JsonToolCallParser", "GenericToolPrompt", "GENERIC_TOOL_PROMPT", "template_renders_tools"]
+__all__ = ["JsonToolCallParser", "closed_objects", "GenericToolPrompt", "GENERIC_TOOL_PROMPT", "template_renders_tools"]
 
 #: The system text that describes the tools (``{tools}``: one JSON object per line).
 GENERIC_TOOL_PROMPT = (
@@ -61,15 +61,33 @@ def template_renders_tools(tokenizer: Any) -> bool:
     return _PROBE in text
 
 
-def _blocks(text: str, start: str, end: str) -> list[str]:
-    blocks, rest = [], text
-    while start in rest:
-        rest = rest[rest.index(start) + len(start):]
-        block, _, rest = rest.partition(end)
-        blocks.append(block.strip())
-    if not blocks:
-        raise ValueError(f"no {start} block")
-    return blocks
+_DECODER = json.JSONDecoder()
+
+
+def _skip_space(text: str, pos: int) -> int:
+    while pos < len(text) and text[pos].isspace():
+        pos += 1
+    return pos
+
+
+def _end_outside_strings(text: str, pos: int, end: str) -> int | None:
+    """Past the first ``end`` at or after ``pos`` that is not inside a JSON string."""
+    in_string = escaped = False
+    for i in range(pos, len(text)):
+        c = text[i]
+        if in_string:
+            if escaped:
+                escaped = False
+            elif c == "\\":
+                escaped = True
+            elif c == '"':
+                in_string = False
+            continue
+        if c == '"':
+            in_string = True
+        elif text.startswith(end, i):
+            return i + len(end)
+    return None
 
 
 class JsonToolCallParser:
@@ -85,13 +103,31 @@ class JsonToolCallParser:
 
     def call_grammar(self, name: str, parameters: Mapping[str, Any], g: CallGrammar) -> str:
         """One call: the opening, arguments valid under the tool's schema (printed as the
-        templates print JSON), the close."""
+        templates print JSON; an object that does not say otherwise takes no other keys than
+        its ``properties``: :func:`closed_objects`), the close."""
         close = g.literal("}\n" + self.end)
-        return f"{g.literal(self.opening(name))} {g.json(parameters)} {close}"
+        return f"{g.literal(self.opening(name))} {g.json(closed_objects(parameters))} {close}"
+
+    def call_end(self, text: str) -> int | None:
+        """Where the call at the start of ``text`` ends: past the end marker that follows its
+        JSON object (a string in it may hold ``</tool_call>``); ``None`` while the object or
+        the marker is unfinished. An object that does not decode ends at the first marker
+        outside its strings (``None`` when there is none: the text ends inside it)."""
+        pos = _skip_space(text, len(self.start))
+        try:
+            _obj, after = _DECODER.raw_decode(text, pos)
+        except json.JSONDecodeError:
+            return _end_outside_strings(text, pos, self.end)
+        close = _skip_space(text, after)
+        if text.startswith(self.end, close):
+            return close + len(self.end)
+        if self.end.startswith(text[close:]):
+            return None  # the text ends before (or inside) the end marker
+        return _end_outside_strings(text, after, self.end)
 
     def parse(self, text: str, tools: Sequence[Mapping[str, Any]] | None) -> list[ToolCall]:
         calls = []
-        for block in _blocks(text, self.start, self.end):
+        for block in call_bodies(self, text):
             obj = json.loads(block)
             if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
                 raise ValueError("a tool call must be a JSON object with a string name")
@@ -102,6 +138,33 @@ class JsonToolCallParser:
                 raise ValueError("tool call arguments must be a JSON object")
             calls.append(ToolCall(name=obj["name"], arguments=typed_arguments(obj["name"], args, tools)))
         return calls
+
+
+def closed_objects(schema: Any) -> Any:
+    """``schema`` with ``additionalProperties: false`` on every object schema that lists
+    ``properties`` and says nothing about other keys (tool schemas mostly leave it unset, and a
+    small model under a grammar then invents keys); what the schema says is kept. OpenAI's
+    ``strict`` function schemas must say ``false`` already."""
+    if isinstance(schema, list):
+        return [closed_objects(s) for s in schema]
+    if not isinstance(schema, Mapping):
+        return schema
+    out: dict[str, Any] = {}
+    for key, value in schema.items():
+        if key in _SCHEMA_MAPS and isinstance(value, Mapping):
+            value = {k: closed_objects(v) for k, v in value.items()}
+        elif key in _SUBSCHEMAS:
+            value = closed_objects(value)
+        out[key] = value
+    if isinstance(schema.get("properties"), Mapping):
+        out.setdefault("additionalProperties", False)
+    return out
+
+
+#: Keywords whose value is a schema or a list of schemas, and those whose value maps names to
+#: schemas: what :func:`closed_objects` walks into.
+_SUBSCHEMAS = frozenset({"items", "anyOf", "oneOf", "allOf", "not", "prefixItems", "additionalProperties"})
+_SCHEMA_MAPS = frozenset({"properties", "$defs", "definitions", "patternProperties"})
 
 
 def _tool_line(tool: Mapping[str, Any]) -> str:
@@ -160,10 +223,13 @@ class GenericToolPrompt:
             out.insert(0, {"role": "system", "content": system})
         return out
 
-    def auto_grammar(self, tools: Sequence[Mapping[str, Any]], g: CallGrammar) -> str:
+    def auto_grammar(self, tools: Sequence[Mapping[str, Any]], g: CallGrammar, *, several: bool = False) -> str:
         """``tool_choice`` ``"auto"``: free text that never opens a call, or one whole call of
-        one of ``tools`` (arguments valid under its schema)."""
+        one of ``tools`` (arguments valid under its schema); ``several``: one call or more, each
+        on its own line (the request allows parallel calls)."""
         names = [n for t in tools if isinstance(n := (t.get("function") or t).get("name"), str)]
         calls = " | ".join(f"({self.parser.call_grammar(n, tool_parameters(tools, n), g)})" for n in names)
         text = g.text_without(self.parser.start)
+        if calls and several:
+            calls = f'({calls}) ("\\n" ({calls}))*'
         return f"{text} | {calls}" if calls else text

@@ -1,17 +1,31 @@
 """Tool-call routing, argument typing and ``tool_choice`` enforcement.
 
-Routing (``buffered-text`` and ``gemma-sentinel`` modes): content streams as usual until the
-family parser's start marker appears; from there the text is buffered and parsed when
-generation ends. A call that cannot be parsed is returned as content with a warning: never
-dropped silently, never a server error. A call the generation was cut inside (``max_tokens`` or
-a stop string ended the turn before the call's end marker) is no call: it is dropped, with a
-warning in the log and ``RoutedTools.dropped`` set for the response's
-``x-mlxrt-partial-tool-call`` header; calls closed before the cut are kept (mlx-lm's rule). In ``gemma-sentinel`` mode the markers are the
-tokenizer's own single sentinel tokens (the family checked they exist), which the engine's
-detokenizer always writes out as their text.
+Routing (``buffered-text`` and ``gemma-sentinel`` modes) makes the answer's calls a function
+of its whole text and of how the generation ended, the same for every dialect, streamed or
+not: content streams as usual until the family parser's start marker appears (a text that may
+still become the marker is held back); from there the text is held and split when generation
+ends (:func:`split_calls`) into text and calls. Where a call ends is the parser's to say
+(``call_end``, :class:`mlxrt.records.ToolCallExtent`): a value may hold the family's own
+markup wherever its format can express it (a JSON string holding ``</tool_call>``, a MiniCPM5
+CDATA value holding ``</function>``); without ``call_end`` the first end marker closes a call.
+
+- A finished call is parsed and reported, its arguments typed by the tool's schema; one that
+  cannot be parsed, or that names a tool the request did not offer, is returned as content
+  with a warning: never dropped silently, never a server error.
+- An unfinished call (the turn ended, at ``max_tokens``, a stop string or the model's own end
+  of turn, before the call's end; or inside the opening of one) is no call and shows no
+  markup: it is dropped, with a warning in the log and ``RoutedTools.dropped`` set for the
+  response's ``x-mlxrt-partial-tool-call`` header. At a cut, a last call that does not parse
+  is taken for an unfinished one. Calls finished before it are kept (mlx-lm's rule).
+- Text between and after calls is the model's: content (mlx-lm keeps it), each piece with the
+  whitespace around the calls trimmed; blank separators are dropped.
+
+In ``gemma-sentinel`` mode the markers are the tokenizer's own single sentinel tokens (the
+family checked they exist), which the engine's detokenizer always writes out as their text.
 
 ``tool_choice`` ``"required"`` or a named function is enforced by a logits processor that
-forces the answer's first tokens to a tool-call opening (:func:`tool_choice_processors`).
+forces the answer's first tokens to a tool-call opening (:func:`tool_choice_processors`), or
+by a grammar of the whole call (:mod:`mlxrt.text.tool_grammar`).
 """
 
 from __future__ import annotations
@@ -20,35 +34,118 @@ import json
 import logging
 import uuid
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 import attrs
 
 from mlxrt.records import ToolCall, ToolParser, ToolStreamMode
 
-__all__ = ["ToolRouter", "RoutedTools", "PARTIAL_CALL_HEADER", "typed_arguments", "ForcedPrefix", "tool_choice_processors",
-           "tool_choice_prefixes", "reasoning_lead", "tool_parameters"]
+__all__ = ["ToolRouter", "RoutedTools", "Piece", "split_calls", "call_texts", "call_bodies", "call_end", "offered_names", "PARTIAL_CALL_HEADER",
+           "typed_arguments", "ForcedPrefix", "tool_choice_processors", "tool_choice_prefixes", "reasoning_lead",
+           "tool_parameters"]
 
 log = logging.getLogger("mlxrt.tools")
 
 
-#: Response header set when a call cut by ``max_tokens`` or a stop string was dropped.
+#: Response header set when an unfinished call (cut by ``max_tokens`` or a stop string, or
+#: left open by the model's end of turn) was dropped.
 PARTIAL_CALL_HEADER = "x-mlxrt-partial-tool-call"
+
+#: Shortest held text taken for the start of a call's opening at the end of a turn: a lone
+#: ``<`` is as likely the model's text.
+_MIN_OPENING = 2
 
 
 @attrs.frozen
 class RoutedTools:
     """What routing made of an answer: the rest of its content, its calls, and what went wrong.
 
-    :ivar warning: Why markup was not read as calls (a malformed call, returned as content),
-        or that a partial call was dropped.
-    :ivar dropped: A call the generation was cut inside was dropped (no call, no markup).
+    :ivar warning: Why markup was not read as calls (a malformed call or one to a tool that
+        was not offered, returned as content), or that an unfinished call was dropped.
+    :ivar dropped: An unfinished call was dropped (no call, no markup).
     """
 
     content: str
     calls: tuple[ToolCall, ...]
     warning: str | None = None
     dropped: bool = False
+
+
+@attrs.frozen
+class Piece:
+    """One stretch of captured text: ``text`` (the model's own), a finished ``call``'s markup,
+    or an ``unfinished`` call (from its start marker to the end of the text)."""
+
+    kind: Literal["text", "call", "unfinished"]
+    text: str
+
+
+def call_end(parser: ToolParser, text: str) -> int | None:
+    """Where the call at the start of ``text`` ends (just past its end marker), or ``None``
+    when ``text`` holds no finished call: the parser's ``call_end`` when it has one, else the
+    first end marker."""
+    own = getattr(parser, "call_end", None)
+    if callable(own):
+        end = own(text)
+        return None if end is None else int(end)
+    at = text.find(parser.end, len(parser.start))
+    return None if at < 0 else at + len(parser.end)
+
+
+def call_texts(parser: ToolParser, text: str) -> list[str]:
+    """The markup of each finished call in ``text`` (text outside the calls is ignored), for a
+    parser's ``parse``.
+
+    :raises ValueError: when ``text`` holds no call, or an unfinished one.
+    """
+    calls = []
+    for piece in split_calls(parser, text):
+        if piece.kind == "unfinished":
+            raise ValueError(f"unfinished tool call: {piece.text[:80]!r}")
+        if piece.kind == "call":
+            calls.append(piece.text)
+    if not calls:
+        raise ValueError(f"no {parser.start} block")
+    return calls
+
+
+def call_bodies(parser: ToolParser, text: str) -> list[str]:
+    """The text between the start and end markers of each finished call in ``text``, stripped
+    (:func:`call_texts`)."""
+    return [c[len(parser.start): len(c) - len(parser.end)].strip() for c in call_texts(parser, text)]
+
+
+def split_calls(parser: ToolParser, text: str) -> list[Piece]:
+    """``text`` as text, finished calls and at most one unfinished call (last)."""
+    pieces: list[Piece] = []
+    pos = 0
+    while (at := text.find(parser.start, pos)) >= 0:
+        if at > pos:
+            pieces.append(Piece("text", text[pos:at]))
+        end = call_end(parser, text[at:])
+        if end is None:
+            pieces.append(Piece("unfinished", text[at:]))
+            return pieces
+        pieces.append(Piece("call", text[at:at + end]))
+        pos = at + end
+    if pos < len(text):
+        pieces.append(Piece("text", text[pos:]))
+    return pieces
+
+
+def offered_names(tools: Sequence[Mapping[str, Any]] | None) -> set[str]:
+    """The names of the tools a request offered (OpenAI's form or bare)."""
+    names = set()
+    for tool in tools or ():
+        fn = tool.get("function") if isinstance(tool.get("function"), Mapping) else tool
+        if isinstance(fn, Mapping) and isinstance(fn.get("name"), str):
+            names.add(fn["name"])
+    return names
+
+
+def _opening_prefix(text: str, start: str) -> int:
+    """How many characters at the end of ``text`` may begin ``start`` (0 when none)."""
+    return next((n for n in range(min(len(start) - 1, len(text)), 0, -1) if text.endswith(start[:n])), 0)
 
 
 class ToolRouter:
@@ -61,6 +158,7 @@ class ToolRouter:
         self.active = bool(parser is not None and tools and mode is not ToolStreamMode.PLAIN)
         self._held = ""
         self._capture: str | None = None
+        self._last = ""  # the last character feed returned (how text after a call joins it)
 
     def feed(self, text: str) -> str:
         if not self.active:
@@ -73,57 +171,83 @@ class ToolRouter:
         at = buf.find(self.parser.start)
         if at >= 0:
             self._held, self._capture = "", buf[at:]
-            return buf[:at]
-        keep = next((n for n in range(min(len(self.parser.start) - 1, len(buf)), 0, -1)
-                     if buf.endswith(self.parser.start[:n])), 0)
+            return self._emit(buf[:at])
+        keep = _opening_prefix(buf, self.parser.start)
         self._held = buf[len(buf) - keep:]
-        return buf[: len(buf) - keep]
+        return self._emit(buf[: len(buf) - keep])
+
+    def _emit(self, text: str) -> str:
+        self._last = text[-1:] or self._last
+        return text
 
     def finish(self, *, cut: bool = False) -> RoutedTools:
-        """The answer's calls. ``cut``: the generation was stopped by ``max_tokens`` or a stop
-        string, so a call not closed by the parser's end marker is unfinished: dropped."""
+        """The answer's calls and the content not yet returned by :meth:`feed`. ``cut``: the
+        generation was stopped by ``max_tokens`` or a stop string (a last call that does not
+        parse is then an unfinished one)."""
         held, self._held = self._held, ""
-        if self._capture is None:
-            if cut and len(held) > 1:  # the cut fell inside a call's start marker
-                return self._dropped(RoutedTools(content="", calls=()), held)
+        captured, self._capture = self._capture, None
+        if not self.active:
             return RoutedTools(content=held, calls=())
-        text, self._capture = self._capture, None
         assert self.parser is not None
-        # Text after the last closed call is the model's again (a closing remark): content.
-        end = text.rfind(self.parser.end)
-        tail = text[end + len(self.parser.end):] if end >= 0 else text
-        if cut and (end < 0 or self.parser.start in tail):
-            fragment = tail[tail.find(self.parser.start):] if self.parser.start in tail else tail
-            text = text[: len(text) - len(fragment)]
-            if end < 0:
-                return self._dropped(RoutedTools(content=held, calls=()), fragment)
-            routed = self._parsed(held, text, text[end + len(self.parser.end):])
-            return self._dropped(routed, fragment)
-        if end < 0 or self.parser.start in tail or not tail.strip():
-            tail = ""
-        return self._parsed(held, text, tail)
+        pieces = split_calls(self.parser, captured) if captured is not None else []
+        if held:
+            pieces.insert(0, Piece("text", held))
+        # the turn ended inside a call's opening ("<function" of MiniCPM5's several tokens)
+        if pieces and pieces[-1].kind == "text":
+            keep = _opening_prefix(pieces[-1].text, self.parser.start)
+            if keep >= _MIN_OPENING:
+                last = pieces.pop().text
+                pieces += [Piece("text", last[:-keep]), Piece("unfinished", last[-keep:])]
+        return self._routed(pieces, first=captured is None, cut=cut)
 
-    def _dropped(self, routed: RoutedTools, fragment: str) -> RoutedTools:
-        warning = f"dropped a tool call cut off by the end of generation: {fragment[:200]!r}"
-        log.warning(warning)
-        return attrs.evolve(routed, warning=routed.warning or warning, dropped=True)
-
-    def _parsed(self, held: str, text: str, tail: str) -> RoutedTools:
-        """Parse the calls of ``text`` (the captured text, ``tail`` its closing remark)."""
+    def _routed(self, pieces: list[Piece], *, first: bool, cut: bool) -> RoutedTools:
+        """Calls and content of ``pieces``. ``first``: no call markup was seen while feeding,
+        so the first text piece is the held end of the content stream (kept as it is)."""
         assert self.parser is not None
-        body = text[: len(text) - len(tail)]
-        try:
-            calls = self.parser.parse(body, self.tools)
-        except Exception as exc:  # a family parser's failure is the model's malformed output
-            warning = f"could not parse tool call: {type(exc).__name__}: {exc}"
-            log.warning(warning)
-            return RoutedTools(content=held + text, calls=(), warning=warning)
-        if not calls:
-            return RoutedTools(content=held + text, calls=(), warning="tool call markup without a call")
-        return RoutedTools(
-            content=held + tail.strip(),
-            calls=tuple(c if c.id else attrs.evolve(c, id=f"call_{uuid.uuid4().hex[:24]}") for c in calls),
-        )
+        offered = offered_names(self.tools)
+        texts: list[tuple[str, bool]] = []  # (text, kept as it is)
+        calls: list[ToolCall] = []
+        warning: str | None = None
+        dropped = False
+        for i, piece in enumerate(pieces):
+            if piece.kind == "text":
+                raw = first and i == 0  # the held end of the content stream, kept as it is
+                texts.append((piece.text if raw else piece.text.strip(), raw))
+                continue
+            if piece.kind == "unfinished":
+                dropped = True
+                warning = warning or f"dropped an unfinished tool call: {piece.text[:200]!r}"
+                log.warning("dropped an unfinished tool call: %r", piece.text[:200])
+                continue
+            try:
+                found = self.parser.parse(piece.text, self.tools)
+                if not found:
+                    raise ValueError("tool call markup without a call")
+            except Exception as exc:  # a family parser's failure is the model's malformed output
+                if cut and i == len(pieces) - 1:  # cut inside a value that held the end marker
+                    dropped = True
+                    warning = warning or f"dropped an unfinished tool call: {piece.text[:200]!r}"
+                    continue
+                why = f"could not parse tool call: {type(exc).__name__}: {exc}"
+                log.warning(why)
+                warning = warning or why
+                texts.append((piece.text, True))
+                continue
+            unknown = [c.name for c in found if c.name not in offered]
+            if unknown:
+                why = f"a tool call names a tool the request did not offer: {unknown[0]!r}"
+                log.warning(why)
+                warning = warning or why
+                texts.append((piece.text, True))
+                continue
+            calls += [c if c.id else attrs.evolve(c, id=f"call_{uuid.uuid4().hex[:24]}") for c in found]
+        content = ""
+        for text, raw in texts:
+            before = content[-1:] or self._last
+            if text and not raw and before and not before.isspace():
+                content += "\n\n"  # a paragraph apart from the text before the call
+            content += text
+        return RoutedTools(content=content, calls=tuple(calls), warning=warning, dropped=dropped)
 
 
 # -- arguments typed by the tool's JSON schema ----------------------------------------------
@@ -148,6 +272,8 @@ def _typed(value: Any, schema: Mapping[str, Any]) -> Any:
     kind = schema.get("type")
     kinds = set(kind) if isinstance(kind, list) else {kind}
     if isinstance(value, str) and "string" not in kinds:
+        if "boolean" in kinds and value.strip().lower() in ("true", "false"):
+            return value.strip().lower() == "true"
         if kinds & {"integer", "number", "boolean", "object", "array", "null"}:
             try:
                 value = json.loads(value)

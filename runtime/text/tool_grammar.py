@@ -52,6 +52,7 @@ class CallGrammar:
         texts = sorted((t for t in self._ids if t), key=len, reverse=True)
         self._split = re.compile("|".join(map(re.escape, texts))) if texts else None
         self._rules: list[str] = []
+        self._named: dict[str, str] = {}
 
     def literal(self, text: str) -> str:
         """Exactly ``text``; the tokenizer's added tokens in it as those tokens."""
@@ -112,6 +113,14 @@ class CallGrammar:
         self._rules.append(f"{name}: /(?s:.*)/ & ~/(?s:.*{escaped}.*)/")
         return name
 
+    def named(self, key: str, build: Any) -> str:
+        """The rule ``build(name)`` defines, made once per ``key`` and grammar; ``build`` may
+        refer to ``name`` (a recursive rule: nested values)."""
+        if key not in self._named:
+            name = self._named[key] = f"n{len(self._named)}"
+            self._rules.append(f"{name}: {build(name)}")
+        return self._named[key]
+
     def grammar(self, start: str) -> str:
         return "\n".join([f"start: {start}", *self._rules]) + "\n"
 
@@ -139,10 +148,10 @@ def value_regex(schema: Mapping[str, Any] | None, *, text: str = r"[^<]*") -> st
 
 def tool_call_constraint(profile: Any, tokenizer: Any, names: Sequence[str],
                          tools: Sequence[Mapping[str, Any]] | None, lead: str = "", *,
-                         param: str = "tool_choice") -> StructuredOutput | None:
-    """The constraint that forces one call to one of ``names`` (after the text ``lead``, the
-    reasoning close when the prompt left a think block open), or ``None`` when the family's
-    parser cannot describe every such call."""
+                         param: str = "tool_choice", several: bool = False) -> StructuredOutput | None:
+    """The constraint that forces one call to one of ``names`` (``several``: one or more, on
+    lines of their own) after the text ``lead`` (the reasoning close when the prompt left a
+    think block open), or ``None`` when the family's parser cannot describe every such call."""
     make = getattr(profile.tool_parser, "call_grammar", None)
     if not callable(make) or not names:
         return None
@@ -156,18 +165,25 @@ def tool_call_constraint(profile: Any, tokenizer: Any, names: Sequence[str],
             return None
         calls.append(f"({expr})")
     start = " | ".join(calls) if len(calls) > 1 else calls[0]
+    if several:
+        start = f'({start}) ("\\n" ({start}))*'
     if lead:
         start = f"{g.literal(lead)} ({start})"
     return StructuredOutput(kind="lark", spec=g.grammar(start), param=param)
 
 
 def auto_tool_constraint(profile: Any, tokenizer: Any, tools: Sequence[Mapping[str, Any]] | None, *,
-                         param: str = "tools") -> StructuredOutput | None:
+                         param: str = "tools", several: bool = False) -> StructuredOutput | None:
     """The constraint for ``tool_choice`` ``"auto"`` on a model whose tools mlxrt renders itself
-    (``profile.tool_prompt`` with ``auto_grammar``): free text or one whole, schema-valid call.
-    ``None`` for any other model (its family's own markup is left free)."""
+    (``profile.tool_prompt`` with ``auto_grammar``): free text or one whole, schema-valid call
+    (``several``: one or more). ``None`` for any other model (its family's own markup is left
+    free)."""
     make = getattr(profile.tool_prompt, "auto_grammar", None)
     if not tools or not callable(make):
         return None
     g = CallGrammar(tokenizer)
-    return StructuredOutput(kind="lark", spec=g.grammar(make(tools, g)), param=param)
+    try:
+        body = make(tools, g, several=several)
+    except TypeError:  # a family's ToolPrompt without the keyword: one call
+        body = make(tools, g)
+    return StructuredOutput(kind="lark", spec=g.grammar(body), param=param)
