@@ -17,7 +17,8 @@ from mlxrt.api.disconnect import off_loop, until_disconnect
 from mlxrt.api.wire import FieldRule, check_fields, parse_json_object
 from mlxrt.errors import InvalidRequest
 from mlxrt.plugins.ollama.residency import chosen
-from mlxrt.plugins.ollama.wire import ROUTE_OPT, keep_alive_seconds, ollama_name, pool_name
+from mlxrt.plugins.ollama.schemas import EMBED, EMBEDDINGS, opt
+from mlxrt.plugins.ollama.wire import keep_alive_seconds, ollama_name, pool_name
 
 __all__ = ["embed", "embeddings"]
 
@@ -62,7 +63,7 @@ async def _vectors(request: Request, body: dict[str, Any], texts: list[str]) -> 
     return model, list(vectors), sum(len(i) for i in ids), loaded
 
 
-@post("/api/embed", status_code=200, opt=ROUTE_OPT, summary="Embed inputs (Ollama)", tags=["ollama"])
+@post("/api/embed", status_code=200, opt=opt(EMBED), summary="Embed inputs (Ollama)", tags=["ollama"])
 async def embed(request: Request) -> Response:
     started = time.monotonic_ns()
     body = parse_json_object(await request.body())
@@ -76,7 +77,7 @@ async def embed(request: Request) -> Response:
                              "prompt_eval_count": tokens}, status_code=200)
 
 
-@post("/api/embeddings", status_code=200, opt=ROUTE_OPT, summary="Embed a prompt (Ollama, older)", tags=["ollama"])
+@post("/api/embeddings", status_code=200, opt=opt(EMBEDDINGS), summary="Embed a prompt (Ollama, older)", tags=["ollama"])
 async def embeddings(request: Request) -> Response:
     body = parse_json_object(await request.body())
     prompt = body.get("prompt")

@@ -21,7 +21,8 @@ from litestar import delete as delete_route
 from mlxrt.api.wire import parse_json_object
 from mlxrt.capabilities import capabilities
 from mlxrt.errors import InvalidRequest, ModelLoadError, NotFound
-from mlxrt.plugins.ollama.wire import ROUTE_OPT, VERSION, created_at, ollama_name, pool_name
+from mlxrt.plugins.ollama.schemas import NAMED, opt
+from mlxrt.plugins.ollama.wire import VERSION, created_at, ollama_name, pool_name
 
 __all__ = ["list_tags", "show", "running", "version", "delete"]
 
@@ -82,7 +83,7 @@ def _tag_rows(host: Any) -> list[dict[str, Any]]:
     return rows
 
 
-@get("/api/tags", opt=ROUTE_OPT, summary="List local models (Ollama)", tags=["ollama"])
+@get("/api/tags", opt=opt(), summary="List local models (Ollama)", tags=["ollama"])
 async def list_tags(request: Request) -> dict[str, Any]:
     host = request.app.state.host
     return {"models": await anyio.to_thread.run_sync(_tag_rows, host)}
@@ -121,7 +122,7 @@ def _show_body(host: Any, model_id: str, path: Path, profile: Any, template: str
             "modified_at": created_at(path.stat().st_mtime if path.exists() else None)}
 
 
-@post("/api/show", status_code=200, opt=ROUTE_OPT, summary="Show a model (Ollama)", tags=["ollama"])
+@post("/api/show", status_code=200, opt=opt(NAMED), summary="Show a model (Ollama)", tags=["ollama"])
 async def show(request: Request) -> dict[str, Any]:
     """A model's details, capabilities and chat template, from its files (nothing loads). A
     name nothing here serves is the served model's, as in a chat request, unless the server
@@ -139,7 +140,7 @@ async def show(request: Request) -> dict[str, Any]:
         try:
             source = None if pool.settings.strict else await anyio.to_thread.run_sync(
                 lambda: resolve_model(pool_name(name), allow_download=False))
-        except ModelLoadError:
+        except (ModelLoadError, OSError, ValueError):  # no such local model
             source = None
         if source is not None:
             return await anyio.to_thread.run_sync(_show_body, host, source.model_id, source.path, None, None)
@@ -159,7 +160,7 @@ async def show(request: Request) -> dict[str, Any]:
                                           template if isinstance(template, str) else None)
 
 
-@get("/api/ps", opt=ROUTE_OPT, summary="Resident models (Ollama)", tags=["ollama"])
+@get("/api/ps", opt=opt(), summary="Resident models (Ollama)", tags=["ollama"])
 async def running(request: Request) -> dict[str, Any]:
     """Resident models: ``size`` is what the model holds in memory (its weights), ``expires_at``
     when it unloads if unused (``keep_alive``, else ``--idle-unload``; never: a far-future
@@ -183,12 +184,12 @@ async def running(request: Request) -> dict[str, Any]:
     return {"models": out}
 
 
-@get("/api/version", opt=ROUTE_OPT, summary="Ollama API version", tags=["ollama"])
+@get("/api/version", opt=opt(), summary="Ollama API version", tags=["ollama"])
 async def version() -> dict[str, str]:
     return {"version": VERSION}
 
 
-@delete_route("/api/delete", status_code=200, opt=ROUTE_OPT, summary="Delete a model (Ollama)", tags=["ollama"])
+@delete_route("/api/delete", status_code=200, opt=opt(NAMED), summary="Delete a model (Ollama)", tags=["ollama"])
 async def delete(request: Request) -> Response:
     """Delete a model's repo from the Hugging Face cache (``mlxrt rm``); a resident model is
     refused (400): unload it first (``mlxrt stop``)."""

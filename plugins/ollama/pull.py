@@ -22,7 +22,8 @@ from mlxrt.api.framing import guarded
 from mlxrt.api.wire import FieldRule, check_fields, parse_json_object
 from mlxrt.errors import InvalidRequest, MlxrtError, ModelLoadError
 from mlxrt.plugins.ollama.encode import error_line
-from mlxrt.plugins.ollama.wire import NDJSON, ROUTE_OPT, ndjson, pool_name
+from mlxrt.plugins.ollama.schemas import PULL, opt
+from mlxrt.plugins.ollama.wire import NDJSON, ndjson, pool_name
 
 __all__ = ["pull", "repo_id"]
 
@@ -80,7 +81,7 @@ async def _lines(repo: str, done: asyncio.Future[Any]) -> AsyncIterator[bytes]:
         yield ndjson({"status": status})
 
 
-@post("/api/pull", status_code=200, opt=ROUTE_OPT, summary="Pull a model (Ollama)", tags=["ollama"])
+@post("/api/pull", status_code=200, opt=opt(PULL), summary="Pull a model (Ollama)", tags=["ollama"])
 async def pull(request: Request) -> Response:
     from mlxrt.sources.downloads import download
 

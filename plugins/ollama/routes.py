@@ -39,9 +39,11 @@ from mlxrt.plugins.ollama.encode import (
     generate_body,
 )
 from mlxrt.plugins.ollama.residency import chosen
+from mlxrt.plugins.ollama.schemas import CHAT as CHAT_SCHEMA
+from mlxrt.plugins.ollama.schemas import GENERATE as GENERATE_SCHEMA
+from mlxrt.plugins.ollama.schemas import opt
 from mlxrt.plugins.ollama.wire import (
     NDJSON,
-    ROUTE_OPT,
     created_at,
     error_body,
     keep_alive_seconds,
@@ -174,7 +176,7 @@ async def _load_only(request: Request, body: Mapping[str, Any], route: str) -> d
     return {"model": shown, "created_at": created_at(), **answer, "done": True, "done_reason": reason}
 
 
-@post("/api/chat", status_code=200, opt=ROUTE_OPT, summary="Chat (Ollama)", tags=["ollama"])
+@post("/api/chat", status_code=200, opt=opt(CHAT_SCHEMA), summary="Chat (Ollama)", tags=["ollama"])
 async def chat(request: Request) -> Response:
     body = parse_json_object(await request.body())
     if not body.get("messages"):
@@ -182,7 +184,7 @@ async def chat(request: Request) -> Response:
     return _ndjson(await serve_chat(request, CHAT))
 
 
-@post("/api/generate", status_code=200, opt=ROUTE_OPT, summary="Generate (Ollama)", tags=["ollama"])
+@post("/api/generate", status_code=200, opt=opt(GENERATE_SCHEMA), summary="Generate (Ollama)", tags=["ollama"])
 async def generate(request: Request) -> Response:
     body = parse_json_object(await request.body())
     if not body.get("prompt") and not body.get("images"):

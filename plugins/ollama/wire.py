@@ -4,6 +4,7 @@ NDJSON lines and timestamps."""
 from __future__ import annotations
 
 import json
+import math
 import re
 import time
 from datetime import UTC, datetime
@@ -21,6 +22,8 @@ VERSION = "0.12.0"
 NDJSON = "application/x-ndjson"
 #: Ollama's implicit tag: ``smollm2`` and ``smollm2:latest`` name one model.
 LATEST = ":latest"
+#: ``keep_alive`` past this many seconds (a century) is forever.
+FOREVER = 100 * 365 * 86400.0
 _DURATION = re.compile(r"(\d+(?:\.\d+)?)(ns|us|µs|ms|s|m|h)")
 _UNITS = {"ns": 1e-9, "us": 1e-6, "µs": 1e-6, "ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0}
 
@@ -41,24 +44,33 @@ def pool_name(name: Any) -> str | None:
 
 def keep_alive_seconds(value: Any) -> float | None:
     """``keep_alive``: seconds as a number, or a Go duration (``"5m"``, ``"1h30m"``, ``"-1"``,
-    ``"0"``); negative keeps the model resident for good. ``None``: not given."""
+    ``"0"``); negative (or past a century) keeps the model resident for good. ``None``: not given."""
     if value is None:
         return None
+    seconds = _seconds(value)
+    if seconds is None:
+        raise InvalidRequest(f"keep_alive: {json.dumps(value)} is not a duration (seconds, or e.g. \"5m\", "
+                             "\"1h\", \"-1\")", param="keep_alive")
+    return -1.0 if seconds > FOREVER or math.isinf(seconds) else seconds
+
+
+def _seconds(value: Any) -> float | None:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
-        return float(value)
-    if isinstance(value, str):
-        text = value.strip()
-        try:
-            return float(text)
-        except ValueError:
-            pass
-        sign = -1.0 if text.startswith("-") else 1.0
-        body = text.lstrip("+-")
-        parts = _DURATION.findall(body)
-        if parts and "".join(n + u for n, u in parts) == body:
-            return sign * sum(float(n) * _UNITS[u] for n, u in parts)
-    raise InvalidRequest(f"keep_alive: {json.dumps(value)} is not a duration (seconds, or e.g. \"5m\", \"1h\", "
-                         "\"-1\")", param="keep_alive")
+        return float(value) if abs(value) < FOREVER else (math.inf if value > 0 else -math.inf)
+    if not isinstance(value, str):
+        return None
+    text = value.strip()
+    try:
+        seconds = float(text)  # "1e999" is inf, a number past FOREVER
+        return None if math.isnan(seconds) else seconds
+    except ValueError:
+        pass
+    sign = -1.0 if text.startswith("-") else 1.0
+    body = text.lstrip("+-")
+    parts = _DURATION.findall(body)
+    if parts and "".join(n + u for n, u in parts) == body:
+        return sign * sum(float(n) * _UNITS[u] for n, u in parts)
+    return None
 
 
 def error_body(status: int, type_: str, message: str, param: str | None, code: str | None) -> dict[str, Any]:
