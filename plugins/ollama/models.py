@@ -202,8 +202,10 @@ async def delete(request: Request) -> Response:
     pool = request.app.state.host.models
     if pool is not None and pool.is_loaded(name):
         raise InvalidRequest(f"model '{name}' is loaded: unload it first (mlxrt stop {name})", param="model")
+    from huggingface_hub.errors import CacheNotFound
+
     try:
         await anyio.to_thread.run_sync(delete_repo, name)
-    except ModelLoadError:
+    except (ModelLoadError, CacheNotFound):  # not in the cache, or no cache at all
         raise NotFound(f"model '{name}' not found", param="model", code="model_not_found") from None
     return Response(content=None, status_code=200)
