@@ -135,6 +135,12 @@ def test_chat_in_a_terminal(server):
         term.expect(">>> ")
         body = chats(server)[-1]
         assert body["options"] == {"temperature": 0.5} and len(body["messages"]) == 1
+        term.type("/load qwen3-0-gen:latest\r")
+        term.expect("Loading model 'qwen3-0-gen:latest'")
+        term.expect(">>> ")
+        assert chats(server)[-1] == {"model": "qwen3-0-gen:latest", "messages": []}  # loads it, no answer
+        term.type("\x03")  # Ctrl-C at the prompt does not leave
+        term.expect("Use Ctrl + d or /bye to exit.")
         term.type("/bye\r")
         assert term.proc.wait(timeout=20) == 0
     finally:
