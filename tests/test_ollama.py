@@ -5,6 +5,7 @@ template takes tools, so the answers are known), with a tiny Qwen3-Embedding bes
 from __future__ import annotations
 
 import json
+import time
 
 import httpx
 import pytest
@@ -125,6 +126,12 @@ def test_ps_and_keep_alive_unload(client, embedder):
     assert emb.expires_at.year > 2200  # keep_alive -1: never unloaded
     unloaded = client.generate(model=emb.model, keep_alive=0)
     assert unloaded.done_reason == "unload"
+    assert [m.model for m in client.ps().models] == ["qwen3-0-gen:latest"]
+    client.embed(model=embedder, input="warm", keep_alive="1s")  # unloaded after a second unused
+    assert emb.model in [m.model for m in client.ps().models]
+    deadline = time.monotonic() + 10
+    while emb.model in [m.model for m in client.ps().models] and time.monotonic() < deadline:
+        time.sleep(0.1)
     assert [m.model for m in client.ps().models] == ["qwen3-0-gen:latest"]
 
 

@@ -127,6 +127,7 @@ def test_keep_alive_and_names():
             keep_alive_seconds(bad)
     assert ollama_name("org/name") == "org/name:latest" and ollama_name("smollm2:1b") == "smollm2:1b"
     assert pool_name("org/name:latest") == "org/name" and pool_name("smollm2:1b") == "smollm2:1b"
+    assert pool_name("hf.co/org/name:latest") == "org/name" and pool_name("hf.co/x") == "hf.co/x"
     assert pool_name("") is None and pool_name(None) is None
 
 

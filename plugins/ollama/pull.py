@@ -38,8 +38,6 @@ def repo_id(name: Any) -> str:
     repo = pool_name(name)
     if not repo:
         raise InvalidRequest("model is required", param="model")
-    for prefix in ("hf.co/", "huggingface.co/"):
-        repo = repo.removeprefix(prefix)
     if ":" in repo or repo.count("/") != 1:
         raise InvalidRequest(f"cannot pull {name!r}: mlxrt pulls Hugging Face repos (ORG/NAME, e.g. "
                              "mlx-community/SmolLM2-135M-Instruct-8bit), not Ollama library names or tags",

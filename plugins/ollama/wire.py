@@ -35,11 +35,16 @@ def ollama_name(model_id: str) -> str:
 
 
 def pool_name(name: Any) -> str | None:
-    """A request's model name as the model pool resolves it: ``:latest`` dropped (``None``: the
-    served model). Any other tag stays, so a name nothing serves is reported as a fallback."""
+    """A request's model name as the model pool resolves it: ``:latest`` and Ollama's Hugging
+    Face prefix (``hf.co/ORG/NAME``) dropped (``None``: the served model). Any other tag stays,
+    so a name nothing serves is reported as a fallback."""
     if not isinstance(name, str) or not name:
         return None
-    return name[: -len(LATEST)] if name.endswith(LATEST) else name
+    name = name[: -len(LATEST)] if name.endswith(LATEST) else name
+    for prefix in ("hf.co/", "huggingface.co/"):
+        if name.startswith(prefix) and name.count("/") == 2:
+            return name[len(prefix):]
+    return name
 
 
 def keep_alive_seconds(value: Any) -> float | None:
