@@ -186,3 +186,33 @@ def test_run_starts_a_server_of_its_own(tmp_path):
                          capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
     assert f"no mlxrt server at {nobody}: starting one" in out.stderr and out.stdout.endswith("\n")
+
+
+def test_a_keyed_server_counts_as_running():
+    """A server that wants a key is still the one to talk to (its 401 says what to send)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, HTTPServer
+
+    from mlxrt.cli.remote import Remote, RemoteError
+
+    class Keyed(BaseHTTPRequestHandler):
+        def do_GET(self):  # noqa: N802
+            self.send_response(401)
+            self.send_header("content-type", "application/json")
+            self.end_headers()
+            self.wfile.write(b'{"error": "missing API key"}')
+
+        def log_message(self, *args):
+            pass
+
+    httpd = HTTPServer(("127.0.0.1", 0), Keyed)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        remote = Remote(f"http://127.0.0.1:{httpd.server_port}")
+        assert remote.alive()
+        with pytest.raises(RemoteError, match="missing API key") as refused:
+            remote.get("/api/ps")
+        assert refused.value.status == 401
+    finally:
+        httpd.shutdown()
+    assert not Remote(f"http://127.0.0.1:{free_port()}").alive()

@@ -61,12 +61,13 @@ class Remote:
             raise RemoteError(f"cannot reach mlxrt at {self.url} ({reason})") from None
 
     def alive(self, timeout: float = 1.0) -> bool:
-        """Whether an mlxrt with the Ollama API answers here."""
+        """Whether a server answers here (one that wants another API key answers too: the
+        request that follows says so)."""
         try:
             with self._request("GET", "/api/version", timeout=timeout) as resp:
                 return resp.status == 200
-        except RemoteError:
-            return False
+        except RemoteError as exc:
+            return exc.status in (401, 403)
 
     def get(self, path: str) -> Any:
         with self._request("GET", path) as resp:
