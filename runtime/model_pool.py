@@ -436,7 +436,7 @@ class ModelPool:
         import anyio
 
         engine, slot.engine, slot.view.engine = slot.engine, None, None
-        slot.state = "unloaded"
+        slot.state, slot.keep = "unloaded", None  # a client's keep_alive lasts while it stays resident
         log.info("unloading model %s %s", slot.model_id, why)
         self._repoint()
         if engine is not None:
@@ -473,7 +473,6 @@ class ModelPool:
                 limit = self._idle_limit(slot)
                 if limit is not None and slot.state == "ready" and slot.idle() and now - slot.last_used >= limit:
                     rule = "--idle-unload" if slot.keep is None else "keep_alive"
-                    slot.keep = None
                     await self._unload(slot, f"after {now - slot.last_used:.0f} s idle ({rule} {limit:g})")
 
     def _idle_limit(self, slot: Slot) -> float | None:
@@ -521,7 +520,6 @@ class ModelPool:
             await asyncio.sleep(0.05)
             if slot.state != "ready":
                 return True
-        slot.keep = None
         await self._unload(slot, "on request")
         return True
 
