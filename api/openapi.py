@@ -9,9 +9,10 @@ gives every route handler an ``operation_class`` that adds:
 * a ``requestBody`` on every POST/PUT/PATCH: the route's ``opt["body_schema"]`` (a JSON
   schema; plugins may set it), else the built-in routes' schema from :data:`BODIES`, else
   any JSON object;
-* ``4XX`` and ``5XX`` responses whose body is :data:`ERROR_BODY`, the shape every error takes
-  (``{"error": {"message", "type", "param", "code"}}``; Anthropic routes add ``"type":
-  "error"`` beside it), in place of Litestar's own error responses.
+* ``4XX`` and ``5XX`` responses whose body is the route's ``opt["error_schema"]``, else
+  :data:`ERROR_BODY`, the shape every error takes but Ollama's (``{"error": {"message",
+  "type", "param", "code"}}``; Anthropic routes add ``"type": "error"`` beside it), in place
+  of Litestar's own error responses.
 
 The schemas say what a well-formed body looks like, not every rule: the decoders still decide
 (a body the schema accepts may still get a 400 naming the field).
@@ -157,6 +158,7 @@ def _json(schema: dict[str, Any]) -> dict[str, OpenAPIMediaType]:
 
 def _operation_class(handler: HTTPRouteHandler) -> type[Operation]:
     body = handler.opt.get("body_schema") or next((BODIES[p] for p in handler.paths if p in BODIES), _ANY_OBJECT)
+    error = handler.opt.get("error_schema") or ERROR_BODY  # a dialect whose errors have another shape (Ollama's)
     wants_body = bool(_WITH_BODY & set(handler.http_methods))
 
     def __init__(self: Operation, *args: Any, **kwargs: Any) -> None:  # noqa: N807
@@ -166,7 +168,7 @@ def _operation_class(handler: HTTPRouteHandler) -> type[Operation]:
         responses = {code: r for code, r in (self.responses or {}).items() if code[:1] not in "45"}
         for code, what in (("4XX", "The request was refused (the message says why)"),
                            ("5XX", "The server could not answer (the message says why)")):
-            responses[code] = OpenAPIResponse(description=what, content=_json(ERROR_BODY))
+            responses[code] = OpenAPIResponse(description=what, content=_json(error))
         self.responses = responses
 
     # A plain subclass (Operation's dataclass fields are inherited), built at every server's

@@ -33,6 +33,7 @@ from __future__ import annotations
 import asyncio
 import contextvars
 import logging
+import math
 import time
 from collections.abc import Callable, Iterable, MutableMapping
 from typing import TYPE_CHECKING, Any
@@ -146,6 +147,9 @@ class Slot:
     load_seconds: float | None = None
     loads: int = 0
     last_error: str | None = None
+    #: Seconds of disuse before it is unloaded, as a client asked (Ollama's ``keep_alive``;
+    #: ``math.inf``: never), over ``--idle-unload``; ``None``: the pool's rule. Reset at unload.
+    keep: float | None = None
 
     @property
     def key(self) -> str:
@@ -432,7 +436,7 @@ class ModelPool:
         import anyio
 
         engine, slot.engine, slot.view.engine = slot.engine, None, None
-        slot.state = "unloaded"
+        slot.state, slot.keep = "unloaded", None  # a client's keep_alive lasts while it stays resident
         log.info("unloading model %s %s", slot.model_id, why)
         self._repoint()
         if engine is not None:
@@ -451,19 +455,73 @@ class ModelPool:
 
     # -- idle unload ---------------------------------------------------------------------------
 
+    def _limits(self) -> list[float]:
+        """The idle limits in force: ``--idle-unload`` and every finite client ``keep``."""
+        keeps = [s.keep for s in self._slots.values() if s.keep is not None and s.keep != math.inf]
+        return keeps + ([self.settings.idle_unload] if self.settings.idle_unload is not None else [])
+
     def _start_reaper(self) -> None:
-        if self.settings.idle_unload is not None and (self._reaper is None or self._reaper.done()):
+        if self._limits() and (self._reaper is None or self._reaper.done()):
             # A fresh context: its log lines belong to no request (not to the one that started it).
             self._reaper = asyncio.get_running_loop().create_task(self._reap(), context=contextvars.Context())
 
     async def _reap(self) -> None:
-        limit = float(self.settings.idle_unload or 0)
-        while True:
-            await asyncio.sleep(min(max(limit / 4, 0.05), 5.0))
+        while limits := self._limits():
+            await asyncio.sleep(min(max(min(limits) / 4, 0.05), 5.0))
             now = time.monotonic()
             for slot in list(self._slots.values()):
-                if slot.state == "ready" and slot.idle() and now - slot.last_used >= limit:
-                    await self._unload(slot, f"after {now - slot.last_used:.0f} s idle (--idle-unload {limit:g})")
+                limit = self._idle_limit(slot)
+                if limit is not None and slot.state == "ready" and slot.idle() and now - slot.last_used >= limit:
+                    rule = "--idle-unload" if slot.keep is None else "keep_alive"
+                    await self._unload(slot, f"after {now - slot.last_used:.0f} s idle ({rule} {limit:g})")
+
+    def _idle_limit(self, slot: Slot) -> float | None:
+        if slot.keep is None:
+            return self.settings.idle_unload
+        return None if slot.keep == math.inf else slot.keep
+
+    # -- a client's say over residency (Ollama's keep_alive, `mlxrt stop`) --------------------
+
+    def slot_of(self, view: object) -> Slot | None:
+        """The slot whose model ``view`` (a host from :meth:`host_for`) serves."""
+        return next((s for s in self._slots.values() if s.view is view), None)
+
+    def keep_alive(self, view: object, seconds: float | None) -> None:
+        """Keep the model ``view`` serves resident until it was unused for ``seconds`` (0: unload it
+        once idle; negative: never unload it; ``None``: back to ``--idle-unload``)."""
+        slot = self.slot_of(view)
+        if slot is None:
+            return
+        slot.keep = None if seconds is None else math.inf if seconds < 0 else float(seconds)
+        self._start_reaper()
+
+    def expires_at(self, slot: Slot) -> float | None:
+        """When (``time.time()``) a resident model will be unloaded if nobody uses it, or ``None``
+        (never); a model in use counts from now."""
+        limit = self._idle_limit(slot)
+        if limit is None or slot.engine is None:
+            return None
+        since = time.monotonic() if not slot.idle() else slot.last_used
+        return time.time() + (since + limit - time.monotonic())
+
+    async def unload(self, name: str) -> bool:
+        """Unload the resident model ``name`` names (an id, alias or start-up spelling) now, once no
+        request holds it; ``False`` when no such model is resident.
+
+        :raises QueueFull: It stayed busy for :data:`BUSY_WAIT` seconds (429).
+        """
+        slot = self._names.get(name) or next((s for s in self._slots.values() if s.model_id == name), None)
+        if slot is None or slot.state != "ready":
+            return False
+        deadline = time.monotonic() + BUSY_WAIT
+        while not slot.idle():
+            if time.monotonic() > deadline:
+                raise QueueFull(f"model {slot.model_id!r} stayed busy; retry later", retry_after=5, code="models_busy")
+            await asyncio.sleep(0.05)
+            if slot.state != "ready":
+                return True
+        await self._unload(slot, "on request")
+        return True
 
     # -- what the server shows -----------------------------------------------------------------
 

@@ -579,6 +579,11 @@ def build_cli(host: PluginHost) -> click.Group:
     from mlxrt.cli.models import register as register_model_commands  # get, ls, scan, rm, fit
 
     register_model_commands(cli, host)
+    from mlxrt.cli.chat import register as register_run  # run
+    from mlxrt.cli.resident import register as register_resident  # ps, stop
+
+    register_run(cli)
+    register_resident(cli)
     from mlxrt.distributed.launch import register as register_launch
 
     register_launch(cli)
