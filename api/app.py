@@ -87,6 +87,8 @@ async def stats(request: Request) -> dict[str, Any]:
         **({"models": host.models.describe()} if host.models is not None else {}),
         # the Responses plugin's store (mlxrt.plugins.responses), once a request has made it
         **({"responses": host.plugin_states["responses"].stats()} if "responses" in host.plugin_states else {}),
+        # the structured plugin's compiled grammars (mlxrt.plugins.structured), once one was compiled
+        **({"grammars": host.plugin_states["structured"].stats()} if "structured" in host.plugin_states else {}),
         "plugins": {"loaded": [r.name for r in host.loaded()],
                     "failed": {r.name: r.error for r in host.failed()},
                     "route_conflicts": list(host.route_conflicts)},

@@ -2,9 +2,10 @@
 
 The dialects turn ``response_format`` (OpenAI), ``text.format`` (Responses) and a forced
 tool's ``input_schema`` (Anthropic) into :attr:`mlxrt.records.GenerationRequest.structured`.
-This plugin compiles the constraint off the engine thread (``mlxrt_prepare_request``, cached
-per canonical schema) and masks each row's logits with it (``mlxrt_logits_processors``), so
-a constrained request runs in the batch lane like any other.
+This plugin compiles the constraint off the engine thread (``mlxrt_prepare_request``, within
+the limits of :mod:`.limits`, cached per canonical schema under a byte budget: :mod:`.cache`)
+and masks each row's logits with it (``mlxrt_logits_processors``), so a constrained request
+runs in the batch lane like any other.
 """
 
 from __future__ import annotations
@@ -18,20 +19,39 @@ from mlxrt.records import GenerationRequest, LogitsProcessor, ModelInfo
 if TYPE_CHECKING:
     from mlxrt.host import PluginHost
 
-__all__ = ["mlxrt_capabilities", "mlxrt_prepare_request", "mlxrt_logits_processors"]
+__all__ = ["mlxrt_capabilities", "mlxrt_serve_options", "mlxrt_prepare_request", "mlxrt_logits_processors",
+           "GrammarState"]
+
+
+class GrammarState:
+    """What the plugin keeps for the server's life (``host.plugin_state("structured")``): the
+    compiled-grammar cache, one byte budget for every model, and each loaded tokenizer's
+    :class:`~.grammar.Grammars` (an unloaded model's go with its tokenizer)."""
+
+    def __init__(self, budget_mb: int) -> None:
+        from weakref import WeakKeyDictionary
+
+        from mlxrt.plugins.structured.cache import GrammarCache
+
+        self.cache = GrammarCache(budget_mb * 2**20)
+        self.per_tokenizer: WeakKeyDictionary[Any, Any] = WeakKeyDictionary()
+
+    def stats(self) -> dict[str, int]:
+        """``/stats``' ``grammars``: the cache's entries, bytes, budget and evictions."""
+        return self.cache.stats()
+
 
 def _grammars(host: PluginHost) -> Any:
-    """The grammar cache of the model ``host.model`` serves (kept by the host, one per loaded
-    tokenizer: a server may serve several models, and an unloaded model's grammars go with it)."""
-    from weakref import WeakKeyDictionary
-
+    """The grammars of the model ``host.model`` serves."""
+    from mlxrt.plugins.structured.cache import DEFAULT_BUDGET_MB
     from mlxrt.plugins.structured.grammar import Grammars
 
+    state = host.plugin_state("structured", lambda: GrammarState(
+        int(host.options.get("grammar_cache_mb") or DEFAULT_BUDGET_MB)))
     tokenizer = host.model.tokenizer
-    per_model = host.plugin_state("structured", WeakKeyDictionary)
-    grammars = per_model.get(tokenizer)
+    grammars = state.per_tokenizer.get(tokenizer)
     if grammars is None:
-        grammars = per_model[tokenizer] = Grammars(tokenizer)
+        grammars = state.per_tokenizer[tokenizer] = Grammars(tokenizer, state.cache)
     return grammars
 
 
@@ -41,6 +61,17 @@ def mlxrt_capabilities() -> list[str]:
     from mlxrt.capabilities import STRUCTURED_OUTPUTS
 
     return [STRUCTURED_OUTPUTS]
+
+
+@hookimpl
+def mlxrt_serve_options() -> Sequence[Any]:
+    import click
+
+    from mlxrt.plugins.structured.cache import DEFAULT_BUDGET_MB
+
+    return [click.Option(["--grammar-cache-mb"], type=click.IntRange(min=1), default=DEFAULT_BUDGET_MB,
+                         show_default=True, help="Structured outputs: memory budget of compiled grammars, "
+                         "all models together (least recently used out beyond it; /stats: grammars).")]
 
 
 @hookimpl

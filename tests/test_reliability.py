@@ -1,0 +1,144 @@
+"""The reliability suite: each finding of an attack run against the server (issue 45), replayed
+against one real ``mlxrt serve`` on loopback (a crash must fail the test, not the test run).
+
+Every request is bounded (tiny checkpoint, few tokens, short timeouts), so the module takes
+seconds. What it holds: no request can kill the server (grammars past the limits are 400s
+before any work, and a grammar within them compiles on a stack that holds it), bloat it (the
+compiled-grammar cache is bounded in bytes), starve it (an abandoned ``n`` stream frees its
+rows at once) or block its event loop (tokenizing routes are bounded and run off the loop).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import httpx
+import pytest
+from support import ServerProcess, openai_client
+
+GRAMMAR_CACHE_MB = 8
+
+
+@pytest.fixture(scope="module")
+def server(mlxrt_tiny_checkpoint, tmp_path_factory):
+    import os
+
+    home = tmp_path_factory.getbasetemp() / "mlxrt-home"
+    proc = ServerProcess([str(mlxrt_tiny_checkpoint("qwen3")), "--batch", "4",
+                          "--grammar-cache-mb", str(GRAMMAR_CACHE_MB)],
+                         env={"MLXRT_HOME": str(home), "HF_HUB_OFFLINE": "1",
+                              "MLX_ENABLE_TF32": os.environ.get("MLX_ENABLE_TF32", "0")})
+    yield proc
+    proc.stop()
+
+
+@pytest.fixture
+def http(server):
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        yield client
+
+
+def _alive(server) -> None:
+    assert server.proc.poll() is None, "the server died"
+    assert httpx.get(f"{server.url}/health", timeout=5).status_code == 200
+
+
+def _chat(**fields):
+    return {"model": "m", "messages": [{"role": "user", "content": "hi"}], "max_tokens": 4, **fields}
+
+
+def _ref_chain(n: int) -> dict:
+    defs = {f"d{i}": {"$ref": f"#/$defs/d{i + 1}"} for i in range(n)}
+    defs[f"d{n}"] = {"type": "string"}
+    return {"$defs": defs, "$ref": "#/$defs/d0"}
+
+
+def _gbnf_chain(n: int) -> str:
+    return "root ::= r0\n" + "\n".join(f"r{i} ::= r{i + 1}" for i in range(n)) + f'\nr{n} ::= "x"\n'
+
+
+PATHOLOGICAL = {
+    "3,000-$ref schema": _chat(response_format={"type": "json_schema", "json_schema": {
+        "name": "chain", "schema": _ref_chain(3000)}}),
+    "20,000-rule GBNF": _chat(grammar=_gbnf_chain(20_000)),
+    "100,000-entry choice": _chat(response_format={"type": "choice", "choices": [f"c{i}" for i in range(100_000)]}),
+}
+
+
+# -- finding 1 and 5: grammars that killed or blocked the server ------------------------------
+
+def test_pathological_grammars_are_400s_within_a_second_while_a_stream_finishes(server, http):
+    client = openai_client(httpx.Client(base_url=server.url, timeout=30))
+    stream = client.chat.completions.create(model="m", messages=[{"role": "user", "content": "tell"}],
+                                            max_tokens=48, stream=True)
+    chunks = iter(stream)
+    first = next(chunks)  # the stream runs
+    answers = {}
+    for name, body in PATHOLOGICAL.items():
+        start = time.monotonic()
+        resp = http.post("/v1/chat/completions", json=body)
+        answers[name] = (resp.status_code, time.monotonic() - start, resp.json()["error"]["message"])
+    finish = [c.choices[0].finish_reason for c in [first, *chunks] if c.choices and c.choices[0].finish_reason]
+    assert finish and finish[-1] in ("stop", "length")
+    for name, (status, seconds, message) in answers.items():
+        assert status == 400, (name, message)
+        assert seconds < 1.0, (name, seconds)
+        assert "panicked" not in message and "backtrace" not in message.lower(), message
+    _alive(server)
+
+
+@pytest.mark.parametrize("where", ["json_schema", "completions", "responses"])
+def test_a_deep_ref_chain_is_a_clean_400_on_every_route(server, http, where):
+    schema = _ref_chain(3000)
+    if where == "json_schema":  # llama.cpp's field
+        resp = http.post("/v1/chat/completions", json=_chat(json_schema=schema))
+    elif where == "completions":
+        resp = http.post("/v1/completions", json={"model": "m", "prompt": "x", "max_tokens": 2, "response_format": {
+            "type": "json_schema", "json_schema": {"name": "c", "schema": schema}}})
+    else:
+        resp = http.post("/v1/responses", json={"model": "m", "input": "x", "max_output_tokens": 16, "text": {
+            "format": {"type": "json_schema", "name": "c", "schema": schema}}})
+    assert resp.status_code == 400, resp.text
+    assert "$refs" in resp.json()["error"]["message"]
+    _alive(server)
+
+
+def test_a_deep_grammar_within_the_limits_compiles_without_crashing(server, http):
+    # 999 $refs, each 4 arrays deep: ~5,000 frames of llguidance's recursion, past what a
+    # default 8 MB thread stack holds (it segfaults there), within the compile thread's.
+    defs = {}
+    for i in range(999):
+        node = {"$ref": f"#/$defs/d{i + 1}"}
+        for _ in range(4):
+            node = {"type": "array", "items": node, "maxItems": 1}
+        defs[f"d{i}"] = node
+    defs["d999"] = {"type": "string", "maxLength": 2}
+    resp = http.post("/v1/chat/completions", json=_chat(response_format={"type": "json_schema", "json_schema": {
+        "name": "deep", "schema": {"$defs": defs, "$ref": "#/$defs/d0"}}}))
+    assert resp.status_code == 200, resp.text
+    _alive(server)
+
+
+# -- finding 3: compiled grammars bounded in bytes ---------------------------------------------
+
+def _rss(pid: int) -> int:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) * 1024
+    raise AssertionError("no VmRSS")
+
+
+def test_compiled_grammars_stay_within_their_byte_budget(server, http):
+    if not Path(f"/proc/{server.proc.pid}/status").exists():
+        pytest.skip("needs /proc")
+    http.post("/v1/chat/completions", json=_chat(response_format={"type": "regex", "regex": "[a-z]{1,3}"}))
+    before = _rss(server.proc.pid)
+    for i in range(8):  # long counted repetitions, each a new grammar
+        resp = http.post("/v1/chat/completions", json=_chat(response_format={
+            "type": "regex", "regex": f"([a-z ]{{1,{1000 + i}}}[0-9]){{1,{90 - i}}}"}))
+        assert resp.status_code == 200, resp.text
+    grammars = http.get("/stats").json()["grammars"]
+    assert grammars["budget_bytes"] == GRAMMAR_CACHE_MB * 2**20
+    assert 0 < grammars["bytes"] <= grammars["budget_bytes"]
+    assert _rss(server.proc.pid) - before < GRAMMAR_CACHE_MB * 2**20 + 64 * 2**20
