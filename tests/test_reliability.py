@@ -26,7 +26,7 @@ def server(mlxrt_tiny_checkpoint, tmp_path_factory):
 
     home = tmp_path_factory.getbasetemp() / "mlxrt-home"
     proc = ServerProcess([str(mlxrt_tiny_checkpoint("qwen3")), "--batch", "4",
-                          "--grammar-cache-mb", str(GRAMMAR_CACHE_MB)],
+                          "--grammar-cache-mb", str(GRAMMAR_CACHE_MB), "--max-queue", "200"],
                          env={"MLXRT_HOME": str(home), "HF_HUB_OFFLINE": "1",
                               "MLX_ENABLE_TF32": os.environ.get("MLX_ENABLE_TF32", "0")})
     yield proc
@@ -142,3 +142,28 @@ def test_compiled_grammars_stay_within_their_byte_budget(server, http):
     assert grammars["budget_bytes"] == GRAMMAR_CACHE_MB * 2**20
     assert 0 < grammars["bytes"] <= grammars["budget_bytes"]
     assert _rss(server.proc.pid) - before < GRAMMAR_CACHE_MB * 2**20 + 64 * 2**20
+
+
+# -- finding 2: every choice of an abandoned request ends at once -------------------------------
+
+def _stats(server) -> dict:
+    return httpx.get(f"{server.url}/stats", timeout=5).json()["engine"]
+
+
+@pytest.mark.parametrize("n", [24, 128])
+def test_an_abandoned_n_stream_frees_all_its_rows_within_a_second(server, n):
+    body = {"model": "m", "messages": [{"role": "user", "content": "go"}], "n": n, "max_tokens": 20000,
+            "temperature": 1.0, "stream": True}
+    with httpx.Client(base_url=server.url, timeout=30) as client:
+        with client.stream("POST", "/v1/chat/completions", json=body) as resp:
+            assert resp.status_code == 200
+            lines = resp.iter_lines()
+            for _ in range(8):
+                next(lines)
+    left = time.monotonic()
+    while time.monotonic() - left < 1.0:
+        stats = _stats(server)
+        if stats["running_rows"] == 0 and stats["queue_depth"] == 0:
+            break
+        time.sleep(0.05)
+    assert stats["running_rows"] == 0 and stats["queue_depth"] == 0, stats
