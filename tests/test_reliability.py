@@ -10,6 +10,7 @@ rows at once) or block its event loop (tokenizing routes are bounded and run off
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 
@@ -167,3 +168,36 @@ def test_an_abandoned_n_stream_frees_all_its_rows_within_a_second(server, n):
             break
         time.sleep(0.05)
     assert stats["running_rows"] == 0 and stats["queue_depth"] == 0, stats
+
+
+def test_a_request_of_many_choices_never_keeps_every_row_from_other_clients(server):
+    big = {"model": "m", "messages": [{"role": "user", "content": "go"}], "n": 64, "max_tokens": 4000,
+           "temperature": 1.0}
+    failures: list[BaseException] = []
+
+    def abandoned_after_a_while() -> None:
+        try:  # the client gives up (its timeout): every choice is cancelled
+            httpx.post(f"{server.url}/v1/chat/completions", json=big, timeout=6)
+        except httpx.TimeoutException:
+            pass
+        except BaseException as exc:  # pragma: no cover - reported below
+            failures.append(exc)
+
+    worker = threading.Thread(target=abandoned_after_a_while)
+    worker.start()
+    try:
+        deadline = time.monotonic() + 5
+        while _stats(server)["queue_depth"] < 8 and time.monotonic() < deadline:
+            time.sleep(0.02)  # the choices fill the rows and the queue
+        start = time.monotonic()
+        small = httpx.post(f"{server.url}/v1/chat/completions", json=_chat(max_tokens=2), timeout=10)
+        waited = time.monotonic() - start
+    finally:
+        worker.join()
+    assert not failures, failures
+    assert small.status_code == 200, small.text
+    assert waited < 3.0, f"a 2-token chat waited {waited:.1f} s behind another request's choices"
+    left = time.monotonic()
+    while time.monotonic() - left < 2 and _stats(server)["running_rows"]:
+        time.sleep(0.05)
+    assert _stats(server)["running_rows"] == 0
