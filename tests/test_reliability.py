@@ -201,3 +201,47 @@ def test_a_request_of_many_choices_never_keeps_every_row_from_other_clients(serv
     while time.monotonic() - left < 2 and _stats(server)["running_rows"]:
         time.sleep(0.05)
     assert _stats(server)["running_rows"] == 0
+
+
+# -- finding 4: routes that tokenize are bounded and never block the loop -----------------------
+
+def _overlong(server) -> str:
+    ceiling = httpx.get(f"{server.url}/stats", timeout=5).json()["engine"]["admission"]["context_ceiling"]
+    words = "lorem ipsum dolor sit amet, consectetur adipiscing elit "
+    return (words * (ceiling * 32 // len(words) + 2))[: ceiling * 32 + 64]
+
+
+def test_tokenize_refuses_text_no_context_could_hold_while_health_answers(server):
+    text = _overlong(server)
+    answer: dict = {}
+
+    def tokenize() -> None:
+        start = time.monotonic()
+        answer["resp"] = httpx.post(f"{server.url}/tokenize", json={"content": text * 3}, timeout=120)
+        answer["seconds"] = time.monotonic() - start
+
+    worker = threading.Thread(target=tokenize)
+    worker.start()
+    health = []
+    while worker.is_alive():
+        start = time.monotonic()
+        assert httpx.get(f"{server.url}/health", timeout=30).status_code == 200
+        health.append(time.monotonic() - start)
+        time.sleep(0.02)
+    worker.join()
+    assert answer["resp"].status_code == 400, answer["resp"].text[:200]
+    assert answer["resp"].json()["error"]["code"] == "context_over_budget"
+    assert answer["seconds"] < 2.0
+    assert max(health, default=0) < 1.0, health
+
+
+@pytest.mark.parametrize("route", ["/detokenize", "/apply-template", "/v1/chat/completions/input_tokens",
+                                   "/v1/messages/count_tokens"])
+def test_every_tokenizing_route_refuses_an_overlong_body(server, http, route):
+    text = _overlong(server)
+    body = ({"tokens": [1] * (len(text) // 32)} if route == "/detokenize"
+            else {"model": "m", "messages": [{"role": "user", "content": text}]})
+    resp = http.post(route, json=body)
+    assert resp.status_code == 400, resp.text[:200]
+    assert "context" in resp.text
+    _alive(server)
