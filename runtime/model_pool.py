@@ -366,14 +366,18 @@ class ModelPool:
 
     def _check_fits(self, slot: Slot) -> None:
         """Refuse, before any weight is read (and before anything is evicted for it), a model
-        whose config does not fit its own weights or whose weights exceed its budget share."""
+        whose config does not fit its own weights, whose folder cannot serve
+        (:mod:`mlxrt.sources.folder_check`) or whose weights exceed its budget share."""
+        from mlxrt.sources.folder_check import check_model_folder
         from mlxrt.sources.weights import check_layer_count
 
         try:
             check_layer_count(slot.source.path)
-        except ValueError as exc:
-            raise ModelUnavailable(f"cannot load model {slot.model_id!r}: {exc}; resident: {self._resident_text()}",
-                                   code="model_load_failed") from None
+            check_model_folder(slot.source.path)  # a folder that cannot serve evicts nothing
+        except (ValueError, ModelLoadError) as exc:
+            detail = exc.message if isinstance(exc, ModelLoadError) else str(exc)
+            raise ModelUnavailable(f"cannot load model {slot.model_id!r}: {detail}; resident: "
+                                   f"{self._resident_text()}", code="model_load_failed") from None
         share = self.settings.share
         if share is None:
             return

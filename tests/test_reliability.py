@@ -10,6 +10,7 @@ rows at once) or block its event loop (tokenizing routes are bounded and run off
 
 from __future__ import annotations
 
+import json
 import threading
 import time
 from pathlib import Path
@@ -245,3 +246,58 @@ def test_every_tokenizing_route_refuses_an_overlong_body(server, http, route):
     assert resp.status_code == 400, resp.text[:200]
     assert "context" in resp.text
     _alive(server)
+
+
+# -- findings 6 and 8: a folder that cannot serve is a clear load error and evicts nothing ------
+
+def _hostile(source: Path, root: Path, what: str) -> Path:
+    import shutil
+
+    import numpy as np
+    from safetensors.numpy import load_file, save_file
+
+    folder = root / what
+    shutil.copytree(source, folder)
+    weights = folder / "model.safetensors"
+    if what == "no-weights":
+        weights.unlink()
+        return folder
+    tensors = load_file(str(weights))
+    if what == "small-vocab":  # a consistent model with fewer rows than the tokenizer has ids
+        config = json.loads((folder / "config.json").read_text())
+        config["vocab_size"] = 256
+        (folder / "config.json").write_text(json.dumps(config))
+        for name in [n for n in tensors if n.endswith(("embed_tokens.weight", "lm_head.weight"))]:
+            tensors[name] = tensors[name][:256].copy()
+    elif what == "int32-weights":
+        name = next(n for n in tensors if n.endswith("q_proj.weight"))
+        tensors[name] = tensors[name].astype(np.int32)
+    elif what == "nan-norm":
+        name = next(n for n in tensors if n.endswith("input_layernorm.weight"))
+        tensors[name] = tensors[name].copy()
+        tensors[name][0] = np.nan
+    save_file(tensors, str(weights))
+    return folder
+
+
+@pytest.mark.parametrize(("what", "says"), [("no-weights", "no weights"), ("int32-weights", "I32"),
+                                            ("nan-norm", "NaN"), ("small-vocab", "vocab_size")])
+def test_a_hostile_model_folder_is_a_clear_load_error(server, http, mlxrt_tiny_checkpoint, tmp_path, what, says):
+    folder = _hostile(mlxrt_tiny_checkpoint("qwen3"), tmp_path, what)
+    resp = http.post("/v1/chat/completions", json={**_chat(), "model": str(folder)})
+    assert resp.status_code == 503, resp.text
+    assert says in resp.json()["error"]["message"], resp.text
+    served = http.post("/v1/chat/completions", json=_chat())
+    assert served.status_code == 200, served.text
+    _alive(server)
+
+
+@pytest.mark.parametrize("what", ["no-weights", "int32-weights", "nan-norm"])
+def test_a_failed_load_never_evicts_the_served_model(server, http, mlxrt_tiny_checkpoint, tmp_path, what):
+    http.post("/v1/chat/completions", json=_chat())  # resident
+    loads = {m["path"]: m["loads"] for m in http.get("/stats").json()["models"]["models"] if m["served"]}
+    folder = _hostile(mlxrt_tiny_checkpoint("qwen3"), tmp_path, what)
+    assert http.post("/v1/chat/completions", json={**_chat(), "model": str(folder)}).status_code == 503
+    models = http.get("/stats").json()["models"]["models"]
+    served = next(m for m in models if m["served"])
+    assert served["state"] == "ready" and {served["path"]: served["loads"]} == loads
