@@ -301,3 +301,39 @@ def test_a_failed_load_never_evicts_the_served_model(server, http, mlxrt_tiny_ch
     models = http.get("/stats").json()["models"]["models"]
     served = next(m for m in models if m["served"])
     assert served["state"] == "ready" and {served["path"]: served["loads"]} == loads
+
+
+# -- finding 7: model names ---------------------------------------------------------------------
+
+@pytest.mark.parametrize("name", ["gpt-4o ", " gpt-4o", "tab\t", "nl\r\nx-injected: 1", "nul\x00", "é 🙂 "])
+def test_a_model_name_that_cannot_go_into_a_header_is_escaped(server, http, name):
+    resp = http.post("/v1/chat/completions", json={**_chat(), "model": name})
+    assert resp.status_code == 200, resp.text
+    shown = resp.headers["x-mlxrt-model-fallback"]
+    assert shown == shown.strip() and shown.isascii() and shown.isprintable()
+    assert "x-injected" not in resp.headers
+    _alive(server)
+
+
+def test_spellings_of_a_model_name_are_bounded(server, http, mlxrt_tiny_checkpoint):
+    path = str(mlxrt_tiny_checkpoint("qwen3"))
+    before = http.get("/stats").json()["models"]["names_known"]
+    for k in range(1, 61):  # 60 spellings of the served model's folder
+        resp = http.post("/v1/chat/completions", json={**_chat(max_tokens=1), "model": path + "/." * k})
+        assert resp.status_code == 200, resp.text
+        assert "x-mlxrt-model-fallback" not in resp.headers  # the served model itself, not a fallback
+    known = http.get("/stats").json()["models"]["names_known"]
+    assert known <= before + 16, (before, known)
+
+
+def test_a_strict_server_names_nothing_from_the_disk(mlxrt_tiny_checkpoint, mlxrt_serve, tmp_path, monkeypatch):
+    for repo in ("acme--secret-one", "acme--secret-two"):  # a local Hugging Face cache with two repos
+        (tmp_path / "hub" / f"models--{repo}" / "snapshots" / "abc").mkdir(parents=True)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("qwen3"), options={"strict_model": True, "model_fallback": False})
+    for resp in (client.get("/fit", params={"model": "acme"}),
+                 client.post("/v1/chat/completions", json={**_chat(), "model": "acme"})):
+        assert resp.status_code == 404, resp.text
+        assert "secret" not in resp.text
+    fit = client.get("/fit", params={"model": "acme"}).json()["error"]["message"]
+    assert "qwen3" in fit  # what it does serve

@@ -59,6 +59,13 @@ def _resolve(host: PluginHost, query: str | None) -> tuple[str, Path]:
         if served is None:
             raise InvalidRequest("no model is being served; name one with ?model=", param="model")
         return served
+    pool = host.models
+    if pool is not None and pool.settings.strict:  # only what it serves: nothing from the disk
+        source = pool.known_source(query)
+        if source is None:
+            raise NotFound(f"model {query!r} is not served here; this server serves: "
+                           f"{', '.join(pool.usable_names())}", param="model", code="model_not_found")
+        return source.model_id, source.path
     try:
         repo = match_local_repo(query, local_repo_ids())
     except ModelLoadError as exc:
