@@ -211,7 +211,7 @@ def create_app(host: PluginHost, *, cors_origins: list[str] | None = None, debug
                     host.fail_at_start(plugin, "mlxrt_shutdown", exc)
 
     from mlxrt.api.auth import api_key_guard
-    from mlxrt.api.edge import EdgePolicy, edge_guard
+    from mlxrt.api.edge import EdgePolicy, edge_guard, method_semantics
     from mlxrt.api.observe import HttpMetrics, observe
     from mlxrt.api.openapi import document
 
@@ -233,6 +233,8 @@ def create_app(host: PluginHost, *, cors_origins: list[str] | None = None, debug
         debug=debug,
         logging_config=None,  # mlxrt configures logging (request ids, text or JSON), not Litestar
     )
+    # HEAD as GET without a body; Allow listing every method of a path (around routing)
+    wrap_litestar_handler(app, lambda handler: method_semantics(handler, lambda: app.routes))
     # Outside routing, so unmatched paths and CORS preflights get an id and are counted too.
     wrap_litestar_handler(app, lambda handler: observe(handler, http_metrics))
     if host.models is not None:  # a request holds its model until its response is sent

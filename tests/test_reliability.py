@@ -337,3 +337,55 @@ def test_a_strict_server_names_nothing_from_the_disk(mlxrt_tiny_checkpoint, mlxr
         assert "secret" not in resp.text
     fit = client.get("/fit", params={"model": "acme"}).json()["error"]["message"]
     assert "qwen3" in fit  # what it does serve
+
+
+# -- finding 9: the contract (what schemathesis found) -----------------------------------------
+
+def test_the_openapi_schema_bounds_each_field_as_the_server_checks_it(server, http):
+    from jsonschema import Draft202012Validator
+
+    from mlxrt.plugins.anthropic.wire import MESSAGES_RULES
+    from mlxrt.plugins.openai.wire import CHAT_RULES
+    from mlxrt.plugins.responses.wire import RESPONSES_RULES
+
+    paths = http.get("/schema/openapi.json").json()["paths"]
+    for path, rules in (("/v1/chat/completions", CHAT_RULES), ("/v1/messages", MESSAGES_RULES),
+                        ("/v1/responses", RESPONSES_RULES)):
+        schema = paths[path]["post"]["requestBody"]["content"]["application/json"]["schema"]
+        valid = Draft202012Validator(schema["properties"]["top_p"]).is_valid
+        assert valid(0) and valid(1) and not valid(1.01) and not valid(-0.01), path
+        for rule in rules:
+            if rule.max is not None and rule.name in schema["properties"]:
+                field = Draft202012Validator(schema["properties"][rule.name])
+                assert field.is_valid(rule.max) and not field.is_valid(rule.max + 1), (path, rule.name)
+        if "model" not in schema.get("required", ()):  # optional, and null means the served model
+            assert Draft202012Validator(schema["properties"]["model"]).is_valid(None), path
+    chat = paths["/v1/chat/completions"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    assert not Draft202012Validator(chat["properties"]["top_logprobs"]).is_valid(12)  # the server refuses 12
+    assert http.post("/v1/chat/completions", json={**_chat(), "model": None}).status_code == 200
+    assert http.post("/v1/chat/completions", json={**_chat(), "logprobs": True, "top_logprobs": 12}).status_code == 400
+
+
+@pytest.mark.parametrize(("path", "methods"), [("/v1/adapters", {"GET", "HEAD", "POST", "OPTIONS"}),
+                                               ("/v1/responses/resp_x", {"GET", "HEAD", "DELETE", "OPTIONS"})])
+def test_allow_lists_every_method_of_a_path(http, path, methods):
+    for method in ("OPTIONS", "PUT"):
+        resp = http.request(method, path)
+        assert resp.status_code in (204, 405), resp.text
+        assert {m.strip() for m in resp.headers["allow"].split(",")} == methods, (method, resp.headers["allow"])
+
+
+@pytest.mark.parametrize("path", ["/codex/model-catalog", "/v1/models", "/health", "/stats"])
+def test_head_answers_where_get_does(http, path):
+    get, head = http.get(path), http.head(path)
+    assert head.status_code == get.status_code == 200
+    assert head.content == b"" and head.headers["content-type"] == get.headers["content-type"]
+
+
+def test_top_p_zero_is_greedy(http):
+    def text(**sampling):
+        body = _chat(max_tokens=12, **sampling)
+        return http.post("/v1/chat/completions", json=body).json()["choices"][0]["message"]["content"]
+
+    greedy = text(temperature=0)
+    assert text(temperature=1.0, top_p=0, seed=1) == text(temperature=1.0, top_p=0, seed=2) == greedy

@@ -96,7 +96,8 @@ async def fit(
     memory_budget: Annotated[float | None, Parameter(gt=0, le=1e6, description="Budget in GB (10^9 bytes)")]
     = None,
     dtype: Annotated[str | None, Parameter(description="Dtype to assess, as serve's --dtype: "
-                                           + "|".join(DTYPES) + " (default: this server's)")] = None,
+                                           + "|".join(DTYPES) + " (default: this server's)",
+                                           pattern="^(" + "|".join(DTYPES) + ")$")] = None,
 ) -> dict[str, Any]:
     """The static memory contract (``mlxrt fit``) in the dtype this server would serve the model
     in; for the served model also the engine's measured plan (``measured``)."""

@@ -23,7 +23,7 @@ from litestar import Request, post
 from mlxrt.api.app import claimed_fields
 from mlxrt.api.disconnect import off_loop
 from mlxrt.api.models import host_for
-from mlxrt.api.openapi import BODIES
+from mlxrt.api.openapi import BODIES, with_rules
 from mlxrt.api.text_limits import refuse_overlong_ids, refuse_overlong_text
 from mlxrt.api.wire import FieldRule, check_fields, parse_json_object
 from mlxrt.errors import InvalidRequest
@@ -39,11 +39,10 @@ _TOKENIZE_RULES = (FieldRule("content", (str,), nullable=False), FieldRule("add_
                    FieldRule("with_pieces", (bool,)), FieldRule("model", (str,)))
 _DETOKENIZE_RULES = (FieldRule("tokens", (list,), nullable=False), FieldRule("model", (str,)))
 #: The bodies the OpenAPI schema declares (mlxrt.api.openapi), so schema-driven clients reach them.
-_TOKENIZE_OPT = {**ROUTE_OPT, "body_schema": {"type": "object", "required": ["content"], "properties": {
-    "content": {"type": "string"}, "add_special": {"type": "boolean"}, "with_pieces": {"type": "boolean"},
-    "model": {"type": "string"}}}}
-_DETOKENIZE_OPT = {**ROUTE_OPT, "body_schema": {"type": "object", "required": ["tokens"], "properties": {
-    "tokens": {"type": "array", "items": {"type": "integer", "minimum": 0}}, "model": {"type": "string"}}}}
+_TOKENIZE_OPT = {**ROUTE_OPT, "body_schema": with_rules({"type": "object", "required": ["content"], "properties": {
+    "content": {"type": "string"}}}, _TOKENIZE_RULES)}
+_DETOKENIZE_OPT = {**ROUTE_OPT, "body_schema": with_rules({"type": "object", "required": ["tokens"], "properties": {
+    "tokens": {"type": "array", "items": {"type": "integer", "minimum": 0}}}}, _DETOKENIZE_RULES)}
 _CHAT_BODY_OPT = {**ROUTE_OPT, "body_schema": BODIES["/v1/chat/completions"]}
 
 
