@@ -178,7 +178,7 @@ def test_a_request_of_many_choices_never_keeps_every_row_from_other_clients(serv
 
     def abandoned_after_a_while() -> None:
         try:  # the client gives up (its timeout): every choice is cancelled
-            httpx.post(f"{server.url}/v1/chat/completions", json=big, timeout=6)
+            httpx.post(f"{server.url}/v1/chat/completions", json=big, timeout=3)
         except httpx.TimeoutException:
             pass
         except BaseException as exc:  # pragma: no cover - reported below
@@ -187,7 +187,7 @@ def test_a_request_of_many_choices_never_keeps_every_row_from_other_clients(serv
     worker = threading.Thread(target=abandoned_after_a_while)
     worker.start()
     try:
-        deadline = time.monotonic() + 5
+        deadline = time.monotonic() + 2
         while _stats(server)["queue_depth"] < 8 and time.monotonic() < deadline:
             time.sleep(0.02)  # the choices fill the rows and the queue
         start = time.monotonic()
@@ -197,7 +197,7 @@ def test_a_request_of_many_choices_never_keeps_every_row_from_other_clients(serv
         worker.join()
     assert not failures, failures
     assert small.status_code == 200, small.text
-    assert waited < 3.0, f"a 2-token chat waited {waited:.1f} s behind another request's choices"
+    assert waited < 1.5, f"a 2-token chat waited {waited:.1f} s behind another request's choices"
     left = time.monotonic()
     while time.monotonic() - left < 2 and _stats(server)["running_rows"]:
         time.sleep(0.05)
