@@ -389,3 +389,23 @@ def test_top_p_zero_is_greedy(http):
 
     greedy = text(temperature=0)
     assert text(temperature=1.0, top_p=0, seed=1) == text(temperature=1.0, top_p=0, seed=2) == greedy
+
+
+def test_an_unloaded_models_grammars_leave_the_cache():
+    import gc
+
+    from mlxrt.plugins.structured import GrammarState
+    from mlxrt.plugins.structured.grammar import Grammars
+
+    class Tokenizer:  # stands for a served model's tokenizer
+        pass
+
+    state = GrammarState(budget_mb=1)
+    tokenizer = Tokenizer()
+    grammars = state.per_tokenizer[tokenizer] = Grammars(tokenizer, state.cache)
+    state.cache.put((state.cache.owner(grammars), "regex", "a+"), object(), 1000)
+    assert state.stats()["entries"] == 1
+    del tokenizer, grammars
+    gc.collect()
+    assert state.stats() | {"evicted": 0} == {"entries": 0, "bytes": 0, "budget_bytes": 2**20, "evicted": 0,
+                                               "not_kept": 0}

@@ -54,6 +54,8 @@ class GrammarCache:
         self._bytes = 0
         self.evicted = 0
         self.refused = 0  # compiles larger than the budget, served once and not kept
+        #: The C heap's bytes in use (``None`` where the platform cannot say).
+        self.measure = heap_bytes()
 
     def owner(self, obj: object) -> int:
         """A key for ``obj``'s entries (one per served tokenizer), dropped when ``obj`` dies, so

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import threading
 import time
+import weakref
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -19,7 +20,7 @@ import attrs
 
 from mlxrt.compat import hf_tokenizer
 from mlxrt.errors import InvalidRequest, QueueFull
-from mlxrt.plugins.structured.cache import GrammarCache, heap_bytes
+from mlxrt.plugins.structured.cache import GrammarCache
 from mlxrt.plugins.structured.limits import DEFAULT_LIMITS, GrammarLimits, check_limits
 from mlxrt.records import StructuredOutput
 
@@ -77,13 +78,20 @@ class Grammars:
 
     def __init__(self, tokenizer: Any, cache: GrammarCache | None = None, *,
                  limits: GrammarLimits = DEFAULT_LIMITS, deadline_s: float = COMPILE_SECONDS) -> None:
-        self.source = tokenizer
+        # weakly: the plugin state maps each tokenizer to its Grammars weakly, and a strong
+        # reference back from the value kept an unloaded model's tokenizer, and its grammars, alive
+        self._source = weakref.ref(tokenizer)
         self.cache = cache if cache is not None else GrammarCache()
         self.limits = limits
         self.deadline_s = deadline_s
         self._lock = threading.Lock()
         self._tokenizer: Any = None
         self._owner = self.cache.owner(self)
+
+    @property
+    def source(self) -> Any:
+        """The served tokenizer (``None`` once its model is gone)."""
+        return self._source()
 
     @property
     def tokenizer(self) -> Any:
@@ -113,7 +121,7 @@ class Grammars:
         heap bytes its compile kept (0 where the platform cannot say)."""
         import llguidance
 
-        measure = heap_bytes()
+        measure = self.cache.measure
         before = measure() if measure else 0
         grammar = grammar_text(structured)
         is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
