@@ -327,14 +327,21 @@ def test_spellings_of_a_model_name_are_bounded(server, http, mlxrt_tiny_checkpoi
 
 
 def test_a_strict_server_names_nothing_from_the_disk(mlxrt_tiny_checkpoint, mlxrt_serve, tmp_path, monkeypatch):
-    for repo in ("acme--secret-one", "acme--secret-two"):  # a local Hugging Face cache with two repos
-        (tmp_path / "hub" / f"models--{repo}" / "snapshots" / "abc").mkdir(parents=True)
+    for repo in ("acme--secret-one", "acme--secret-two"):  # a local Hugging Face cache with two servable repos
+        snapshot = tmp_path / "hub" / f"models--{repo}" / "snapshots" / ("a" * 40)
+        snapshot.mkdir(parents=True)
+        (snapshot / "config.json").write_text(json.dumps({"model_type": "qwen3"}))
+        (snapshot / "model.safetensors").write_text("x")
+        (snapshot.parents[1] / "refs").mkdir()
+        (snapshot.parents[1] / "refs" / "main").write_text("a" * 40)
     monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
     client = mlxrt_serve(mlxrt_tiny_checkpoint("qwen3"), options={"strict_model": True, "model_fallback": False})
     for resp in (client.get("/fit", params={"model": "acme"}),
                  client.post("/v1/chat/completions", json={**_chat(), "model": "acme"})):
         assert resp.status_code == 404, resp.text
         assert "secret" not in resp.text
+    listed = client.get("/v1/models")
+    assert listed.status_code == 200 and "secret" not in listed.text
     fit = client.get("/fit", params={"model": "acme"}).json()["error"]["message"]
     assert "qwen3" in fit  # what it does serve
 
