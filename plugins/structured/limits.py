@@ -38,6 +38,9 @@ class GrammarLimits:
 
     #: Characters of the constraint's canonical text (a schema as compact JSON, a grammar).
     max_chars: int = 256 * 1024
+    #: Characters of a Lark grammar (forced tool calls: every tool's schema, which clients such
+    #: as coding agents send by the dozen).
+    max_lark_chars: int = 1024 * 1024
     #: Objects and arrays in one JSON schema (a chain through ``$ref``s passes distinct nodes,
     #: so this bounds its depth too: ~3,000 crashed an 8 MB stack, the compile thread has 256 MB).
     max_schema_nodes: int = 10_000
@@ -77,8 +80,9 @@ def check_limits(structured: StructuredOutput, limits: GrammarLimits = DEFAULT_L
     """Raise a 400 (:class:`InvalidRequest`, code ``grammar_too_large``) when ``structured`` is
     past ``limits``; linear in its size, and nothing is compiled."""
     spec, kind = structured.spec, structured.kind
-    if len(spec) > limits.max_chars:
-        raise _refuse(structured, f"the constraint is {len(spec)} characters; at most {limits.max_chars}")
+    most = limits.max_lark_chars if kind == "lark" else limits.max_chars
+    if len(spec) > most:
+        raise _refuse(structured, f"the constraint is {len(spec)} characters; at most {most}")
     try:
         if kind == "json_schema":
             check_schema(json.loads(spec), limits)
