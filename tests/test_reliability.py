@@ -416,3 +416,30 @@ def test_an_unloaded_models_grammars_leave_the_cache():
     gc.collect()
     assert state.stats() | {"evicted": 0} == {"entries": 0, "bytes": 0, "budget_bytes": 2**20, "evicted": 0,
                                                "not_kept": 0}
+
+
+@pytest.mark.parametrize(("pattern", "ok"), [
+    (r"[a-z]{1,100000}", True), (r"[a-z]{100001}", False), (r"(a{1,1000}){1,100}", True),
+    (r"(a{1,1000}){1,101}", False), (r"((ab){10}){10001}", False), (r"\{99999999\}", True),
+    (r"[{]99999999}", True), (r"a{0099999999999999999999}", False), (r"(x)(y){5}", True),
+])
+def test_counted_repetitions_are_bounded_nested_ones_multiplied(pattern, ok):
+    from mlxrt.plugins.structured.limits import check_regex
+
+    if ok:
+        check_regex(pattern)
+    else:
+        with pytest.raises(ValueError, match="repetition"):
+            check_regex(pattern)
+
+
+def test_a_forced_tool_calls_schemas_are_checked_too():
+    from mlxrt.errors import InvalidRequest
+    from mlxrt.plugins.structured.limits import check_limits
+    from mlxrt.records import StructuredOutput
+
+    deep = json.dumps(_ref_chain(1500))
+    grammar = f'start: r0\nr0: %json {deep}\n'
+    with pytest.raises(InvalidRequest, match=r"\$refs"):
+        check_limits(StructuredOutput(kind="lark", spec=grammar, param="tool_choice"))
+    check_limits(StructuredOutput(kind="lark", spec='start: r0\nr0: %json {"type": "object"}\n', param="tool_choice"))
