@@ -111,7 +111,7 @@ _COMPLETIONS = {
     **_ONE_CONSTRAINT,
     # one non-empty string (token-array prompts are refused, as mlx_lm.server refuses them)
     "properties": {**_SAMPLING, "prompt": {"type": "string", "minLength": 1}, "max_tokens": {"type": "integer", "minimum": 1},
-                   "stop": _STRINGS, "echo": {"type": "boolean"}, "logprobs": {"type": "integer", "minimum": 0}},
+                   "stop": _STRINGS, "echo": {"enum": [False, None]}, "logprobs": {"type": "integer", "minimum": 0}},
 }
 _EMBEDDINGS = {
     "type": "object",
