@@ -87,6 +87,8 @@ async def stats(request: Request) -> dict[str, Any]:
         **({"models": host.models.describe()} if host.models is not None else {}),
         # the Responses plugin's store (mlxrt.plugins.responses), once a request has made it
         **({"responses": host.plugin_states["responses"].stats()} if "responses" in host.plugin_states else {}),
+        # the structured plugin's compiled grammars (mlxrt.plugins.structured), once one was compiled
+        **({"grammars": host.plugin_states["structured"].stats()} if "structured" in host.plugin_states else {}),
         "plugins": {"loaded": [r.name for r in host.loaded()],
                     "failed": {r.name: r.error for r in host.failed()},
                     "route_conflicts": list(host.route_conflicts)},
@@ -209,7 +211,7 @@ def create_app(host: PluginHost, *, cors_origins: list[str] | None = None, debug
                     host.fail_at_start(plugin, "mlxrt_shutdown", exc)
 
     from mlxrt.api.auth import api_key_guard
-    from mlxrt.api.edge import EdgePolicy, edge_guard
+    from mlxrt.api.edge import EdgePolicy, edge_guard, method_semantics
     from mlxrt.api.observe import HttpMetrics, observe
     from mlxrt.api.openapi import document
 
@@ -231,6 +233,8 @@ def create_app(host: PluginHost, *, cors_origins: list[str] | None = None, debug
         debug=debug,
         logging_config=None,  # mlxrt configures logging (request ids, text or JSON), not Litestar
     )
+    # HEAD as GET without a body; Allow listing every method of a path (around routing)
+    wrap_litestar_handler(app, lambda handler: method_semantics(handler, lambda: app.routes))
     # Outside routing, so unmatched paths and CORS preflights get an id and are counted too.
     wrap_litestar_handler(app, lambda handler: observe(handler, http_metrics))
     if host.models is not None:  # a request holds its model until its response is sent

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     from mlxrt.serving import ServedModel
 
 __all__ = ["ClientDisconnected", "until_disconnect", "off_loop", "start_generation", "start_choices",
-           "closing_on_error", "drain_until_disconnect", "drain_choices"]
+           "closing_on_error", "drain_until_disconnect", "drain_choices", "closing_choices"]
 
 T = TypeVar("T")
 
@@ -122,6 +122,26 @@ async def start_choices(request: Request, model: ServedModel, generations: Seque
             await gen.aclose()
         raise
     return gens, report
+
+
+async def closing_choices(frames: AsyncIterator[bytes], gens: Sequence[Generation]) -> AsyncIterator[bytes]:
+    """The stream of a request's choices (``frames``, which owns ``gens``), and, however it
+    ends (the client left, an error, the end), every one of ``gens`` closed at once.
+
+    The dialect's stream closes each choice's request itself, but only once that choice's own
+    stream got that far: a choice still waiting for admission when the client left was never
+    closed (of an abandoned ``n: 24`` stream, 16 kept generating). Closing here does not
+    depend on it. ``Generation.aclose`` never suspends, so the loop below runs to its end even
+    inside a cancelled scope (Litestar cancels the stream's task when the client leaves; an
+    await that suspends there is cancelled again at once).
+    """
+    try:
+        async for frame in frames:
+            yield frame
+    finally:
+        for gen in gens:
+            await gen.aclose()
+        await frames.aclose()  # type: ignore[attr-defined]  # an async generator
 
 
 async def drain_until_disconnect(request: Request, gen: Any,

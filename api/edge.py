@@ -30,7 +30,7 @@ a typed error rendered in the route's dialect.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -43,11 +43,14 @@ if TYPE_CHECKING:
     from mlxrt.host import PluginHost
 
 __all__ = ["EdgePolicy", "HostNotAllowed", "UnsupportedMediaType", "BrowserRefused", "PluginUnavailable",
-           "edge_guard", "is_loopback", "loopback_hosts", "own_origins", "parse_hosts", "is_json_media_type"]
+           "edge_guard", "is_loopback", "loopback_hosts", "own_origins", "parse_hosts", "is_json_media_type",
+           "method_semantics", "HEAD_KEY"]
 
 LOOPBACK_NAMES = ("localhost", "127.0.0.1", "::1")
 _BODY_METHODS = frozenset({"POST", "PUT", "PATCH"})
 _SAFE_METHODS = frozenset({"GET", "HEAD", "OPTIONS"})
+#: Set in the ASGI scope of a HEAD request answered as a GET (:func:`method_semantics`).
+HEAD_KEY = "mlxrt.head"
 
 
 class HostNotAllowed(MlxrtError):
@@ -206,6 +209,10 @@ def edge_guard(policy: EdgePolicy, host: PluginHost, owners: dict[tuple[str, str
             raise HostNotAllowed(_hostname(host_header), policy.hosts)
         opt = handler.opt
         method = connection.scope.get("method", "GET")
+        if connection.scope.get(HEAD_KEY) and opt.get("state_changing"):  # HEAD never acts
+            from litestar.exceptions import MethodNotAllowedException
+
+            raise MethodNotAllowedException(headers={"allow": "GET, OPTIONS"})
         plugin = owners.get((method, connection.scope.get("path_template", "")))
         if plugin is not None:
             record = host.records.get(plugin)
@@ -238,3 +245,59 @@ def _refuse_browsers(headers: Any, host_header: str, policy: EdgePolicy, *, proo
     if proof and site not in ("same-origin", "none"):
         raise BrowserRefused(None, unproven=True)
 
+
+
+def method_semantics(handler: Any, routes: Callable[[], Iterable[Any]]) -> Any:
+    """Wrap the app's ASGI handler (:func:`mlxrt.compat.wrap_litestar_handler`) for two HTTP
+    rules Litestar leaves out:
+
+    * ``HEAD`` answers where ``GET`` does (RFC 9110): the request is routed as a GET (a GET
+      that acts, ``opt={"state_changing": True}``, refuses it: 405) and the body is dropped;
+    * ``Allow`` (on an ``OPTIONS`` answer and a 405) lists every method of the path, ``HEAD``
+      beside ``GET``: Litestar's automatic ``OPTIONS`` answer named only the methods of the
+      first handler registered on a path (``GET`` of ``/v1/adapters``, not its ``POST``).
+
+    ``routes`` gives the app's routes (``app.routes``), read once, on first use.
+    """
+    methods: dict[str, frozenset[str]] = {}
+
+    def route_methods(template: str) -> frozenset[str]:
+        if not methods:
+            for route in routes():
+                known = set(getattr(route, "methods", ()) or ())
+                path = getattr(route, "path_format", route.path)  # what routing puts in path_template
+                known |= methods.get(path, frozenset())  # a path may have several routes
+                methods[path] = frozenset(known | ({"HEAD"} if "GET" in known else set()))
+        return methods.get(template, frozenset())
+
+    async def wrapped(scope: Any, receive: Any, send: Any) -> None:
+        if scope.get("type") != "http":
+            await handler(scope, receive, send)
+            return
+        head = scope.get("method") == "HEAD"
+        if head:
+            scope = {**scope, "method": "GET", HEAD_KEY: True}
+        state = {"ended": False}
+
+        async def sending(message: Any) -> None:
+            if message["type"] == "http.response.start":
+                headers = list(message.get("headers", ()))
+                allow = [v for k, v in headers if k.lower() == b"allow"]
+                if allow:
+                    listed = {m.strip() for m in allow[0].decode("latin-1").split(",") if m.strip()}
+                    listed |= route_methods(scope.get("path_template", ""))
+                    if "GET" in listed:
+                        listed.add("HEAD")
+                    headers = [(k, v) for k, v in headers if k.lower() != b"allow"]
+                    headers.append((b"allow", ", ".join(sorted(listed)).encode()))
+                    message = {**message, "headers": headers}
+            elif head and message["type"] == "http.response.body":
+                if state["ended"]:
+                    return  # the rest of a GET's body: a HEAD answer has none
+                state["ended"] = True
+                message = {"type": "http.response.body", "body": b"", "more_body": False}
+            await send(message)
+
+        await handler(scope, receive, sending)
+
+    return wrapped

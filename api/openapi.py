@@ -15,7 +15,12 @@ gives every route handler an ``operation_class`` that adds:
   of Litestar's own error responses.
 
 The schemas say what a well-formed body looks like, not every rule: the decoders still decide
-(a body the schema accepts may still get a 400 naming the field).
+(a body the schema accepts may still get a 400 naming the field). The bounds and types of the
+top-level fields are the decoders' own: each built-in body is overlaid with its dialect's
+field rules (:class:`mlxrt.api.wire.FieldRule`: type, ``minimum``/``maximum``, ``null`` where
+the field may be null), so the schema and the checks cannot drift apart (schemathesis found
+``top_logprobs`` documented up to 20 and refused past 11, ``model: null`` accepted and not
+documented).
 """
 
 from __future__ import annotations
@@ -28,7 +33,7 @@ from litestar.handlers import HTTPRouteHandler
 from litestar.openapi.spec import OpenAPIMediaType, OpenAPIResponse, Operation, RequestBody
 from litestar.router import Router
 
-__all__ = ["BODIES", "ERROR_BODY", "document"]
+__all__ = ["BODIES", "ERROR_BODY", "document", "rule_schema", "with_rules"]
 
 #: Every error body, whatever the route's dialect.
 ERROR_BODY: dict[str, Any] = {
@@ -51,7 +56,11 @@ ERROR_BODY: dict[str, Any] = {
 
 _ANY_OBJECT: dict[str, Any] = {"type": "object"}
 _STRINGS = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "string"}}]}
-_CONTENT = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "object"}}]}
+_CONTENT = {"anyOf": [{"type": "string"}, {"type": "array", "items": {"type": "object", "required": ["type"]}}]}
+_ANTHROPIC_TOOL_CHOICE = {"type": "object", "required": ["type"], "properties": {
+    "type": {"type": "string", "enum": ["auto", "any", "tool", "none"]}}}
+_THINKING = {"type": "object", "required": ["type"], "properties": {
+    "type": {"type": "string", "enum": ["enabled", "disabled", "adaptive"]}}}
 _SAMPLING = {
     "model": {"type": "string"},
     "temperature": {"type": "number", "minimum": 0, "maximum": 2},
@@ -60,6 +69,8 @@ _SAMPLING = {
     "seed": {"type": "integer"},
     "stream": {"type": "boolean"},
 }
+#: llama.cpp's constraint fields: one at most (mlxrt.plugins.openai.llama_fields).
+_ONE_CONSTRAINT = {"not": {"anyOf": [{"required": ["json_schema", "grammar"]}]}}
 _TOOLS = {"type": "array", "items": {
     "type": "object", "required": ["type", "function"],
     "properties": {"type": {"type": "string", "enum": ["function"]},
@@ -70,6 +81,7 @@ _TOOLS = {"type": "array", "items": {
 _CHAT = {
     "type": "object",
     "required": ["messages"],
+    **_ONE_CONSTRAINT,
     "properties": {
         **_SAMPLING,
         "messages": {"type": "array", "minItems": 1, "items": {
@@ -81,7 +93,7 @@ _CHAT = {
         "max_tokens": {"type": "integer", "minimum": 1},
         "max_completion_tokens": {"type": "integer", "minimum": 1},
         "stop": _STRINGS,
-        "n": {"type": "integer", "minimum": 1, "maximum": 1},
+        "n": {"type": "integer", "minimum": 1, "maximum": 128},  # mlxrt.engine.admission.MAX_CHOICES
         "tools": _TOOLS,
         "tool_choice": {"anyOf": [{"type": "string", "enum": ["none", "auto", "required"]}, {
             "type": "object", "required": ["type", "function"],
@@ -97,8 +109,10 @@ _CHAT = {
 _COMPLETIONS = {
     "type": "object",
     "required": ["prompt"],
-    "properties": {**_SAMPLING, "prompt": _STRINGS, "max_tokens": {"type": "integer", "minimum": 1},
-                   "stop": _STRINGS, "echo": {"type": "boolean"}, "logprobs": {"type": "integer", "minimum": 0}},
+    **_ONE_CONSTRAINT,
+    # one non-empty string (token-array prompts are refused, as mlx_lm.server refuses them)
+    "properties": {**_SAMPLING, "prompt": {"type": "string", "minLength": 1}, "max_tokens": {"type": "integer", "minimum": 1},
+                   "stop": _STRINGS, "echo": {"enum": [False, None]}, "logprobs": {"type": "integer", "minimum": 0}},
 }
 _EMBEDDINGS = {
     "type": "object",
@@ -115,28 +129,34 @@ _MESSAGES = {
     "required": ["model", "max_tokens", "messages"],
     "properties": {**_SAMPLING, "max_tokens": {"type": "integer", "minimum": 1}, "messages": _ANTHROPIC_MESSAGES,
                    "system": _CONTENT, "stop_sequences": {"type": "array", "items": {"type": "string"}},
-                   "tools": {"type": "array", "items": _ANY_OBJECT}, "tool_choice": _ANY_OBJECT,
-                   "thinking": _ANY_OBJECT, "metadata": _ANY_OBJECT},
+                   "tools": {"type": "array", "items": {"type": "object", "required": ["name"]}},
+                   "tool_choice": _ANTHROPIC_TOOL_CHOICE, "thinking": _THINKING, "metadata": _ANY_OBJECT},
 }
 _COUNT_TOKENS = {
     "type": "object",
     "required": ["model", "messages"],
     "properties": {"model": {"type": "string"}, "messages": _ANTHROPIC_MESSAGES, "system": _CONTENT,
-                   "tools": {"type": "array", "items": _ANY_OBJECT}},
+                   "tools": {"type": "array", "items": {"type": "object", "required": ["name"]}},
+                   "tool_choice": _ANTHROPIC_TOOL_CHOICE, "thinking": _THINKING},
 }
 _RESPONSES = {
     "type": "object",
     "required": ["input"],
-    "properties": {**_SAMPLING, "input": {"anyOf": [{"type": "string"}, {"type": "array", "items": _ANY_OBJECT}]},
+    # input items: a typed item, or a message ({"role", "content"})
+    "properties": {**_SAMPLING, "input": {"anyOf": [{"type": "string"}, {"type": "array", "items": {
+        "type": "object", "anyOf": [{"required": ["type"]}, {"required": ["role", "content"]}]}}]},
                    "instructions": {"type": "string"}, "max_output_tokens": {"type": "integer", "minimum": 1},
                    "previous_response_id": {"type": "string"}, "store": {"type": "boolean"},
                    "tools": {"type": "array", "items": _ANY_OBJECT}, "text": _ANY_OBJECT,
-                   "reasoning": _ANY_OBJECT},
+                   "reasoning": _ANY_OBJECT,
+                   "tool_choice": {"anyOf": [{"type": "string", "enum": ["auto", "none", "required"]}, {
+                       "type": "object", "required": ["type", "name"],
+                       "properties": {"type": {"type": "string", "enum": ["function"]}, "name": {"type": "string"}}}]}},
 }
 _ADAPTERS = {
     "type": "object",
     "required": ["path"],
-    "properties": {"id": {"type": "string"}, "path": {"type": "string"}},
+    "properties": {"id": {"type": "string"}, "path": {"type": "string", "minLength": 1}},
 }
 
 #: The built-in routes' request bodies, by path.
@@ -156,9 +176,72 @@ def _json(schema: dict[str, Any]) -> dict[str, OpenAPIMediaType]:
     return {"application/json": OpenAPIMediaType(schema=schema)}  # type: ignore[arg-type]  # a plain JSON schema
 
 
+#: Bounds a field has beyond its rule, enforced by another check (named beside each).
+_ENFORCED_ELSEWHERE: dict[str, dict[str, Any]] = {
+    "n": {"maximum": 128},  # mlxrt.engine.admission.check_choices
+}
+
+
+def _field_rules(paths: Iterable[str]) -> tuple[Any, ...]:
+    """The field rules the built-in dialect serving one of ``paths`` checks, or ``()``. Imported
+    here, on first use: the dialects' modules import this one."""
+    from mlxrt.plugins.anthropic.wire import COUNT_RULES, MESSAGES_RULES
+    from mlxrt.plugins.openai.wire import CHAT_RULES, COMPLETION_RULES
+    from mlxrt.plugins.responses.wire import RESPONSES_RULES
+
+    chat = ("/v1/chat/completions", "/chat/completions", "/apply-template", "/v1/chat/completions/input_tokens",
+            "/chat/completions/input_tokens")
+    by_path = {**dict.fromkeys(chat, CHAT_RULES), **dict.fromkeys(("/v1/completions", "/completions"), COMPLETION_RULES),
+               "/v1/messages": MESSAGES_RULES, "/v1/messages/count_tokens": COUNT_RULES,
+               **dict.fromkeys(("/v1/responses", "/responses"), RESPONSES_RULES)}
+    return next((by_path[p] for p in paths if p in by_path), ())
+
+
+_JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string", dict: "object", list: "array"}
+_PLAIN = {"type", "minimum", "maximum"}
+
+
+def rule_schema(rule: Any, *, nullable: bool | None = None) -> dict[str, Any]:
+    """The JSON schema of a field checked by ``rule`` (a :class:`mlxrt.api.wire.FieldRule`)."""
+    kinds: list[str] = []
+    for t in rule.types:
+        kind = "number" if t in (int, float) and float in rule.types else _JSON_TYPES[t]
+        if kind not in kinds:
+            kinds.append(kind)
+    if rule.nullable if nullable is None else nullable:
+        kinds.append("null")
+    schema: dict[str, Any] = {"type": kinds[0] if len(kinds) == 1 else kinds}
+    if rule.min is not None:
+        schema["minimum"] = rule.min
+    if rule.max is not None:
+        schema["maximum"] = rule.max
+    schema.update(_ENFORCED_ELSEWHERE.get(rule.name, {}))
+    if rule.allowed:
+        return {"anyOf": [schema, {"enum": list(rule.allowed)}]}
+    return schema
+
+
+def with_rules(body: dict[str, Any], rules: Iterable[Any]) -> dict[str, Any]:
+    """``body`` (an object schema) with each field checked by ``rules`` typed and bounded as the
+    rule checks it: a plain field (type and bounds only) is replaced, a structured one keeps its
+    structure and gains ``null`` where the rule lets it be null; a field the schema lacks is added."""
+    properties = dict(body.get("properties") or {})
+    required = set(body.get("required") or ())
+    for rule in rules:
+        nullable = rule.nullable and rule.name not in required
+        current = properties.get(rule.name)
+        if current is None or set(current) <= _PLAIN:
+            properties[rule.name] = rule_schema(rule, nullable=nullable)
+        elif nullable:
+            properties[rule.name] = {"anyOf": [current, {"type": "null"}]}
+    return {**body, "properties": properties}
+
+
 def _operation_class(handler: HTTPRouteHandler) -> type[Operation]:
     body = handler.opt.get("body_schema") or next((BODIES[p] for p in handler.paths if p in BODIES), _ANY_OBJECT)
     error = handler.opt.get("error_schema") or ERROR_BODY  # a dialect whose errors have another shape (Ollama's)
+    if rules := _field_rules(handler.paths):
+        body = with_rules(body, rules)
     wants_body = bool(_WITH_BODY & set(handler.http_methods))
 
     def __init__(self: Operation, *args: Any, **kwargs: Any) -> None:  # noqa: N807

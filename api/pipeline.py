@@ -33,6 +33,7 @@ from litestar import Request, Response
 from mlxrt.api.app import claimed_fields
 from mlxrt.api.auth import caller_of
 from mlxrt.api.disconnect import (
+    closing_choices,
     closing_on_error,
     drain_choices,
     drain_until_disconnect,
@@ -331,7 +332,7 @@ async def _serve_choices(request: Request, dialect: Any, turn: Turn, rendered: R
     if turn.stream:
         frames = stream_choices(gens, assemblers, id=generation.request_id, model=model, created=created,
                                 report=report, turn=turn)
-        return sse_response(guarded(frames, dialect.error_frame), headers=headers)
+        return sse_response(guarded(closing_choices(frames, gens), dialect.error_frame), headers=headers)
 
     results = await drain_choices(request, gens, [assembler.feed for assembler in assemblers])
     answers = tuple(_answer(assembler, finish, logprobs, turn=turn, generation=generation, model=model,
@@ -424,7 +425,7 @@ async def serve_text(request: Request, dialect: TextDialect) -> Response:
     headers = response_headers(turn.headers, report)
     if turn.stream:  # the stream owns the engine requests from here
         frames = dialect.stream(gens, id=generation.request_id, model=model, created=created, turn=turn)
-        return sse_response(guarded(frames, dialect.error_frame), headers=headers)
+        return sse_response(guarded(closing_choices(frames, gens), dialect.error_frame), headers=headers)
     texts: list[list[str]] = [[] for _ in gens]
     results = await drain_choices(request, gens, [parts.append for parts in texts])
     answers = [TextAnswer(id=generation.request_id, model=model, text="".join(parts) + finish.text, finish=finish,

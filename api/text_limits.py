@@ -13,12 +13,15 @@ from mlxrt.errors import OverBudget
 if TYPE_CHECKING:
     from mlxrt.serving import ServingHost
 
-__all__ = ["MAX_CHARS_PER_TOKEN", "refuse_overlong_text", "check_text_length"]
+__all__ = ["MAX_CHARS_PER_TOKEN", "MAX_IDS_WITHOUT_CONTEXT", "refuse_overlong_text", "check_text_length",
+           "refuse_overlong_ids"]
 
 #: Characters one token covers at most, generously (tokens of long whitespace runs reach a
 #: few dozen): a body with more prompt text than ``context_ceiling`` × this cannot fit, so it
 #: is refused before templating and tokenizing it (a 50 MB body took a minute and gigabytes).
 MAX_CHARS_PER_TOKEN = 32
+#: Token ids a body may carry for a model whose context is unknown (``/detokenize``).
+MAX_IDS_WITHOUT_CONTEXT = 1_000_000
 
 
 async def refuse_overlong_text(request: Request, body: Any, host: ServingHost) -> None:
@@ -49,3 +52,13 @@ def check_text_length(body: Any, ceiling: int) -> None:
             f"{MAX_CHARS_PER_TOKEN} per token) but the context holds {ceiling} — shorten the prompt",
             code="context_over_budget",
         )
+
+
+def refuse_overlong_ids(count: int, host: ServingHost, *, param: str = "tokens") -> None:
+    """Refuse (400, the context-length error) ``count`` token ids that no context of the model
+    ``host`` serves could hold (``/detokenize``): decoding holds the interpreter's lock, so a
+    body of millions of ids would stall every other request."""
+    ceiling = host.model.context_ceiling
+    limit = ceiling if ceiling is not None else MAX_IDS_WITHOUT_CONTEXT
+    if count > limit:
+        raise OverBudget(f"{param} has {count} ids but the context holds {limit}", code="context_over_budget")

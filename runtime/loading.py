@@ -344,11 +344,17 @@ def with_replaced_template(profile: FamilyProfile, tokenizer: Any) -> FamilyProf
 def load_weights(info: ModelInfo, host: PluginHost) -> tuple[LoadedModel, str | None]:
     """The model and tokenizer through the family hooks (mlx-lm when none answers), cast as
     ``--dtype`` says (default ``auto``, :mod:`mlxrt.sources.dtype_choice`); with the name of the plugin
-    that loaded it (``None``: mlx-lm)."""
+    that loaded it (``None``: mlx-lm). The folder is checked first
+    (:func:`mlxrt.sources.folder_check.check_model_folder`: weights present, their dtypes,
+    finite norms and scales; once loaded, a vocabulary that covers the tokenizer)."""
+    from mlxrt.sources.folder_check import check_model_folder, check_vocabulary
+
+    check_model_folder(info.path)
     plugin, loaded = host.first_answer("mlxrt_load_model", info=info, host=host)
     lazy = bool(host.options.get("distributed"))
     if loaded is None:
         loaded = mlx_lm_load(info, trust_remote_code=bool(host.options.get("trust_remote_code")), lazy=lazy)
+    check_vocabulary(info.path, loaded.tokenizer)
     choice = _choose_dtype(loaded, info, host, lazy=lazy)
     if choice is not None and choice.cast:
         cast_weights(loaded.model, choice.cast, model_id=info.model_id)

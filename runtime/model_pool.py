@@ -31,6 +31,7 @@ event loop (no locks): loads and unloads run on worker threads and are awaited.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextvars
 import logging
 import math
@@ -69,6 +70,12 @@ FALLBACK_KEY = "mlxrt.model_fallback"
 FALLBACK_HEADER = "x-mlxrt-model-fallback"
 #: Distinct fallback names remembered so that each is logged once (then the memory starts over).
 FALLBACK_NAMES_KEPT = 1024
+#: Spellings of one model's name kept (``./m``, ``m/``, ``/abs/m``…, each resolved once): the
+#: oldest is forgotten past it, and resolved again if asked for (4,000 spellings kept 12 MB).
+SPELLINGS_KEPT = 16
+#: Models found on disk by a request (not named at start) kept while not resident: the least
+#: recently used is forgotten past it.
+FOUND_KEPT = 64
 #: Seconds a request waits for a resident model to become idle (all --max-models busy).
 BUSY_WAIT = 60.0
 
@@ -150,6 +157,8 @@ class Slot:
     #: Seconds of disuse before it is unloaded, as a client asked (Ollama's ``keep_alive``;
     #: ``math.inf``: never), over ``--idle-unload``; ``None``: the pool's rule. Reset at unload.
     keep: float | None = None
+    #: The request spellings that resolved to this model (bounded: :data:`SPELLINGS_KEPT`).
+    spellings: collections.deque[str] = attrs.field(factory=collections.deque)
 
     @property
     def key(self) -> str:
@@ -311,8 +320,32 @@ class ModelPool:
                 raise InvalidRequest(exc.message, param="model", code="ambiguous_model") from None
             return None
         slot = self._add(source)
-        self._names[name] = slot
+        self._remember(name, slot)
+        self._forget_found(keep=slot)
         return slot
+
+    def _remember(self, name: str, slot: Slot) -> None:
+        """Keep ``name`` as a spelling of ``slot``'s model, the oldest of its spellings
+        forgotten past :data:`SPELLINGS_KEPT` (its model id and path always stay)."""
+        if name in self._names:
+            return
+        self._names[name] = slot
+        slot.spellings.append(name)
+        while len(slot.spellings) > SPELLINGS_KEPT:
+            old = slot.spellings.popleft()
+            if self._names.get(old) is slot:
+                del self._names[old]
+
+    def _forget_found(self, *, keep: Slot) -> None:
+        """Forget the least recently used models found on disk by requests, unloaded and not
+        named at start, past :data:`FOUND_KEPT` (with every name they had here), but ``keep``."""
+        found = sorted((s for s in self._slots.values()
+                        if s is not keep and not s.named and s.state == "unloaded" and not s.leases),
+                       key=lambda s: s.last_used)
+        for slot in found[:max(len(found) - FOUND_KEPT, 0)]:
+            del self._slots[slot.key]
+            for name in [n for n, s in self._names.items() if s is slot]:
+                del self._names[name]
 
     def _fallback(self, name: str, scope: MutableMapping[str, Any] | None) -> Slot:
         """The served model for a name nothing here answers to, or 404 where it may not."""
@@ -370,14 +403,18 @@ class ModelPool:
 
     def _check_fits(self, slot: Slot) -> None:
         """Refuse, before any weight is read (and before anything is evicted for it), a model
-        whose config does not fit its own weights or whose weights exceed its budget share."""
+        whose config does not fit its own weights, whose folder cannot serve
+        (:mod:`mlxrt.sources.folder_check`) or whose weights exceed its budget share."""
+        from mlxrt.sources.folder_check import check_model_folder
         from mlxrt.sources.weights import check_layer_count
 
         try:
             check_layer_count(slot.source.path)
-        except ValueError as exc:
-            raise ModelUnavailable(f"cannot load model {slot.model_id!r}: {exc}; resident: {self._resident_text()}",
-                                   code="model_load_failed") from None
+            check_model_folder(slot.source.path)  # a folder that cannot serve evicts nothing
+        except (ValueError, ModelLoadError) as exc:
+            detail = exc.message if isinstance(exc, ModelLoadError) else str(exc)
+            raise ModelUnavailable(f"cannot load model {slot.model_id!r}: {detail}; resident: "
+                                   f"{self._resident_text()}", code="model_load_failed") from None
         share = self.settings.share
         if share is None:
             return
@@ -535,6 +572,16 @@ class ModelPool:
         """Alias → model id."""
         return {name: slot.model_id for name, slot in self.aliases.items()}
 
+    def usable_names(self) -> list[str]:
+        """The names a caller may use without the disk: the id of each model named at start
+        (the served one, ``--preload``, alias targets) and the aliases."""
+        return sorted({s.model_id for s in self._slots.values() if s.named} | set(self.aliases))
+
+    def known_source(self, name: str) -> ModelSource | None:
+        """The model a name already known here stands for (no disk read), or ``None``."""
+        slot = self._names.get(name)
+        return slot.source if slot is not None else None
+
     def known(self) -> list[Slot]:
         return list(self._slots.values())
 
@@ -557,7 +604,8 @@ class ModelPool:
             rows.append(row)
         s = self.settings
         return {"max_models": s.max_models, "idle_unload": s.idle_unload, "strict": s.strict,
-                "fallback": s.fallback, "memory_share_bytes": s.share, "aliases": self.names(), "models": rows}
+                "fallback": s.fallback, "memory_share_bytes": s.share, "aliases": self.names(),
+                "names_known": len(self._names), "models": rows}
 
     def metric_families(self) -> list[list[str]]:
         """``/metrics`` families with a ``model`` label, one row per known model."""
@@ -606,9 +654,17 @@ def _size(n: int) -> str:
 
 
 def _shown(name: str, limit: int = 200) -> str:
-    """A requested name as logs and headers show it: bounded, ASCII, no control characters."""
+    """A requested name as logs and headers show it: bounded, ASCII, no control characters,
+    no space at either end (a header value cannot start or end with one: ``"gpt-4o "`` made
+    h11 drop the connection with no response), each escaped as Python would write it."""
     text = name if len(name) <= limit else name[:limit] + "..."
-    return text.encode("unicode_escape").decode("ascii")
+    text = text.encode("unicode_escape").decode("ascii")
+    core = text.strip(" ")
+    if core == text:
+        return text
+    lead = len(text) - len(text.lstrip(" "))
+    trail = len(text) - lead - len(core) if core else 0
+    return "\\x20" * lead + core + "\\x20" * trail
 
 
 def releasing_leases(handler: Callable[..., Any]) -> Callable[..., Any]:

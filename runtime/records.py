@@ -469,6 +469,10 @@ class GenerationRequest:
     #: prefill, after each prefill chunk and when the first token is known (llama-server's
     #: ``return_progress``). Only a consumer that handles the events asks for them.
     progress: bool = False
+    #: The request this is one choice of (OpenAI's ``n``; its first choice's ``request_id``),
+    #: ``""`` for a request of one choice: admission keeps one request's choices from holding
+    #: every row while other requests wait (:mod:`mlxrt.engine.scheduler`).
+    choice_group: str = ""
 
 
 class StructuredKind(enum.StrEnum):

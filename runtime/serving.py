@@ -458,11 +458,15 @@ def served_model(host: ServingHost, engine: ServingEngine | None, cached: Engine
 def choice_requests(generation: GenerationRequest, n: int) -> tuple[GenerationRequest, ...]:
     """The engine requests of ``n`` choices of one planned request: the first is
     ``generation`` itself, each other has its own id (``<id>-<index>``) and a seed derived from
-    the request's (:func:`mlxrt.engine.sampling.choice_seed`)."""
+    the request's (:func:`mlxrt.engine.sampling.choice_seed`); all of them share a
+    ``choice_group`` (the scheduler's fairness between requests)."""
     from mlxrt.engine.sampling import choice_seed
 
-    return (generation, *(attrs.evolve(
-        generation, request_id=f"{generation.request_id}-{i}",
+    if n <= 1:
+        return (generation,)
+    group = generation.request_id
+    return (attrs.evolve(generation, choice_group=group), *(attrs.evolve(
+        generation, request_id=f"{group}-{i}", choice_group=group,
         sampling=attrs.evolve(generation.sampling, seed=choice_seed(generation.sampling.seed, i)))
         for i in range(1, n)))
 

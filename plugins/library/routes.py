@@ -59,6 +59,13 @@ def _resolve(host: PluginHost, query: str | None) -> tuple[str, Path]:
         if served is None:
             raise InvalidRequest("no model is being served; name one with ?model=", param="model")
         return served
+    pool = host.models
+    if pool is not None and pool.settings.strict:  # only what it serves: nothing from the disk
+        source = pool.known_source(query)
+        if source is None:
+            raise NotFound(f"model {query!r} is not served here; this server serves: "
+                           f"{', '.join(pool.usable_names())}", param="model", code="model_not_found")
+        return source.model_id, source.path
     try:
         repo = match_local_repo(query, local_repo_ids())
     except ModelLoadError as exc:
@@ -89,7 +96,8 @@ async def fit(
     memory_budget: Annotated[float | None, Parameter(gt=0, le=1e6, description="Budget in GB (10^9 bytes)")]
     = None,
     dtype: Annotated[str | None, Parameter(description="Dtype to assess, as serve's --dtype: "
-                                           + "|".join(DTYPES) + " (default: this server's)")] = None,
+                                           + "|".join(DTYPES) + " (default: this server's)",
+                                           pattern="^(" + "|".join(DTYPES) + ")$")] = None,
 ) -> dict[str, Any]:
     """The static memory contract (``mlxrt fit``) in the dtype this server would serve the model
     in; for the served model also the engine's measured plan (``measured``)."""

@@ -8,8 +8,10 @@
 - ``POST /v1/chat/completions/input_tokens``: a chat-completions body → ``{"input_tokens": N}``,
   the prompt tokens it would run with (as Anthropic's ``count_tokens``).
 
-Each takes an optional ``model`` (the served model by default), tokenizes and renders off the
-event loop, and answers errors as OpenAI error objects.
+Each takes an optional ``model`` (the served model by default), refuses text or ids longer
+than that model's context could hold before any work (chat's length guard,
+:mod:`mlxrt.api.text_limits`: a 16 MB ``/tokenize`` held the interpreter's lock for a minute),
+tokenizes and renders off the event loop, and answers errors as OpenAI error objects.
 """
 
 from __future__ import annotations
@@ -21,8 +23,8 @@ from litestar import Request, post
 from mlxrt.api.app import claimed_fields
 from mlxrt.api.disconnect import off_loop
 from mlxrt.api.models import host_for
-from mlxrt.api.openapi import BODIES
-from mlxrt.api.text_limits import refuse_overlong_text
+from mlxrt.api.openapi import BODIES, with_rules
+from mlxrt.api.text_limits import refuse_overlong_ids, refuse_overlong_text
 from mlxrt.api.wire import FieldRule, check_fields, parse_json_object
 from mlxrt.errors import InvalidRequest
 from mlxrt.plugins.openai.decode import decode_chat
@@ -37,11 +39,10 @@ _TOKENIZE_RULES = (FieldRule("content", (str,), nullable=False), FieldRule("add_
                    FieldRule("with_pieces", (bool,)), FieldRule("model", (str,)))
 _DETOKENIZE_RULES = (FieldRule("tokens", (list,), nullable=False), FieldRule("model", (str,)))
 #: The bodies the OpenAPI schema declares (mlxrt.api.openapi), so schema-driven clients reach them.
-_TOKENIZE_OPT = {**ROUTE_OPT, "body_schema": {"type": "object", "required": ["content"], "properties": {
-    "content": {"type": "string"}, "add_special": {"type": "boolean"}, "with_pieces": {"type": "boolean"},
-    "model": {"type": "string"}}}}
-_DETOKENIZE_OPT = {**ROUTE_OPT, "body_schema": {"type": "object", "required": ["tokens"], "properties": {
-    "tokens": {"type": "array", "items": {"type": "integer", "minimum": 0}}, "model": {"type": "string"}}}}
+_TOKENIZE_OPT = {**ROUTE_OPT, "body_schema": with_rules({"type": "object", "required": ["content"], "properties": {
+    "content": {"type": "string"}}}, _TOKENIZE_RULES)}
+_DETOKENIZE_OPT = {**ROUTE_OPT, "body_schema": with_rules({"type": "object", "required": ["tokens"], "properties": {
+    "tokens": {"type": "array", "items": {"type": "integer", "minimum": 0}}}}, _DETOKENIZE_RULES)}
 _CHAT_BODY_OPT = {**ROUTE_OPT, "body_schema": BODIES["/v1/chat/completions"]}
 
 
@@ -60,12 +61,17 @@ async def _decoded_chat(request: Request) -> tuple[ServingHost, Any]:
 
 
 async def _helper_body(request: Request, field: str, what: str, rules: tuple[FieldRule, ...]) -> tuple[Any, ServingHost]:
-    """A helper endpoint's checked body (``field`` required) and the host of its ``model``."""
+    """A helper endpoint's checked body (``field`` required, its text and ids within what the
+    model's context could hold) and the host of its ``model``."""
     body = parse_json_object(await request.body())
     if field not in body:
         raise InvalidRequest(f"{field} ({what}) is required", param=field)
     check_fields(body, rules)
-    return body, await host_for(request, body.get("model"))
+    host = await host_for(request, body.get("model"))
+    await refuse_overlong_text(request, body, host)
+    if isinstance(body.get("tokens"), list):
+        refuse_overlong_ids(len(body["tokens"]), host)
+    return body, host
 
 
 @post("/tokenize", status_code=200, opt=_TOKENIZE_OPT, summary="Tokenize text (llama-server)", tags=["llama.cpp"])

@@ -143,7 +143,11 @@ def _pool_rows(request: Request, served: dict[str, Any]) -> list[dict[str, Any]]
 async def _model_rows(request: Request) -> list[dict[str, Any]]:
     served = _served_row(request)
     known = _pool_rows(request, served)
-    cached = await anyio.to_thread.run_sync(cached_model_rows)  # stats every cached file: off the loop
+    pool = request.app.state.host.models
+    if pool is not None and pool.settings.strict:
+        cached = []  # a strict server names nothing from the disk: only what it serves
+    else:
+        cached = await anyio.to_thread.run_sync(cached_model_rows)  # stats every cached file: off the loop
     listed = {served["id"], *(row["id"] for row in known)}
     return [served, *known, *({**row, "loaded": False} for row in cached if row["id"] not in listed)]
 

@@ -11,13 +11,17 @@ from __future__ import annotations
 
 import json
 import threading
-from collections import OrderedDict
-from typing import Any
+import time
+import weakref
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import attrs
 
 from mlxrt.compat import hf_tokenizer
-from mlxrt.errors import InvalidRequest
+from mlxrt.errors import InvalidRequest, QueueFull
+from mlxrt.plugins.structured.cache import GrammarCache
+from mlxrt.plugins.structured.limits import DEFAULT_LIMITS, GrammarLimits, check_limits
 from mlxrt.records import StructuredOutput
 
 __all__ = ["Grammars", "GrammarProcessor", "ThinkingWindow", "grammar_text"]
@@ -26,8 +30,12 @@ __all__ = ["Grammars", "GrammarProcessor", "ThinkingWindow", "grammar_text"]
 #: is what ``json.dumps(..., separators=(",", ":"))`` would print. A schema's own
 #: ``x-guidance`` options override it.
 _JSON_OPTIONS = {"whitespace_flexible": False}
-#: Compiled matchers kept per served tokenizer.
-CACHE_SIZE = 128
+#: Seconds a compile may take, waiting for the compiler included (a 400 past it).
+COMPILE_SECONDS = 5.0
+#: The compile thread's stack (virtual: only the pages a deep grammar touches are used).
+COMPILE_STACK_BYTES = 256 * 2**20
+
+T = TypeVar("T")
 
 
 def grammar_text(structured: StructuredOutput) -> str:
@@ -57,22 +65,33 @@ def grammar_text(structured: StructuredOutput) -> str:
             alternatives = " | ".join(json.dumps(c) for c in json.loads(structured.spec))
             return llguidance.LLMatcher.grammar_from_lark(f"start: {alternatives}\n")
     except Exception as exc:  # llguidance refuses the client's constraint: the client's 400
-        raise InvalidRequest(f"{param}: {exc}", param=param.split(".")[0]) from None
+        raise InvalidRequest(f"{param}: {_message([str(exc)])}", param=param.split(".")[0]) from None
     raise InvalidRequest(f"{param}: unknown structured output kind {structured.kind!r}", param=param)
 
 
 class Grammars:
-    """The served tokenizer as llguidance sees it, and an LRU of compiled matchers.
+    """The served tokenizer as llguidance sees it, and its compiled matchers (kept in the
+    server's :class:`~mlxrt.plugins.structured.cache.GrammarCache`).
 
     Thread-safe: dialects compile on worker threads, the engine thread copies matchers.
     """
 
-    def __init__(self, tokenizer: Any, *, size: int = CACHE_SIZE) -> None:
-        self.source = tokenizer
+    def __init__(self, tokenizer: Any, cache: GrammarCache | None = None, *,
+                 limits: GrammarLimits = DEFAULT_LIMITS, deadline_s: float = COMPILE_SECONDS) -> None:
+        # weakly: the plugin state maps each tokenizer to its Grammars weakly, and a strong
+        # reference back from the value kept an unloaded model's tokenizer, and its grammars, alive
+        self._source = weakref.ref(tokenizer)
+        self.cache = cache if cache is not None else GrammarCache()
+        self.limits = limits
+        self.deadline_s = deadline_s
         self._lock = threading.Lock()
         self._tokenizer: Any = None
-        self._cache: OrderedDict[tuple[str, str], Any] = OrderedDict()
-        self.size = size
+        self._owner = self.cache.owner(self)
+
+    @property
+    def source(self) -> Any:
+        """The served tokenizer (``None`` once its model is gone)."""
+        return self._source()
 
     @property
     def tokenizer(self) -> Any:
@@ -84,34 +103,102 @@ class Grammars:
             return self._tokenizer
 
     def matcher(self, structured: StructuredOutput) -> Any:
-        """A fresh matcher for ``structured`` (compiled once per canonical constraint)."""
+        """A fresh matcher for ``structured`` (compiled once per canonical constraint, within
+        the limits and the deadline; a past-the-limits constraint is a 400 before any work)."""
+        key = (self._owner, str(structured.kind), structured.spec)
+        template = self.cache.get(key)
+        if template is not None:
+            return template.deep_copy()
+        check_limits(structured, self.limits)
+        tokenizer = self.tokenizer
+        template, cost = _isolated(lambda: self._compile(structured, tokenizer), self.cache.compiling,
+                                   self.deadline_s, structured)
+        self.cache.put(key, template, cost)
+        return template.deep_copy()
+
+    def _compile(self, structured: StructuredOutput, tokenizer: Any) -> tuple[Any, int]:
+        """Compile on the compile thread, under the cache's compile lock: the matcher and the
+        heap bytes its compile kept (0 where the platform cannot say)."""
         import llguidance
 
-        key = (structured.kind, structured.spec)
-        with self._lock:
-            template = self._cache.get(key)
-            if template is not None:
-                self._cache.move_to_end(key)
-                return template.deep_copy()
-        tokenizer = self.tokenizer
+        measure = self.cache.measure
+        before = measure() if measure else 0
         grammar = grammar_text(structured)
-        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(grammar, tokenizer)
+        is_error, messages = llguidance.LLMatcher.validate_grammar_with_warnings(
+            grammar, tokenizer, limits=_parser_limits())
         if is_error:
-            raise InvalidRequest(f"{structured.param}: {_message(messages)}",
-                                 param=structured.param.split(".")[0])
-        template = llguidance.LLMatcher(tokenizer, grammar)
+            raise _invalid(structured, _message(messages))
+        template = llguidance.LLMatcher(tokenizer, grammar, limits=_parser_limits())
         if template.is_error():
-            raise InvalidRequest(f"{structured.param}: {template.get_error()}",
-                                 param=structured.param.split(".")[0])
-        with self._lock:
-            self._cache[key] = template
-            while len(self._cache) > self.size:
-                self._cache.popitem(last=False)
-        return template.deep_copy()
+            raise _invalid(structured, _message([template.get_error()]))
+        return template, (measure() - before if measure else 0)
+
+
+def _parser_limits() -> Any:
+    """llguidance's own limits, its defaults except the errors: not verbose (a verbose error
+    prints the grammar and the parser's state into the client's message)."""
+    import llguidance
+
+    return llguidance.LLParserLimits(verbose_errors=False)
+
+
+def _isolated(compile: Callable[[], T], lock: threading.Lock, deadline_s: float,
+              structured: StructuredOutput) -> T:
+    """``compile()`` on a fresh thread with a :data:`COMPILE_STACK_BYTES` stack, holding
+    ``lock``; its result, or its error, within ``deadline_s`` (waiting for the lock included).
+
+    Why a thread of its own: llguidance recurses per nested rule or ``$ref``, and a stack
+    overflow in it kills the process; the limits (:mod:`.limits`) keep a grammar's depth
+    ~10x below what this stack holds. Past the deadline the caller gets a 400 and the thread
+    runs to its end alone (the limits bound that too), holding the lock, so abandoned compiles
+    never pile up: the next compile waits for it within its own deadline, else a 429.
+    """
+    start = time.monotonic()
+    if not lock.acquire(timeout=deadline_s):
+        raise QueueFull(f"{structured.param}: the grammar compiler is busy; retry", retry_after=1,
+                        code="grammar_compiler_busy")
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append((True, compile()))
+        except BaseException as exc:  # handed to the caller, whichever it is
+            outcome.append((False, exc))
+        finally:
+            lock.release()
+
+    # threading.stack_size is process-wide: set for this thread only (under ``lock``, so no
+    # other compile changes it meanwhile; a thread another part starts now gets a larger
+    # virtual stack, which costs nothing)
+    previous = threading.stack_size(COMPILE_STACK_BYTES)
+    try:
+        thread = threading.Thread(target=run, name="mlxrt-grammar-compile", daemon=True)
+        thread.start()
+    except BaseException:
+        lock.release()
+        raise
+    finally:
+        threading.stack_size(previous)
+    thread.join(max(0.0, deadline_s - (time.monotonic() - start)))
+    if not outcome:
+        raise _invalid(structured, f"the grammar did not compile within {deadline_s:g} s; simplify it",
+                       code="grammar_too_large")
+    ok, value = outcome[0]
+    if not ok:
+        raise value
+    return value
+
+
+def _invalid(structured: StructuredOutput, message: str, code: str | None = None) -> InvalidRequest:
+    return InvalidRequest(f"{structured.param}: {message}", param=structured.param.split(".")[0], code=code)
 
 
 def _message(messages: list[str]) -> str:
-    text = " ".join(messages) or "the grammar does not compile"
+    """The first line of llguidance's message, short; a Rust panic's text (with its source
+    paths and backtrace) is never shown."""
+    text = " ".join(m for m in messages if m) or "the grammar does not compile"
+    if "panicked" in text or "RUST_BACKTRACE" in text or "stack backtrace" in text:
+        return "the grammar library could not compile this grammar; simplify it"
     return text.splitlines()[0][:500]
 
 

@@ -119,10 +119,12 @@ def build_sampler(host: PluginHost, request: GenerationRequest, info: ModelInfo,
     # top_k at or past the vocabulary keeps every token (mlx-lm's sampler raises there)
     vocab = info.config_int("vocab_size")
     top_k = 0 if vocab is not None and s.top_k >= vocab else s.top_k
-    nucleus = s.temperature != 0 and 0 < s.top_p < 1
+    # top_p 0 keeps only the most likely token: greedy, as OpenAI's API (mlx-lm reads 0 as "off")
+    temperature = 0.0 if s.top_p <= 0 else s.temperature
+    nucleus = temperature != 0 and 0 < s.top_p < 1
     apply_top_p = qmv.top_p_filter() if nucleus else None
     sampler = make_sampler(
-        temp=s.temperature, top_p=0.0 if apply_top_p else s.top_p, min_p=s.min_p, top_k=top_k,
+        temp=temperature, top_p=0.0 if apply_top_p else s.top_p, min_p=s.min_p, top_k=top_k,
         xtc_probability=xtc, xtc_threshold=s.xtc_threshold,
         xtc_special_tokens=xtc_special_tokens(tokenizer) if xtc > 0 and tokenizer is not None else [],
     )

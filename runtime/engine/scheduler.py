@@ -298,12 +298,33 @@ class Scheduler:
         with self._lock:
             self.queued -= 1
 
+    def _next_job(self) -> Job:
+        """The waiting job to admit next: the oldest, unless it is a choice of a request whose
+        choices already hold their share of the rows (half the lane's, at least one) while a
+        job of another request waits; then the oldest such job. A request's ``n`` choices
+        queue like ``n`` requests, but one ``n: 128`` never keeps every row from the others
+        (before, a 2-token chat queued behind one waited for all 128)."""
+        head = self.waiting[0]
+        group = head.request.choice_group
+        if not group or len(self.waiting) == 1:
+            return head
+        share = max(1, (self.batch.size if self.batch is not None else 1) // 2)
+        held = collections.Counter(row.request.choice_group for row in self.running)
+        if held[group] < share:
+            return head
+        for job in self.waiting:
+            other = job.request.choice_group
+            if not other or held[other] < share:
+                return job
+        return head
+
     def _admit(self) -> None:
-        """Admit waiting requests in arrival order while the lane and the budget allow."""
+        """Admit waiting requests while the lane and the budget allow, in arrival order but for
+        the share of rows one request's choices may hold (:meth:`_next_job`)."""
         while self.waiting:
-            job = self.waiting[0]
+            job = self._next_job()
             if job.cancelled.is_set():
-                self.waiting.popleft()
+                self.waiting.remove(job)
                 self._dequeue(job)
                 self.requests_cancelled += 1
                 continue
@@ -320,7 +341,7 @@ class Scheduler:
             # a single row up to a third of its speed) and joins the batch when another arrives.
             # Not with logits processors: their state (a grammar) has seen the token the batch refeeds.
             lone = not serial and not self.running and len(self.waiting) == 1
-            self.waiting.popleft()
+            self.waiting.remove(job)
             self._dequeue(job)
             row = self._prepare(job)
             if row is None:
