@@ -24,7 +24,7 @@ Writing a dialect: docs/plugins/dialects.md.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import attrs
@@ -177,10 +177,10 @@ class Dialect(Protocol):
         """An error's body (a refused request); mid-stream errors travel as :meth:`error_frame`."""
         ...
 
-    def error_frame(self, exc: MlxrtError) -> bytes:
-        """An error that happens after the stream started, as one frame (a stream whose error
-        frame depends on its own state, such as a sequence number, catches its errors itself)."""
-        ...
+    #: An error that happens after the stream started, as one frame; ``None`` where the
+    #: dialect's stream catches its own errors (its error frame depends on the stream's state,
+    #: such as a sequence number).
+    error_frame: Callable[[MlxrtError], bytes] | None
 
 
 class Framed:
@@ -195,6 +195,12 @@ class Framed:
                report: CacheReport, turn: Turn) -> AsyncIterator[bytes]:
         writer = self.frames(id=id, model=model, report=report, turn=turn)
         return assembled_stream(gen, assembler, writer, single_call=turn.single_call)
+
+
+def _guarded(frames: AsyncIterator[bytes], dialect: Dialect) -> AsyncIterator[bytes]:
+    """``frames`` with a mid-stream error as the dialect's error frame; as they are where the
+    dialect's stream catches its own errors (``error_frame`` None: Responses, which has no ``n``)."""
+    return frames if dialect.error_frame is None else guarded(frames, dialect.error_frame)
 
 
 def route_opt(dialect: Dialect) -> dict[str, Any]:
@@ -282,7 +288,7 @@ async def serve_chat(request: Request, dialect: Dialect) -> Response:
         if turn.stream:
             frames = dialect.stream(gen, assembler, id=generation.request_id, model=model, created=created,
                                     report=report, turn=turn)
-            return sse_response(guarded(frames, dialect.error_frame), headers=headers)
+            return sse_response(_guarded(frames, dialect), headers=headers)
     finish, logprobs = await drain_until_disconnect(request, gen, assembler.feed)
     answer = _answer(assembler, finish, logprobs, turn=turn, generation=generation, model=model, created=created,
                      headers=headers)
@@ -332,7 +338,7 @@ async def _serve_choices(request: Request, dialect: Any, turn: Turn, rendered: R
     if turn.stream:
         frames = stream_choices(gens, assemblers, id=generation.request_id, model=model, created=created,
                                 report=report, turn=turn)
-        return sse_response(guarded(closing_choices(frames, gens), dialect.error_frame), headers=headers)
+        return sse_response(_guarded(closing_choices(frames, gens), dialect), headers=headers)
 
     results = await drain_choices(request, gens, [assembler.feed for assembler in assemblers])
     answers = tuple(_answer(assembler, finish, logprobs, turn=turn, generation=generation, model=model,

@@ -41,7 +41,6 @@ __all__ = [
     "defer_module",
     "forget_captured_signals",
     "hf_tokenizer",
-    "is_mlx_lm_sampler",
     "lean_litestar",
     "lean_mlx_lm",
     "masks_overridden",
@@ -296,13 +295,6 @@ def mlx_lm_sets_tokenizer_defaults(model_type: str) -> bool:
         return "TOKENIZER_DEFAULTS" in (package / "models" / f"{module}.py").read_text(encoding="utf-8")
     except OSError:
         return False
-
-
-def is_mlx_lm_sampler(sampler: Any) -> bool:
-    """Whether ``sampler`` was made by ``mlx_lm.sample_utils`` (``make_sampler`` and the
-    samplers it returns keep no state between calls), told by the module its function was
-    defined in."""
-    return getattr(sampler, "__module__", None) == "mlx_lm.sample_utils"
 
 
 def lean_litestar() -> type:

@@ -33,14 +33,16 @@ __all__ = ["PluginHost", "make_host", "FAMILY_HOOKS", "ENTRY_POINT_GROUP"]
 log = logging.getLogger("mlxrt.host")
 
 ENTRY_POINT_GROUP = "mlxrt"
+#: The hooks called once per model load (a plugin implementing one is listed as a family);
+#: per-request hooks such as ``mlxrt_chat_template_kwargs`` do not make a plugin a family.
 FAMILY_HOOKS = frozenset(
     {
         "mlxrt_load_model",
         "mlxrt_tool_parser",
+        "mlxrt_tool_prompt",
         "mlxrt_tool_stream_mode",
         "mlxrt_thinking_format",
         "mlxrt_vision",
-        "mlxrt_chat_template_kwargs",
     }
 )
 _SAMPLER_HOOKS = frozenset({"mlxrt_sampler", "mlxrt_logits_processors", "mlxrt_request_fields"})

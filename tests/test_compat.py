@@ -202,18 +202,6 @@ def test_mlx_lm_tokenizer_defaults_are_read_where_mlx_lm_applies_them(tmp_path):
     assert _tokenizer_defaults(path) == module.TOKENIZER_DEFAULTS  # (it finds the class, builds nothing)
 
 
-def test_mlx_lm_samplers_are_told_by_their_module():
-    """Every sampler ``make_sampler`` returns is recognised; a sampler defined elsewhere is not."""
-    from mlx_lm.sample_utils import make_sampler
-
-    for kwargs in ({"temp": 0.0}, {"temp": 0.7}, {"temp": 0.7, "top_p": 0.9, "top_k": 2, "min_p": 0.05}):
-        sampler = make_sampler(**kwargs)
-        assert compat.is_mlx_lm_sampler(sampler), kwargs
-        assert mx.array_equal(sampler(mx.array([[0.0, -1e9, -1e9]])), mx.array([0])).item()
-    assert not compat.is_mlx_lm_sampler(lambda logprobs: mx.argmax(logprobs, axis=-1))
-    assert not compat.is_mlx_lm_sampler(object())
-
-
 def test_lean_litestar_keeps_litestar_default_plugins_but_pydantic():
     """Without pydantic imported, the app gets Litestar's default plugins less the pydantic
     ones (and pydantic stays unimported); with it imported, exactly Litestar's defaults."""

@@ -41,11 +41,34 @@ def test_prompt_opens_thinking():
     assert not prompt_opens_thinking("<|im_start|>assistant\n", FMT)
 
 
-@given(st.text(alphabet="ab<>/thinkc", max_size=30), st.integers(1, 5))
+def split_whole(text):
+    """The split of the whole text at once, and the parts it drops: text before the first open
+    tag is content, then reasoning up to the first close tag, then content less the newlines
+    right after that tag. Joined back in order, the parts are ``text`` again."""
+    at = text.find(FMT.open)
+    if at < 0:
+        return ("", text), [text]
+    before, rest = text[:at], text[at + len(FMT.open):]
+    end = rest.find(FMT.close)
+    if end < 0:
+        return (rest, before), [before, FMT.open, rest]
+    after = rest[end + len(FMT.close):]
+    newlines = after[:len(after) - len(after.lstrip("\n"))]
+    parts = [before, FMT.open, rest[:end], FMT.close, newlines, after[len(newlines):]]
+    return (rest[:end], before + after[len(newlines):]), parts
+
+
+#: Texts made of whole tags, pieces of tags and plain characters (random characters alone
+#: would almost never spell a tag).
+TEXTS = st.lists(st.sampled_from(["<think>", "</think>", "<", "</", "<th", "</thi", "think>", ">", "a", "b", "\n"]),
+                 max_size=12).map("".join)
+
+
+@given(TEXTS, st.integers(1, 5))
 def test_nothing_is_lost(text, n):
+    """Streamed in pieces of any size, the split drops only the two tags and the newlines after
+    the close tag: every other character comes out, in its channel, in order."""
+    (reasoning, content), parts = split_whole(text)
+    assert "".join(parts) == text  # the whole text: what is dropped is only tags and newlines
     pieces = [text[i:i + n] for i in range(0, len(text), n)]
-    reasoning, content = split(pieces)
-    tags_removed = len(text) - len(reasoning) - len(content)
-    assert tags_removed >= 0
-    if "<think>" not in text:
-        assert content == text and reasoning == ""
+    assert split(pieces) == (reasoning, content)

@@ -188,3 +188,16 @@ def test_bad_input_is_an_openai_400(mlxrt_client, body, message):
     assert resp.status_code == 400, resp.text
     error = resp.json()["error"]
     assert set(error) == {"message", "type", "param", "code"} and error["message"].startswith(message)
+
+
+def test_an_error_mid_stream_is_the_next_numbered_event(mlxrt_tiny_checkpoint, mlxrt_serve):
+    """The stream catches its own errors: the ``error`` event carries the next sequence number."""
+    from support import Exploding
+
+    http = mlxrt_serve(mlxrt_tiny_checkpoint("qwen3"), plugins=[("exploding", Exploding())])
+    resp = http.post("/v1/responses", json={"input": "hi", "stream": True, "max_output_tokens": 8,
+                                            "temperature": 0, "explode": 3})
+    events = events_of(resp.text)
+    assert [e["sequence_number"] for e in events] == list(range(len(events)))
+    assert events[-1]["type"] == "error" and "exploded" in events[-1]["message"], events[-1]
+    assert "response.output_text.delta" in [e["type"] for e in events]  # mid-stream, not at its start

@@ -15,7 +15,7 @@ from mlxrt.api.framing import assembled_stream, guarded
 from mlxrt.api.pipeline import Answer, Turn, serve_chat
 from mlxrt.api.timings import StreamTimings
 from mlxrt.assembly import ResponseAssembler
-from mlxrt.errors import MlxrtError, NotFound
+from mlxrt.errors import NotFound
 from mlxrt.plugins.responses.decode import (
     DecodedResponse,
     chat_input,
@@ -26,7 +26,6 @@ from mlxrt.plugins.responses.encode import (
     ROUTE_OPT,
     EventStream,
     ResponseFrame,
-    error_event,
     finished,
     new_id,
     output_items,
@@ -160,9 +159,7 @@ class Responses:
         return guarded(assembled_stream(gen, assembler, events, single_call=turn.single_call), events.error_frame)
 
     render_error = staticmethod(openai_error_body)
-
-    def error_frame(self, exc: MlxrtError) -> bytes:
-        return error_event(exc, 0)  # never reached: the stream numbers and sends its own
+    error_frame = None  # the stream numbers and sends its own (EventStream.error_frame)
 
 
 RESPONSES = Responses()

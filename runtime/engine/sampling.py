@@ -20,13 +20,32 @@ if TYPE_CHECKING:
     from mlxrt.host import PluginHost
 
 __all__ = ["build_sampler", "build_logits_processors", "resolve_sampling", "xtc_special_tokens", "SeedSource",
-           "choice_seed", "seeded"]
+           "choice_seed", "seeded", "is_stateless"]
 
 _GOLDEN = 0x9E3779B9
 _MASK = (1 << 63) - 1
 #: Above this threshold at most one token can qualify, and XTC never removes the least likely
 #: qualifying token, so XTC is a no-op there (mlx-lm raises mid-generation instead).
 _XTC_MAX_USEFUL_THRESHOLD = 0.5
+#: The attribute :func:`build_sampler` sets on the samplers it builds from the request's settings:
+#: they keep no state between calls, so speculative decoding may run the draft's proposals
+#: through them too (a plugin's sampler may count its calls, and carries no such mark).
+_STATELESS = "mlxrt_stateless"
+
+
+def _stateless(sampler: Sampler) -> Sampler:
+    setattr(sampler, _STATELESS, True)
+    return sampler
+
+
+def is_stateless(sampler: Sampler | None) -> bool:
+    """Whether ``sampler`` (or the one a :func:`seeded` sampler wraps) is one :func:`build_sampler`
+    built from the request's settings, or mlx-lm's greedy sampler; ``None`` (greedy) too."""
+    from mlx_lm.sample_utils import greedy_sampler
+
+    inner = getattr(sampler, "inner", sampler)
+    # greedy_sampler is one mlx-lm module function: told by identity, never marked
+    return inner is None or inner is greedy_sampler or getattr(inner, _STATELESS, False) is True
 
 
 class SeedSource:
@@ -112,7 +131,7 @@ def build_sampler(host: PluginHost, request: GenerationRequest, info: ModelInfo,
     _plugin, sampler = host.first_answer("mlxrt_sampler", request=request, info=info, host=host)
     if sampler is not None:
         return sampler
-    from mlx_lm.sample_utils import make_sampler
+    from mlx_lm.sample_utils import greedy_sampler, make_sampler
 
     s = request.sampling
     xtc = s.xtc_probability if s.xtc_threshold <= _XTC_MAX_USEFUL_THRESHOLD else 0.0
@@ -129,7 +148,8 @@ def build_sampler(host: PluginHost, request: GenerationRequest, info: ModelInfo,
         xtc_special_tokens=xtc_special_tokens(tokenizer) if xtc > 0 and tokenizer is not None else [],
     )
     if apply_top_p is None:
-        return sampler
+        # make_sampler's chain is a fresh closure for each call, unless greedy (told by identity)
+        return _stateless(sampler) if sampler is not greedy_sampler else sampler
     # mlx-lm's chain filters by top-p first: the same chain with that filter the kernel's
     # (the same results, ~6 ms a token less over a 49K vocabulary on the CPU)
     top_p = s.top_p
@@ -137,7 +157,7 @@ def build_sampler(host: PluginHost, request: GenerationRequest, info: ModelInfo,
     def nucleus_sampler(logprobs: Any) -> Any:
         return sampler(apply_top_p(logprobs, top_p))
 
-    return nucleus_sampler
+    return _stateless(nucleus_sampler)
 
 
 def builtin_logits_processors(s: SamplingParams) -> list[LogitsProcessor]:

@@ -19,7 +19,9 @@ Where it applies:
   draft: mlx-lm's speculative loop shows processors only the tokens of the current draft
   window, not the prompt, and rewinds them, which stateful processors (grammars) cannot
   follow. So do requests sampled by a plugin's sampler (``mlxrt_sampler``): the draft's
-  proposals go through the same sampler and would advance its state.
+  proposals go through the same sampler and would advance its state. Only the samplers
+  :func:`~mlxrt.engine.sampling.build_sampler` marks stateless draft (every built-in one:
+  top-p, with or without the mlxrt-qmv kernel's nucleus filter, min-p, top-k, XTC).
 * **Sampling** (temperature > 0) works: each emitted token is still drawn from the served
   model's distribution, but the draft consumes random numbers too, so a seeded request gives
   other (equally distributed) tokens than without a draft.
@@ -38,7 +40,8 @@ from typing import Any
 
 import attrs
 
-from mlxrt.compat import hf_tokenizer, is_mlx_lm_sampler
+from mlxrt.compat import hf_tokenizer
+from mlxrt.engine.sampling import is_stateless
 from mlxrt.errors import ModelLoadError
 from mlxrt.records import LoadedModel, ModelInfo
 
@@ -69,7 +72,7 @@ class Speculator:
 
     def drafts_for(self, request: Any, processors: Sequence[Any], sampler: Any = None) -> int:
         """Tokens to draft per step for a request (0: decode without the draft)."""
-        if processors or not _mlx_lm_sampler(sampler):
+        if processors or not is_stateless(sampler):
             return 0
         n = request.num_draft_tokens
         return self.num_draft_tokens if n is None else max(int(n), 0)
@@ -137,15 +140,6 @@ class Speculator:
             "draft_tokens_accepted": self.accepted,
             "acceptance": round(self.accepted / self.tokens, 4) if self.tokens else 0.0,
         }
-
-
-def _mlx_lm_sampler(sampler: Any) -> bool:
-    """Whether ``sampler`` is mlx-lm's (a plugin's may keep state that the draft's calls,
-    which go through the same sampler, would advance)."""
-    if sampler is None:
-        return True
-    inner = getattr(sampler, "inner", sampler)
-    return is_mlx_lm_sampler(inner)
 
 
 def _row_by_row(sampler: Any) -> Any:
