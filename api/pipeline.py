@@ -198,7 +198,10 @@ class Framed:
 
 def route_opt(dialect: Dialect) -> dict[str, Any]:
     """The ``opt`` of a dialect's route handlers: its errors render in its shape."""
-    return {"dialect": dialect.name, "render_error": dialect.render_error}
+    opt = {"dialect": dialect.name, "render_error": dialect.render_error}
+    if (word := getattr(dialect, "error_message", None)) is not None:  # optional: the dialect's own words
+        opt["error_message"] = word
+    return opt
 
 
 async def planned_chat(request: Request, host: ServingHost, chat: ChatInput, options: RequestOptions, *,
@@ -277,7 +280,7 @@ async def serve_chat(request: Request, dialect: Dialect) -> Response:
     # Admission errors (queue full, a failing sampler hook) surface here, as the status.
     gen, report = await start_generation(request, served, generation)
     async with closing_on_error(gen):  # until a stream owns it
-        headers = _chat_headers(turn, served, report)
+        headers = _chat_headers(turn, served, report, generation)
         if turn.stream:
             frames = dialect.stream(gen, assembler, id=generation.request_id, model=model, created=created,
                                     report=report, turn=turn)
@@ -288,11 +291,12 @@ async def serve_chat(request: Request, dialect: Dialect) -> Response:
     return Response(content=dialect.body(answer), status_code=200, headers=headers)
 
 
-def _chat_headers(turn: Turn, served: ServedModel, report: CacheReport) -> dict[str, str]:
-    """A chat answer's headers (one choice or several): the dialect's and the admission
-    report's, and ``tools`` in ``x-mlxrt-ignored`` when the template rendered the tools but
-    nothing can read calls back."""
-    headers = response_headers(turn.headers, report)
+def _chat_headers(turn: Turn, served: ServedModel, report: CacheReport, generation: GenerationRequest
+                  ) -> dict[str, str]:
+    """A chat answer's headers (one choice or several): the dialect's, the admission report's
+    (a reduced ``max_tokens`` too), and ``tools`` in ``x-mlxrt-ignored`` when the template
+    rendered the tools but nothing can read calls back."""
+    headers = response_headers(turn.headers, report, asked=turn.options.max_tokens, granted=generation.max_tokens)
     if turn.options.tools and served.profile.tool_parser is None:
         headers[IGNORED_HEADER] = ", ".join(filter(None, [headers.get(IGNORED_HEADER), "tools"]))
     return headers
@@ -327,7 +331,7 @@ async def _serve_choices(request: Request, dialect: Any, turn: Turn, rendered: R
     served = _model(host)
     model = served.info.model_id
     gens, report = await start_choices(request, served, generations)
-    headers = _chat_headers(turn, served, report)
+    headers = _chat_headers(turn, served, report, generation)
     if turn.stream:
         frames = stream_choices(gens, assemblers, id=generation.request_id, model=model, created=created,
                                 report=report, turn=turn)
@@ -421,7 +425,7 @@ async def serve_text(request: Request, dialect: TextDialect) -> Response:
     model = served.info.model_id
     created = int(time.time())
     gens, report = await start_choices(request, served, choice_requests(generation, options.n))
-    headers = response_headers(turn.headers, report)
+    headers = response_headers(turn.headers, report, asked=options.max_tokens, granted=generation.max_tokens)
     if turn.stream:  # the stream owns the engine requests from here
         frames = dialect.stream(gens, id=generation.request_id, model=model, created=created, turn=turn)
         return sse_response(guarded(frames, dialect.error_frame), headers=headers)

@@ -156,21 +156,29 @@ def test_thirty_two_streams_with_eight_disconnects(batch_server):
     assert _chat(client, "still there?", temperature=0)
 
 
-def test_memory_budget_refuses_an_over_budget_request_before_any_token(mlxrt_tiny_checkpoint, server_process):
+def test_memory_budget_refuses_an_over_budget_prompt_before_any_token(mlxrt_tiny_checkpoint, server_process):
+    """A max_tokens over the budget's safe context is reduced to it; a prompt over it is refused
+    in OpenAI's words, naming the memory budget and the model's own window."""
     server = server_process([str(mlxrt_tiny_checkpoint("qwen3")), "--memory-budget", "0.004"])
     stats = _stats(server)
     safe = stats["admission"]["safe_context"]
     assert 256 <= safe < 100000
     prompt = [{"role": "user", "content": "hello"}]
+    reduced = httpx.post(f"{server.url}/v1/chat/completions",
+                         json={"messages": prompt, "max_tokens": safe + 10, "stop": ["e"]}, timeout=60)
+    assert reduced.status_code == 200, reduced.text
+    used = reduced.json()["usage"]["prompt_tokens"]
+    assert reduced.headers["x-mlxrt-max-tokens"] == f"asked={safe + 10}; granted={safe - used}"
+    stats = _stats(server)
     resp = httpx.post(f"{server.url}/v1/chat/completions",
-                      json={"messages": prompt, "max_tokens": safe + 10}, timeout=30)
+                      json={"messages": [{"role": "user", "content": "hello " * safe}], "max_tokens": 4}, timeout=30)
     assert resp.status_code == 400
     error = resp.json()["error"]
-    assert error["type"] == "memory_admission" and error["code"] == "context_over_budget"
-    need = int(error["message"].split("needs ", 1)[1].split(" ", 1)[0])
-    assert error["message"] == (
-        f"request needs {need} tokens of context (prompt {need - safe - 10} + max_tokens {safe + 10}) but the "
-        f"memory budget caps safe context at {safe} — shorten the prompt or lower max_tokens")
+    assert error["type"] == "invalid_request_error" and error["code"] == "context_length_exceeded"
+    window = 40960  # the tiny Qwen3's max_position_embeddings
+    assert error["message"].startswith(f"This model's maximum context length is {safe} tokens on this server "
+                                       f"(the server's memory budget; the model's own window is {window} tokens). "
+                                       "However, your messages resulted in "), error["message"]
     assert _stats(server)["tokens_generated"] == stats["tokens_generated"]  # nothing ran
     ok = httpx.post(f"{server.url}/v1/chat/completions", json={"messages": prompt, "max_tokens": 4}, timeout=30)
     assert ok.status_code == 200
