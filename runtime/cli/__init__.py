@@ -437,7 +437,8 @@ def build_cli(host: PluginHost) -> click.Group:
     @click.option("--max-tokens", type=int, default=None,
                   help="Default max_tokens (chat: 65536 capped by the context; completions: 512).")
     @click.option("--strict", is_flag=True,
-                  help="Refuse request fields mlxrt does not read (400) instead of listing them in x-mlxrt-ignored.")
+                  help="Refuse request fields mlxrt does not read that would change the answer (400) instead of "
+                  "listing them in x-mlxrt-ignored; hints such as prompt_cache_key or include: [] pass.")
     @click.option("--thinking/--no-thinking", default=None,
                   help="Default for models that can reason, when a request says nothing "
                   "(chat_template_kwargs.enable_thinking, then reasoning_effort, win). Default: the template's.")
