@@ -3,11 +3,11 @@ the ``max_tokens`` admission granted when it is less than the client asked for."
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
-from mlxrt.records import CacheReport
+from mlxrt.records import CacheReport, FinishEvent
 
-__all__ = ["CACHE_HEADER", "MAX_TOKENS_HEADER", "response_headers"]
+__all__ = ["CACHE_HEADER", "MAX_TOKENS_HEADER", "FINISH_HEADER", "finish_headers", "response_headers"]
 
 #: What the prompt cache did for the request (:meth:`mlxrt.records.CacheReport.header`).
 CACHE_HEADER = "x-mlxrt-cache"
@@ -15,6 +15,16 @@ CACHE_HEADER = "x-mlxrt-cache"
 #: ``max_completion_tokens``) was larger than what the context leaves after the prompt, and
 #: was reduced to it (:func:`mlxrt.engine.admission.plan_max_tokens`).
 MAX_TOKENS_HEADER = "x-mlxrt-max-tokens"
+#: ``request_timeout``: a non-streamed answer's ``length`` came from ``--request-timeout``, not
+#: from ``max_tokens`` or the window (a stream's headers are gone by then: the log says it).
+FINISH_HEADER = "x-mlxrt-finish"
+
+
+def finish_headers(headers: dict[str, str], finishes: Iterable[FinishEvent]) -> None:
+    """Add :data:`FINISH_HEADER` to a non-streamed answer's ``headers`` when the request timeout
+    ended one of its choices."""
+    if any(finish.timed_out for finish in finishes):
+        headers[FINISH_HEADER] = "request_timeout"
 
 
 def response_headers(headers: Mapping[str, str], report: CacheReport, *, asked: int | None = None,

@@ -41,7 +41,7 @@ from mlxrt.api.disconnect import (
     start_generation,
 )
 from mlxrt.api.framing import FrameWriter, assembled_stream, guarded
-from mlxrt.api.headers import response_headers
+from mlxrt.api.headers import finish_headers, response_headers
 from mlxrt.api.models import host_for
 from mlxrt.api.observers import turn_observer
 from mlxrt.api.sse import sse_data, sse_event, sse_response
@@ -309,6 +309,7 @@ def _answer(assembler: ResponseAssembler, finish: FinishEvent, logprobs: list[To
     _delta, reason = assembler.finish(finish)
     if assembler.dropped_partial_call:  # a stream's headers are gone by then: the log says it
         headers[PARTIAL_CALL_HEADER] = "dropped"
+    finish_headers(headers, (finish,))
     calls = assembler.tool_calls[:1] if turn.single_call else assembler.tool_calls
     return Answer(id=generation.request_id, model=model, content="".join(assembler.content),
                   reasoning="".join(assembler.reasoning), calls=calls, reason=reason, finish=finish,
@@ -431,6 +432,7 @@ async def serve_text(request: Request, dialect: TextDialect) -> Response:
         return sse_response(guarded(frames, dialect.error_frame), headers=headers)
     texts: list[list[str]] = [[] for _ in gens]
     results = await drain_choices(request, gens, [parts.append for parts in texts])
+    finish_headers(headers, (finish for finish, _ in results))
     answers = [TextAnswer(id=generation.request_id, model=model, text="".join(parts) + finish.text, finish=finish,
                           created=created, logprobs=logprobs if generation.logprobs is not None else None)
                for parts, (finish, logprobs) in zip(texts, results, strict=True)]

@@ -665,6 +665,9 @@ class FinishEvent:
     stop_sequence: str | None = None
     prompt_seconds: float = 0.0
     decode_seconds: float = 0.0
+    #: The request ran into ``--request-timeout`` while generating: it ended there, with
+    #: ``finish_reason`` ``length`` (the answer says so: ``x-mlxrt-finish``, the log).
+    timed_out: bool = False
 
 
 @attrs.frozen

@@ -225,18 +225,25 @@ def test_a_full_queue_answers_429_with_retry_after(mlxrt_tiny_checkpoint, server
     assert stats["requests_rejected"] == 1 and stats["requests_cancelled"] == 1
 
 
-def test_a_request_past_the_request_timeout_gets_504_and_the_server_keeps_serving(mlxrt_tiny_checkpoint, server_process):
+def test_a_request_past_the_request_timeout_ends_with_length_and_says_so(mlxrt_tiny_checkpoint, server_process):
+    """A generation that runs into --request-timeout ends there like a full window: finish_reason
+    length, what it generated so far, x-mlxrt-finish (issue 43: before, a 504 lost the text)."""
     model = mlxrt_tiny_checkpoint("qwen3")
     server = server_process([str(model), "--request-timeout", "1.5"])
     long = {"messages": [{"role": "user", "content": "go"}], "max_tokens": 20000, "temperature": 0.7,
             "logit_bias": _no_eos(model)}
     started = time.monotonic()
     resp = httpx.post(f"{server.url}/v1/chat/completions", json=long, timeout=60)
-    assert resp.status_code == 504 and resp.json()["error"]["code"] == "request_timeout"
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["choices"][0]["finish_reason"] == "length"
+    assert 0 < resp.json()["usage"]["completion_tokens"] < 20000
+    assert resp.headers["x-mlxrt-finish"] == "request_timeout"
     assert time.monotonic() - started < 10
+    stream = httpx.post(f"{server.url}/v1/chat/completions", json={**long, "stream": True}, timeout=60)
+    assert stream.status_code == 200 and '"finish_reason": "length"' in stream.text.replace('":"', '": "')
     assert _wait_idle(server)["running_rows"] == 0
     ok = httpx.post(f"{server.url}/v1/chat/completions", json={**long, "max_tokens": 3}, timeout=30)
-    assert ok.status_code == 200
+    assert ok.status_code == 200 and "x-mlxrt-finish" not in ok.headers
 
 
 @pytest.mark.parametrize("batch", ["1", "4"])

@@ -147,3 +147,21 @@ def test_a_body_too_long_to_tokenize_is_the_same_overflow(small):
     chat = small.post("/v1/chat/completions", json={"messages": [{"role": "user", "content": huge}]})
     assert chat.json()["error"]["code"] == "context_length_exceeded"
     assert "resulted in at least 67 tokens" in chat.json()["error"]["message"]
+
+
+def test_max_items_and_max_length_keep_a_structured_answer_whole(mlxrt_tiny_checkpoint, mlxrt_serve):
+    """docs/structured-outputs.md, "Keeping structured outputs short": the grammar closes the
+    list at maxItems and each string at maxLength, whatever a (here random) model would say."""
+    import json
+
+    server = mlxrt_serve(mlxrt_tiny_checkpoint("qwen3"))
+    schema = {"type": "object", "additionalProperties": False, "required": ["items"], "properties": {
+        "items": {"type": "array", "maxItems": 2, "items": {"type": "string", "maxLength": 3}}}}
+    for seed in range(3):
+        resp = openai_client(server).chat.completions.create(
+            model="m", messages=[{"role": "user", "content": "list"}], max_tokens=400, seed=seed, temperature=1,
+            response_format={"type": "json_schema", "json_schema": {"name": "a", "schema": schema}})
+        choice = resp.choices[0]
+        assert choice.finish_reason == "stop", choice
+        items = json.loads(choice.message.content)["items"]
+        assert len(items) <= 2 and all(len(item) <= 3 for item in items), items

@@ -490,8 +490,10 @@ def build_cli(host: PluginHost) -> click.Group:
                   "serve in it, refuse requests that cannot fit (400), queue work that cannot fit yet.")
     @click.option("--max-queue", type=click.IntRange(min=0), default=ENGINE_DEFAULTS["max_queue"], show_default=True,
                   help="Requests that may wait for admission; past it, 429 with Retry-After.")
-    @click.option("--request-timeout", type=click.FloatRange(min=0, min_open=True), default=None,
-                  help="Seconds a request may take in all: waiting past it gets 429, running past it 504.")
+    @click.option("--request-timeout", type=click.FloatRange(min=0), default=ENGINE_DEFAULTS["request_timeout"],
+                  show_default=True,
+                  help="Seconds a request may take in all: waiting past it gets 429; generating past it, it "
+                  "ends there with finish_reason length (x-mlxrt-finish: request_timeout). 0: no limit.")
     @click.option("--kv-quant", type=click.Choice(["off", "config", "4", "8"]), default=None,
                   help="Quantize the KV cache at 4 or 8 bits from the first token; off ignores the model's "
                        "kv_config.json (default: kv_config.json when the model has one). Quantized-KV "
