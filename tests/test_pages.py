@@ -23,10 +23,19 @@ from support import free_port
 from mlxrt import hookimpl
 
 CHROMIUM = os.environ.get("MLXRT_CHROMIUM", "/usr/bin/chromium")
-#: Chromium flags: no sandbox (containers, root), and nothing that phones home.
+#: Chromium flags: no sandbox (containers, root), and nothing that phones home: the first set
+#: turned off most background services, yet headless Chromium still asked Google hosts for
+#: field trials, safe-browsing lists, the network time, optimization hints and domain
+#: reliability reports; the rest turns those off too (issue 43).
 CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--disable-default-apps", "--no-first-run", "--metrics-recording-only",
-                 "--disable-features=Translate,OptimizationHints,MediaRouter"]
+                 "--disable-client-side-phishing-detection", "--disable-domain-reliability", "--no-pings",
+                 "--disable-breakpad", "--disable-field-trial-config", "--safebrowsing-disable-auto-update",
+                 "--disable-component-extensions-with-background-pages", "--no-default-browser-check",
+                 "--disable-features=Translate,OptimizationHints,OptimizationHintsFetching,"
+                 "OptimizationGuideModelDownloading,MediaRouter,DialMediaRouteProvider,AutofillServerCommunication,"
+                 "CertificateTransparencyComponentUpdater,NetworkTimeServiceQuerying,InterestFeedContentSuggestions,"
+                 "PrivacySandboxSettings4,SafeBrowsing"]
 #: A monotone curve that sharpens the distribution's head.
 SHARPEN = {"points": [{"x_pct": 0.01, "y_pct": 0.0001}, {"x_pct": 1, "y_pct": 0.5}, {"x_pct": 100, "y_pct": 100}]}
 IDENTITY = {"points": [{"x_pct": 1, "y_pct": 1}, {"x_pct": 100, "y_pct": 100}]}
@@ -555,3 +564,33 @@ def test_chat_page_attaches_an_image_when_the_model_has_vision(browser, mlxrt_ti
         assert errors == []
     finally:
         server.stop()
+
+
+def test_schema_page_and_favicon_are_served_offline(mlxrt_client):
+    """/schema is Swagger UI whose every file comes from this server (it was Redoc with fonts
+    and an image from three CDNs: blank offline); /favicon.ico answers (it was a 404 on every
+    page load). Over plain HTTP, where no browser is needed."""
+    import re
+
+    page = mlxrt_client.get("/schema")
+    assert page.status_code == 200 and "SwaggerUIBundle" in page.text
+    linked = re.findall(r"""(?:src|href)=["']([^"']+)["']""", page.text)
+    assert linked and all(url.startswith("/") and not url.startswith("//") for url in linked), linked
+    assert not re.search(r"https?://", page.text)
+    for url in linked:
+        asset = mlxrt_client.get(url)
+        assert asset.status_code == 200 and len(asset.content) > 200, url
+    icon = mlxrt_client.get("/favicon.ico")
+    assert icon.status_code == 200 and icon.headers["content-type"] == "image/svg+xml"
+    assert mlxrt_client.get("/schema/assets/secrets.txt").status_code == 404
+
+
+def test_schema_page_renders_with_no_request_off_the_server(browser, plain_server):
+    page = browser.new_page()
+    elsewhere = []
+    page.on("request", lambda r: None if r.url.startswith(plain_server.url) else elsewhere.append(r.url))
+    page.goto(plain_server.url + "/schema")
+    page.wait_for_selector(".swagger-ui .info .title", timeout=20000)
+    assert "mlxrt" in page.inner_text(".swagger-ui .info .title")
+    assert page.locator(".opblock").count() > 10  # the operations are listed
+    assert elsewhere == []
