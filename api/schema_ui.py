@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from litestar import Response, get
+from litestar import Request, Response, get
 
 from mlxrt.errors import NotFound
 
@@ -44,10 +44,11 @@ def render_plugins() -> list[Any]:
 
 
 @get(f"{_PREFIX}/{{name:str}}", include_in_schema=False, opt=_PUBLIC, sync_to_thread=False)
-def schema_asset(name: str) -> Response:
+def schema_asset(request: Request) -> Response:
     """One of Swagger UI's files (:data:`ASSETS`), read from the swagger-ui-bundle package."""
     from pathlib import Path
 
+    name = str(request.path_params["name"])
     media = ASSETS.get(name)
     if media is None:
         raise NotFound(f"no schema asset named {name!r}")
