@@ -119,6 +119,8 @@ def test_a_prompt_over_the_window_is_the_dialects_own_overflow(small):
         "chat": lambda: oa.chat.completions.create(model="m", messages=[{"role": "user", "content": over}], max_tokens=4),
         "completions": lambda: oa.completions.create(model="m", prompt=over, max_tokens=4),
         "responses": lambda: oa.responses.create(model="m", input=over),
+        "chat, streamed": lambda: oa.chat.completions.create(model="m", messages=[{"role": "user", "content": over}],
+                                                            stream=True),  # refused before the stream starts
     }
     for name, call in calls.items():
         with pytest.raises(openai.BadRequestError) as err:
