@@ -54,3 +54,25 @@ def test_fit_fit_route_stats_banner_help_and_readme_name_one_dtype(server_proces
     # The banner: what is served where first, then a few short lines.
     assert banner[0].startswith("mlxrt ") and " serving HuggingFaceTB/SmolLM2-135M-Instruct on http://" in banner[0]
     assert len(banner) == 4 and all(len(line) < 160 for line in banner), banner
+
+
+def test_the_static_rule_predicts_the_kernel_where_it_computes_the_checkpoint():
+    """Nothing loaded, nothing timed: with the kernel active and a quantization it computes,
+    `fit` keeps the stored weights as the load's measurement does; otherwise the rule alone."""
+    from mlxrt.sources.dtype_choice import DtypeFacts, Machine, decide, kernel_computes
+
+    q4 = {"quantization": {"group_size": 32, "bits": 4, "mode": "affine",
+                           "model.embed_tokens": {"group_size": 32, "bits": 8, "mode": "affine"}}}
+    assert kernel_computes(q4) and kernel_computes({"quantization_config": {"group_size": 64, "bits": 8}})
+    assert not kernel_computes({"quantization": {"group_size": 32, "bits": 3}})
+    assert not kernel_computes({"quantization": {"group_size": 32, "bits": 4, "x": {"group_size": 16, "bits": 4}}})
+    assert not kernel_computes({})
+    facts = DtypeFacts("quantized 4/8-bit", 538_000_000, 377_000_000, 8192, kernel_layers=True)
+    kernel = Machine(on_cpu=True, blas_fast=True, blas_name="MKL", kernel="avx2 q15")
+    kept = decide("auto", facts, kernel, budget=10**10)
+    assert kept.cast is None and "the mlxrt-qmv kernel (avx2 q15) computes its quantized layers" in kept.reason
+    no_kernel = Machine(on_cpu=True, blas_fast=True, blas_name="MKL")
+    assert decide("auto", facts, no_kernel, budget=10**10).cast == "float32"
+    other = DtypeFacts("quantized 3-bit", 538_000_000, 377_000_000, 8192, kernel_layers=False)
+    assert decide("auto", other, kernel, budget=10**10).cast == "float32"
+    assert decide("float32", facts, kernel, budget=10**10).cast == "float32"  # explicit wins
