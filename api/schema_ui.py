@@ -3,7 +3,7 @@
 Litestar's default ``/schema`` page is Redoc from a CDN, with web fonts and an image from two
 more: blank without the network, and every view told three third parties about it. Here the
 page is Swagger UI, its script and stylesheet served by the server itself from the
-``swagger-ui-bundle`` package (Swagger UI's own release files); the page links nothing
+``swagger-ui-bundle-v2`` package (Swagger UI's own release files); the page links nothing
 outside the server. ``/favicon.ico`` answers the request every browser page makes (it was a
 404 on each page load).
 """
@@ -45,7 +45,7 @@ def render_plugins() -> list[Any]:
 
 @get(f"{_PREFIX}/{{name:str}}", include_in_schema=False, opt=_PUBLIC, sync_to_thread=False)
 def schema_asset(request: Request) -> Response:
-    """One of Swagger UI's files (:data:`ASSETS`), read from the swagger-ui-bundle package."""
+    """One of Swagger UI's files (:data:`ASSETS`), read from the swagger-ui-bundle-v2 package."""
     from pathlib import Path
 
     name = str(request.path_params["name"])
@@ -55,7 +55,7 @@ def schema_asset(request: Request) -> Response:
     try:
         from swagger_ui_bundle import swagger_ui_path
     except ImportError:  # a dependency of mlxrt; an install without it gets the JSON only
-        raise NotFound("the /schema page needs the swagger-ui-bundle package; /schema/openapi.json "
+        raise NotFound("the /schema page needs the swagger-ui-bundle-v2 package; /schema/openapi.json "
                        "is served without it") from None
     return Response(content=(Path(swagger_ui_path) / name).read_bytes(), media_type=media,
                     headers={"Cache-Control": "max-age=86400"})

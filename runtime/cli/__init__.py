@@ -512,7 +512,8 @@ def build_cli(host: PluginHost) -> click.Group:
                   "recently used entries are deleted past it.")
     @click.option("--memory-budget", type=click.FloatRange(min=0, min_open=True), default=None,
                   help="GB (10^9 bytes) the model may use in all: refuse to load a model that cannot "
-                  "serve in it, refuse requests that cannot fit (400), queue work that cannot fit yet.")
+                  "serve in it, cap each request's max_tokens to what fits beside its prompt (a prompt that cannot fit "
+                  "is a 400), queue work that cannot fit yet.")
     @click.option("--max-queue", type=click.IntRange(min=0), default=ENGINE_DEFAULTS["max_queue"], show_default=True,
                   help="Requests that may wait for admission; past it, 429 with Retry-After.")
     @click.option("--request-timeout", type=click.FloatRange(min=0), default=ENGINE_DEFAULTS["request_timeout"],
