@@ -35,12 +35,15 @@ _ICON_LINK = "<link rel='icon' type='image/svg+xml' href='/favicon.ico'>"
 
 
 def render_plugins() -> list[Any]:
-    """Swagger UI at ``/schema`` (and ``/schema/swagger``), its files from this server."""
-    from litestar.openapi.plugins import SwaggerRenderPlugin
+    """Swagger UI at ``/schema`` (and ``/schema/swagger``), its files from this server; the
+    document as ``/schema/openapi.json`` and ``/schema/openapi.yaml`` (``.yml``). Litestar's
+    other pages (``redoc``, ``elements``, ``rapidoc``) load from CDNs and are not served."""
+    from litestar.openapi.plugins import JsonRenderPlugin, SwaggerRenderPlugin, YamlRenderPlugin
 
     return [SwaggerRenderPlugin(js_url=f"{_PREFIX}/swagger-ui-bundle.js", css_url=f"{_PREFIX}/swagger-ui.css",
                                 standalone_preset_js_url=f"{_PREFIX}/swagger-ui-standalone-preset.js",
-                                path=["/", "/swagger"], favicon=_ICON_LINK)]
+                                path=["/", "/swagger"], favicon=_ICON_LINK),
+            JsonRenderPlugin(), YamlRenderPlugin()]
 
 
 @get(f"{_PREFIX}/{{name:str}}", include_in_schema=False, opt=_PUBLIC, sync_to_thread=False)

@@ -586,6 +586,9 @@ def test_schema_page_and_favicon_are_served_offline(mlxrt_client):
     icon = mlxrt_client.get("/favicon.ico")
     assert icon.status_code == 200 and icon.headers["content-type"] == "image/svg+xml"
     assert mlxrt_client.get("/schema/assets/secrets.txt").status_code == 404
+    assert mlxrt_client.get("/schema/redoc").status_code == 404  # Litestar's CDN pages are not served
+    for document in ("/schema/openapi.json", "/schema/openapi.yaml", "/schema/openapi.yml"):
+        assert mlxrt_client.get(document).status_code == 200, document
 
 
 def test_schema_page_renders_with_no_request_off_the_server(browser, plain_server):
