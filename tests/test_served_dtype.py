@@ -45,7 +45,7 @@ def test_fit_fit_route_stats_banner_help_and_readme_name_one_dtype(server_proces
     banner = [line for line in server.stop().splitlines() if line.startswith(("mlxrt ", "  "))][:4]
     served = stats["dtype"]["served"]
     assert assessed["dtype"]["served"] == route["dtype"]["served"] == served, (assessed["dtype"], stats["dtype"])
-    assert f"dtype: {served} (auto; why: GET /stats)" in banner[1], banner
+    assert f"dtype: {served} (auto; why: the log, GET /stats)" in banner[1], banner
     if stats["quantized_kernel"]["active"]:  # as ./scripts/setup installs it: the 4-bit weights, 115 MB
         assert served.startswith("quantized") and assessed["weight_bytes"] == route["weight_bytes"] < 120e6
         assert "115 MB" in (REPO / "README.md").read_text() and "115 MB" in (REPO / "docs/performance.md").read_text()
@@ -53,7 +53,7 @@ def test_fit_fit_route_stats_banner_help_and_readme_name_one_dtype(server_proces
         assert "mlxrt-qmv kernel" in " ".join(help_text.split()).replace("- ", "-")  # click wraps at hyphens
     # The banner: what is served where first, then a few short lines.
     assert banner[0].startswith("mlxrt ") and " serving HuggingFaceTB/SmolLM2-135M-Instruct on http://" in banner[0]
-    assert len(banner) == 4 and all(len(line) < 160 for line in banner), banner
+    assert len(banner) == 4 and all(len(line) < 160 for line in banner), [len(line) for line in banner]
 
 
 def test_the_static_rule_predicts_the_kernel_where_it_computes_the_checkpoint():

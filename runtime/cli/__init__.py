@@ -135,6 +135,8 @@ def _serve(host: PluginHost, model: str | None, opts: dict[str, Any]) -> None:
     import uvicorn
 
     click.echo(_banner(host, opts["host"], listener.getsockname()[1]), err=True)
+    if (dtype := getattr(getattr(host.engine, "loaded", None), "dtype", None)) is not None:
+        log.info("dtype: %s", dtype)  # the choice and why, in full (the banner names the dtype only)
     if not _is_loopback(opts["host"]) and not opts.get("api_keys"):
         click.echo(
             f"WARNING: binding {opts['host']} (reachable from other machines) WITHOUT an API key: anyone "
@@ -197,15 +199,15 @@ def _banner(host: PluginHost, bind: str, port: int) -> str:
     dtype = getattr(getattr(engine, "loaded", None), "dtype", None)
     draft = f", draft model {engine.speculator.info.model_id}" if engine.speculator is not None else ""
     pool = host.models.settings
-    names = ("the models named at start (--strict-model)" if pool.strict
-             else "any local model, loaded on demand (--strict-model when exposed)")
+    names = ("only those named at start (--strict-model)" if pool.strict
+             else "any local model loads on demand (--strict-model when exposed)")
     return "\n".join([
         f"mlxrt {mlxrt.__version__} serving {engine.info.model_id} on http://{bind}:{port}",
         f"  {engine.info.model_type}, family {engine.profile.family}, {engine.lane} lane{draft}"
-        + (f"; dtype: {dtype.served} ({dtype.requested}; why: GET /stats)" if dtype is not None else ""),
+        + (f"; dtype: {dtype.served} ({dtype.requested}; why: the log, GET /stats)" if dtype is not None else ""),
         f"  BLAS: {current_blas()}; quantized kernel: {qmv_status().text}",
-        f"  models: up to {pool.max_models} resident; requests may name {names}"
-        + ("; other names get the served model" if pool.fallback else "; other names are 404"),
+        f"  models: up to {pool.max_models} resident; {names}"
+        + ("; other names: the served model (x-mlxrt-model-fallback)" if pool.fallback else "; other names: 404"),
     ])
 
 
