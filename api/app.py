@@ -21,6 +21,7 @@ from litestar.router import Router
 
 import mlxrt
 from mlxrt.api.errors import exception_handlers
+from mlxrt.api.schema_ui import SCHEMA_ROUTES, render_plugins
 from mlxrt.blas import current as current_blas
 from mlxrt.compat import lean_litestar, wrap_litestar_handler
 from mlxrt.engine.qmv import status as qmv_status
@@ -136,7 +137,7 @@ def _route_table(method_map: dict[str, dict[str, Any]]) -> Iterable[tuple[str, l
             yield path, methods
 
 
-CORE_ROUTES = (health, index, stats, metrics)
+CORE_ROUTES = (health, index, stats, metrics, *SCHEMA_ROUTES)
 
 
 def _claims(item: Any) -> list[tuple[str, str]]:
@@ -226,7 +227,8 @@ def create_app(host: PluginHost, *, cors_origins: list[str] | None = None, debug
         state=State({"host": host, "http_metrics": http_metrics}),
         exception_handlers=exception_handlers(),
         cors_config=CORSConfig(allow_origins=cors_origins) if cors_origins else None,
-        openapi_config=OpenAPIConfig(title="mlxrt", version=mlxrt.__version__, path="/schema"),
+        openapi_config=OpenAPIConfig(title="mlxrt", version=mlxrt.__version__, path="/schema",
+                                     render_plugins=render_plugins()),  # offline: api/schema_ui.py
         on_startup=[startup],
         on_shutdown=[shutdown],
         request_max_body_size=host.options.get("max_body_bytes") or DEFAULT_MAX_BODY_BYTES,

@@ -3,13 +3,15 @@
 A route handler tags itself with ``opt={"dialect": name, "render_error": fn}``; ``fn(status,
 type, message, param, code) -> dict`` builds the body. Routes without one (and unknown
 paths) answer in OpenAI's shape, ``{"error": {"message", "type", "param", "code"}}``. An
+optional ``opt["error_message"]``, ``fn(exc) -> str``, words a typed error in the dialect's
+own text where it differs (Anthropic's ``prompt is too long: …``). An
 error with a ``retry_after`` (seconds; :class:`mlxrt.errors.QueueFull`) adds ``Retry-After``.
 """
 
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any
 
 from litestar import Request, Response
@@ -38,12 +40,15 @@ def openai_error_body(status: int, type_: str, message: str, param: str | None, 
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
-def _renderer(request: Request) -> ErrorRenderer:
+def _opt(request: Request) -> Mapping[str, Any]:
     try:
-        opt = request.route_handler.opt
+        return request.route_handler.opt
     except Exception:  # no route matched (404/405 raised by the router)
-        return openai_error_body
-    return opt.get("render_error") or openai_error_body
+        return {}
+
+
+def _renderer(request: Request) -> ErrorRenderer:
+    return _opt(request).get("render_error") or openai_error_body
 
 
 def _respond(request: Request, status: int, type_: str, message: str,
@@ -59,7 +64,9 @@ def _mlxrt_error(request: Request, exc: MlxrtError) -> Response:
     # Back-pressure (QueueFull) says when to come back; clients (the openai SDK) honour it.
     retry_after = getattr(exc, "retry_after", None)
     headers = {"Retry-After": str(retry_after)} if retry_after is not None else None
-    return _respond(request, exc.status, exc.type, exc.message, exc.param, exc.code, headers=headers)
+    word = _opt(request).get("error_message")
+    message = word(exc) if word is not None else exc.message
+    return _respond(request, exc.status, exc.type, message, exc.param, exc.code, headers=headers)
 
 
 #: Litestar's text when the client left (or the server closed it: a body deadline, the

@@ -5,7 +5,9 @@ are seen too). Each request gets an id: the client's ``x-request-id`` when it se
 one (up to 128 visible ASCII characters), else a fresh one; it is echoed in the response's
 ``x-request-id`` header, bound to :data:`REQUEST_ID` while the request runs (so every log
 record emitted on its behalf carries it, see :class:`RequestIdFilter`), and logged with the
-method, route, status and duration when the response ends.
+method, route, status and duration when the response ends; a 4xx or 5xx line also says why
+(the error body's message), and each body field named in ``x-mlxrt-ignored`` is logged the
+first time it is seen.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from litestar.types import ASGIApp, Message, Receive, Scope, Send
 from mlxrt.api.connections import BODY_TIMED_OUT
 from mlxrt.metrics import LATENCY_BUCKETS, Counter, Histogram
 
-__all__ = ["REQUEST_ID", "HttpMetrics", "observe", "RequestIdFilter", "JsonFormatter", "TextFormatter",
+__all__ = ["REQUEST_ID", "HttpMetrics", "observe", "error_reason", "RequestIdFilter", "JsonFormatter", "TextFormatter",
            "escape_controls"]
 
 access = logging.getLogger("mlxrt.access")
@@ -57,8 +59,38 @@ def _incoming_id(scope: Scope) -> str | None:
     return None
 
 
+#: Bytes of an error body kept to find its message (error bodies are small JSON objects).
+ERROR_BODY_KEPT = 4096
+#: Ignored field names remembered for the once-per-name log line (names are the client's:
+#: past this many, new ones are no longer logged, so memory stays bounded).
+IGNORED_NAMES_KEPT = 1024
+
+
+def error_reason(body: bytes) -> str:
+    """The message of an error body in any dialect's shape (``{"error": {"message"}}``, also
+    Anthropic's), else its text, shortened to one line."""
+    try:
+        error = json.loads(body).get("error")
+        message = error.get("message") if isinstance(error, dict) else error
+    except (ValueError, AttributeError):
+        message = None
+    text = message if isinstance(message, str) else body.decode("utf-8", "replace")
+    text = " ".join(text.split())
+    return text if len(text) <= 500 else text[:500] + "…"
+
+
 def observe(app: ASGIApp, metrics: HttpMetrics) -> ASGIApp:
     """``app`` with request ids, an access log line and request metrics per HTTP request."""
+    seen_ignored: set[str] = set()  # per app: the once-per-field-name log of ignored fields
+
+    def note_ignored(value: bytes) -> None:
+        from mlxrt.api.wire import IGNORED_HEADER
+
+        for name in value.decode("latin-1").split(" (and ")[0].split(", "):
+            if name and name not in seen_ignored and len(seen_ignored) < IGNORED_NAMES_KEPT:
+                seen_ignored.add(name)
+                access.info("request field %r is not read by mlxrt (named in %s; logged once per name)",
+                            name, IGNORED_HEADER)
 
     async def handler(scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -68,14 +100,20 @@ def observe(app: ASGIApp, metrics: HttpMetrics) -> ASGIApp:
         token = REQUEST_ID.set(request_id)
         scope.setdefault("state", {})["request_id"] = request_id
         status = 500
+        error_body = bytearray()
         started = time.perf_counter()
 
         async def send_with_id(message: Message) -> None:
             nonlocal status
             if message["type"] == "http.response.start":
                 status = message["status"]
+                for name, value in message.get("headers", ()):
+                    if name.lower() == b"x-mlxrt-ignored":
+                        note_ignored(value)
                 headers = [*message.get("headers", ()), (b"x-request-id", request_id.encode())]
                 message = {**message, "headers": headers}  # type: ignore[typeddict-item]
+            elif message["type"] == "http.response.body" and status >= 400 and len(error_body) < ERROR_BODY_KEPT:
+                error_body.extend(message.get("body", b"")[:ERROR_BODY_KEPT - len(error_body)])
             await send(message)
 
         try:
@@ -88,9 +126,14 @@ def observe(app: ASGIApp, metrics: HttpMetrics) -> ASGIApp:
             route = scope.get("path_template") if scope.get("route_handler") is not None else "unmatched"
             metrics.requests.inc(scope["method"], str(route), str(status))
             metrics.duration.observe(took)
-            access.info("%s %s %d %.1f ms", scope["method"], scope["path"], status, took * 1000,
-                        extra={"method": scope["method"], "path": scope["path"], "status": status,
-                               "duration_ms": round(took * 1000, 1)})
+            fields = {"method": scope["method"], "path": scope["path"], "status": status,
+                      "duration_ms": round(took * 1000, 1)}
+            if status >= 400:  # the reason is in the body only: the log says it too
+                reason = error_reason(bytes(error_body)) if error_body else "(no body)"
+                access.info("%s %s %d %.1f ms: %s", scope["method"], scope["path"], status, took * 1000, reason,
+                            extra={**fields, "reason": reason})
+            else:
+                access.info("%s %s %d %.1f ms", scope["method"], scope["path"], status, took * 1000, extra=fields)
             REQUEST_ID.reset(token)
 
     return handler

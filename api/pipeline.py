@@ -42,7 +42,7 @@ from mlxrt.api.disconnect import (
     start_generation,
 )
 from mlxrt.api.framing import FrameWriter, assembled_stream, guarded
-from mlxrt.api.headers import response_headers
+from mlxrt.api.headers import finish_headers, response_headers
 from mlxrt.api.models import host_for
 from mlxrt.api.observers import turn_observer
 from mlxrt.api.sse import sse_data, sse_event, sse_response
@@ -205,7 +205,10 @@ def _guarded(frames: AsyncIterator[bytes], dialect: Dialect) -> AsyncIterator[by
 
 def route_opt(dialect: Dialect) -> dict[str, Any]:
     """The ``opt`` of a dialect's route handlers: its errors render in its shape."""
-    return {"dialect": dialect.name, "render_error": dialect.render_error}
+    opt = {"dialect": dialect.name, "render_error": dialect.render_error}
+    if (word := getattr(dialect, "error_message", None)) is not None:  # optional: the dialect's own words
+        opt["error_message"] = word
+    return opt
 
 
 async def planned_chat(request: Request, host: ServingHost, chat: ChatInput, options: RequestOptions, *,
@@ -284,7 +287,7 @@ async def serve_chat(request: Request, dialect: Dialect) -> Response:
     # Admission errors (queue full, a failing sampler hook) surface here, as the status.
     gen, report = await start_generation(request, served, generation)
     async with closing_on_error(gen):  # until a stream owns it
-        headers = _chat_headers(turn, served, report)
+        headers = _chat_headers(turn, served, report, generation)
         if turn.stream:
             frames = dialect.stream(gen, assembler, id=generation.request_id, model=model, created=created,
                                     report=report, turn=turn)
@@ -295,11 +298,12 @@ async def serve_chat(request: Request, dialect: Dialect) -> Response:
     return Response(content=dialect.body(answer), status_code=200, headers=headers)
 
 
-def _chat_headers(turn: Turn, served: ServedModel, report: CacheReport) -> dict[str, str]:
-    """A chat answer's headers (one choice or several): the dialect's and the admission
-    report's, and ``tools`` in ``x-mlxrt-ignored`` when the template rendered the tools but
-    nothing can read calls back."""
-    headers = response_headers(turn.headers, report)
+def _chat_headers(turn: Turn, served: ServedModel, report: CacheReport, generation: GenerationRequest
+                  ) -> dict[str, str]:
+    """A chat answer's headers (one choice or several): the dialect's, the admission report's
+    (a reduced ``max_tokens`` too), and ``tools`` in ``x-mlxrt-ignored`` when the template
+    rendered the tools but nothing can read calls back."""
+    headers = response_headers(turn.headers, report, asked=turn.options.max_tokens, granted=generation.max_tokens)
     if turn.options.tools and served.profile.tool_parser is None:
         headers[IGNORED_HEADER] = ", ".join(filter(None, [headers.get(IGNORED_HEADER), "tools"]))
     return headers
@@ -312,6 +316,7 @@ def _answer(assembler: ResponseAssembler, finish: FinishEvent, logprobs: list[To
     _delta, reason = assembler.finish(finish)
     if assembler.dropped_partial_call:  # a stream's headers are gone by then: the log says it
         headers[PARTIAL_CALL_HEADER] = "dropped"
+    finish_headers(headers, (finish,))
     calls = assembler.tool_calls[:1] if turn.single_call else assembler.tool_calls
     return Answer(id=generation.request_id, model=model, content="".join(assembler.content),
                   reasoning="".join(assembler.reasoning), calls=calls, reason=reason, finish=finish,
@@ -334,7 +339,7 @@ async def _serve_choices(request: Request, dialect: Any, turn: Turn, rendered: R
     served = _model(host)
     model = served.info.model_id
     gens, report = await start_choices(request, served, generations)
-    headers = _chat_headers(turn, served, report)
+    headers = _chat_headers(turn, served, report, generation)
     if turn.stream:
         frames = stream_choices(gens, assemblers, id=generation.request_id, model=model, created=created,
                                 report=report, turn=turn)
@@ -428,12 +433,13 @@ async def serve_text(request: Request, dialect: TextDialect) -> Response:
     model = served.info.model_id
     created = int(time.time())
     gens, report = await start_choices(request, served, choice_requests(generation, options.n))
-    headers = response_headers(turn.headers, report)
+    headers = response_headers(turn.headers, report, asked=options.max_tokens, granted=generation.max_tokens)
     if turn.stream:  # the stream owns the engine requests from here
         frames = dialect.stream(gens, id=generation.request_id, model=model, created=created, turn=turn)
         return sse_response(guarded(closing_choices(frames, gens), dialect.error_frame), headers=headers)
     texts: list[list[str]] = [[] for _ in gens]
     results = await drain_choices(request, gens, [parts.append for parts in texts])
+    finish_headers(headers, (finish for finish, _ in results))
     answers = [TextAnswer(id=generation.request_id, model=model, text="".join(parts) + finish.text, finish=finish,
                           created=created, logprobs=logprobs if generation.logprobs is not None else None)
                for parts, (finish, logprobs) in zip(texts, results, strict=True)]

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 from litestar import Request
 
-from mlxrt.errors import OverBudget
+from mlxrt.errors import ContextOverflow, OverBudget
 
 if TYPE_CHECKING:
     from mlxrt.serving import ServingHost
@@ -30,12 +30,13 @@ async def refuse_overlong_text(request: Request, body: Any, host: ServingHost) -
     tokenizes it."""
     ceiling = host.model.context_ceiling
     if ceiling is not None and len(await request.body()) > ceiling * MAX_CHARS_PER_TOKEN:  # else none can be
-        check_text_length(body, ceiling)
+        check_text_length(body, ceiling, window=host.model.info.context_window)
 
 
-def check_text_length(body: Any, ceiling: int) -> None:
-    """Raise :class:`OverBudget` when the strings of ``body`` (inline ``data:`` URLs, images
-    and files, left out) hold more than ``ceiling`` tokens can cover."""
+def check_text_length(body: Any, ceiling: int, *, window: int | None = None) -> None:
+    """Raise :class:`ContextOverflow` when the strings of ``body`` (inline ``data:`` URLs, images
+    and files, left out) hold more than ``ceiling`` tokens can cover (``window``: the model's
+    own context window, named when ``ceiling`` is the memory budget's)."""
     total, stack = 0, [body]
     while stack:  # iterative: bodies may nest as deep as the JSON parser allowed
         item = stack.pop()
@@ -47,11 +48,8 @@ def check_text_length(body: Any, ceiling: int) -> None:
         elif isinstance(item, list):
             stack.extend(item)
     if total > ceiling * MAX_CHARS_PER_TOKEN:
-        raise OverBudget(
-            f"request needs more than {ceiling} tokens of context (its text is {total} characters, at most "
-            f"{MAX_CHARS_PER_TOKEN} per token) but the context holds {ceiling} — shorten the prompt",
-            code="context_over_budget",
-        )
+        # Not tokenized (that is what this check spares): the prompt holds at least this many tokens.
+        raise ContextOverflow(max(total // MAX_CHARS_PER_TOKEN, ceiling + 1), ceiling, window=window, at_least=True)
 
 
 def refuse_overlong_ids(count: int, host: ServingHost, *, param: str = "tokens") -> None:

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar
 
 import attrs
@@ -25,7 +25,8 @@ from mlxrt.errors import InvalidRequest
 from mlxrt.records import ToolCall
 
 __all__ = ["tool_input", "FieldRule", "check_fields", "parse_json_object", "strict_converter", "structure",
-           "claimed_values", "ignored_fields", "ignored_headers", "IGNORED_HEADER"]
+           "claimed_values", "ignored_fields", "ignored_headers", "IGNORED_HEADER", "HINT_FIELDS",
+           "SATISFIED_INCLUDES"]
 
 T = TypeVar("T")
 
@@ -204,12 +205,56 @@ def adapter_field(body: Mapping[str, Any]) -> str | None:
     return adapter
 
 
+#: ``include`` entries (Responses) mlxrt's answer already satisfies: reasoning comes back in the
+#: clear, in the reasoning item's ``content``, and reasoning items sent back are dropped (the
+#: template re-derives them), so nothing needs the encrypted copy a stateless client asks for.
+SATISFIED_INCLUDES = frozenset({"reasoning.encrypted_content"})
+
+
+def _always(_value: Any) -> bool:
+    return True
+
+
+def _satisfied_include(value: Any) -> bool:
+    return isinstance(value, list) and all(entry in SATISFIED_INCLUDES for entry in value)
+
+
+def _keeps_everything(value: Any) -> bool:
+    # Claude Code's ``{"edits": [{"type": "clear_thinking_20251015", "keep": "all"}]}`` clears
+    # nothing; an edit that clears thinking or tool results would change the prompt.
+    edits = value.get("edits") if isinstance(value, dict) else None
+    return isinstance(edits, list) and all(
+        isinstance(e, dict) and str(e.get("type", "")).startswith("clear_thinking") and e.get("keep") == "all"
+        for e in edits)
+
+
+#: Fields that never change the answer, by name, with the test a value must pass to be one:
+#: hints to a provider's infrastructure (prompt caching, routing, service tiers, abuse
+#: tracking) and the client's bookkeeping. ``--strict`` accepts them (``x-mlxrt-ignored``
+#: still names those nobody reads): it refuses only fields that would change the answer and
+#: that mlxrt cannot honour (docs/usage.md, "Fields nobody reads").
+HINT_FIELDS: Mapping[str, Callable[[Any], bool]] = {
+    "prompt_cache_key": _always,          # OpenAI: which cache shard; mlxrt's cache keys on the prompt
+    "prompt_cache_retention": _always,    # OpenAI: how long to keep it; mlxrt's cache has its own bounds
+    "safety_identifier": _always,         # OpenAI: abuse tracking per end user
+    "user": _always,                      # OpenAI's older name for it
+    "metadata": _always,                  # stored with the response by OpenAI, returned as sent
+    "client_metadata": _always,           # Codex: its own bookkeeping (ids of the session and turn)
+    "service_tier": _always,              # OpenAI: which capacity pool
+    "store": _always,                     # whether OpenAI keeps the response
+    "include": _satisfied_include,        # empty (the Agents SDK) or entries the answer satisfies
+    "context_management": _keeps_everything,  # Anthropic: edits that clear nothing (Claude Code's)
+}
+
+
 def ignored_fields(body: Mapping[str, Any], known: set[str] | frozenset[str], strict: bool) -> tuple[str, ...]:
-    """Body fields nobody reads (for ``x-mlxrt-ignored``); under ``--strict`` a 400 instead."""
+    """Body fields nobody reads (for ``x-mlxrt-ignored``). Under ``--strict`` those that could
+    change the answer are a 400 instead; hints and bookkeeping (:data:`HINT_FIELDS`) are not."""
     ignored = tuple(sorted(k for k in body if k not in known))
-    if ignored and strict:
-        raise InvalidRequest(f"unknown field{'s' if len(ignored) > 1 else ''}: {', '.join(ignored)} "
-                             "(the server runs with --strict)", param=ignored[0], code="unknown_parameter")
+    refused = [k for k in ignored if not (k in HINT_FIELDS and HINT_FIELDS[k](body[k]))]
+    if refused and strict:
+        raise InvalidRequest(f"unknown field{'s' if len(refused) > 1 else ''}: {', '.join(refused)} "
+                             "(the server runs with --strict)", param=refused[0], code="unknown_parameter")
     return ignored
 
 

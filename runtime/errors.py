@@ -14,6 +14,7 @@ __all__ = [
     "ModelNotFound",
     "ModelUnavailable",
     "OverBudget",
+    "ContextOverflow",
     "QueueFull",
     "ModelLoadError",
     "PluginError",
@@ -78,6 +79,42 @@ class OverBudget(MlxrtError):
 
     status = 400
     type = "memory_admission"
+
+
+class ContextOverflow(OverBudget):
+    """A prompt that does not fit, by itself, the context a request may use (400).
+
+    Only the prompt is refused: a ``max_tokens`` too large for what is left is reduced to it
+    (:func:`mlxrt.engine.admission.plan_max_tokens`). The type and code are OpenAI's
+    (``invalid_request_error``, ``context_length_exceeded``) and ``message`` is OpenAI's text,
+    because agent clients recognise the overflow by them and compact their conversation;
+    the Anthropic dialect words it its own way from the fields (``prompt is too long: …``).
+
+    :ivar prompt_tokens: The prompt's length (with ``at_least``: a lower bound, counted from
+        the characters of a body too long to tokenize).
+    :ivar limit: The context the request may use.
+    :ivar window: The model's own context window when ``limit`` is tighter (the memory
+        budget's safe context, or its share among ``choices``); ``None`` when ``limit`` is it.
+    :ivar choices: How many choices share the budget (OpenAI's ``n``).
+    """
+
+    type = "invalid_request_error"
+
+    def __init__(self, prompt_tokens: int, limit: int, *, window: int | None = None, choices: int = 1,
+                 at_least: bool = False) -> None:
+        self.prompt_tokens, self.limit, self.choices, self.at_least = prompt_tokens, limit, choices, at_least
+        self.window = window if window is not None and window != limit else None
+        why = f" on this server ({self.why()})" if self.window is not None else ""
+        super().__init__(f"This model's maximum context length is {limit} tokens{why}. However, your "
+                         f"messages resulted in {'at least ' if at_least else ''}{prompt_tokens} tokens. "
+                         "Please reduce the length of the messages.", code="context_length_exceeded")
+
+    def why(self) -> str:
+        """What caps the context below the model's window, in words (``""`` when nothing does)."""
+        if self.window is None:
+            return ""
+        shared = f", shared by the request's n={self.choices} choices" if self.choices > 1 else ""
+        return f"the server's memory budget{shared}; the model's own window is {self.window} tokens"
 
 
 class QueueFull(MlxrtError):

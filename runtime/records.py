@@ -524,9 +524,8 @@ class RequestOptions:
 
     :ivar sampling: The client's sampling fields by :class:`SamplingParams` name (``None`` or
         absent: not given), resolved through :func:`mlxrt.engine.sampling.resolve_sampling`'s chain.
-    :ivar max_tokens: The client's token limit (``None``: the dialect's default).
-    :ivar max_tokens_is_ceiling: An explicit ``max_tokens`` too large for the context is capped
-        to what fits like a default instead of refused (Anthropic, whose clients must send one).
+    :ivar max_tokens: The client's token limit (``None``: the dialect's default); reduced to
+        what the context leaves after the prompt when larger (every dialect alike).
     :ivar seed: The sampling seed (``None``: the server's default seeding).
     :ivar stop: Stop strings, matched on decoded text.
     :ivar logit_bias: Token id → bias (ids are checked against the vocabulary when planned).
@@ -552,7 +551,6 @@ class RequestOptions:
 
     sampling: Mapping[str, Any] = attrs.field(factory=dict)
     max_tokens: int | None = None
-    max_tokens_is_ceiling: bool = False
     seed: int | None = None
     stop: tuple[str, ...] = ()
     logit_bias: Mapping[int, float] = attrs.field(factory=dict)
@@ -688,6 +686,9 @@ class FinishEvent:
     stop_sequence: str | None = None
     prompt_seconds: float = 0.0
     decode_seconds: float = 0.0
+    #: The request ran into ``--request-timeout`` while generating: it ended there, with
+    #: ``finish_reason`` ``length`` (the answer says so: ``x-mlxrt-finish``, the log).
+    timed_out: bool = False
 
 
 @attrs.frozen

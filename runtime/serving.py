@@ -328,8 +328,8 @@ class EngineModel:
     def plan(self, options: RequestOptions, prompt_ids: Sequence[int], *, dialect: str, request_id: str,
              default_max_tokens: int, partition: str = "") -> GenerationRequest:
         """``--max-tokens`` (``host.options["max_tokens"]``) overrides ``default_max_tokens``;
-        admission caps both to the context. An explicit ``options.max_tokens`` that cannot fit
-        is refused, unless ``options.max_tokens_is_ceiling``: then it is capped like a default.
+        admission reduces it, or the client's ``options.max_tokens``, to what the context leaves
+        after the prompt (a prompt that leaves no room is refused: ``ContextOverflow``).
         Sampling follows :func:`mlxrt.engine.sampling.resolve_sampling`'s chain; a forcing
         ``tool_choice`` becomes a grammar or forced openings (:func:`forced_tool_call`); an
         unknown ``adapter`` is a 400. ``partition`` is the caller (API key) the request runs as.
@@ -346,15 +346,13 @@ class EngineModel:
                                      + (f" (0 to {vocab - 1})" if vocab is not None else ""), param="logit_bias")
         option = host.options.get("max_tokens")
         default = option if option is not None else default_max_tokens
-        requested = options.max_tokens
-        if options.max_tokens_is_ceiling and requested is not None:
-            default, requested = requested, None
         ceiling = engine.context_ceiling
         if options.n > 1:
             config = getattr(engine, "config", None)
             check_choices(options.n, getattr(config, "batch", 1), getattr(config, "max_queue", 0))
             ceiling = choice_ceiling(info.context_window, getattr(engine, "safe_context", None), options.n)
-        max_tokens = plan_max_tokens(len(prompt_ids), requested, default, ceiling, choices=options.n)
+        max_tokens = plan_max_tokens(len(prompt_ids), options.max_tokens, default, ceiling, choices=options.n,
+                                     window=info.context_window)
         sampling = resolve_sampling(options.sampling, host.options, info.generation_config, seed=options.seed,
                                     logit_bias=options.logit_bias)
         forced, structured = forced_tool_call(self, options.forced_tools, options.tools, prompt_ids,

@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
 import subprocess
 import threading
 import time
@@ -88,6 +89,42 @@ class AgentScript:
         eos = json.loads((info.path / "generation_config.json").read_text())["eos_token_id"]
         ids = iter(tok.encode(reply, add_special_tokens=False).ids + [eos if isinstance(eos, int) else eos[0]])
         return lambda logprobs: mx.array([next(ids, 0)])
+
+
+class NoNetwork:
+    """A proxy that refuses everything and remembers what was asked of it: a client run with
+    :meth:`env` reaches the loopback server directly and every other host through here, so
+    ``asked`` lists the hosts it tried to phone (``CONNECT github.com:443 …``)."""
+
+    def __init__(self):
+        self.sock = socket.socket()
+        self.sock.bind(("127.0.0.1", 0))
+        self.sock.listen(64)
+        self.asked: list[str] = []
+        threading.Thread(target=self._serve, daemon=True).start()
+
+    def env(self) -> dict[str, str]:
+        url = f"http://127.0.0.1:{self.sock.getsockname()[1]}"
+        return {name: url for name in ("HTTPS_PROXY", "HTTP_PROXY", "ALL_PROXY", "https_proxy", "http_proxy",
+                                       "all_proxy")} | {"NO_PROXY": "127.0.0.1,localhost",
+                                                        "no_proxy": "127.0.0.1,localhost"}
+
+    def _serve(self):
+        while True:
+            try:
+                conn, _ = self.sock.accept()
+            except OSError:  # closed
+                return
+            with conn:
+                try:
+                    conn.settimeout(5)
+                    self.asked.append(conn.recv(4096).decode("latin-1", "replace").split("\r\n", 1)[0])
+                    conn.sendall(b"HTTP/1.1 403 Forbidden\r\nContent-Length: 0\r\nConnection: close\r\n\r\n")
+                except OSError:
+                    pass
+
+    def close(self):
+        self.sock.close()
 
 
 def scrub(body):

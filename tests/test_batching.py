@@ -156,21 +156,29 @@ def test_thirty_two_streams_with_eight_disconnects(batch_server):
     assert _chat(client, "still there?", temperature=0)
 
 
-def test_memory_budget_refuses_an_over_budget_request_before_any_token(mlxrt_tiny_checkpoint, server_process):
+def test_memory_budget_refuses_an_over_budget_prompt_before_any_token(mlxrt_tiny_checkpoint, server_process):
+    """A max_tokens over the budget's safe context is reduced to it; a prompt over it is refused
+    in OpenAI's words, naming the memory budget and the model's own window."""
     server = server_process([str(mlxrt_tiny_checkpoint("qwen3")), "--memory-budget", "0.004"])
     stats = _stats(server)
     safe = stats["admission"]["safe_context"]
     assert 256 <= safe < 100000
     prompt = [{"role": "user", "content": "hello"}]
+    reduced = httpx.post(f"{server.url}/v1/chat/completions",
+                         json={"messages": prompt, "max_tokens": safe + 10, "stop": ["e"]}, timeout=60)
+    assert reduced.status_code == 200, reduced.text
+    used = reduced.json()["usage"]["prompt_tokens"]
+    assert reduced.headers["x-mlxrt-max-tokens"] == f"asked={safe + 10}; granted={safe - used}"
+    stats = _stats(server)
     resp = httpx.post(f"{server.url}/v1/chat/completions",
-                      json={"messages": prompt, "max_tokens": safe + 10}, timeout=30)
+                      json={"messages": [{"role": "user", "content": "hello " * safe}], "max_tokens": 4}, timeout=30)
     assert resp.status_code == 400
     error = resp.json()["error"]
-    assert error["type"] == "memory_admission" and error["code"] == "context_over_budget"
-    need = int(error["message"].split("needs ", 1)[1].split(" ", 1)[0])
-    assert error["message"] == (
-        f"request needs {need} tokens of context (prompt {need - safe - 10} + max_tokens {safe + 10}) but the "
-        f"memory budget caps safe context at {safe} — shorten the prompt or lower max_tokens")
+    assert error["type"] == "invalid_request_error" and error["code"] == "context_length_exceeded"
+    window = 40960  # the tiny Qwen3's max_position_embeddings
+    assert error["message"].startswith(f"This model's maximum context length is {safe} tokens on this server "
+                                       f"(the server's memory budget; the model's own window is {window} tokens). "
+                                       "However, your messages resulted in "), error["message"]
     assert _stats(server)["tokens_generated"] == stats["tokens_generated"]  # nothing ran
     ok = httpx.post(f"{server.url}/v1/chat/completions", json={"messages": prompt, "max_tokens": 4}, timeout=30)
     assert ok.status_code == 200
@@ -217,18 +225,25 @@ def test_a_full_queue_answers_429_with_retry_after(mlxrt_tiny_checkpoint, server
     assert stats["requests_rejected"] == 1 and stats["requests_cancelled"] == 1
 
 
-def test_a_request_past_the_request_timeout_gets_504_and_the_server_keeps_serving(mlxrt_tiny_checkpoint, server_process):
+def test_a_request_past_the_request_timeout_ends_with_length_and_says_so(mlxrt_tiny_checkpoint, server_process):
+    """A generation that runs into --request-timeout ends there like a full window: finish_reason
+    length, what it generated so far, x-mlxrt-finish (issue 43: before, a 504 lost the text)."""
     model = mlxrt_tiny_checkpoint("qwen3")
     server = server_process([str(model), "--request-timeout", "1.5"])
     long = {"messages": [{"role": "user", "content": "go"}], "max_tokens": 20000, "temperature": 0.7,
             "logit_bias": _no_eos(model)}
     started = time.monotonic()
     resp = httpx.post(f"{server.url}/v1/chat/completions", json=long, timeout=60)
-    assert resp.status_code == 504 and resp.json()["error"]["code"] == "request_timeout"
+    assert resp.status_code == 200, resp.text
+    assert resp.json()["choices"][0]["finish_reason"] == "length"
+    assert 0 < resp.json()["usage"]["completion_tokens"] < 20000
+    assert resp.headers["x-mlxrt-finish"] == "request_timeout"
     assert time.monotonic() - started < 10
+    stream = httpx.post(f"{server.url}/v1/chat/completions", json={**long, "stream": True}, timeout=60)
+    assert stream.status_code == 200 and '"finish_reason": "length"' in stream.text.replace('":"', '": "')
     assert _wait_idle(server)["running_rows"] == 0
     ok = httpx.post(f"{server.url}/v1/chat/completions", json={**long, "max_tokens": 3}, timeout=30)
-    assert ok.status_code == 200
+    assert ok.status_code == 200 and "x-mlxrt-finish" not in ok.headers
 
 
 @pytest.mark.parametrize("batch", ["1", "4"])

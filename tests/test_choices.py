@@ -108,20 +108,21 @@ def test_n_beyond_admission_is_a_400(mlxrt_tiny_checkpoint, mlxrt_serve):
 def test_choices_share_the_memory_budget():
     """Each of n choices gets 1/n of the safe context; the context window still caps each."""
     from mlxrt.engine.admission import choice_ceiling, plan_max_tokens
-    from mlxrt.errors import OverBudget
+    from mlxrt.errors import ContextOverflow
 
     assert choice_ceiling(4096, 3000, 1) == 3000
     assert choice_ceiling(4096, 3000, 3) == 1000
     assert choice_ceiling(512, 3000, 2) == 512
     assert choice_ceiling(None, None, 4) is None
     assert plan_max_tokens(100, None, 65536, choice_ceiling(4096, 3000, 3), choices=3) == 900
-    with pytest.raises(OverBudget, match="for each of its n=3 choices"):
-        plan_max_tokens(100, 950, 65536, choice_ceiling(4096, 3000, 3), choices=3)
+    assert plan_max_tokens(100, 950, 65536, choice_ceiling(4096, 3000, 3), choices=3) == 900
+    with pytest.raises(ContextOverflow, match="memory budget, shared by the request's n=3 choices"):
+        plan_max_tokens(1000, 950, 65536, choice_ceiling(4096, 3000, 3), choices=3, window=4096)
 
 
 def test_choices_share_the_memory_budget_over_http(mlxrt_tiny_checkpoint, mlxrt_serve):
     """Under --memory-budget, n=2 choices each get half the safe context: a max_tokens that
-    fits one answer alone is refused for two, naming n; a default max_tokens is capped to it."""
+    fits one answer alone is reduced for two, a prompt over half is refused naming n."""
     client = mlxrt_serve(mlxrt_tiny_checkpoint("qwen3"), plugins=[("scripted", Scripted())], options={"memory_budget": 0.004})
     safe = client.get("/stats").json()["engine"]["admission"]["safe_context"]
     body = {"messages": MSG, "script": "ok"}
@@ -129,13 +130,16 @@ def test_choices_share_the_memory_budget_over_http(mlxrt_tiny_checkpoint, mlxrt_
     half = safe // 2 - prompt + 1  # one token more than half the budget holds with the prompt
     alone = client.post("/v1/chat/completions", json={**body, "max_tokens": half})
     assert alone.status_code == 200, alone.text
+    assert "x-mlxrt-max-tokens" not in alone.headers
     both = client.post("/v1/chat/completions", json={**body, "max_tokens": half, "n": 2})
-    assert both.status_code == 400
-    error = both.json()["error"]
-    assert error["code"] == "context_over_budget" and error["message"].endswith(
-        f"caps safe context at {safe // 2} for each of its n=2 choices — shorten the prompt or lower max_tokens or n")
-    capped = client.post("/v1/chat/completions", json={**body, "n": 2})
-    assert capped.status_code == 200 and [c["message"]["content"] for c in capped.json()["choices"]] == ["ok", "ok"]
+    assert both.status_code == 200 and both.headers["x-mlxrt-max-tokens"] == f"asked={half}; granted={half - 1}"
+    assert [c["message"]["content"] for c in both.json()["choices"]] == ["ok", "ok"]
+    long = [{"role": "user", "content": "hello " * (safe // 2)}]
+    over = client.post("/v1/chat/completions", json={"messages": long, "script": "ok", "n": 2})
+    assert over.status_code == 400
+    error = over.json()["error"]
+    assert error["code"] == "context_length_exceeded" and f"maximum context length is {safe // 2} tokens" in error["message"]
+    assert "shared by the request's n=2 choices" in error["message"]
 
 
 def test_system_fingerprint_is_stable_and_names_the_configuration(mlxrt_tiny_checkpoint, mlxrt_serve, mlxrt_client):

@@ -136,6 +136,46 @@ def test_one_run_at_a_time_bad_query_and_api_key(mlxrt_tiny_checkpoint, mlxrt_se
     assert after["running"] is False and after["counts"]["runs"] == 1  # the failed run is recorded
 
 
+class SlowRelease:
+    """A run lock whose release takes a while, as when the worker thread is descheduled right
+    after the run's last event (how the race showed under load)."""
+
+    def __init__(self):
+        import threading
+
+        self.inner = threading.Lock()
+
+    def acquire(self, blocking=True):
+        return self.inner.acquire(blocking)
+
+    def release(self):
+        time.sleep(0.5)
+        self.inner.release()
+
+    def locked(self):
+        return self.inner.locked()
+
+    def __enter__(self):
+        self.acquire()
+
+    def __exit__(self, *exc):
+        self.release()
+
+
+def test_status_after_a_failed_run_says_it_is_over(mlxrt_tiny_checkpoint, mlxrt_serve, tmp_path):
+    """The stream's last event comes after the run's lock is released: a status read as soon
+    as the stream ends says ``running: false`` (it said true when it raced the release)."""
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("qwen3"), options={"memory_dir": str(tmp_path / "m")})
+    service = client.app.state.host.plugin_states["memory"].partition("")
+    git_dir = service.vault.root / ".git"  # a broken vault: the commit stage fails
+    subprocess.run(["rm", "-rf", str(git_dir)], check=True)
+    git_dir.write_text("not a repository")
+    service.lock = SlowRelease()
+    failed = events_of(client.post("/v1/memory/synthesize", json={}).text)
+    assert failed and failed[-1]["type"] == "error", failed
+    assert client.get("/v1/memory/status").json()["running"] is False
+
+
 class ScriptedEditor:
     """Entities are the two-word capitalised names in a segment; each sentence naming one is
     its fact. ``crash_on`` raises on that extraction (1-based), as a dying run would."""

@@ -37,6 +37,10 @@ def test_api_keys_guard_every_api_route_but_health(mlxrt_tiny_checkpoint, mlxrt_
             page = client.get(path.replace("{name:str}", "pages.css"))
             assert page.status_code == 200 and page.headers["content-type"].startswith("text/"), path
             continue
+        if path in ("/favicon.ico", "/schema/assets/{name:str}"):  # static files a browser loads (api/schema_ui.py)
+            static = client.get(path.replace("{name:str}", "swagger-ui.css"))
+            assert static.status_code == 200 and static.headers["content-type"].startswith(("text/", "image/")), path
+            continue
         assert resp.status_code == 401, (method, path, resp.status_code)
         body = resp.json()
         if path.startswith("/api/"):  # Ollama's shape: {"error": "..."}

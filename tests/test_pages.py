@@ -23,10 +23,22 @@ from support import free_port
 from mlxrt import hookimpl
 
 CHROMIUM = os.environ.get("MLXRT_CHROMIUM", "/usr/bin/chromium")
-#: Chromium flags: no sandbox (containers, root), and nothing that phones home.
+#: Chromium flags: no sandbox (containers, root), and nothing that phones home (issue 43). The
+#: first set turns off most background services; headless Chromium 150 still fetched the
+#: network time from clients2.google.com (off with the features below) and opened
+#: accounts.google.com, android.clients.google.com and www.google.com whatever the flags, so
+#: the host rules resolve every name but the loopback server's to nothing: no lookup, no
+#: connection leaves the machine (test_the_browser_connects_to_nothing_but_the_server).
 CHROMIUM_ARGS = ["--no-sandbox", "--headless", "--disable-background-networking", "--disable-component-update",
                  "--disable-sync", "--disable-default-apps", "--no-first-run", "--metrics-recording-only",
-                 "--disable-features=Translate,OptimizationHints,MediaRouter"]
+                 "--disable-client-side-phishing-detection", "--disable-domain-reliability", "--no-pings",
+                 "--disable-breakpad", "--disable-field-trial-config", "--safebrowsing-disable-auto-update",
+                 "--disable-component-extensions-with-background-pages", "--no-default-browser-check",
+                 "--disable-features=Translate,OptimizationHints,OptimizationHintsFetching,"
+                 "OptimizationGuideModelDownloading,MediaRouter,DialMediaRouteProvider,AutofillServerCommunication,"
+                 "CertificateTransparencyComponentUpdater,NetworkTimeServiceQuerying,InterestFeedContentSuggestions,"
+                 "PrivacySandboxSettings4,SafeBrowsing",
+                 "--host-resolver-rules=MAP * ~NOTFOUND , EXCLUDE 127.0.0.1"]
 #: A monotone curve that sharpens the distribution's head.
 SHARPEN = {"points": [{"x_pct": 0.01, "y_pct": 0.0001}, {"x_pct": 1, "y_pct": 0.5}, {"x_pct": 100, "y_pct": 100}]}
 IDENTITY = {"points": [{"x_pct": 1, "y_pct": 1}, {"x_pct": 100, "y_pct": 100}]}
@@ -555,3 +567,64 @@ def test_chat_page_attaches_an_image_when_the_model_has_vision(browser, mlxrt_ti
         assert errors == []
     finally:
         server.stop()
+
+
+def test_schema_page_and_favicon_are_served_offline(mlxrt_client):
+    """/schema is Swagger UI whose every file comes from this server (it was Redoc with fonts
+    and an image from three CDNs: blank offline); /favicon.ico answers (it was a 404 on every
+    page load). Over plain HTTP, where no browser is needed."""
+    import re
+
+    page = mlxrt_client.get("/schema")
+    assert page.status_code == 200 and "SwaggerUIBundle" in page.text
+    linked = re.findall(r"""(?:src|href)=["']([^"']+)["']""", page.text)
+    assert linked and all(url.startswith("/") and not url.startswith("//") for url in linked), linked
+    assert not re.search(r"https?://", page.text)
+    for url in linked:
+        asset = mlxrt_client.get(url)
+        assert asset.status_code == 200 and len(asset.content) > 200, url
+    icon = mlxrt_client.get("/favicon.ico")
+    assert icon.status_code == 200 and icon.headers["content-type"] == "image/svg+xml"
+    assert mlxrt_client.get("/schema/assets/secrets.txt").status_code == 404
+    assert mlxrt_client.get("/schema/redoc").status_code == 404  # Litestar's CDN pages are not served
+    for document in ("/schema/openapi.json", "/schema/openapi.yaml", "/schema/openapi.yml"):
+        assert mlxrt_client.get(document).status_code == 200, document
+
+
+def test_schema_page_renders_with_no_request_off_the_server(browser, plain_server):
+    page = browser.new_page()
+    elsewhere = []
+    page.on("request", lambda r: None if r.url.startswith(plain_server.url) else elsewhere.append(r.url))
+    page.goto(plain_server.url + "/schema")
+    page.wait_for_selector(".swagger-ui .info .title", timeout=20000)
+    assert "mlxrt" in page.inner_text(".swagger-ui .info .title")
+    assert page.locator(".opblock").count() > 10  # the operations are listed
+    assert elsewhere == []
+
+
+def test_the_browser_connects_to_nothing_but_the_server(plain_server, tmp_path):
+    """Chromium's own network log, over a page load and a few idle seconds: every TCP connection
+    goes to the loopback server (with the old flags it looked up and opened Google hosts)."""
+    if not Path(CHROMIUM).exists():
+        pytest.skip(f"no Chromium at {CHROMIUM} (Debian: apt-get install chromium)")
+    sync_api = pytest.importorskip("playwright.sync_api", reason="needs Python Playwright (pip install playwright)")
+    netlog = tmp_path / "net.json"
+    with sync_api.sync_playwright() as pw:
+        try:
+            chromium = pw.chromium.launch(executable_path=CHROMIUM, headless=True,
+                                          args=[*CHROMIUM_ARGS, f"--log-net-log={netlog}"])
+        except Exception as exc:
+            pytest.skip(f"Chromium did not start: {exc}")
+        page = chromium.new_page()
+        page.goto(plain_server.url + "/")
+        page.wait_for_selector("#model-facts dd")
+        time.sleep(4)  # the background services start within seconds
+        chromium.close()
+    log = json.loads(netlog.read_text())
+    names = {number: name for name, number in log["constants"]["logEventTypes"].items()}
+    kinds = {names.get(e["type"]) for e in log["events"]}
+    connects = {e["params"]["address"] for e in log["events"]
+                if names.get(e["type"]) == "TCP_CONNECT_ATTEMPT" and "address" in (e.get("params") or {})}
+    assert connects and all(a.startswith("127.0.0.1:") for a in connects), connects
+    # Not a name looked up either: without the host rules it sent ~60 DNS queries for Google hosts.
+    assert "DNS_TRANSACTION" not in kinds and "UDP_BYTES_SENT" not in kinds

@@ -134,8 +134,8 @@ def test_body_cap_and_early_length_refusal(app_client, monkeypatch):
     resp = app_client.post("/v1/chat/completions", json=long)
     assert resp.status_code == 400
     error = resp.json()["error"]
-    assert error["code"] == "context_over_budget" and "shorten the prompt" in error["message"]
-    assert f"context holds {ceiling}" in error["message"]
+    assert error["code"] == "context_length_exceeded" and "However, your messages resulted in at least" in error["message"]
+    assert error["message"].startswith(f"This model's maximum context length is {ceiling} tokens.")
     # Above the default body cap (32 MiB): 413 before anything is parsed.
     huge = app_client.post("/v1/chat/completions", content=b"[" + b" " * (33 * 1024 * 1024) + b"]", headers=JSON)
     assert huge.status_code == 413

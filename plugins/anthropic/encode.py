@@ -7,10 +7,10 @@ from typing import Any
 
 from mlxrt.api.sse import sse_event
 from mlxrt.api.wire import tool_input
-from mlxrt.errors import MlxrtError
+from mlxrt.errors import ContextOverflow, MlxrtError
 from mlxrt.records import CacheReport, FinishEvent, FinishReason, ToolCall
 
-__all__ = ["ROUTE_OPT", "anthropic_error_body", "error_frame", "stop_reason", "usage", "message_body",
+__all__ = ["ROUTE_OPT", "anthropic_error_body", "anthropic_message", "error_frame", "stop_reason", "usage", "message_body",
            "BlockStream", "tool_use_id", "message_id"]
 
 #: Anthropic's error types by status; anything else ≥ 500 is ``api_error``.
@@ -21,17 +21,28 @@ _TYPES = {400: "invalid_request_error", 401: "authentication_error", 403: "permi
 def anthropic_error_body(status: int, type_: str, message: str, param: str | None,
                          code: str | None) -> dict[str, Any]:
     """``{"type": "error", "error": {"type", "message"}}``: mlxrt's own error type (e.g.
-    ``memory_admission``) maps to Anthropic's by status, so its SDK raises the right class."""
+    ``model_unavailable``) maps to Anthropic's by status, so its SDK raises the right class."""
     kind = _TYPES.get(status) or ("api_error" if status >= 500 else "invalid_request_error")
     return {"type": "error", "error": {"type": kind, "message": message}}
 
 
-#: Route options every Anthropic handler carries: errors render in Anthropic's shape.
-ROUTE_OPT = {"dialect": "anthropic", "render_error": anthropic_error_body}
+def anthropic_message(exc: MlxrtError) -> str:
+    """An error's text in Anthropic's words where they differ from mlxrt's (OpenAI's): a prompt
+    over the context is ``prompt is too long: M tokens > N maximum``, the text Claude Code
+    recognises as overflow (it then compacts the conversation); what caps the context, when
+    it is not the model's window, follows in parentheses."""
+    if isinstance(exc, ContextOverflow):
+        why = f" ({exc.why()})" if exc.window is not None else ""
+        return f"prompt is too long: {exc.prompt_tokens} tokens > {exc.limit} maximum{why}"
+    return exc.message
+
+
+#: Route options every Anthropic handler carries: errors render in Anthropic's shape and words.
+ROUTE_OPT = {"dialect": "anthropic", "render_error": anthropic_error_body, "error_message": anthropic_message}
 
 
 def error_frame(exc: MlxrtError) -> bytes:
-    return sse_event("error", anthropic_error_body(exc.status, exc.type, exc.message, exc.param, exc.code))
+    return sse_event("error", anthropic_error_body(exc.status, exc.type, anthropic_message(exc), exc.param, exc.code))
 
 
 def message_id() -> str:

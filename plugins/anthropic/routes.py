@@ -22,6 +22,7 @@ from mlxrt.plugins.anthropic.encode import (
     ROUTE_OPT,
     BlockStream,
     anthropic_error_body,
+    anthropic_message,
     error_frame,
     message_body,
     message_id,
@@ -48,7 +49,7 @@ class Messages(Framed):
         single = bool(wire.tool_choice and wire.tool_choice.disable_parallel_tool_use)
         options = RequestOptions(
             sampling={"temperature": wire.temperature, "top_p": wire.top_p, "top_k": wire.top_k},
-            max_tokens=wire.max_tokens, max_tokens_is_ceiling=True, stop=decoded.stop, adapter=decoded.adapter,
+            max_tokens=wire.max_tokens, stop=decoded.stop, adapter=decoded.adapter,
             tools=decoded.chat.tools, forced_tools=decoded.forced, extra=decoded.extra, parallel_tool_calls=not single,
         )
         return Turn(chat=decoded.chat, options=options, model=wire.model, stream=bool(wire.stream),
@@ -65,6 +66,7 @@ class Messages(Framed):
         return BlockStream(id=id, model=model, report=report)
 
     render_error = staticmethod(anthropic_error_body)
+    error_message = staticmethod(anthropic_message)
     error_frame = staticmethod(error_frame)
 
 

@@ -125,33 +125,18 @@ def _serve(host: PluginHost, model: str | None, opts: dict[str, Any]) -> None:
             start(host, model, opts)  # ranks other than 0 run their shard there and exit
         except ValueError as exc:
             raise click.UsageError(str(exc)) from None
+    # The port first: a busy one is said before the model loads, and before any "serving" line.
+    listener = _listen(opts["host"], opts["port"])
     try:
         server = build_server(host, model, opts)
     except (ModelLoadError, PluginError) as exc:
+        listener.close()
         raise click.ClickException(exc.message) from exc
     import uvicorn
 
-    from mlxrt.blas import current as current_blas
-    from mlxrt.engine.qmv import status as qmv_status
-
-    engine = host.engine
-    dtype = getattr(getattr(engine, "loaded", None), "dtype", None)
-    click.echo(
-        f"mlxrt {mlxrt.__version__} serving {engine.info.model_id} ({engine.info.model_type}, family "
-        f"{engine.profile.family}, {engine.lane} lane"
-        f"{f', draft model {engine.speculator.info.model_id}' if engine.speculator is not None else ''}, "
-        f"BLAS: {current_blas()}{f', dtype: {dtype}' if dtype is not None else ''}, "
-        f"quantized kernel: {qmv_status().text}) on "
-        f"http://{opts['host']}:{opts['port']}",
-        err=True,
-    )
-    pool = host.models.settings
-    click.echo(f"models: up to {pool.max_models} resident; requests may name "
-               + ("the models named at start only (--strict-model)" if pool.strict else
-                  "any local model, loaded on demand (--no-strict-model; pass --strict-model when exposed)")
-               + ("; other names are answered by the served model (header x-mlxrt-model-fallback)"
-                  if pool.fallback else "; other names are 404"),
-               err=True)
+    click.echo(_banner(host, opts["host"], listener.getsockname()[1]), err=True)
+    if (dtype := getattr(getattr(host.engine, "loaded", None), "dtype", None)) is not None:
+        log.info("dtype: %s", dtype)  # the choice and why, in full (the banner names the dtype only)
     if not _is_loopback(opts["host"]) and not opts.get("api_keys"):
         click.echo(
             f"WARNING: binding {opts['host']} (reachable from other machines) WITHOUT an API key: anyone "
@@ -178,10 +163,52 @@ def _serve(host: PluginHost, model: str | None, opts: dict[str, Any]) -> None:
         config = uvicorn.Config(server, host=opts["host"], port=opts["port"], log_level=opts["log_level"].lower(),
                                 log_config=None, access_log=False, http=protocol,
                                 timeout_graceful_shutdown=math.ceil(grace) + _FINAL_FRAME_SECONDS)
-        _GracefulServer(config, host.models, grace).run()
+        _GracefulServer(config, host.models, grace).run(sockets=[listener])
     finally:
         host.models.stop()
     log.info("shut down cleanly")
+
+
+def _listen(bind: str, port: int) -> Any:
+    """The server's listening socket, bound before anything loads (uvicorn serves on it): a
+    port in use ends the command at once with that error, before any "serving" line."""
+    import socket
+
+    family = socket.AF_INET6 if ":" in bind else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: restart over TIME_WAIT
+    try:
+        sock.bind((bind, port))
+    except OSError as exc:
+        sock.close()
+        raise click.ClickException(f"cannot listen on {bind}:{port}: {exc.strerror or exc}"
+                                   + (" (another server runs there? pick another --port)"
+                                      if exc.errno in (98, 48, 10048) else "")) from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def _banner(host: PluginHost, bind: str, port: int) -> str:
+    """The start banner: what is served where on its first line, then one short line each for
+    how (model, lane, dtype), the CPU path (BLAS, kernel) and which models requests may name.
+    Why the dtype is what it is: ``GET /stats`` (``dtype.reason``) and the log."""
+    from mlxrt.blas import current as current_blas
+    from mlxrt.engine.qmv import status as qmv_status
+
+    engine = host.engine
+    dtype = getattr(getattr(engine, "loaded", None), "dtype", None)
+    draft = f", draft model {engine.speculator.info.model_id}" if engine.speculator is not None else ""
+    pool = host.models.settings
+    names = ("only those named at start (--strict-model)" if pool.strict
+             else "any local model loads on demand (--strict-model when exposed)")
+    return "\n".join([
+        f"mlxrt {mlxrt.__version__} serving {engine.info.model_id} on http://{bind}:{port}",
+        f"  {engine.info.model_type}, family {engine.profile.family}, {engine.lane} lane{draft}"
+        + (f"; dtype: {dtype.served} ({dtype.requested}; why: the log, GET /stats)" if dtype is not None else ""),
+        f"  BLAS: {current_blas()}; quantized kernel: {qmv_status().text}",
+        f"  models: up to {pool.max_models} resident; {names}"
+        + ("; other names: the served model (x-mlxrt-model-fallback)" if pool.fallback else "; other names: 404"),
+    ])
 
 
 #: Seconds uvicorn waits past --shutdown-grace for the requests the engine ended to answer.
@@ -437,7 +464,8 @@ def build_cli(host: PluginHost) -> click.Group:
     @click.option("--max-tokens", type=int, default=None,
                   help="Default max_tokens (chat: 65536 capped by the context; completions: 512).")
     @click.option("--strict", is_flag=True,
-                  help="Refuse request fields mlxrt does not read (400) instead of listing them in x-mlxrt-ignored.")
+                  help="Refuse request fields mlxrt does not read that would change the answer (400) instead of "
+                  "listing them in x-mlxrt-ignored; hints such as prompt_cache_key or include: [] pass.")
     @click.option("--thinking/--no-thinking", default=None,
                   help="Default for models that can reason, when a request says nothing "
                   "(chat_template_kwargs.enable_thinking, then reasoning_effort, win). Default: the template's.")
@@ -486,11 +514,14 @@ def build_cli(host: PluginHost) -> click.Group:
                   "recently used entries are deleted past it.")
     @click.option("--memory-budget", type=click.FloatRange(min=0, min_open=True), default=None,
                   help="GB (10^9 bytes) the model may use in all: refuse to load a model that cannot "
-                  "serve in it, refuse requests that cannot fit (400), queue work that cannot fit yet.")
+                  "serve in it, cap each request's max_tokens to what fits beside its prompt (a prompt that cannot fit "
+                  "is a 400), queue work that cannot fit yet.")
     @click.option("--max-queue", type=click.IntRange(min=0), default=ENGINE_DEFAULTS["max_queue"], show_default=True,
                   help="Requests that may wait for admission; past it, 429 with Retry-After.")
-    @click.option("--request-timeout", type=click.FloatRange(min=0, min_open=True), default=None,
-                  help="Seconds a request may take in all: waiting past it gets 429, running past it 504.")
+    @click.option("--request-timeout", type=click.FloatRange(min=0), default=ENGINE_DEFAULTS["request_timeout"],
+                  show_default=True,
+                  help="Seconds a request may take in all: waiting past it gets 429; generating past it, it "
+                  "ends there with finish_reason length (x-mlxrt-finish: request_timeout). 0: no limit.")
     @click.option("--kv-quant", type=click.Choice(["off", "config", "4", "8"]), default=None,
                   help="Quantize the KV cache at 4 or 8 bits from the first token; off ignores the model's "
                        "kv_config.json (default: kv_config.json when the model has one). Quantized-KV "
@@ -515,8 +546,9 @@ def build_cli(host: PluginHost) -> click.Group:
                   help="Seconds a collective may take before the other ranks count as lost (then 503).")
     @click.option("--dtype", type=click.Choice(DTYPES), default="auto",
                   help="Cast the weights to this dtype at load, dequantizing a quantized checkpoint; stored keeps "
-                  "the checkpoint's. auto: float32 on a CPU with a fast BLAS (system OpenBLAS or MKL) when it fits "
-                  "the memory budget, else stored (docs/performance.md).")
+                  "the checkpoint's. auto: a quantized checkpoint stays quantized where the mlxrt-qmv kernel "
+                  "computes it faster (the embedded SmolLM2: 4-bit, 115 MB), else float32 on a CPU with a fast "
+                  "BLAS (system OpenBLAS or MKL) when it fits the memory budget, else stored (docs/performance.md).")
     @click.option("--max-models", type=click.IntRange(min=1), default=1,
                   help="Models resident at once; a request for another local model loads it, evicting the "
                   "least recently used idle one (docs/operators.md#several-models).")

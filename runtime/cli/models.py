@@ -142,8 +142,9 @@ def register(cli: click.Group, host: PluginHost) -> None:
     @click.option("--batch", type=click.IntRange(min=1), default=ENGINE_DEFAULTS["batch"], show_default=True,
                   help="Rows decoded together, as for `serve` (each pays the fixed per-request state).")
     @click.option("--dtype", type=click.Choice(DTYPES), default="auto", show_default=True,
-                  help="Assess the weights in the dtype `serve --dtype` would serve them in (auto: float32 on a "
-                  "CPU with a fast BLAS when that fits the budget, else stored; docs/performance.md).")
+                  help="Assess the weights in the dtype `serve --dtype` would serve them in (auto: the stored "
+                  "quantized weights where the mlxrt-qmv kernel computes them, else float32 on a CPU with a "
+                  "fast BLAS when that fits the budget, else stored; docs/performance.md).")
     @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
     def fit_cmd(model: str | None, ctx: int, memory_budget: str | None, prompt_cache_bytes: str | None, batch: int,
                 dtype: str, as_json: bool) -> None:

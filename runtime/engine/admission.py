@@ -2,13 +2,14 @@
 
 The ceiling is the model's context window, tightened by the memory budget's safe context; a
 request for several choices (OpenAI's ``n``) shares the budget among them, and asks for no
-more choices than the engine admits at once. The error text is mlx-bun's, so clients that
-parse it keep working.
+more choices than the engine admits at once. A ``max_tokens`` larger than what fits is
+reduced to it (every dialect alike); only a prompt that does not fit by itself is refused,
+with :class:`~mlxrt.errors.ContextOverflow`, the error agent clients recognise as overflow.
 """
 
 from __future__ import annotations
 
-from mlxrt.errors import InvalidRequest, OverBudget
+from mlxrt.errors import ContextOverflow, InvalidRequest
 
 __all__ = ["plan_max_tokens", "choice_ceiling", "check_choices", "MAX_CHOICES"]
 
@@ -37,26 +38,24 @@ def choice_ceiling(context_window: int | None, safe_context: int | None, n: int)
 
 
 def plan_max_tokens(prompt_tokens: int, requested: int | None, default: int, context: int | None,
-                    choices: int = 1) -> int:
-    """Tokens to generate at most (per choice).
+                    choices: int = 1, window: int | None = None) -> int:
+    """Tokens to generate at most (per choice): the client's ``max_tokens`` (or, without one,
+    the server's default), reduced to what the context leaves after the prompt. A generation
+    that fills the context ends with ``length``, as llama-server's and Ollama's do, so clients
+    that send a large ``max_tokens`` by default (agent CLIs send 32,000 or more) get answers.
 
     :param prompt_tokens: The prompt's length.
-    :param requested: The client's ``max_tokens`` (explicit: refused if it cannot fit).
-    :param default: The server default (capped to what fits, so long prompts still work).
+    :param requested: The client's ``max_tokens`` (``None``: not given).
+    :param default: The server default.
     :param context: The ceiling on prompt + generation, or ``None`` when unknown (for several
         choices, :func:`choice_ceiling`).
     :param choices: How many choices share the budget (named in the error).
-    :raises OverBudget: When the request cannot fit.
+    :param window: The model's own context window, named in the error when ``context`` is tighter.
+    :raises ContextOverflow: When the prompt alone leaves no room for one token.
     """
+    wanted = requested if requested is not None else default
     if context is None:
-        return requested if requested is not None else default
-    wanted = requested if requested is not None else min(default, max(context - prompt_tokens, 0))
-    if prompt_tokens + max(wanted, 1) > context:
-        raise OverBudget(
-            f"request needs {prompt_tokens + max(wanted, 1)} tokens of context (prompt {prompt_tokens} + "
-            f"max_tokens {max(wanted, 1)}) but the memory budget caps safe context at {context}"
-            + (f" for each of its n={choices} choices" if choices > 1 else "")
-            + " — shorten the prompt or lower max_tokens" + (" or n" if choices > 1 else ""),
-            code="context_over_budget",
-        )
-    return wanted
+        return wanted
+    if prompt_tokens + 1 > context:
+        raise ContextOverflow(prompt_tokens, context, window=window, choices=choices)
+    return min(wanted, context - prompt_tokens)

@@ -26,6 +26,9 @@ ENGINE_DEFAULTS: Mapping[str, Any] = MappingProxyType({
     "kv_group_size": 64,
     "num_draft_tokens": 3,
     "prompt_cache_dir_size": 10.0,  # GB (10^9 bytes): EngineConfig.prompt_cache_dir_bytes
+    # Seconds; generous (llama-server's HTTP timeout), yet a runaway generation (a structured
+    # list repeating one item until the window is full) ends; 0 turns it off.
+    "request_timeout": 600.0,
 })
 
 
@@ -43,7 +46,8 @@ class EngineConfig:
     :ivar prefill_step_size: Prompt tokens per prefill chunk.
     :ivar max_queue: Requests that may wait for admission; past it, 429.
     :ivar request_timeout: Seconds a request may take from submission to its last token
-        (waiting past it: 429; running past it: 504); ``None`` for no limit.
+        (waiting past it: 429; running past it: it ends with ``length``, said in its
+        :class:`~mlxrt.records.FinishEvent`); ``None`` for no limit.
     :ivar memory_budget: Bytes the model may use in all, or ``None`` for no budget.
     :ivar prompt_cache_size: Prompt-cache entries at most (0 disables the cache).
     :ivar prompt_cache_bytes: Prompt-cache bytes at most; ``None`` sizes it from the budget.
@@ -64,7 +68,7 @@ class EngineConfig:
     prompt_concurrency: int = ENGINE_DEFAULTS["prompt_concurrency"]
     prefill_step_size: int = ENGINE_DEFAULTS["prefill_step_size"]
     max_queue: int = ENGINE_DEFAULTS["max_queue"]
-    request_timeout: float | None = None
+    request_timeout: float | None = ENGINE_DEFAULTS["request_timeout"]
     memory_budget: int | None = None
     prompt_cache_size: int = ENGINE_DEFAULTS["prompt_cache_size"]
     prompt_cache_bytes: int | None = None
@@ -95,7 +99,7 @@ class EngineConfig:
             prompt_concurrency=max(int(given("prompt_concurrency")), 1),
             prefill_step_size=max(int(given("prefill_step_size")), 1),
             max_queue=max(int(given("max_queue")), 0),
-            request_timeout=float(options["request_timeout"]) if options.get("request_timeout") else None,
+            request_timeout=float(given("request_timeout")) or None,  # 0: no limit
             memory_budget=parse_size(budget, default_unit="GB") if budget is not None else None,
             prompt_cache_size=max(int(given("prompt_cache_size")), 0),
             prompt_cache_bytes=parse_size(cache_bytes) if cache_bytes is not None else None,

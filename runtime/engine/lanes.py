@@ -49,7 +49,8 @@ log = logging.getLogger("mlxrt.engine.engine")
 
 
 class RequestTimeout(MlxrtError):
-    """The request ran past ``--request-timeout`` (504); its partial output is discarded."""
+    """A denoising request ran past ``--request-timeout`` (504); its partial output is discarded.
+    (An autoregressive one ends there with ``length`` instead: :meth:`Row.past_deadline`.)"""
 
     status = 504
     type = "timeout_error"
@@ -98,6 +99,8 @@ class Row:
     detok: Detokenizer
     stops: StopMatcher
     timeout: float | None = None
+    #: It ran into ``--request-timeout`` (:meth:`past_deadline`).
+    timed_out: bool = False
     produced: int = 0
     generated: list[int] = attrs.field(factory=list)
     uid: int | None = None
@@ -152,9 +155,20 @@ class Row:
         if self.job.cancelled.is_set():
             return FinishReason.CANCELLED
         if self.job.deadline is not None and time.monotonic() > self.job.deadline:
-            self.error = self.job.deadline_error or RequestTimeout(self.timeout or 0.0)
-            return FinishReason.CANCELLED
+            return self.past_deadline()
         return None
+
+    def past_deadline(self) -> FinishReason:
+        """The row ran past its deadline: a shutdown's ends it with that error; the request
+        timeout ends it like a full window, with ``length`` and what it generated so far."""
+        if self.job.deadline_error is not None:
+            self.error = self.job.deadline_error
+            return FinishReason.CANCELLED
+        if not self.timed_out:
+            self.timed_out = True
+            log.info("request %s ran into the request timeout of %g s after %d tokens: it ends with length",
+                     self.request.request_id, self.timeout or 0.0, self.produced)
+        return FinishReason.LENGTH
 
     def finish(self, reason: FinishReason) -> None:
         """Emit the held-back text and the finish event (or the timeout error)."""
@@ -175,6 +189,7 @@ class Row:
             stop_sequence=self.stops.stopped,
             prompt_seconds=first - self.started if first is not None else 0.0,
             decode_seconds=time.monotonic() - first if first is not None else 0.0,
+            timed_out=self.timed_out,
         ))
 
 
@@ -521,9 +536,7 @@ class BatchLane:
                 if row.job.cancelled.is_set() or (row.job.deadline is not None and now > row.job.deadline)]
         for uid in gone:
             row = self.rows[uid]
-            if not row.job.cancelled.is_set():
-                row.error = row.job.deadline_error or RequestTimeout(row.timeout or 0.0)
-            row.ending = FinishReason.CANCELLED
+            row.ending = FinishReason.CANCELLED if row.job.cancelled.is_set() else row.past_deadline()
         if gone:
             self._remove(gone)
 

@@ -12,8 +12,9 @@ costs, and how much context a memory budget can hold.
 * and the rest: KV for running requests. ``safe_context`` is that rest in tokens, using the
   KV bytes per token measured on the model's own cache classes after one forward.
 
-Admission uses ``safe_context`` twice: a single request whose prompt + max_tokens exceeds it
-is refused (400), and the sum over all running rows never exceeds it (newcomers wait).
+Admission uses ``safe_context`` twice: a single request's max_tokens is reduced to what it
+leaves after the prompt (a prompt that exceeds it alone is refused, 400), and the sum over all
+running rows never exceeds it (newcomers wait).
 Without a budget nothing is refused and ``safe_context`` is ``None``.
 """
 

@@ -58,19 +58,29 @@ async def synthesize(request: Request) -> Stream:
     service.progress.clear()
     stage: list[str | None] = [None]
 
-    def emit(event: dict[str, Any]) -> None:  # worker thread
+    def record(event: dict[str, Any]) -> None:  # worker thread, holding the run's lock
         if event.get("stage"):
             stage[0] = event["stage"]
         service.progress[:] = [*service.progress[-(PROGRESS_KEPT - 1):], event]
+
+    def emit(event: dict[str, Any]) -> None:
+        record(event)
         loop.call_soon_threadsafe(events.put_nowait, event)
 
     def job() -> None:
+        final: dict[str, Any] | None = None
         try:
-            emit(run_synthesis(service, EngineEditor(host), dry=dry, emit=emit, stopped=stop.is_set))
+            final = run_synthesis(service, EngineEditor(host), dry=dry, emit=emit, stopped=stop.is_set)
         except Exception as exc:  # noqa: BLE001 - reported to the client as the stream's error event
-            emit({"type": "error", "stage": stage[0], "message": f"{type(exc).__name__}: {exc}"})
+            final = {"type": "error", "stage": stage[0], "message": f"{type(exc).__name__}: {exc}"}
         finally:
+            if final is not None:
+                record(final)
+            # Released before the client hears the end: a status read after the last event
+            # says the run is over (it said "running: true" when it raced the release).
             service.lock.release()
+            if final is not None:
+                loop.call_soon_threadsafe(events.put_nowait, final)
             loop.call_soon_threadsafe(events.put_nowait, None)
 
     async def drive() -> None:
