@@ -175,10 +175,11 @@ def _from_hf_cache(repo_id: str, allow_download: bool) -> Path:
 
 
 def _convert_gguf_cached(gguf: Path) -> Path:
-    from mlxrt.sources.gguf import UnsupportedGGUF, convert_gguf
+    from mlxrt.sources.gguf import CONVERTER_VERSION, UnsupportedGGUF, convert_gguf
 
     stat = gguf.stat()
-    key = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
+    source = f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{CONVERTER_VERSION}"
+    key = hashlib.sha256(source.encode()).hexdigest()[:16]
     out = mlxrt_home() / "models" / f"{gguf.stem}-{key}"
     if (out / "config.json").is_file():
         return out
