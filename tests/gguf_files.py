@@ -73,6 +73,15 @@ def random_blocks(type_name: str, rows: int, cols: int, rng: np.random.Generator
     for at, scale in _SCALE_FIELDS[type_name]:
         d = (scale * (0.5 + rng.random((rows, cols // block)))).astype(np.float16)
         raw[..., at:at + 2] = d.view(np.uint8).reshape(rows, cols // block, 2)
+    # sub-block scales of one sign and similar size, as llama.cpp's quantizer makes them
+    n = raw.shape[:2]
+    if type_name == "Q6_K":
+        raw[..., 192:208] = rng.integers(40, 128, (*n, 16), dtype=np.uint8)
+    elif type_name == "Q3_K":  # 6-bit (sc - 32) in 8..15: low nibbles 8..15, high bits 0b10
+        raw[..., 96:104] = rng.integers(8, 16, (*n, 8), dtype=np.uint8) * 17
+        raw[..., 104:108] = 0xAA
+    elif type_name == "Q2_K":
+        raw[..., 0:16] = (raw[..., 0:16] & 0xF0) | rng.integers(8, 16, (*n, 16), dtype=np.uint8)
     return raw.reshape(rows, -1)
 
 

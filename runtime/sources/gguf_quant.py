@@ -66,10 +66,10 @@ LAYOUTS: dict[str, Layout] = {
     "IQ4_XS": Layout(8, True),
     # groups of 16 or non-affine levels: re-quantized (docs/models.md has the measured loss)
     "Q6_K": Layout(8, False),
-    "Q3_K": Layout(6, False),
+    "Q3_K": Layout(5, False),
     "Q2_K": Layout(4, False),
-    "IQ3_S": Layout(6, False),
-    "IQ3_XXS": Layout(6, False),
+    "IQ3_S": Layout(5, False),
+    "IQ3_XXS": Layout(5, False),
     "IQ2_S": Layout(4, False),
     "IQ2_XS": Layout(4, False),
     "IQ2_XXS": Layout(4, False),
@@ -164,7 +164,9 @@ def mlx_tensor(name: str, type_name: str, raw: Any, shape: tuple[int, ...], floa
     layout = layout_of(name, type_name)
     cols = shape[-1]
     if layout.bits is None:
-        if type_name == "BF16":
+        if type_name not in ("F32", "F16", "BF16"):  # kept dequantized
+            w = mx.array(_dequantize(type_name, raw, cols).reshape(shape))
+        elif type_name == "BF16":
             w = mx.array(np.asarray(raw).view(np.uint16).reshape(shape)).view(mx.bfloat16)
         else:
             w = mx.array(np.asarray(raw).reshape(shape))
