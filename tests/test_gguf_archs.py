@@ -115,3 +115,15 @@ def test_layouts_the_kernel_does_not_cover_fall_back(tmp_path):
         assert (type(m) in (nn.QuantizedLinear, nn.QuantizedEmbedding)) is (m.bits == 5)
     # the kernel sums in another order: equal to float rounding, not bit for bit
     np.testing.assert_allclose(logits(model), before, atol=1e-3 * np.abs(before).max(), rtol=0)
+
+
+def test_conversion_writes_shards_as_they_fill(tmp_path, monkeypatch):
+    """Converting holds one shard of converted weights at a time; mlx-lm loads every shard."""
+    from mlxrt.sources import gguf
+
+    monkeypatch.setattr(gguf, "SHARD_BYTES", 200_000)
+    ref, model, _ = _convert(tmp_path, "qwen3", MIXED)
+    shards = sorted(p.name for p in (tmp_path / "qwen3-hf").glob("*.safetensors"))
+    assert len(shards) > 3 and shards[0] == "model-00002.safetensors" and "model.safetensors" in shards
+    want = logits(ref)
+    np.testing.assert_allclose(logits(model), want, atol=2e-4 * np.abs(want).max(), rtol=0)

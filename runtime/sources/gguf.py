@@ -55,6 +55,9 @@ __all__ = [
 #: Bumped whenever the output of :func:`convert_gguf` changes, so caches re-convert.
 CONVERTER_VERSION = 2
 
+#: Converted weights written per safetensors file (and so at most held in memory at once).
+SHARD_BYTES = 1 << 30
+
 #: Provenance file written into every converted folder.
 MARKER_FILE = "mlxrt_gguf.json"
 
@@ -83,6 +86,54 @@ def auto_float_dtype() -> str:
     except Exception:  # pragma: no cover - very old mlx
         on_gpu = False
     return "float16" if on_gpu else "float32"
+
+
+def _write_weights(g: GGUFFile, plan: Any, target: Any, folder: Path) -> dict[str, int | None]:
+    """Convert every tensor into ``folder``'s ``model*.safetensors``; return each module's bits
+    (``None``: kept in floating point). Shards of about :data:`SHARD_BYTES` are written as they
+    fill, so converting never holds more than one shard of converted weights."""
+    import mlx.core as mx
+
+    config = plan.config
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    weights: dict[str, Any] = {}
+    pending = 0
+    shard = 0
+    module_bits: dict[str, int | None] = {}  # HF module path -> bits / None (float)
+
+    def flush() -> None:
+        nonlocal shard, pending
+        if weights:
+            name = "model.safetensors" if shard == 0 else f"model-{shard + 1:05d}.safetensors"
+            mx.save_safetensors(str(folder / name), weights, metadata={"format": "mlx"})
+            weights.clear()
+            shard, pending = shard + 1, 0
+
+    for gname, tensor in g.tensors.items():
+        if gname in plan.skipped:
+            continue
+        hf = plan.names.get(gname)
+        if hf is None:
+            raise UnsupportedGGUF(f"unexpected tensor {gname!r} for a {g.metadata.get('general.architecture')} GGUF")
+        hf_mod, _, suffix = hf.rpartition(".")
+        layout = LAYOUTS[tensor.type]
+        if layout.bits is not None and suffix != "weight":
+            raise UnsupportedGGUF(f"quantized bias tensor {gname!r}")
+        parts = mlx_tensor(gname, tensor.type, g.raw(gname), tensor.shape, target)
+        if suffix == "weight" and len(tensor.shape) > 1:
+            module_bits[hf_mod] = layout.bits
+        kind = gname.split(".")[-2]
+        for part, arr in parts.items():
+            if plan.permute_qk and kind in ("attn_q", "attn_k"):
+                arr = unpermute_rows(arr, heads if kind == "attn_q" else kv_heads)
+            if plan.norm_plus_one and kind.endswith("norm"):
+                arr = arr - 1
+            weights[hf if part == "weight" else f"{hf_mod}.{part}"] = arr
+            pending += arr.nbytes
+        if pending >= SHARD_BYTES:
+            flush()
+    flush()
+    return module_bits
 
 
 def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike,
@@ -136,30 +187,13 @@ def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike,
     except KeyError:
         raise ValueError(f"dtype must be auto/keep/float16/bfloat16/float32, not {dtype!r}") from None
 
-    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
-    weights: dict[str, Any] = {}
-    module_bits: dict[str, int | None] = {}  # HF module path -> bits / None (float)
-    for gname, tensor in g.tensors.items():
-        if gname in plan.skipped:
-            continue
-        hf = plan.names.get(gname)
-        if hf is None:
-            raise UnsupportedGGUF(f"unexpected tensor {gname!r} for a {md.get('general.architecture')} GGUF")
-        hf_mod, _, suffix = hf.rpartition(".")
-        layout = LAYOUTS[tensor.type]
-        if layout.bits is not None and suffix != "weight":
-            raise UnsupportedGGUF(f"quantized bias tensor {gname!r}")
-        parts = mlx_tensor(gname, tensor.type, g.raw(gname), tensor.shape, target)
-        if suffix == "weight" and len(tensor.shape) > 1:
-            module_bits[hf_mod] = layout.bits
-        kind = gname.split(".")[-2]
-        for part, arr in parts.items():
-            if plan.permute_qk and kind in ("attn_q", "attn_k"):
-                arr = unpermute_rows(arr, heads if kind == "attn_q" else kv_heads)
-            if plan.norm_plus_one and kind.endswith("norm"):
-                arr = arr - 1
-            key = hf if part == "weight" else f"{hf_mod}.{part}"
-            weights[key] = arr
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    try:
+        module_bits = _write_weights(g, plan, target, tmp)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
     # mlx-lm quantization block: most common bits as the default, overrides elsewhere
     qbits = [b for b in module_bits.values() if b]
@@ -214,13 +248,9 @@ def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike,
         "layouts": {t: {"bits": LAYOUTS[t].bits, "lossless": LAYOUTS[t].lossless} for t in sorted(type_counts)},
     }
 
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
         os.chmod(tmp, 0o755)  # mkdtemp makes it 0700; the result is an ordinary folder
         _write_json(tmp / "config.json", dict(sorted(config.items())))
-        mx.save_safetensors(str(tmp / "model.safetensors"), weights,
-                            metadata={"format": "mlx"})
         tokenizer.save(str(tmp / "tokenizer.json"))
         _write_json(tmp / "tokenizer_config.json",
                     tokenizer_config(md, config.get("max_position_embeddings")))
