@@ -67,7 +67,7 @@ LAYOUTS: dict[str, Layout] = {
     # groups of 16 or non-affine levels: re-quantized (docs/models.md has the measured loss)
     "Q6_K": Layout(8, False),
     "Q3_K": Layout(5, False),
-    "Q2_K": Layout(4, False),
+    "Q2_K": Layout(6, False),
     "IQ3_S": Layout(5, False),
     "IQ3_XXS": Layout(5, False),
     "IQ2_S": Layout(4, False),
