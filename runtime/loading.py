@@ -186,10 +186,18 @@ def _gguf_source(path: Path, name: str, as_file: bool) -> ModelSource:
 
 
 def _convert_gguf_cached(gguf: Path, name: str | None = None) -> Path:
-    from mlxrt.sources.gguf import CONVERTER_VERSION, UnsupportedGGUF, convert_gguf
+    from mlxrt.sources.gguf import (
+        CONVERTER_VERSION,
+        UnsupportedGGUF,
+        auto_float_dtype,
+        convert_gguf,
+    )
+    from mlxrt.sources.gguf_quant import kernel_widths
 
     stat = gguf.stat()
-    source = f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{CONVERTER_VERSION}"
+    # what the conversion depends on beyond the file: the float dtype and the kernel's widths
+    source = (f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{CONVERTER_VERSION}:{auto_float_dtype()}:"
+              f"{kernel_widths()}")
     key = hashlib.sha256(source.encode()).hexdigest()[:16]
     label = "".join(c if c.isalnum() or c in "-_." else "-" for c in (name or gguf.stem))[-80:]
     out = mlxrt_home() / "models" / f"{label}-{key}"

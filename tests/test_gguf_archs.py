@@ -23,14 +23,14 @@ MIXED = {"token_embd": "Q8_0", "output": "Q5_K", "attn_q": "Q4_K", "attn_k": "Q5
          "ffn_gate_exps": "Q4_K", "ffn_up_exps": "Q5_K", "ffn_down_exps": "IQ4_NL"}
 
 
-def _convert(tmp_path, arch, types, seed=0):
+def _convert(tmp_path, arch, types, seed=0, kernel=False):
     from mlx_lm import load
 
     from mlxrt.sources.gguf import convert_gguf
 
     src = tmp_path / f"{arch}.gguf"
     ref = write_tiny(src, arch, types, seed=seed)
-    out = convert_gguf(src, tmp_path / f"{arch}-hf", dtype="float32")
+    out = convert_gguf(src, tmp_path / f"{arch}-hf", dtype="float32", kernel=kernel)
     model, _ = load(str(out))
     return ref, model, json.loads((out / "config.json").read_text())
 
@@ -127,3 +127,27 @@ def test_conversion_writes_shards_as_they_fill(tmp_path, monkeypatch):
     assert len(shards) > 3 and shards[0] == "model-00002.safetensors" and "model.safetensors" in shards
     want = logits(ref)
     np.testing.assert_allclose(logits(model), want, atol=2e-4 * np.abs(want).max(), rtol=0)
+
+
+def test_kernel_widths_widen_to_8_bits(tmp_path):
+    """With the CPU kernel, 5- and 6-bit layouts become 8-bit: the lossless ones still exact."""
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    from mlxrt.engine import qmv
+    from mlxrt.sources.gguf_quant import KERNEL_BITS, served_layout
+
+    types = {"token_embd": "Q8_0", "output": "Q2_K", "attn_q": "Q5_0", "attn_k": "Q5_1", "attn_v": "Q5_K",
+             "attn_output": "Q4_K", "ffn_gate": "Q3_K", "ffn_up": "Q4_1", "ffn_down": "Q6_K"}
+    ref, model, cfg = _convert(tmp_path, "llama", types, seed=7, kernel=True)
+    layers = {n: m for n, m in model.named_modules() if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))}
+    assert {m.bits for m in layers.values()} == set(KERNEL_BITS)
+    assert all(qmv.eligible(m) for m in layers.values())
+    for name in ("q_proj", "k_proj", "v_proj"):  # Q5_0/Q5_1/Q5_K at 8 bits: gguf's values exactly
+        got, want = getattr(model.model.layers[0].self_attn, name), getattr(ref.model.layers[0].self_attn, name)
+        w = mx.dequantize(got.weight, got.scales, got.biases, group_size=32, bits=8)
+        np.testing.assert_array_equal(np.array(w), np.array(want.weight))
+    assert served_layout("Q5_0", True).lossless and not served_layout("Q3_K", True).lossless
+    assert served_layout("Q5_0", False).bits == 5
+    want = logits(ref)
+    np.testing.assert_allclose(logits(model), want, atol=0.05 * np.abs(want).max(), rtol=0)

@@ -35,9 +35,17 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
+import attrs
+
 from mlxrt.sources.gguf_arch import llama3_rope_scaling, plan_architecture, unpermute_rows
 from mlxrt.sources.gguf_format import GGUFFile, UnsupportedGGUF, read_gguf
-from mlxrt.sources.gguf_quant import GROUP_SIZE, LAYOUTS, layout_of, mlx_tensor
+from mlxrt.sources.gguf_quant import (
+    GROUP_SIZE,
+    kernel_widths,
+    layout_of,
+    mlx_tensor,
+    served_layout,
+)
 from mlxrt.sources.gguf_tokenizer import build_tokenizer, tokenizer_config
 
 __all__ = [
@@ -53,7 +61,7 @@ __all__ = [
 ]
 
 #: Bumped whenever the output of :func:`convert_gguf` changes, so caches re-convert.
-CONVERTER_VERSION = 2
+CONVERTER_VERSION = 3
 
 #: Converted weights written per safetensors file (and so at most held in memory at once).
 SHARD_BYTES = 1 << 30
@@ -88,7 +96,7 @@ def auto_float_dtype() -> str:
     return "float16" if on_gpu else "float32"
 
 
-def _write_weights(g: GGUFFile, plan: Any, target: Any, folder: Path) -> dict[str, int | None]:
+def _write_weights(g: GGUFFile, plan: Any, target: Any, folder: Path, kernel: bool) -> dict[str, int | None]:
     """Convert every tensor into ``folder``'s ``model*.safetensors``; return each module's bits
     (``None``: kept in floating point). Shards of about :data:`SHARD_BYTES` are written as they
     fill, so converting never holds more than one shard of converted weights."""
@@ -116,10 +124,10 @@ def _write_weights(g: GGUFFile, plan: Any, target: Any, folder: Path) -> dict[st
         if hf is None:
             raise UnsupportedGGUF(f"unexpected tensor {gname!r} for a {g.metadata.get('general.architecture')} GGUF")
         hf_mod, _, suffix = hf.rpartition(".")
-        layout = LAYOUTS[tensor.type]
+        layout = served_layout(tensor.type, kernel)
         if layout.bits is not None and suffix != "weight":
             raise UnsupportedGGUF(f"quantized bias tensor {gname!r}")
-        parts = mlx_tensor(gname, tensor.type, g.raw(gname), tensor.shape, target)
+        parts = mlx_tensor(gname, tensor.type, g.raw(gname), tensor.shape, target, layout)
         if suffix == "weight" and len(tensor.shape) > 1:
             module_bits[hf_mod] = layout.bits
         kind = gname.split(".")[-2]
@@ -137,7 +145,7 @@ def _write_weights(g: GGUFFile, plan: Any, target: Any, folder: Path) -> dict[st
 
 
 def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike,
-                 *, overwrite: bool = False, dtype: str = "auto") -> Path:
+                 *, overwrite: bool = False, dtype: str = "auto", kernel: bool | None = None) -> Path:
     """Convert a GGUF file into an HF-format folder loadable by ``mlx_lm.load``.
 
     Args:
@@ -152,6 +160,9 @@ def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike,
             float32 on a CPU-only MLX), ``"float16"``, ``"bfloat16"`` (lossy for the
             f16 scales), ``"float32"``, or ``"keep"`` (F32 norms, F16 stay F16, scales
             float32).
+        kernel: write only the widths the mlxrt-qmv CPU kernel computes (5- and 6-bit layouts
+            widened to 8 bits, :func:`~mlxrt.sources.gguf_quant.served_layout`); default
+            :func:`~mlxrt.sources.gguf_quant.kernel_widths` (on a CPU with the kernel loaded).
 
     Returns:
         ``Path(out_dir)``.
@@ -179,6 +190,7 @@ def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike,
         raise UnsupportedGGUF("GGUF has no tokenizer (tokenizer.ggml.tokens)")
     tokenizer = build_tokenizer(md)  # fail early, before converting the weights
 
+    kernel = kernel_widths() if kernel is None else kernel
     all_f32 = set(type_counts) <= {"F32"}
     dtype_name = ("float32" if all_f32 else auto_float_dtype()) if dtype == "auto" else dtype
     try:
@@ -190,7 +202,7 @@ def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike,
     out_dir.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
-        module_bits = _write_weights(g, plan, target, tmp)
+        module_bits = _write_weights(g, plan, target, tmp, kernel)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -245,7 +257,8 @@ def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike,
         "name": md.get("general.name"),
         "architecture": md.get("general.architecture"),
         "tensor_types": dict(sorted(type_counts.items())),
-        "layouts": {t: {"bits": LAYOUTS[t].bits, "lossless": LAYOUTS[t].lossless} for t in sorted(type_counts)},
+        "kernel_widths": kernel,
+        "layouts": {t: attrs.asdict(served_layout(t, kernel)) for t in sorted(type_counts)},
     }
 
     try:

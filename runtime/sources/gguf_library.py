@@ -140,11 +140,14 @@ def gguf_static(path: Path) -> tuple[dict[str, Any], Any]:
     from mlxrt.sources.gguf import auto_float_dtype
     from mlxrt.sources.gguf_arch import plan_architecture
     from mlxrt.sources.gguf_format import UnsupportedGGUF, read_gguf
-    from mlxrt.sources.gguf_quant import GROUP_SIZE, layout_of
+    from mlxrt.sources.gguf_quant import GROUP_SIZE, kernel_widths, layout_of, served_layout
 
     try:
         g = read_gguf(path)
-        layouts = {name: layout_of(name, t.type) for name, t in g.tensors.items()}
+        for name, t in g.tensors.items():
+            layout_of(name, t.type)  # refuses an unknown type, naming the tensor
+        kernel = kernel_widths()
+        layouts = {name: served_layout(t.type, kernel) for name, t in g.tensors.items()}
         config = dict(plan_architecture(g).config)
     except UnsupportedGGUF as exc:
         raise ModelLoadError(f"{path}: {exc}") from exc
