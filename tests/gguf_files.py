@@ -142,11 +142,13 @@ def _metadata(writer: Any, arch: str, cfg: dict[str, Any], vocab: list[str]) -> 
     writer.add_chat_template(CHAT_TEMPLATE)
 
 
-def write_tiny(path: Path, arch: str, types: dict[str, str] | str = "F32", seed: int = 0) -> Any:
+def write_tiny(path: Path, arch: str, types: dict[str, str] | str = "F32", seed: int = 0,
+               extra: dict[str, np.ndarray] | None = None) -> Any:
     """Write a tiny random ``arch`` model as GGUF; return the mlx-lm model of its decoded values.
 
     ``types``: one ggml type for every matrix, or a map from a GGUF tensor kind (``attn_q``,
-    ``token_embd``…) or a whole name without ``.weight`` to its type (default F32).
+    ``token_embd``…) or a whole name without ``.weight`` to its type (default F32). ``extra``:
+    more float32 tensors written as they are (a vision tower's, say).
     """
     import gguf
     import mlx.core as mx
@@ -198,6 +200,8 @@ def write_tiny(path: Path, arch: str, types: dict[str, str] | str = "F32", seed:
             writer.add_tensor(gname, raw)
         else:
             writer.add_tensor(gname, raw, raw_shape=raw.shape, raw_dtype=gguf.GGMLQuantizationType[tname])
+    for name, array in (extra or {}).items():
+        writer.add_tensor(name, array.astype(np.float32))
     if hasattr(model, "sanitize"):  # mlx-lm's own handling of a tied head
         ref = model.sanitize(ref)
     model.load_weights(list(ref.items()))

@@ -151,3 +151,23 @@ def test_kernel_widths_widen_to_8_bits(tmp_path):
     assert served_layout("Q5_0", False).bits == 5
     want = logits(ref)
     np.testing.assert_allclose(logits(model), want, atol=0.05 * np.abs(want).max(), rtol=0)
+
+
+def test_a_vision_tower_in_the_file_is_left_out(tmp_path):
+    """Ollama's Gemma 3 blobs carry the vision tower (``v.*``) and projector (``mm.*``) beside the
+    text model: the text-only conversion and fit's estimate both leave them out."""
+    from mlx.utils import tree_flatten
+    from mlx_lm import load
+
+    from mlxrt.sources.gguf import convert_gguf
+    from mlxrt.sources.gguf_library import gguf_static
+
+    src = tmp_path / "gemma3-vision.gguf"
+    tower = {"v.blk.0.attn_q.weight": np.ones((64, 64)), "mm.input_projection.weight": np.ones((64, 256))}
+    ref = write_tiny(src, "gemma3", "Q8_0", extra=tower)
+    out = convert_gguf(src, tmp_path / "hf", dtype="float32", kernel=False)
+    model, _ = load(str(out))
+    want = logits(ref)
+    np.testing.assert_allclose(logits(model), want, atol=2e-4 * np.abs(want).max(), rtol=0)
+    _, summary = gguf_static(src)
+    assert summary.params == sum(v.size for _, v in tree_flatten(ref.parameters()))

@@ -23,7 +23,7 @@ import attrs
 from mlxrt.sources.gguf_format import GGUFFile, UnsupportedGGUF
 from mlxrt.sources.gguf_format import metadata_value as _md
 
-__all__ = ["ArchPlan", "plan_architecture", "ARCHITECTURES"]
+__all__ = ["ArchPlan", "plan_architecture", "ARCHITECTURES", "VISION_PREFIXES"]
 
 
 @attrs.frozen
@@ -212,6 +212,8 @@ ARCHITECTURES: dict[str, Callable[[GGUFFile, _Meta, dict[str, Any]], dict[str, A
     "gemma3": _gemma3,
     "phi3": _phi3,
 }
+#: Tensor-name prefixes of a vision tower and projector that llama.cpp writes beside the text model.
+VISION_PREFIXES = ("v.", "mm.")
 _FOLDED = frozenset({"rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight"})
 
 
@@ -248,8 +250,10 @@ def plan_architecture(g: GGUFFile) -> ArchPlan:
     cfg = ARCHITECTURES[arch](g, m, _common(m, g.tensors["token_embd.weight"].shape[0]))
     cfg["tie_word_embeddings"] = "output.weight" not in g.tensors
     names = _hf_names(cfg, arch)
+    # a vision tower in the same file (Ollama's Gemma 3 blobs): a text-only load drops it
+    tower = {n for n in g.tensors if n.startswith(VISION_PREFIXES)}
     return ArchPlan(config=cfg, names=names, permute_qk=arch == "llama",
-                    norm_plus_one=arch in ("gemma2", "gemma3"), skipped=_FOLDED & set(g.tensors))
+                    norm_plus_one=arch in ("gemma2", "gemma3"), skipped=frozenset(_FOLDED & set(g.tensors) | tower))
 
 
 def unpermute_rows(x: Any, n_head: int) -> Any:

@@ -138,7 +138,7 @@ def gguf_static(path: Path) -> tuple[dict[str, Any], Any]:
     from mlxrt.errors import ModelLoadError
     from mlxrt.sources.fit import WeightsSummary
     from mlxrt.sources.gguf import auto_float_dtype
-    from mlxrt.sources.gguf_arch import plan_architecture
+    from mlxrt.sources.gguf_arch import VISION_PREFIXES, plan_architecture
     from mlxrt.sources.gguf_format import UnsupportedGGUF, read_gguf
     from mlxrt.sources.gguf_quant import GROUP_SIZE, kernel_widths, layout_of, served_layout
 
@@ -148,7 +148,8 @@ def gguf_static(path: Path) -> tuple[dict[str, Any], Any]:
             layout_of(name, t.type)  # refuses an unknown type, naming the tensor
         kernel = kernel_widths()
         layouts = {name: served_layout(t.type, kernel) for name, t in g.tensors.items()}
-        config = dict(plan_architecture(g).config)
+        plan = plan_architecture(g)
+        config = dict(plan.config)
     except UnsupportedGGUF as exc:
         raise ModelLoadError(f"{path}: {exc}") from exc
     except OSError as exc:
@@ -158,7 +159,10 @@ def gguf_static(path: Path) -> tuple[dict[str, Any], Any]:
     float_bytes = 4 if float_dtype == "float32" else 2
     params = weight_bytes = 0
     bits: Counter[int] = Counter()
+    skipped = plan.skipped
     for name, t in g.tensors.items():
+        if name in skipped and name.startswith(VISION_PREFIXES):
+            continue  # the converter drops a vision tower
         n = int(np.prod(t.shape))
         params += n
         weight_bytes += int(n * layouts[name].bytes_per_weight(float_bytes))
