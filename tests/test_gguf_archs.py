@@ -84,8 +84,10 @@ def test_each_quantization_type(tmp_path, type_name):
         assert (proj.bits, proj.group_size) == (layout.bits, 32)
         got_w = np.array(mx.dequantize(proj.weight, proj.scales, proj.biases, group_size=32, bits=proj.bits))
         err = np.abs(got_w - want_w)
-        if layout.lossless:
-            assert err.max() <= 1e-6 * np.abs(want_w).max()
+        if layout.lossless and type_name != "IQ4_XS":  # the very values gguf decodes
+            np.testing.assert_array_equal(got_w, want_w)
+        elif layout.lossless:  # s·(k+128) − 128·s: s·(k+128) can need 25 bits, one float32 rounding
+            assert err.max() <= 2**-23 * np.abs(want_w).max()
         else:  # mx.quantize's grid (shifted so that 0 is exact): within one step of each group
             step = np.repeat(np.abs(np.array(proj.scales)), 32, axis=-1)
             assert (err <= step * (1 + 1e-5) + 1e-7).all()
