@@ -127,57 +127,83 @@ def find_gguf(query: str) -> GGUFEntry | None:
     return entries[name] if name is not None else None
 
 
+def _read(path: Path) -> tuple[Any, Any]:
+    """``(GGUFFile, ArchPlan)`` of ``path``, or :class:`~mlxrt.errors.ModelLoadError` saying why not."""
+    from mlxrt.errors import ModelLoadError
+    from mlxrt.sources.gguf_arch import plan_architecture
+    from mlxrt.sources.gguf_format import UnsupportedGGUF, read_gguf
+    from mlxrt.sources.gguf_quant import layout_of
+
+    try:
+        g = read_gguf(path)
+        for name, t in g.tensors.items():
+            layout_of(name, t.type)  # refuses an unknown type, naming the tensor
+        return g, plan_architecture(g)
+    except UnsupportedGGUF as exc:
+        raise ModelLoadError(f"{path}: {exc}") from exc
+    except OSError as exc:
+        raise ModelLoadError(f"cannot read {path}: {exc}") from exc
+
+
 def gguf_static(path: Path) -> tuple[dict[str, Any], Any]:
     """``(config, WeightsSummary)`` of a GGUF file from its header: the config the converter
     writes (quantization block included) and its weights as converted for this machine.
 
     :raises ModelLoadError: An unreadable file, or an architecture or type the converter refuses.
     """
+    return _static(*_read(path))
+
+
+def _static(g: Any, plan: Any) -> tuple[dict[str, Any], Any]:
     import numpy as np
 
-    from mlxrt.errors import ModelLoadError
     from mlxrt.sources.fit import WeightsSummary
     from mlxrt.sources.gguf import auto_float_dtype
-    from mlxrt.sources.gguf_arch import VISION_PREFIXES, plan_architecture
-    from mlxrt.sources.gguf_format import UnsupportedGGUF, read_gguf
-    from mlxrt.sources.gguf_quant import GROUP_SIZE, kernel_widths, layout_of, served_layout
+    from mlxrt.sources.gguf_arch import VISION_PREFIXES
+    from mlxrt.sources.gguf_quant import GROUP_SIZE, kernel_widths, served_layout
 
-    try:
-        g = read_gguf(path)
-        for name, t in g.tensors.items():
-            layout_of(name, t.type)  # refuses an unknown type, naming the tensor
-        kernel = kernel_widths()
-        layouts = {name: served_layout(t.type, kernel) for name, t in g.tensors.items()}
-        plan = plan_architecture(g)
-        config = dict(plan.config)
-    except UnsupportedGGUF as exc:
-        raise ModelLoadError(f"{path}: {exc}") from exc
-    except OSError as exc:
-        raise ModelLoadError(f"cannot read {path}: {exc}") from exc
+    kernel = kernel_widths()
+    config = dict(plan.config)
     all_f32 = all(t.type == "F32" for t in g.tensors.values())
     float_dtype = "float32" if all_f32 else auto_float_dtype()
     float_bytes = 4 if float_dtype == "float32" else 2
     params = weight_bytes = 0
     bits: Counter[int] = Counter()
-    skipped = plan.skipped
     for name, t in g.tensors.items():
-        if name in skipped and name.startswith(VISION_PREFIXES):
+        if name in plan.skipped and name.startswith(VISION_PREFIXES):
             continue  # the converter drops a vision tower
+        layout = served_layout(t.type, kernel)
         n = int(np.prod(t.shape))
         params += n
-        weight_bytes += int(n * layouts[name].bytes_per_weight(float_bytes))
-        if layouts[name].bits:
-            bits[layouts[name].bits] += 1
+        weight_bytes += int(n * layout.bytes_per_weight(float_bytes))
+        if layout.bits:
+            bits[layout.bits] += 1
     if bits:
         config["quantization"] = {"group_size": GROUP_SIZE, "bits": bits.most_common(1)[0][0], "mode": "affine"}
     stored = f"quantized {'/'.join(map(str, sorted(bits)))}-bit" if bits else float_dtype
     return config, WeightsSummary(weight_bytes, 0, params, float_dtype, 1, stored)
 
 
-def describe_gguf(entry: GGUFEntry) -> Any:
-    """``entry`` as a library row (:class:`mlxrt.sources.library.LocalModel`), from its header."""
+def _model_info(g: Any, config: dict[str, Any], entry: GGUFEntry) -> Any:
+    """What a family plugin is told about the GGUF (as it is told about a folder): the config,
+    the control and user-defined tokens, the chat template."""
+    from mlxrt.records import ModelInfo
+
+    md = g.metadata
+    tokens = md.get("tokenizer.ggml.tokens") or []
+    types = md.get("tokenizer.ggml.token_type") or []
+    special = {t: i for i, (t, ty) in enumerate(zip(tokens, types, strict=False)) if ty in (3, 4)}
+    template = md.get("tokenizer.chat_template")
+    return ModelInfo(model_id=entry.name, path=entry.path, model_type=config["model_type"], config=config,
+                     special_tokens=special, chat_template=template if isinstance(template, str) else None,
+                     source="gguf")
+
+
+def describe_gguf(entry: GGUFEntry, host: Any = None) -> Any:
+    """``entry`` as a library row (:class:`mlxrt.sources.library.LocalModel`), from its header;
+    ``host`` answers the family hooks, as for a folder."""
     from mlxrt.errors import ModelLoadError
-    from mlxrt.sources.library import LocalModel
+    from mlxrt.sources.library import LocalModel, support_tier
 
     try:
         size = entry.path.stat().st_size
@@ -186,11 +212,17 @@ def describe_gguf(entry: GGUFEntry) -> Any:
     row = LocalModel(repo_id=entry.name, revision=None, path=entry.path, size_bytes=size, revisions=1,
                      source=entry.source)
     try:
-        config, summary = gguf_static(entry.path)
+        g, plan = _read(entry.path)
     except ModelLoadError as exc:
         return attrs.evolve(row, problem=exc.message, support_tier="unsupported")
+    config, summary = _static(g, plan)
     quant = config.get("quantization") or {}
     archs = config.get("architectures") or [config["model_type"]]
-    return attrs.evolve(row, model_type=config["model_type"], architecture=archs[0], params=summary.params,
-                        weight_bytes=summary.weight_bytes, quant_bits=quant.get("bits"),
-                        quant_group_size=quant.get("group_size"), support_tier="generic")
+    row = attrs.evolve(row, model_type=config["model_type"], architecture=archs[0], params=summary.params,
+                       weight_bytes=summary.weight_bytes, quant_bits=quant.get("bits"),
+                       quant_group_size=quant.get("group_size"))
+    try:
+        family, tier = support_tier(_model_info(g, config, entry), host)
+    except Exception as exc:  # a plugin's hook raised: the row says so, the listing goes on
+        return attrs.evolve(row, problem=f"family hooks failed: {exc}")
+    return attrs.evolve(row, family=family, support_tier=tier)

@@ -152,7 +152,7 @@ def scan_library(host: PluginHost | None = None, cache_dir: Path | None = None) 
 
     root = cache_dir or hf_cache_dir()
     scan = _scan_hf_cache(host, root)
-    ggufs = [describe_gguf(e) for e in gguf_entries(cache_dir)]
+    ggufs = [describe_gguf(e, host) for e in gguf_entries(cache_dir)]
     return CacheScan(root, [*scan.models, *ggufs], scan.warnings)
 
 
