@@ -131,3 +131,20 @@ def test_serve_by_store_name_and_library_lists_them(stores, mlxrt_serve):
 def test_rm_refuses_a_gguf_of_another_store(stores):
     out = run("rm", "tinyllama", "--yes")
     assert out.returncode != 0 and "ollama" in out.stderr and stores["ollama"].is_file()
+
+
+def test_family_plugins_answer_for_a_gguf_as_for_a_folder(tmp_path):
+    from mlxrt.host import make_host
+    from mlxrt.sources.gguf_library import GGUFEntry, describe_gguf
+
+    host = make_host()
+    for arch, family, tier in (("qwen3", "qwen", "family"), ("gemma2", None, "generic")):
+        path = tmp_path / f"{arch}.gguf"
+        write_tiny(path, arch, "Q8_0")
+        row = describe_gguf(GGUFEntry(path.name, path, "lmstudio"), host)
+        assert (row.family, row.support_tier, row.problem) == (family, tier, None), arch
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"GGUF" + (3).to_bytes(4, "little") + (5).to_bytes(8, "little") + (1).to_bytes(8, "little"))
+    row = describe_gguf(GGUFEntry("bad.gguf", bad, "lmstudio"), host)
+    assert row.support_tier == "unsupported" and not row.servable
+    assert row.problem.startswith(f"{bad}: truncated or corrupt GGUF header") and row.problem.count(str(bad)) == 1

@@ -140,7 +140,7 @@ def _read(path: Path) -> tuple[Any, Any]:
             layout_of(name, t.type)  # refuses an unknown type, naming the tensor
         return g, plan_architecture(g)
     except UnsupportedGGUF as exc:
-        raise ModelLoadError(f"{path}: {exc}") from exc
+        raise ModelLoadError(str(exc) if str(path) in str(exc) else f"{path}: {exc}") from exc
     except OSError as exc:
         raise ModelLoadError(f"cannot read {path}: {exc}") from exc
 
