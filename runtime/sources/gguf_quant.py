@@ -198,7 +198,9 @@ def mlx_tensor(name: str, type_name: str, raw: Any, shape: tuple[int, ...], floa
             w = mx.array(np.asarray(raw).view(np.uint16).reshape(shape)).view(mx.bfloat16)
         else:
             w = mx.array(np.asarray(raw).reshape(shape))
-        return {"weight": w.astype(float_dtype) if float_dtype is not None else w}
+        if float_dtype is None or (type_name == "BF16" and float_dtype == mx.float16):
+            return {"weight": w}  # bfloat16 stays: float16 has neither its range nor its rounding
+        return {"weight": w.astype(float_dtype)}
     if cols % GROUP_SIZE:
         raise UnsupportedGGUF(f"tensor {name!r}: rows of {cols} weights are not whole groups of {GROUP_SIZE}")
     rows = raw.shape[0]
