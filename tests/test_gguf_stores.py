@@ -49,6 +49,9 @@ def stores(tmp_path, monkeypatch, tiny_gguf) -> dict[str, Path]:
     manifest.write_text(json.dumps({"schemaVersion": 2, "layers": [
         {"mediaType": "application/vnd.ollama.image.license", "digest": "sha256:" + "0" * 64, "size": 1},
         {"mediaType": "application/vnd.ollama.image.model", "digest": f"sha256:{digest}", "size": len(data)}]}))
+    pulled = ollama / "manifests" / "hf.co" / "acme" / "Tiny-GGUF" / "Q8_0"  # `ollama pull hf.co/acme/Tiny-GGUF:Q8_0`
+    pulled.parent.mkdir(parents=True)
+    pulled.write_text(manifest.read_text())
     # LM Studio: PUBLISHER/REPO/*.gguf; a vision projector beside it is not a model
     lms = home / ".lmstudio" / "models" / "lmstudio-community" / "Tiny-GGUF"
     lms.mkdir(parents=True)
@@ -73,7 +76,10 @@ NAMES = {"gguf-hf-cache": "acme/Tiny-GGUF/tiny-Q8_0.gguf", "ollama": "tinyllama:
 def test_ls_lists_a_gguf_of_each_store(stores, tiny_gguf):
     out = run("ls", "--json")
     assert out.returncode == 0, out.stderr
-    rows = {r["source"]: r for r in json.loads(out.stdout) if r["source"] in NAMES}
+    listed = json.loads(out.stdout)
+    assert sorted(r["repo_id"] for r in listed if r["source"] == "ollama") == ["hf.co/acme/Tiny-GGUF:Q8_0",
+                                                                             "tinyllama:q8"]
+    rows = {r["source"]: r for r in listed if r["repo_id"] in NAMES.values()}
     assert sorted(rows) == sorted(NAMES)
     for source, row in rows.items():
         assert row["repo_id"] == NAMES[source] and Path(row["path"]) == stores[source]
@@ -93,7 +99,8 @@ def test_ollama_models_root_is_overridden_by_the_environment(stores, tmp_path, m
     os.replace(stores["ollama"].parent.parent, moved)
     monkeypatch.setenv("OLLAMA_MODELS", str(moved))
     rows = [r for r in json.loads(run("ls", "--json").stdout) if r["source"] == "ollama"]
-    assert [r["repo_id"] for r in rows] == ["tinyllama:q8"] and Path(rows[0]["path"]).parent == moved / "blobs"
+    assert sorted(r["repo_id"] for r in rows) == ["hf.co/acme/Tiny-GGUF:Q8_0", "tinyllama:q8"]
+    assert all(Path(r["path"]).parent == moved / "blobs" for r in rows)
 
 
 def test_fit_reads_the_header_and_matches_the_converted_folder(stores):

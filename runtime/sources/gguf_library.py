@@ -6,8 +6,9 @@ Three stores are searched (nothing is downloaded, no file is opened beyond its h
   ``config.json``), named ``ORG/REPO/FILE.gguf``;
 * Ollama's model store (``$OLLAMA_MODELS``, default ``~/.ollama/models``): each manifest
   ``manifests/HOST/NAMESPACE/NAME/TAG`` names its GGUF blob by digest (the layer whose
-  ``mediaType`` is ``application/vnd.ollama.image.model``), kept as ``blobs/sha256-…``; named
-  ``NAME:TAG`` (``library`` namespace of registry.ollama.ai) or ``NAMESPACE/NAME:TAG``;
+  ``mediaType`` is ``application/vnd.ollama.image.model``), kept as ``blobs/sha256-…``; named as
+  ``ollama list`` names it: ``NAME:TAG`` (``library`` namespace of registry.ollama.ai),
+  ``NAMESPACE/NAME:TAG``, or ``HOST/NAMESPACE/NAME:TAG`` for another registry (``hf.co/…``);
 * LM Studio's models folder (``~/.lmstudio/models``, older ``~/.cache/lm-studio/models``):
   ``PUBLISHER/REPO/FILE.gguf``, named so; vision projectors (``mmproj-*``) are not models.
 
@@ -72,7 +73,11 @@ def _ollama() -> list[GGUFEntry]:
         if not blob.is_file():
             continue
         host, namespace, name, tag = manifest.relative_to(manifests).parts
-        short = f"{name}:{tag}" if (host, namespace) == ("registry.ollama.ai", "library") else f"{namespace}/{name}:{tag}"
+        # as `ollama list` names them: llama3.2:3b, user/model:tag, hf.co/user/repo:tag
+        if host == "registry.ollama.ai":
+            short = f"{name}:{tag}" if namespace == "library" else f"{namespace}/{name}:{tag}"
+        else:
+            short = f"{host}/{namespace}/{name}:{tag}"
         out.append(GGUFEntry(short, blob, "ollama"))
     return out
 
