@@ -47,7 +47,7 @@ class ModelSource:
     source: str
 
 
-def resolve_model(spec: str | None, *, allow_download: bool = True) -> ModelSource:
+def resolve_model(spec: str | None, *, allow_download: bool = True, gguf_as_file: bool = False) -> ModelSource:
     """Turn a MODEL argument into a local folder.
 
     A ``spec`` that is no file names a repo of the local HF cache: its exact id, else the one
@@ -58,6 +58,7 @@ def resolve_model(spec: str | None, *, allow_download: bool = True) -> ModelSour
     :param spec: A folder, a ``.gguf`` file, a repo id or part of a local one, or ``None`` for
         the embedded model.
     :param allow_download: Whether a repo id missing from the HF cache may be downloaded.
+    :param gguf_as_file: A GGUF resolves to the file itself, not converted (``fit`` reads its header).
     :raises ModelLoadError: With a message saying what was tried and what to do.
     """
     if spec is None:
@@ -75,7 +76,7 @@ def resolve_model(spec: str | None, *, allow_download: bool = True) -> ModelSour
     if path is not None and path.suffix == ".gguf":
         if not path.is_file():
             raise ModelLoadError(f"GGUF file not found: {path}")
-        return ModelSource(_convert_gguf_cached(path), path.stem, "gguf")
+        return _gguf_source(path, path.stem, gguf_as_file)
     if path is not None and path.is_dir():
         if not (path / "config.json").is_file():
             raise ModelLoadError(f"{path} is a folder but has no config.json (not a Hugging Face model folder)")
@@ -87,6 +88,12 @@ def resolve_model(spec: str | None, *, allow_download: bool = True) -> ModelSour
         if repo != spec:
             log.info("model %r is the local repo %s", spec, repo)
         return ModelSource(_from_hf_cache(repo, allow_download), repo, "hf-cache")
+    from mlxrt.sources.gguf_library import find_gguf
+
+    entry = find_gguf(spec)  # a GGUF in the HF cache, Ollama's store or LM Studio's folder
+    if entry is not None:
+        log.info("model %r is the %s GGUF %s", spec, entry.source, entry.path)
+        return _gguf_source(entry.path, entry.name, gguf_as_file)
     if _names_embedded(spec):  # its exact id, not a part: short names stay clients' placeholders
         return resolve_model(None)
     if spec.count("/") != 1 or spec.startswith(("/", ".", "~")):
@@ -174,12 +181,26 @@ def _from_hf_cache(repo_id: str, allow_download: bool) -> Path:
         ) from exc
 
 
-def _convert_gguf_cached(gguf: Path) -> Path:
-    from mlxrt.sources.gguf import UnsupportedGGUF, convert_gguf
+def _gguf_source(path: Path, name: str, as_file: bool) -> ModelSource:
+    return ModelSource(path if as_file else _convert_gguf_cached(path, name), name, "gguf")
+
+
+def _convert_gguf_cached(gguf: Path, name: str | None = None) -> Path:
+    from mlxrt.sources.gguf import (
+        CONVERTER_VERSION,
+        UnsupportedGGUF,
+        auto_float_dtype,
+        convert_gguf,
+    )
+    from mlxrt.sources.gguf_quant import kernel_widths
 
     stat = gguf.stat()
-    key = hashlib.sha256(f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}".encode()).hexdigest()[:16]
-    out = mlxrt_home() / "models" / f"{gguf.stem}-{key}"
+    # what the conversion depends on beyond the file: the float dtype and the kernel's widths
+    source = (f"{gguf.resolve()}:{stat.st_size}:{stat.st_mtime_ns}:{CONVERTER_VERSION}:{auto_float_dtype()}:"
+              f"{kernel_widths()}")
+    key = hashlib.sha256(source.encode()).hexdigest()[:16]
+    label = "".join(c if c.isalnum() or c in "-_." else "-" for c in (name or gguf.stem))[-80:]
+    out = mlxrt_home() / "models" / f"{label}-{key}"
     if (out / "config.json").is_file():
         return out
     log.info("converting %s into %s (once)", gguf, out)

@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-GGML = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "Q6_K": 14}
+GGML = {"F32": 0, "F16": 1, "Q4_0": 2, "Q4_1": 3, "Q8_0": 8, "Q8_K": 15}
 
 # --------------------------------------------------------------------------------------
 # A minimal GGUF v3 writer and the three ggml block quantizers (numpy reference code)
@@ -257,7 +257,8 @@ def test_f32_tied_roundtrip_matches_logits(tmp_path, gguf_mod):
         HIDDEN, LAYERS, HEADS, KV_HEADS, HEAD_DIM, FFN)
     assert cfg["vocab_size"] == len(tiny_vocab()) and cfg["max_position_embeddings"] == 256
     assert cfg["rope_theta"] == 10000.0 and cfg["rms_norm_eps"] == 1e-5
-    assert json.loads((out / "generation_config.json").read_text())["eos_token_id"] == 2
+    # the EOS id, then the control tokens llama.cpp also ends generation on (<|endoftext|>)
+    assert json.loads((out / "generation_config.json").read_text())["eos_token_id"] == [2, 0]
 
     model, tok = load(str(out))
     # the un-permute restores HF's q/k rows exactly
@@ -278,7 +279,7 @@ def test_quantized_untied_roundtrip_matches_logits(tmp_path, gguf_mod):
              "ffn_down": "Q8_0", "blk.0.ffn_down": "F16"}
     src = tmp_path / "tiny-q.gguf"
     ref = make_tiny_gguf(src, types, tied=False, seed=1)
-    header = gguf_mod.read_gguf_header(src)
+    header = gguf_mod.read_gguf(src)
     assert header.type_name("blk.1.attn_q.weight") == "Q4_0"
     out = gguf_mod.convert_gguf(src, tmp_path / "hf", dtype="float32")
     cfg = json.loads((out / "config.json").read_text())
@@ -337,15 +338,15 @@ def test_existing_out_dir_needs_overwrite(tmp_path, gguf_mod):
 
 
 def _one_tensor_gguf(path: Path, arch: str, tname: str = "F32"):
-    raw = np.zeros(256 * 4, np.float32).tobytes() if tname == "F32" else bytes(210 * 4)
+    raw = np.zeros(256 * 4, np.float32).tobytes() if tname == "F32" else bytes(292 * 4)
     meta = tiny_metadata(arch)
     write_gguf(path, [("token_embd.weight", (4, 256), tname, raw)], meta)
 
 
 def test_unsupported_architecture(tmp_path, gguf_mod):
-    src = tmp_path / "qwen.gguf"
-    _one_tensor_gguf(src, "qwen2")
-    with pytest.raises(gguf_mod.UnsupportedGGUF, match="qwen2"):
+    src = tmp_path / "mamba.gguf"
+    _one_tensor_gguf(src, "mamba")
+    with pytest.raises(gguf_mod.UnsupportedGGUF, match="mamba"):
         gguf_mod.convert_gguf(src, tmp_path / "out")
     assert isinstance(gguf_mod.UnsupportedGGUF("x"), ValueError)
     assert not (tmp_path / "out").exists()
@@ -353,8 +354,8 @@ def test_unsupported_architecture(tmp_path, gguf_mod):
 
 def test_unsupported_tensor_type_names_tensor_and_type(tmp_path, gguf_mod):
     src = tmp_path / "k.gguf"
-    _one_tensor_gguf(src, "llama", "Q6_K")
-    with pytest.raises(gguf_mod.UnsupportedGGUF, match=r"token_embd\.weight.*Q6_K"):
+    _one_tensor_gguf(src, "llama", "Q8_K")  # llama.cpp's activation type: never a stored weight
+    with pytest.raises(gguf_mod.UnsupportedGGUF, match=r"token_embd\.weight.*Q8_K"):
         gguf_mod.convert_gguf(src, tmp_path / "out")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["k.gguf"]
 
@@ -381,7 +382,7 @@ def test_llama3_rope_freqs_are_recovered(gguf_mod):
         else:
             s = (orig / wl - low) / (high - low)
             ff.append(1 / ((1 - s) / factor + s))
-    got = gguf_mod._llama3_rope_scaling(ff, theta, dim)
+    got = gguf_mod.llama3_rope_scaling(ff, theta, dim)
     assert got == {"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0,
                    "high_freq_factor": 4.0, "original_max_position_embeddings": 8192}
 

@@ -117,7 +117,8 @@ def _library_rows(host: PluginHost, ctx: int, settings: dict[str, Any]) -> list[
 
     served = _served(host)
     models = scan_library(host).models
-    if served is not None and not any(m.path == served[1] for m in models):
+    # a GGUF's row has the file as its path, the served model its converted folder: same name
+    if served is not None and not any(m.path == served[1] or m.repo_id == served[0] for m in models):
         # served from a folder, a .gguf or the embedded wheel: listed too, first
         models.insert(0, describe_snapshot(served[0], served[1], host, revision=None, size_bytes=_du(served[1]),
                                            revisions=1))
@@ -126,7 +127,7 @@ def _library_rows(host: PluginHost, ctx: int, settings: dict[str, Any]) -> list[
     resident = {Path(s.source.path) for s in pool.resident()} if pool is not None else set()
     for m in models:
         row = m.describe()
-        row["serving"] = (served is not None and m.path == served[1]) or m.path in resident
+        row["serving"] = (served is not None and (m.path == served[1] or m.repo_id == served[0])) or m.path in resident
         row["assessment"] = None
         if m.servable and m.path is not None:
             try:

@@ -72,7 +72,8 @@ def register(cli: click.Group, host: PluginHost) -> None:
     @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of a table.")
     def ls_cmd(as_json: bool) -> None:
         """List the models `mlxrt serve` can serve from here: the embedded default model
-        (served when no MODEL is given), then the Hugging Face cache, one row per repo."""
+        (served when no MODEL is given), the Hugging Face cache, one row per repo, then the GGUF
+        files of the HF cache, Ollama and LM Studio, one row each."""
         from mlxrt.sources.library import embedded_model, scan_library
 
         scan = scan_library(host)
@@ -87,7 +88,8 @@ def register(cli: click.Group, host: PluginHost) -> None:
         rows = [("REPO", "SIZE", "PARAMS", "BITS", "ARCH", "FAMILY", "TIER", "VISION")]
         for m in models:
             tier = m.support_tier if m.problem is None else "broken"
-            name = f"{m.repo_id} (embedded: the default)" if m.source == "embedded" else m.repo_id
+            name = {"embedded": f"{m.repo_id} (embedded: the default)", "ollama": f"{m.repo_id} (ollama)",
+                    "lmstudio": f"{m.repo_id} (lm studio)"}.get(m.source, m.repo_id)
             rows.append((name, human_bytes(m.size_bytes), human_count(m.params),
                          str(m.quant_bits) if m.quant_bits else "-", m.model_type or "-", m.family or "-",
                          tier or "-", "yes" if m.vision else "no"))
@@ -96,7 +98,8 @@ def register(cli: click.Group, host: PluginHost) -> None:
     @cli.command("scan")
     @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
     def scan_cmd(as_json: bool) -> None:
-        """Check every repo of the Hugging Face cache: servable, or why not."""
+        """Check every model of the Hugging Face cache and the GGUF stores (Ollama, LM Studio):
+        servable, or why not."""
         from mlxrt.sources.library import scan_library
 
         scan = scan_library(host)
@@ -124,6 +127,9 @@ def register(cli: click.Group, host: PluginHost) -> None:
             target = find_local(model, scan_library(None).models)
         except ModelLoadError as exc:
             raise _fail(exc) from None
+        if target.source != "hf-cache":
+            raise click.ClickException(f"{target.repo_id} is a GGUF of {target.source} ({target.path}): "
+                                       "mlxrt rm deletes from the Hugging Face cache only")
         if not yes:
             click.confirm(f"delete {target.repo_id} ({human_bytes(target.size_bytes)}, "
                           f"{target.revisions} revision(s))?", abort=True)
@@ -161,7 +167,7 @@ def register(cli: click.Group, host: PluginHost) -> None:
         except ValueError as exc:
             raise click.BadParameter(str(exc)) from None
         try:
-            source = resolve_model(model, allow_download=False)
+            source = resolve_model(model, allow_download=False, gguf_as_file=True)
             report = assess(source.path, ctx=ctx, budget=budget, prompt_cache_bytes=cache, rows=batch,
                             model=source.model_id, dtype=dtype)
         except ModelLoadError as exc:

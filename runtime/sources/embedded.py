@@ -87,6 +87,7 @@ def embedded_available() -> bool:
 
 def _is_current(out: Path, gguf: Path) -> bool:
     from mlxrt.sources.gguf import CONVERTER_VERSION, MARKER_FILE, auto_float_dtype
+    from mlxrt.sources.gguf_quant import kernel_widths
 
     try:
         marker = json.loads((out / MARKER_FILE).read_text(encoding="utf-8"))
@@ -98,6 +99,7 @@ def _is_current(out: Path, gguf: Path) -> bool:
         and marker.get("source_size") == st.st_size
         and marker.get("source_mtime_ns") == st.st_mtime_ns
         and marker.get("dtype") == auto_float_dtype()
+        and marker.get("kernel_widths") == kernel_widths()
         and all((out / f).is_file() for f in _REQUIRED_FILES)
     )
 

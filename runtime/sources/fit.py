@@ -335,8 +335,13 @@ def assess(folder: Path, *, ctx: int = DEFAULT_CONTEXT, budget: int | None = Non
 
     :raises ModelLoadError: The folder's config or weights cannot be read.
     """
-    config = _read_config(folder)
-    summary = weights_summary(folder, config)
+    if folder.suffix == ".gguf" or folder.is_file():  # a GGUF file: from its header, as converted
+        from mlxrt.sources.gguf_library import gguf_static
+
+        config, summary = gguf_static(folder)
+    else:
+        config = _read_config(folder)
+        summary = weights_summary(folder, config)
     window = _int(_text_config(config), "max_position_embeddings")
     choice = decide(dtype, static_facts(config, summary, window), machine or machine_facts(), budget=budget,
                     lazy=lazy, models=models)

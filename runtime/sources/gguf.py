@@ -1,47 +1,33 @@
-"""Convert a llama-architecture GGUF file into a Hugging Face style folder.
+"""Convert a GGUF file into a Hugging Face style folder that mlx-lm loads.
 
-``convert_gguf(gguf_path, out_dir)`` writes a folder that ``mlx_lm.load`` (and, for
-the tokenizer and config, ``transformers``) can read:
+``convert_gguf(gguf_path, out_dir)`` writes:
 
-* ``config.json`` -- ``model_type: llama`` with every hyperparameter taken from the
-  GGUF metadata, plus an mlx-lm ``quantization`` block (default bits/group size and
-  per-module overrides where a module's bits differ, ``false`` for modules kept in
-  floating point);
-* ``model.safetensors`` -- HF llama tensor names; GGUF ``Q4_0``/``Q4_1``/``Q8_0``
-  tensors stay packed in mlx's affine format (``X.weight``/``X.scales``/``X.biases``,
-  group size 32) exactly as :func:`mlx.core.load` decodes them;
-* ``tokenizer.json`` / ``tokenizer_config.json`` -- a byte-level BPE tokenizer rebuilt
-  with the ``tokenizers`` library from ``tokenizer.ggml.tokens``/``merges``, with the
-  pre-tokenizer named by ``tokenizer.ggml.pre`` and the chat template;
-* ``generation_config.json`` -- BOS/EOS ids;
-* ``mlxrt_gguf.json`` -- where the folder came from (source size and mtime), so a
-  cache can tell when its source changed.
+* ``config.json`` -- the architecture's HF config built from the GGUF metadata
+  (:mod:`mlxrt.sources.gguf_arch`: llama/Mistral, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3),
+  plus an mlx-lm ``quantization`` block (the most common bits as the default, per-module
+  overrides where a module's bits differ, ``false`` for modules kept in floating point);
+* ``model.safetensors`` -- the mlx-lm parameter names; each tensor in the MLX layout its ggml
+  type maps to (:mod:`mlxrt.sources.gguf_quant`: affine groups of 32 converted without loss,
+  groups of 16 and non-affine types re-quantized), Q/K rows and Gemma's norms back in HF form;
+* ``tokenizer.json`` / ``tokenizer_config.json`` -- the tokenizer rebuilt from
+  ``tokenizer.ggml.*`` (:mod:`mlxrt.sources.gguf_tokenizer`), the chat template, BOS/EOS and
+  the add-BOS flag;
+* ``generation_config.json`` -- BOS/EOS ids, end-of-generation tokens included;
+* ``mlxrt_gguf.json`` -- where the folder came from (source size and mtime, the tensor types
+  and what each became), so a cache can tell when its source changed.
 
-llama.cpp stores the rows of the Q and K projections permuted for its interleaved
-("normal") RoPE.  The converter undoes that permutation -- on packed quantized rows
-and on their scales/biases alike, since it only reorders whole rows -- so the result
-is an ordinary HF llama checkpoint that runs with the usual half-split RoPE.
+Floating-point tensors (norms, F16/F32 matrices, and the scales/biases of quantized ones) are
+written as float16 when MLX runs on a GPU and as float32 on a CPU-only MLX (``dtype="auto"``,
+see :func:`auto_float_dtype`). In float32 every lossless type's scale and bias is exact; in
+float16 a K-quant's combined scale ``d * sc`` is rounded to float16 (a relative 2^-11 at most).
 
-Supported tensor types are the ones ``mx.load`` decodes losslessly and natively:
-F32, F16, Q4_0, Q4_1 and Q8_0.  (``mx.load`` silently dequantizes some others, e.g.
-Q4_K/Q6_K/BF16, to float16 and fails on others, e.g. Q5_0; those are rejected up
-front with :class:`UnsupportedGGUF` naming the tensor and its type.)  Only
-``general.architecture == "llama"`` with a ``gpt2`` (byte-level BPE) tokenizer is
-supported for now.
-
-Floating-point tensors (norms, F16/F32 matrices, and the f16 scales/biases of the
-quantized ones) are written as float16 when MLX runs on a GPU and as float32 on a
-CPU-only MLX (``dtype="auto"``, see :func:`auto_float_dtype`): MLX's CPU float16
-kernels are ~25x slower, and widening f16 to f32 is lossless.
-
-The module is light to import: mlx, numpy and tokenizers are imported inside the
+The module is light to import: mlx, numpy, gguf and tokenizers are imported inside the
 functions that need them.
 """
 
 from __future__ import annotations
 
 import json
-import math
 import os
 import shutil
 import tempfile
@@ -49,187 +35,42 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from mlxrt.sources.gguf_format import (
-    GGML_TYPE_NAMES,
-    SUPPORTED_TENSOR_TYPES,
-    GGUFHeader,
-    UnsupportedGGUF,
-    read_gguf_header,
+import attrs
+
+from mlxrt.sources.gguf_arch import llama3_rope_scaling, plan_architecture, unpermute_rows
+from mlxrt.sources.gguf_format import GGUFFile, UnsupportedGGUF, read_gguf
+from mlxrt.sources.gguf_quant import (
+    GROUP_SIZE,
+    kernel_widths,
+    layout_of,
+    mlx_tensor,
+    served_layout,
 )
-from mlxrt.sources.gguf_format import metadata_value as _md
 from mlxrt.sources.gguf_tokenizer import build_tokenizer, tokenizer_config
 
 __all__ = [
     "UnsupportedGGUF",
-    "GGUFHeader",
-    "GGML_TYPE_NAMES",
-    "SUPPORTED_TENSOR_TYPES",
+    "GGUFFile",
     "CONVERTER_VERSION",
     "MARKER_FILE",
     "auto_float_dtype",
-    "read_gguf_header",
+    "read_gguf",
     "build_tokenizer",
     "convert_gguf",
+    "llama3_rope_scaling",
 ]
 
 #: Bumped whenever the output of :func:`convert_gguf` changes, so caches re-convert.
-CONVERTER_VERSION = 1
+CONVERTER_VERSION = 3
+
+#: Converted weights written per safetensors file (and so at most held in memory at once).
+SHARD_BYTES = 1 << 30
 
 #: Provenance file written into every converted folder.
 MARKER_FILE = "mlxrt_gguf.json"
 
-_GROUP_SIZE = 32  # every supported ggml block format has 32 weights per block
-
-
-# --------------------------------------------------------------------------------------
-# Model config
-# --------------------------------------------------------------------------------------
-
-def _llama3_rope_scaling(freq_factors, theta: float, head_dim: int) -> dict[str, Any]:
-    """Recover HF ``rope_scaling`` (type llama3) from llama.cpp's ``rope_freqs`` tensor."""
-    import numpy as np
-
-    ff = np.asarray(freq_factors, dtype=np.float64).reshape(-1)
-    if ff.shape[0] != head_dim // 2:
-        raise UnsupportedGGUF(f"rope_freqs has {ff.shape[0]} entries, expected {head_dim // 2}")
-    if np.allclose(ff, 1.0):
-        return {}
-    factor = float(ff.max())
-    inv = 1.0 / theta ** (np.arange(0, head_dim, 2, dtype=np.float64) / head_dim)
-    wavelen = 2 * math.pi / inv
-    for orig in (8192, 4096, 2048, 16384, 32768, 65536, 131072):
-        for low in (1.0, 2.0, 0.5):
-            for high in (4.0, 2.0, 8.0, 1.0 + low):
-                if high <= low:
-                    continue
-                lw, hw = orig / low, orig / high
-                smooth = (orig / wavelen - low) / (high - low)
-                exp = np.where(wavelen < hw, 1.0,
-                               np.where(wavelen > lw, factor,
-                                        1.0 / ((1 - smooth) / factor + smooth)))
-                if np.allclose(exp, ff, rtol=1e-4, atol=1e-5):
-                    return {"rope_type": "llama3", "factor": factor,
-                            "low_freq_factor": low, "high_freq_factor": high,
-                            "original_max_position_embeddings": orig}
-    raise UnsupportedGGUF("rope_freqs tensor does not match any llama3 RoPE scaling "
-                          "this converter can express")
-
-
-def _model_config(md: dict[str, Any], vocab_rows: int) -> dict[str, Any]:
-    a = "llama."
-
-    def need(key: str) -> Any:
-        v = md.get(a + key)
-        if v is None:
-            raise UnsupportedGGUF(f"GGUF metadata is missing {a + key}")
-        return v
-
-    if md.get(a + "expert_count"):
-        raise UnsupportedGGUF("mixture-of-experts llama GGUFs (llama.expert_count) "
-                              "are not supported")
-    hidden = int(need("embedding_length"))
-    heads = int(need("attention.head_count"))
-    kv_heads = int(_md(md, a + "attention.head_count_kv", heads))
-    if isinstance(md.get(a + "attention.head_count_kv"), list) or isinstance(
-            md.get(a + "attention.head_count"), list):
-        raise UnsupportedGGUF("per-layer head counts are not supported")
-    head_dim = int(_md(md, a + "attention.key_length", hidden // heads))
-    v_dim = int(_md(md, a + "attention.value_length", head_dim))
-    if v_dim != head_dim:
-        raise UnsupportedGGUF(f"key_length {head_dim} != value_length {v_dim}")
-    rope_dim = int(_md(md, a + "rope.dimension_count", head_dim))
-    if rope_dim != head_dim:
-        raise UnsupportedGGUF(f"partial RoPE (rope.dimension_count {rope_dim} != head_dim "
-                              f"{head_dim}) is not supported")
-    cfg: dict[str, Any] = {
-        "architectures": ["LlamaForCausalLM"],
-        "model_type": "llama",
-        "hidden_act": "silu",
-        "hidden_size": hidden,
-        "intermediate_size": int(need("feed_forward_length")),
-        "num_hidden_layers": int(need("block_count")),
-        "num_attention_heads": heads,
-        "num_key_value_heads": kv_heads,
-        "head_dim": head_dim,
-        "rms_norm_eps": float(_md(md, a + "attention.layer_norm_rms_epsilon", 1e-5)),
-        "rope_theta": float(_md(md, a + "rope.freq_base", 10000.0)),
-        "vocab_size": int(_md(md, a + "vocab_size", vocab_rows)),
-    }
-    if md.get(a + "context_length"):
-        cfg["max_position_embeddings"] = int(md[a + "context_length"])
-    # rms eps as stored is float32; round to a tidy decimal when that is what it was
-    eps = cfg["rms_norm_eps"]
-    cfg["rms_norm_eps"] = float(f"{eps:.6g}")
-    stype = md.get(a + "rope.scaling.type")
-    factor = md.get(a + "rope.scaling.factor") or md.get(a + "rope.scale_linear")
-    if stype in (None, "none") and md.get(a + "rope.scale_linear"):
-        stype = "linear"
-    if stype not in (None, "none"):
-        if stype != "linear":
-            raise UnsupportedGGUF(f"RoPE scaling type {stype!r} is not supported")
-        if factor and float(factor) != 1.0:
-            cfg["rope_scaling"] = {"rope_type": "linear", "type": "linear",
-                                   "factor": float(factor)}
-    return cfg
-
-
-# --------------------------------------------------------------------------------------
-# Weights
-# --------------------------------------------------------------------------------------
-
-_LAYER_MAP = {
-    "attn_norm": "input_layernorm",
-    "ffn_norm": "post_attention_layernorm",
-    "attn_q": "self_attn.q_proj",
-    "attn_k": "self_attn.k_proj",
-    "attn_v": "self_attn.v_proj",
-    "attn_output": "self_attn.o_proj",
-    "ffn_gate": "mlp.gate_proj",
-    "ffn_up": "mlp.up_proj",
-    "ffn_down": "mlp.down_proj",
-}
-_TOP_MAP = {"token_embd": "model.embed_tokens", "output_norm": "model.norm",
-            "output": "lm_head"}
-_MATRIX_MODULES = {"token_embd", "output", "attn_q", "attn_k", "attn_v", "attn_output",
-                   "ffn_gate", "ffn_up", "ffn_down"}
-
-
-def _hf_module(gguf_module: str, n_layers: int) -> tuple[str, str]:
-    """``blk.3.attn_q`` -> (``model.layers.3.self_attn.q_proj``, ``attn_q``)."""
-    if gguf_module in _TOP_MAP:
-        return _TOP_MAP[gguf_module], gguf_module
-    parts = gguf_module.split(".")
-    if len(parts) == 3 and parts[0] == "blk" and parts[1].isdigit() and parts[2] in _LAYER_MAP:
-        if int(parts[1]) >= n_layers:
-            raise UnsupportedGGUF(f"tensor {gguf_module} beyond block_count {n_layers}")
-        return f"model.layers.{parts[1]}.{_LAYER_MAP[parts[2]]}", parts[2]
-    raise UnsupportedGGUF(f"unexpected tensor {gguf_module!r} for a llama GGUF")
-
-
-def _unpermute_rows(x, n_head: int):
-    """Undo llama.cpp's ``permute`` (convert_hf_to_gguf.py) on the leading axis.
-
-    llama.cpp writes HF row ``h*hd + s*hd/2 + i`` at ``h*hd + 2*i + s``; this puts the
-    rows back.  It only moves whole rows, so it is valid on packed quantized weights and
-    on their per-row scales/biases as well as on 1-D biases.
-    """
-    rows = x.shape[0]
-    if rows % (2 * n_head):
-        raise UnsupportedGGUF(f"cannot un-permute {rows} rows over {n_head} heads")
-    rest = tuple(x.shape[1:])
-    return x.reshape(n_head, rows // n_head // 2, 2, *rest).swapaxes(1, 2).reshape(x.shape)
-
-
-def _check_tensor_types(header: GGUFHeader) -> Counter:
-    counts: Counter = Counter()
-    for name, (t, _shape) in header.tensors.items():
-        tname = GGML_TYPE_NAMES.get(t, f"type#{t}")
-        if tname not in SUPPORTED_TENSOR_TYPES:
-            raise UnsupportedGGUF(
-                f"tensor {name!r} has GGUF type {tname}, which is not supported; "
-                f"supported types: {', '.join(SUPPORTED_TENSOR_TYPES)}")
-        counts[tname] += 1
-    return counts
+#: Token texts llama.cpp also ends generation on (it finds them by name, as here).
+_END_OF_GENERATION = ("<end_of_turn>", "<|im_end|>", "<|eot_id|>", "<|end|>", "<|endoftext|>", "<|eom_id|>")
 
 
 def _write_json(path: Path, obj: Any) -> None:
@@ -255,9 +96,57 @@ def auto_float_dtype() -> str:
     return "float16" if on_gpu else "float32"
 
 
+def _write_weights(g: GGUFFile, plan: Any, target: Any, folder: Path, kernel: bool) -> dict[str, int | None]:
+    """Convert every tensor into ``folder``'s ``model*.safetensors``; return each module's bits
+    (``None``: kept in floating point). Shards of about :data:`SHARD_BYTES` are written as they
+    fill, so converting never holds more than one shard of converted weights."""
+    import mlx.core as mx
+
+    config = plan.config
+    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
+    weights: dict[str, Any] = {}
+    pending = 0
+    shard = 0
+    module_bits: dict[str, int | None] = {}  # HF module path -> bits / None (float)
+
+    def flush() -> None:
+        nonlocal shard, pending
+        if weights:
+            name = "model.safetensors" if shard == 0 else f"model-{shard + 1:05d}.safetensors"
+            mx.save_safetensors(str(folder / name), weights, metadata={"format": "mlx"})
+            weights.clear()
+            shard, pending = shard + 1, 0
+
+    for gname, tensor in g.tensors.items():
+        if gname in plan.skipped:
+            continue
+        hf = plan.names.get(gname)
+        if hf is None:
+            raise UnsupportedGGUF(f"unexpected tensor {gname!r} for a {g.metadata.get('general.architecture')} GGUF")
+        hf_mod, _, suffix = hf.rpartition(".")
+        layout = served_layout(tensor.type, kernel)
+        if layout.bits is not None and suffix != "weight":
+            raise UnsupportedGGUF(f"quantized bias tensor {gname!r}")
+        parts = mlx_tensor(gname, tensor.type, g.raw(gname), tensor.shape, target, layout)
+        if suffix == "weight" and len(tensor.shape) > 1:
+            module_bits[hf_mod] = layout.bits
+        kind = gname.split(".")[-2]
+        for part, arr in parts.items():
+            if plan.permute_qk and kind in ("attn_q", "attn_k"):
+                arr = unpermute_rows(arr, heads if kind == "attn_q" else kv_heads)
+            if plan.norm_plus_one and kind.endswith("norm"):
+                arr = arr - 1
+            weights[hf if part == "weight" else f"{hf_mod}.{part}"] = arr
+            pending += arr.nbytes
+        if pending >= SHARD_BYTES:
+            flush()
+    flush()
+    return module_bits
+
+
 def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike,
-                 *, overwrite: bool = False, dtype: str = "auto") -> Path:
-    """Convert a llama GGUF file into an HF-format folder loadable by ``mlx_lm.load``.
+                 *, overwrite: bool = False, dtype: str = "auto", kernel: bool | None = None) -> Path:
+    """Convert a GGUF file into an HF-format folder loadable by ``mlx_lm.load``.
 
     Args:
         gguf_path: the ``.gguf`` file.
@@ -269,15 +158,18 @@ def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike,
             and the scales/biases of quantized ones): ``"auto"`` (float32 for an
             all-F32 file; otherwise :func:`auto_float_dtype`, i.e. float16 on a GPU and
             float32 on a CPU-only MLX), ``"float16"``, ``"bfloat16"`` (lossy for the
-            f16 scales), ``"float32"``, or ``"keep"`` (as ``mx.load`` returns them:
-            F32 norms, f16 scales).
+            f16 scales), ``"float32"``, or ``"keep"`` (F32 norms, F16 stay F16, scales
+            float32).
+        kernel: write only the widths the mlxrt-qmv CPU kernel computes (5- and 6-bit layouts
+            widened to 8 bits, :func:`~mlxrt.sources.gguf_quant.served_layout`); default
+            :func:`~mlxrt.sources.gguf_quant.kernel_widths` (on a CPU with the kernel loaded).
 
     Returns:
         ``Path(out_dir)``.
 
     Raises:
-        UnsupportedGGUF: architecture other than llama, an unsupported tensor type
-            (the message names the tensor and its type), tokenizer or RoPE variant.
+        UnsupportedGGUF: an architecture, tensor type, tokenizer or RoPE variant this
+            converter cannot express (the message names it).
     """
     import mlx.core as mx
 
@@ -287,98 +179,45 @@ def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike,
         raise FileExistsError(f"{out_dir} exists (pass overwrite=True to replace it)")
     stat = gguf_path.stat()
 
-    header = read_gguf_header(gguf_path)
-    md = header.metadata
-    arch = md.get("general.architecture")
-    if arch != "llama":
-        raise UnsupportedGGUF(f"GGUF architecture {arch!r} is not supported "
-                              "(only 'llama')")
-    type_counts = _check_tensor_types(header)
-    if "token_embd.weight" not in header.tensors:
-        raise UnsupportedGGUF("GGUF has no token_embd.weight tensor")
-    vocab_rows = header.tensors["token_embd.weight"][1][0]
-
-    config = _model_config(md, vocab_rows)
-    n_layers = config["num_hidden_layers"]
-    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
-    tied = "output.weight" not in header.tensors
-    config["tie_word_embeddings"] = tied
-
-    if "rope_freqs.weight" in header.tensors:
-        ff = mx.load(str(gguf_path))["rope_freqs.weight"]  # small F32 tensor
-        scaling = _llama3_rope_scaling(ff.tolist(), config["rope_theta"], config["head_dim"])
-        if scaling:
-            config["rope_scaling"] = scaling
-
-    tokens = md.get("tokenizer.ggml.tokens")
-    if not tokens:
+    g = read_gguf(gguf_path)
+    md = g.metadata
+    type_counts = Counter(g.type_name(n) for n in g.tensors)
+    for name, t in g.tensors.items():
+        layout_of(name, t.type)  # refuse an unknown type before any work
+    plan = plan_architecture(g)
+    config = dict(plan.config)
+    if not md.get("tokenizer.ggml.tokens"):
         raise UnsupportedGGUF("GGUF has no tokenizer (tokenizer.ggml.tokens)")
-    tokenizer = build_tokenizer(md)  # fail early, before loading the weights
+    tokenizer = build_tokenizer(md)  # fail early, before converting the weights
 
-    has_f16 = any(header.type_name(n) == "F16" for n in header.tensors)
-    has_quant = any(SUPPORTED_TENSOR_TYPES[header.type_name(n)] for n in header.tensors)
-    if dtype == "auto":
-        dtype_name = auto_float_dtype() if (has_quant or has_f16) else "float32"
-    else:
-        dtype_name = dtype
+    kernel = kernel_widths() if kernel is None else kernel
+    all_f32 = set(type_counts) <= {"F32"}
+    dtype_name = ("float32" if all_f32 else auto_float_dtype()) if dtype == "auto" else dtype
     try:
         target = {"float16": mx.float16, "bfloat16": mx.bfloat16, "float32": mx.float32,
                   "keep": None}[dtype_name]
     except KeyError:
-        raise ValueError(f"dtype must be auto/keep/float16/bfloat16/float32, "
-                         f"not {dtype!r}") from None
+        raise ValueError(f"dtype must be auto/keep/float16/bfloat16/float32, not {dtype!r}") from None
 
-    raw = mx.load(str(gguf_path))
-    weights: dict[str, Any] = {}
-    module_bits: dict[str, int | None] = {}  # HF module path -> bits / None (float)
-    attn_bias = mlp_bias = False
-    for gname, (_t, _shape) in header.tensors.items():
-        if gname == "rope_freqs.weight":
-            continue
-        gmod, _, suffix = gname.rpartition(".")
-        if suffix not in ("weight", "bias"):
-            raise UnsupportedGGUF(f"unexpected tensor {gname!r} for a llama GGUF")
-        hf_mod, kind = _hf_module(gmod, n_layers)
-        bits = SUPPORTED_TENSOR_TYPES[header.type_name(gname)]
-        parts = {suffix: raw[gname]}
-        if bits:
-            if suffix != "weight":
-                raise UnsupportedGGUF(f"quantized bias tensor {gname!r}")
-            parts["scales"] = raw[f"{gmod}.scales"]
-            parts["biases"] = raw[f"{gmod}.biases"]
-        if suffix == "weight" and kind in _MATRIX_MODULES:
-            module_bits[hf_mod] = bits
-        if suffix == "bias":
-            if kind.startswith("attn_"):
-                attn_bias = True
-            elif kind.startswith("ffn_"):
-                mlp_bias = True
-        for part, arr in parts.items():
-            if kind == "attn_q":
-                arr = _unpermute_rows(arr, heads)
-            elif kind == "attn_k":
-                arr = _unpermute_rows(arr, kv_heads)
-            if target is not None and mx.issubdtype(arr.dtype, mx.floating) \
-                    and arr.dtype != target:
-                arr = arr.astype(target)  # float tensors and quant scales/biases
-            weights[f"{hf_mod}.{part}"] = arr
-    if attn_bias:
-        config["attention_bias"] = True
-    if mlp_bias:
-        config["mlp_bias"] = True
+    out_dir.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
+    try:
+        module_bits = _write_weights(g, plan, target, tmp, kernel)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
     # mlx-lm quantization block: most common bits as the default, overrides elsewhere
     qbits = [b for b in module_bits.values() if b]
     if qbits:
         default_bits = Counter(qbits).most_common(1)[0][0]
-        quant: dict[str, Any] = {"group_size": _GROUP_SIZE, "bits": default_bits,
-                                 "mode": "affine"}
+        quant: dict[str, Any] = {"group_size": GROUP_SIZE, "bits": default_bits, "mode": "affine"}
         for mod in sorted(module_bits):
             b = module_bits[mod]
             if b is None:
                 quant[mod] = False
             elif b != default_bits:
-                quant[mod] = {"group_size": _GROUP_SIZE, "bits": b, "mode": "affine"}
+                quant[mod] = {"group_size": GROUP_SIZE, "bits": b, "mode": "affine"}
         config["quantization"] = quant
         config["quantization_config"] = dict(quant)
 
@@ -389,11 +228,17 @@ def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike,
         config["bos_token_id"] = int(bos_id)
     if eos_id is not None:
         config["eos_token_id"] = int(eos_id)
+    # transformers' config classes default some (Phi-3: 32000); the tokenizer's own, or none
+    pad = md.get("tokenizer.ggml.padding_token_id")
+    config["pad_token_id"] = int(pad) if pad is not None else None
     config["torch_dtype"] = "float16" if dtype_name == "keep" else dtype_name
     gen: dict[str, Any] = {"do_sample": False}
     if bos_id is not None:
         gen["bos_token_id"] = int(bos_id)
-    eos_ids = [int(i) for i in (eos_id, eot_id) if i is not None]
+    tokens = md["tokenizer.ggml.tokens"]
+    types = list(md.get("tokenizer.ggml.token_type") or [])
+    ends = [i for i, t in enumerate(tokens) if t in _END_OF_GENERATION and i < len(types) and types[i] == 3]
+    eos_ids = [int(i) for i in (eos_id, eot_id, *ends) if i is not None]
     eos_ids = list(dict.fromkeys(eos_ids))
     if eos_ids:
         gen["eos_token_id"] = eos_ids[0] if len(eos_ids) == 1 else eos_ids
@@ -408,18 +253,17 @@ def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike,
         "source_size": stat.st_size,
         "source_mtime_ns": stat.st_mtime_ns,
         "dtype": dtype_name,
-        "gguf_version": header.version,
+        "gguf_version": g.version,
         "name": md.get("general.name"),
+        "architecture": md.get("general.architecture"),
         "tensor_types": dict(sorted(type_counts.items())),
+        "kernel_widths": kernel,
+        "layouts": {t: attrs.asdict(served_layout(t, kernel)) for t in sorted(type_counts)},
     }
 
-    out_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{out_dir.name}.tmp-", dir=out_dir.parent))
     try:
         os.chmod(tmp, 0o755)  # mkdtemp makes it 0700; the result is an ordinary folder
         _write_json(tmp / "config.json", dict(sorted(config.items())))
-        mx.save_safetensors(str(tmp / "model.safetensors"), weights,
-                            metadata={"format": "mlx"})
         tokenizer.save(str(tmp / "tokenizer.json"))
         _write_json(tmp / "tokenizer_config.json",
                     tokenizer_config(md, config.get("max_position_embeddings")))

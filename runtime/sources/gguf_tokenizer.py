@@ -1,4 +1,14 @@
-"""A ``tokenizers`` tokenizer rebuilt from GGUF ``tokenizer.ggml.*`` metadata (byte-level BPE)."""
+"""A ``tokenizers`` tokenizer rebuilt from GGUF ``tokenizer.ggml.*`` metadata.
+
+Two kinds: byte-level BPE (``tokenizer.ggml.model == "gpt2"``: the vocabulary and merges are in
+the file, the pre-tokenizer is named by ``tokenizer.ggml.pre``) and SentencePiece BPE
+(``"llama"``: Llama 2, Mistral, Gemma). A SentencePiece GGUF carries scores instead of merges:
+SentencePiece merges the adjacent pair whose concatenation scores highest, so every split of a
+token into two tokens becomes a merge ranked by the token's score, which is what the ``tokenizers``
+BPE model then applies; pieces outside the vocabulary fall back to ``<0xNN>`` byte tokens.
+``tokenizer.ggml.add_space_prefix`` says whether a ``▁`` is put before the text (Llama: yes;
+Gemma: no).
+"""
 
 from __future__ import annotations
 
@@ -29,6 +39,7 @@ _PRE_TOKENIZERS = {
     "smaug-bpe": ("llama3", False),
     "dbrx": ("llama3", False),
     "qwen2": ("qwen2", False),
+    "qwen35": ("qwen2", False),
     "deepseek-r1-qwen": ("qwen2", False),
 }
 
@@ -51,24 +62,25 @@ def _bytes_to_unicode() -> dict[int, str]:
 def build_tokenizer(metadata: dict[str, Any]):
     """Build a ``tokenizers.Tokenizer`` from GGUF ``tokenizer.ggml.*`` metadata.
 
-    Only byte-level BPE (``tokenizer.ggml.model == "gpt2"``) is supported.  Control
-    tokens (token_type 3) become special added tokens, user-defined ones (4) plain
+    Control tokens (token_type 3) become special added tokens, user-defined ones (4) plain
     added tokens, so both are matched whole in text, as llama.cpp does.
     """
     from tokenizers import (
-        AddedToken,
         Regex,
         Tokenizer,
         decoders,
         models,
+        normalizers,
         pre_tokenizers,
         processors,
     )
 
     model = metadata.get("tokenizer.ggml.model")
+    if model == "llama":
+        return _sentencepiece(metadata)
     if model != "gpt2":
-        raise UnsupportedGGUF(
-            f"tokenizer model {model!r} is not supported (only 'gpt2' byte-level BPE)")
+        raise UnsupportedGGUF(f"tokenizer model {model!r} is not supported "
+                              "(only 'gpt2' byte-level BPE and 'llama' SentencePiece)")
     pre = metadata.get("tokenizer.ggml.pre")
     if pre not in _PRE_TOKENIZERS:
         raise UnsupportedGGUF(
@@ -77,8 +89,7 @@ def build_tokenizer(metadata: dict[str, Any]):
     kind, ignore_merges = _PRE_TOKENIZERS[pre]
 
     tokens: list[str] = list(metadata["tokenizer.ggml.tokens"])
-    types: list[int] = list(_md(metadata, "tokenizer.ggml.token_type", []))[:len(tokens)]
-    types += [1] * (len(tokens) - len(types))
+    types = _types(metadata, len(tokens))
     merges_raw: list[str] = list(_md(metadata, "tokenizer.ggml.merges", []))
     if not merges_raw:
         raise UnsupportedGGUF("GGUF has a gpt2 tokenizer but no tokenizer.ggml.merges")
@@ -115,20 +126,39 @@ def build_tokenizer(metadata: dict[str, Any]):
         ])
     else:
         regex = _LLAMA3_REGEX if kind == "llama3" else _QWEN2_REGEX
+        if kind == "qwen2":  # Qwen's tokenizer.json composes text (NFC) before splitting it
+            tok.normalizer = normalizers.NFC()
         tok.pre_tokenizer = pre_tokenizers.Sequence([
             pre_tokenizers.Split(Regex(regex), behavior="isolated", invert=False),
             pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False),
         ])
     tok.decoder = decoders.ByteLevel()
 
-    special = [AddedToken(t, special=True, normalized=False)
-               for t, ty in zip(tokens, types, strict=True) if ty == 3 and vocab.get(t) is not None]
-    user = [AddedToken(t, special=False, normalized=False)
-            for t, ty in zip(tokens, types, strict=True) if ty == 4 and vocab.get(t) is not None]
+    _add_tokens(tok, tokens, types)
+    _post_processor(tok, metadata, tokens, fallback=processors.ByteLevel(trim_offsets=False))
+    return tok
+
+
+def _types(metadata: dict[str, Any], n: int) -> list[int]:
+    types: list[int] = list(_md(metadata, "tokenizer.ggml.token_type", []))[:n]
+    return types + [1] * (n - len(types))
+
+
+def _add_tokens(tok: Any, tokens: list[str], types: list[int]) -> None:
+    """Control tokens (type 3) become special added tokens, user-defined ones (4) plain added
+    tokens, so both are matched whole in text, as llama.cpp does."""
+    from tokenizers import AddedToken
+
+    special = [AddedToken(t, special=True, normalized=False) for t, ty in zip(tokens, types, strict=True) if ty == 3]
+    user = [AddedToken(t, special=False, normalized=False) for t, ty in zip(tokens, types, strict=True) if ty == 4]
     if special:
         tok.add_special_tokens(special)
     if user:
         tok.add_tokens(user)
+
+
+def _post_processor(tok: Any, metadata: dict[str, Any], tokens: list[str], fallback: Any) -> None:
+    from tokenizers import processors
 
     add_bos = bool(_md(metadata, "tokenizer.ggml.add_bos_token", False))
     add_eos = bool(_md(metadata, "tokenizer.ggml.add_eos_token", False))
@@ -148,8 +178,49 @@ def build_tokenizer(metadata: dict[str, Any]):
                 specials.append((e, eos_id))
         tok.post_processor = processors.TemplateProcessing(
             single=single, pair=pair, special_tokens=specials)
-    else:
-        tok.post_processor = processors.ByteLevel(trim_offsets=False)
+    elif fallback is not None:
+        tok.post_processor = fallback
+
+
+def _spm_merges(tokens: list[str], scores: list[float], types: list[int]) -> list[tuple[str, str]]:
+    """Every split of a normal token into two vocabulary pieces, best-scoring token first."""
+    ids = {t: i for i, t in enumerate(tokens) if types[i] in (1, 4)}
+    found: list[tuple[float, int, int, str, str]] = []
+    for tok, i in ids.items():
+        for cut in range(1, len(tok)):
+            a, b = tok[:cut], tok[cut:]
+            ia, ib = ids.get(a), ids.get(b)
+            if ia is not None and ib is not None:
+                found.append((-scores[i], ia, ib, a, b))
+    found.sort()
+    return [(a, b) for _, _, _, a, b in found]
+
+
+def _sentencepiece(metadata: dict[str, Any]):
+    from tokenizers import Tokenizer, decoders, models, normalizers
+
+    tokens: list[str] = list(metadata["tokenizer.ggml.tokens"])
+    types = _types(metadata, len(tokens))
+    scores = list(_md(metadata, "tokenizer.ggml.scores", []))
+    if len(scores) != len(tokens):
+        raise UnsupportedGGUF("GGUF has a SentencePiece tokenizer without tokenizer.ggml.scores")
+    vocab: dict[str, int] = {}
+    for i, t in enumerate(tokens):
+        vocab.setdefault(t, i)
+    unk_id = metadata.get("tokenizer.ggml.unknown_token_id")
+    unk = tokens[unk_id] if isinstance(unk_id, int) and 0 <= unk_id < len(tokens) else None
+    bpe = models.BPE(vocab=vocab, merges=_spm_merges(tokens, scores, types), unk_token=unk,
+                     fuse_unk=True, byte_fallback=True, dropout=None)
+    tok = Tokenizer(bpe)
+    space_prefix = bool(_md(metadata, "tokenizer.ggml.add_space_prefix", True))
+    steps = [normalizers.Prepend("▁")] if space_prefix else []
+    tok.normalizer = normalizers.Sequence([*steps, normalizers.Replace(" ", "▁")])
+    undo = [decoders.Replace("▁", " "), decoders.ByteFallback(), decoders.Fuse()]
+    if space_prefix:
+        undo.append(decoders.Strip(" ", 1, 0))
+    tok.decoder = decoders.Sequence(undo)
+    _add_tokens(tok, tokens, types)
+    _post_processor(tok, metadata, tokens, fallback=None)
     return tok
 
 

@@ -1,4 +1,5 @@
-"""The local model library: what the Hugging Face cache holds, one row per repo.
+"""The local model library: what the Hugging Face cache holds, one row per repo, then the GGUF
+files of the HF cache, Ollama and LM Studio (:mod:`mlxrt.sources.gguf_library`), one row each.
 
 huggingface-hub's ``scan_cache_dir`` walks the cache; each repo's canonical snapshot (its
 ``refs/main``, else the newest) is then described without loading anything: the config,
@@ -63,7 +64,8 @@ class LocalModel:
     vision: bool = False
     incomplete_files: int = 0
     problem: str | None = None
-    #: ``hf-cache``, or ``embedded`` for the model ``mlxrt serve`` serves when given none.
+    #: ``hf-cache``, ``embedded`` for the model ``mlxrt serve`` serves when given none, or a GGUF
+    #: store: ``gguf-hf-cache``, ``ollama``, ``lmstudio`` (``path`` is then the GGUF file).
     source: str = "hf-cache"
 
     @property
@@ -144,11 +146,20 @@ def describe_snapshot(repo_id: str, path: Path, host: PluginHost | None, **field
 
 
 def scan_library(host: PluginHost | None = None, cache_dir: Path | None = None) -> CacheScan:
-    """Every model repo of the HF cache, one row per repo, by repo id (no network)."""
+    """Every model repo of the HF cache, one row per repo, by repo id, then every GGUF model of
+    the HF cache, Ollama and LM Studio (no network)."""
+    from mlxrt.sources.gguf_library import describe_gguf, gguf_entries
+
+    root = cache_dir or hf_cache_dir()
+    scan = _scan_hf_cache(host, root)
+    ggufs = [describe_gguf(e, host) for e in gguf_entries(cache_dir)]
+    return CacheScan(root, [*scan.models, *ggufs], scan.warnings)
+
+
+def _scan_hf_cache(host: PluginHost | None, root: Path) -> CacheScan:
     from huggingface_hub import scan_cache_dir
     from huggingface_hub.errors import CacheNotFound
 
-    root = cache_dir or hf_cache_dir()
     try:
         info = scan_cache_dir(root)
     except CacheNotFound:
@@ -164,6 +175,9 @@ def scan_library(host: PluginHost | None = None, cache_dir: Path | None = None) 
             rows.append(LocalModel(repo_id=repo.repo_id, revision=None, path=None,
                                    problem="no snapshot (nothing downloaded yet)", **fields))
             continue
+        if not (revision.snapshot_path / "config.json").exists() and any(revision.snapshot_path.rglob("*.gguf")):
+            continue  # a GGUF repo: each of its files is a row of its own
+
         rows.append(describe_snapshot(repo.repo_id, revision.snapshot_path, host,
                                       revision=revision.commit_hash, **fields))
     return CacheScan(root, rows, [str(w) for w in info.warnings])

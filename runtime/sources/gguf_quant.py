@@ -1,0 +1,243 @@
+"""GGUF tensor types -> MLX weights: which MLX layout each ggml type becomes, and the conversion.
+
+MLX's affine layout (``mx.quantize``) stores, per group of 32 weights, a float ``scale`` and
+``bias`` and ``bits``-bit integers ``q`` (``w = scale * q + bias``), packed little-endian into
+uint32 words. Every ggml type whose blocks are affine groups of 32 maps onto it without loss:
+
+* ``Q4_0``/``Q5_0``/``Q8_0`` (``w = d * (q - 2^(b-1))``): scale ``d``, bias ``-2^(b-1) d``;
+* ``Q4_1``/``Q5_1`` (``w = d * q + m``): scale ``d``, bias ``m``;
+* ``Q4_K``/``Q5_K``: each 256-weight super-block holds eight sub-blocks of 32 whose 6-bit
+  scale and min combine with the super-block's ``d``/``dmin`` into ``d*sc`` and ``-dmin*m``;
+* ``IQ4_NL``/``IQ4_XS``: ``w = s * k[q]`` with ``k`` llama.cpp's 16 signed 8-bit levels, so
+  ``k[q] + 128`` is an 8-bit integer: 8-bit MLX groups with scale ``s`` and bias ``-128 s``
+  hold the very same values (twice the bytes of the 4-bit original; a 4-bit affine grid cannot
+  hold a non-uniform one).
+
+The integers are recovered from gguf's own dequantization (``round((w - bias) / scale)``), which
+is exact: gguf computes ``w`` in float32, within far less than half a step of the grid.
+
+Types whose groups are 16 weights wide (``Q2_K``, ``Q3_K``, ``Q6_K``: MLX's smallest group is 32)
+or non-affine (the other ``IQ`` types, ``TQ``, ``MXFP4``) are dequantized and re-quantized by
+``mx.quantize`` at the bit width in :data:`LAYOUTS`, chosen by the weight error measured in
+docs/models.md. ``F32``/``F16``/``BF16`` stay floating point.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+
+from mlxrt.sources.gguf_format import UnsupportedGGUF
+
+__all__ = ["GROUP_SIZE", "KERNEL_BITS", "Layout", "LAYOUTS", "layout_of", "served_layout", "kernel_widths",
+           "converted_bytes", "mlx_tensor", "pack"]
+
+#: Every MLX group the converter writes is 32 weights (ggml's smallest block).
+GROUP_SIZE = 32
+
+
+@attrs.frozen
+class Layout:
+    """What one ggml type becomes: ``bits`` of MLX affine groups (``None``: a float array) and
+    whether the values are exactly the GGUF's (``lossless``)."""
+
+    bits: int | None
+    lossless: bool
+
+    def bytes_per_weight(self, float_bytes: int) -> float:
+        """Bytes per weight once converted, scales and biases (``float_bytes`` each) included."""
+        if self.bits is None:
+            return float(float_bytes)
+        return self.bits / 8 + 2 * float_bytes / GROUP_SIZE
+
+
+LAYOUTS: dict[str, Layout] = {
+    "F32": Layout(None, True),
+    "F16": Layout(None, True),
+    "BF16": Layout(None, True),
+    "Q4_0": Layout(4, True),
+    "Q4_1": Layout(4, True),
+    "Q5_0": Layout(5, True),
+    "Q5_1": Layout(5, True),
+    "Q8_0": Layout(8, True),
+    "Q4_K": Layout(4, True),
+    "Q5_K": Layout(5, True),
+    "IQ4_NL": Layout(8, True),
+    "IQ4_XS": Layout(8, True),
+    # groups of 16 or non-affine levels: re-quantized (docs/models.md has the measured loss)
+    "Q6_K": Layout(8, False),
+    "Q3_K": Layout(5, False),
+    "Q2_K": Layout(6, False),
+    "IQ3_S": Layout(5, False),
+    "IQ3_XXS": Layout(5, False),
+    "IQ2_S": Layout(4, False),
+    "IQ2_XS": Layout(4, False),
+    "IQ2_XXS": Layout(4, False),
+    "IQ1_S": Layout(4, False),
+    "IQ1_M": Layout(4, False),
+    "TQ1_0": Layout(2, False),
+    "TQ2_0": Layout(2, False),
+    "MXFP4": Layout(8, False),
+}
+
+
+#: The widths the mlxrt-qmv CPU kernel computes (``mlxrt.engine.qmv.eligible``).
+KERNEL_BITS = (4, 8)
+
+
+def kernel_widths() -> bool:
+    """Whether conversions here should use only :data:`KERNEL_BITS`: MLX runs on the CPU and the
+    mlxrt-qmv kernel is loaded. Its 8-bit product is ~6x faster than MLX's own CPU path for the
+    5-bit layers a Q4_K_M file brings (Gemma 3 270M: 44.8 against 7.5 tokens/s, docs/models.md),
+    for 50 % more bytes on those layers."""
+    import mlx.core as mx
+
+    from mlxrt.engine import qmv
+
+    return mx.default_device() == mx.cpu and qmv.load().active
+
+
+def served_layout(type_name: str, kernel: bool) -> Layout:
+    """:data:`LAYOUTS`' layout, widened to 8 bits where ``kernel`` and its width is not one the
+    kernel computes: a lossless layout stays lossless (its integers fit 8 bits as they are), a
+    re-quantized one is re-quantized at 8 bits (less error)."""
+    layout = LAYOUTS[type_name]
+    if kernel and layout.bits is not None and layout.bits not in KERNEL_BITS:
+        return Layout(8, layout.lossless)
+    return layout
+
+
+def layout_of(tensor: str, type_name: str) -> Layout:
+    try:
+        return LAYOUTS[type_name]
+    except KeyError:
+        raise UnsupportedGGUF(f"tensor {tensor!r} has GGUF type {type_name}, which is not supported; "
+                              f"supported types: {', '.join(LAYOUTS)}") from None
+
+
+def converted_bytes(n_weights: int, type_name: str, float_bytes: int) -> int:
+    """Bytes a tensor of ``n_weights`` takes once converted (what ``fit`` counts for a GGUF)."""
+    return int(n_weights * layout_of("?", type_name).bytes_per_weight(float_bytes))
+
+
+def pack(q: Any, bits: int) -> Any:
+    """Pack integers ``q`` (rows, cols), each < 2**bits, as ``mx.quantize`` does: a little-endian
+    bit stream per row, read as uint32 words."""
+    import numpy as np
+
+    rows, cols = q.shape
+    if bits in (2, 4, 8):
+        per = 32 // bits
+        words = q.reshape(rows, cols // per, per).astype(np.uint32) << (np.arange(per, dtype=np.uint32) * bits)
+        return np.bitwise_or.reduce(words, axis=-1)
+    stream = ((q[..., None] >> np.arange(bits, dtype=np.uint8)) & 1).astype(np.uint8)
+    packed = np.packbits(stream.reshape(rows, cols * bits), axis=-1, bitorder="little")
+    return packed.view("<u4")
+
+
+def _f16(a: Any) -> Any:
+    import numpy as np
+
+    return np.ascontiguousarray(a).view(np.float16).astype(np.float32)[..., 0]
+
+
+def _scale_bias(type_name: str, blocks: Any) -> tuple[Any, Any]:
+    """Per group of 32: the float32 scale and bias of a lossless type's blocks (n, block bytes)."""
+    import numpy as np
+    from gguf.quants import Q4_K
+
+    d = _f16(blocks[:, 0:2])[:, None]
+    if type_name in ("Q4_0", "Q5_0", "Q8_0", "IQ4_NL"):
+        offset = {"Q4_0": 8.0, "Q5_0": 16.0, "Q8_0": 128.0, "IQ4_NL": 128.0}[type_name]
+        return d, -offset * d
+    if type_name in ("Q4_1", "Q5_1"):
+        return d, _f16(blocks[:, 2:4])[:, None]
+    if type_name in ("Q4_K", "Q5_K"):
+        sc, mn = Q4_K.get_scale_min(np.ascontiguousarray(blocks[:, 4:16]))
+        return d * sc.astype(np.float32), -_f16(blocks[:, 2:4])[:, None] * mn.astype(np.float32)
+    if type_name == "IQ4_XS":
+        high = np.ascontiguousarray(blocks[:, 2:4]).view("<u2").astype(np.int32)  # (n, 1)
+        low = blocks[:, 4:8].astype(np.int32)
+        ib = np.arange(8)
+        ls = ((low[:, ib // 2] >> (4 * (ib % 2))) & 0xF) | (((high >> (2 * ib)) & 3) << 4)
+        s = d * (ls - 32).astype(np.float32)
+        return s, -128.0 * s
+    raise AssertionError(type_name)
+
+
+def _dequantize(type_name: str, raw: Any, cols: int) -> Any:
+    import numpy as np
+    from gguf import GGMLQuantizationType
+    from gguf.quants import dequantize
+
+    if type_name == "F32":
+        return np.asarray(raw, np.float32)
+    if type_name == "F16":
+        return np.asarray(raw).astype(np.float32)
+    return dequantize(np.asarray(raw), GGMLQuantizationType[type_name]).reshape(raw.shape[0], cols)
+
+
+def mlx_tensor(name: str, type_name: str, raw: Any, shape: tuple[int, ...], float_dtype: Any,
+               layout: Layout | None = None) -> dict[str, Any]:
+    """One GGUF tensor as MLX arrays: ``{"weight": …}`` for a float layout, else
+    ``{"weight", "scales", "biases"}`` (the ``shape``'s leading dims kept; mx.quantize's layout).
+
+    ``raw`` is :meth:`GGUFFile.raw`'s view; rows are converted a slice at a time so the float32
+    copy of a tensor never exists whole. ``layout`` defaults to :data:`LAYOUTS`' for the type.
+    """
+    import mlx.core as mx
+    import numpy as np
+
+    layout = layout or layout_of(name, type_name)
+    cols = shape[-1]
+    if layout.bits is None:
+        if type_name not in ("F32", "F16", "BF16"):  # kept dequantized
+            w = mx.array(_dequantize(type_name, raw, cols).reshape(shape))
+        elif type_name == "BF16":
+            w = mx.array(np.asarray(raw).view(np.uint16).reshape(shape)).view(mx.bfloat16)
+        else:
+            w = mx.array(np.asarray(raw).reshape(shape))
+        if float_dtype is None or (type_name == "BF16" and float_dtype == mx.float16):
+            return {"weight": w}  # bfloat16 stays: float16 has neither its range nor its rounding
+        return {"weight": w.astype(float_dtype)}
+    if cols % GROUP_SIZE:
+        raise UnsupportedGGUF(f"tensor {name!r}: rows of {cols} weights are not whole groups of {GROUP_SIZE}")
+    rows = raw.shape[0]
+    step = max(1, (1 << 22) // cols)  # ~16 MB of float32 per slice
+    ws, ss, bs = [], [], []
+    for r0 in range(0, rows, step):
+        part = raw[r0:r0 + step]
+        w = _dequantize(type_name, part, cols)
+        if layout.lossless:
+            blocks = np.asarray(part).reshape(-1, part.shape[1] // (cols // _block_weights(type_name)))
+            scale, bias = _scale_bias(type_name, blocks)
+            scale = scale.reshape(part.shape[0], cols // GROUP_SIZE)
+            bias = bias.reshape(part.shape[0], cols // GROUP_SIZE)
+            g = w.reshape(part.shape[0], cols // GROUP_SIZE, GROUP_SIZE)
+            safe = np.where(scale == 0, 1.0, scale)[..., None]
+            q = np.rint((g - bias[..., None]) / safe)
+            q = np.where(scale[..., None] == 0, 0, q)
+            q = np.clip(q, 0, (1 << layout.bits) - 1).astype(np.uint8).reshape(part.shape[0], cols)
+            ws.append(mx.array(pack(q, layout.bits)))
+            ss.append(mx.array(scale))
+            bs.append(mx.array(bias))
+        else:
+            wq, sc, bi = mx.quantize(mx.array(w), group_size=GROUP_SIZE, bits=layout.bits)
+            ws.append(wq)
+            ss.append(sc)
+            bs.append(bi)
+    lead = tuple(shape[:-1])
+    out = {"weight": mx.concatenate(ws).reshape(*lead, -1),
+           "scales": mx.concatenate(ss).reshape(*lead, -1),
+           "biases": mx.concatenate(bs).reshape(*lead, -1)}
+    if float_dtype is not None:
+        out["scales"] = out["scales"].astype(float_dtype)
+        out["biases"] = out["biases"].astype(float_dtype)
+    return out
+
+
+def _block_weights(type_name: str) -> int:
+    from gguf import GGML_QUANT_SIZES, GGMLQuantizationType
+
+    return GGML_QUANT_SIZES[GGMLQuantizationType[type_name]][0]
