@@ -1,5 +1,7 @@
 // The portable kernel: plain C++ the compiler vectorizes for the target (NEON on aarch64,
 // SSE2 on a baseline x86-64). Takes x as given (x_width 0).
+#include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <vector>
 
@@ -65,7 +67,88 @@ void dequant_bits(const Problem& p, int r0, int r1) {
   }
 }
 
+// The integer kernel: each block of 32 weights unpacked once to bytes, then for each row of x
+// its 32-bit sum against x's bytes, scaled in float by the group's scale times x's block scale
+// and added in block order; the same operations for a row whatever rows run beside it.
+template <int BITS>
+void rows_int8_bits(const Problem& p, int r0, int r1) {
+  constexpr int per_word = 32 / BITS;
+  constexpr uint32_t mask = (1u << BITS) - 1;
+  const int K = p.K, G = p.G, M = p.M, nb = K / 32, per = p.group_size / 32;
+  const int words = K / per_word;
+  thread_local std::vector<float> sb;
+  sb.resize(2 * static_cast<size_t>(G));
+  float* sc = sb.data();
+  float* bi = sb.data() + G;
+  int32_t q[32];
+  for (int r = r0; r < r1; ++r) {
+    row_scales(p, r, sc, bi);
+    const uint32_t* wr = p.w + static_cast<size_t>(r) * words;
+    for (int m = 0; m < M; ++m) {
+      const int8_t* xm = p.xq + static_cast<size_t>(m) * p.xstride;
+      const float* dm = p.xd + static_cast<size_t>(m) * nb;
+      float acc = 0.f;
+      for (int b = 0; b < nb; ++b) {
+        const uint32_t* wp = wr + b * 32 / per_word;
+        for (int i = 0; i < 32; ++i) q[i] = static_cast<int32_t>((wp[i / per_word] >> (BITS * (i % per_word))) & mask);
+        int32_t s = 0;
+        for (int i = 0; i < 32; ++i) s += q[i] * xm[b * 32 + i];
+        acc += static_cast<float>(s) * (sc[b / per] * dm[b]);
+      }
+      const float* xs = p.xsum + static_cast<size_t>(m) * G;
+      const float* xo = p.xoff + static_cast<size_t>(m) * G;
+      for (int g = 0; g < G; ++g) acc += bi[g] * xs[g] + sc[g] * xo[g];
+      p.out[static_cast<size_t>(m) * p.N + r] = acc;
+    }
+  }
+}
+
 } // namespace
+
+void quantize_x_int8(const float* x, int K, int group_size, int bits, int layout, int padded, int8_t* xq, float* xd,
+                     float* xsum, float* xoff) {
+  const int nb = K / 32, per = group_size / 32;
+  const float off = static_cast<float>(1 << (bits - 1));
+  for (int g = 0; g < K / group_size; ++g) xsum[g] = xoff[g] = 0.f;
+  // x's bytes past its last block (and a partial last chunk's unused places) are zeros
+  for (int i = layout == 4 && bits == 4 ? nb / 4 * 128 : K; i < padded; ++i) xq[i] = 0;
+  for (int b = 0; b < nb; ++b) {
+    const float* xb = x + b * 32;
+    float am = 0.f, xs = 0.f;
+    for (int i = 0; i < 32; ++i) {
+      am = std::max(am, std::fabs(xb[i]));
+      xs += xb[i];
+    }
+    const float d = am / 127.f;
+    const float id = am > 0.f ? 127.f / am : 0.f;
+    int8_t v[32];
+    int qsum = 0;
+    for (int i = 0; i < 32; ++i) {
+      const int q = static_cast<int>(std::nearbyint(xb[i] * id)); // |x * id| <= 127
+      v[i] = static_cast<int8_t>(q);
+      qsum += q;
+    }
+    xd[b] = d;
+    xsum[b / per] += xs;
+    xoff[b / per] += off * (xs - d * static_cast<float>(qsum));
+    if (layout == 4 && bits == 4) {
+      int8_t* chunk = xq + (b / 4) * 128 + (b % 4) * 16;
+      for (int i = 0; i < 16; ++i) {
+        chunk[i] = v[2 * i];
+        chunk[64 + i] = v[2 * i + 1];
+      }
+    } else {
+      std::memcpy(xq + b * 32, v, 32);
+    }
+  }
+}
+
+void rows_generic_int8(const Problem& p, int r0, int r1) {
+  if (p.bits == 4)
+    rows_int8_bits<4>(p, r0, r1);
+  else
+    rows_int8_bits<8>(p, r0, r1);
+}
 
 void dequant_generic(const Problem& p, int r0, int r1) {
   if (p.bits == 4)
