@@ -33,7 +33,8 @@ from typing import Any
 
 import attrs
 
-__all__ = ["QmvStatus", "status", "install", "install_fused", "eligible", "load", "log_softmax", "top_p_filter"]
+__all__ = ["QmvStatus", "status", "install", "install_fused", "eligible", "load", "log_softmax", "top_p_filter",
+           "rows_invariant"]
 
 
 @attrs.frozen
@@ -235,6 +236,9 @@ def _attention(module: Any) -> Any:
     def route(original: Any) -> Any:
         def scaled_dot_product_attention(queries: Any, keys: Any, values: Any, cache: Any, scale: float,
                                          mask: Any, sinks: Any = None) -> Any:
+            rows = getattr(cache, "mlxrt_rows", None)
+            if rows is not None and sinks is None:
+                return _by_row(attention, queries, keys, values, scale, rows)
             if sinks is None and not hasattr(cache, "bits"):
                 return attention(queries, keys, values, scale, mask)
             return original(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
@@ -242,6 +246,56 @@ def _attention(module: Any) -> Any:
         return scaled_dot_product_attention
 
     return route
+
+
+def _by_row(attention: Any, queries: Any, keys: Any, values: Any, scale: float, rows: Any) -> Any:
+    """Attention of a batch of prefill chunks (the batch lane's newcomers prefilled together) row
+    by row: row ``i``'s first ``n`` queries against its own keys and values, columns
+    ``[start, end)`` of the merged cache, with the mask its own cache gives, as its own prefill
+    computes it (the same shapes, so the same bits); its padding queries get zeros."""
+    import mlx.core as mx
+
+    width = queries.shape[2]
+    outs = []
+    for i, (start, end, n, mask) in enumerate(rows):
+        out = attention(queries[i:i + 1, :, :n], keys[i:i + 1, :, start:end], values[i:i + 1, :, start:end], scale,
+                        mask)
+        if n < width:
+            out = mx.concatenate([out, mx.zeros((1, out.shape[1], width - n, out.shape[3]), out.dtype)], axis=2)
+        outs.append(out)
+    return mx.concatenate(outs, axis=0)
+
+
+def rows_invariant(model: Any) -> bool:
+    """Whether every row of a forward of ``model`` is computed the same way whatever rows run
+    beside it, so that newcomers can be prefilled in one call with each row's bits its own: the
+    kernel is loaded with its 8-bit products (any number of rows, each row's integer sums and
+    float epilogue its own), every linear layer of the model computes through it (no float or
+    MLX-quantized product: those go through the BLAS or MLX's kernels, whose rounding may depend
+    on the row count), no float embedding (a tied head would be a float product), and the fused
+    primitives are installed (norms, rotations and the attention route, which takes a group's
+    rows one by one)."""
+    st = load()
+    if not st.active or getattr(st.module, "MAX_ROWS", 0) < 4096 or not _CLASSES or not _FUSED:
+        return False
+    import mlx.nn as nn
+
+    # a wrapper (the batch lane's per-row adapter model: LoRA products are float ones) is not known
+    if not isinstance(model, nn.Module):
+        return False
+
+    kernel_classes, fused_classes = set(_CLASSES.values()), set(_FUSED.values())
+    products = fused = 0
+    for _name, layer in model.named_modules():
+        kind = type(layer)
+        if kind in kernel_classes:
+            products += 1
+        elif isinstance(layer, (nn.Linear, nn.QuantizedLinear, nn.Embedding, nn.QuantizedEmbedding)):
+            return False
+        elif any(part in kind.__name__.lower() for part in ("switch", "conv", "lora", "dora")):
+            return False  # experts, convolutions, adapters: products that are not the kernel's
+        fused += kind in fused_classes
+    return products > 0 and fused > 0
 
 
 def _swiglu(module: Any) -> Any:

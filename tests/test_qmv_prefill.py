@@ -1,0 +1,137 @@
+"""Newcomers prefilled together (:mod:`mlxrt.engine.batch_steps`) on a model whose products are
+the mlxrt-qmv kernel's 8-bit ones: one model call for the group, and every row's tokens and
+log-probabilities bit for bit those it gets when it comes alone — the batch invariance a seeded
+request's text depends on (tests/test_batching.py). Skips where the kernel is not built or runs
+a path without it (MLXRT_QMV_EXACT=1: more than 32 rows then go through the BLAS)."""
+
+from __future__ import annotations
+
+import pytest
+
+mx = pytest.importorskip("mlx.core")
+pytest.importorskip("mlx_lm")
+
+try:
+    import mlxrt_qmv as qmv_ext
+except ImportError:
+    qmv_ext = None
+pytestmark = pytest.mark.skipif(qmv_ext is None or qmv_ext.MAX_ROWS < 4096,
+                                reason="the mlxrt-qmv kernel with its 8-bit products is not active")
+
+#: Prompts of 40, 9, 23, 1, 57 and 33 tokens: chunks under and over the attention primitive's 16
+#: queries, one left entirely to the batch.
+PROMPTS = [[(7 * i + 3 * k) % 90 + 5 for i in range(n)] for k, n in enumerate((40, 9, 23, 1, 57, 33))]
+
+
+@pytest.fixture(scope="module")
+def model():
+    import mlx.nn as nn
+    from mlx_lm.models import llama
+
+    from mlxrt.engine import qmv
+
+    args = llama.ModelArgs(model_type="llama", hidden_size=128, num_hidden_layers=2, intermediate_size=256,
+                           num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=512,
+                           tie_word_embeddings=True)
+    mx.random.seed(5)
+    m = llama.Model(args)
+    nn.quantize(m, group_size=32, bits=4)
+    m.model.embed_tokens = nn.QuantizedEmbedding.from_embedding(nn.Embedding(512, 128), group_size=32, bits=8)
+    mx.eval(m.parameters())
+    assert not qmv.rows_invariant(m)  # not before the kernel computes its layers
+    qmv.install(m)
+    qmv.install_fused(m)
+    return m
+
+
+class _Calls:
+    """The model, recording the shape of each prefill call (more than one token a row)."""
+
+    def __init__(self, model):
+        self.model = model
+        self.prefills: list[tuple[int, int]] = []
+
+    def __getattr__(self, name):
+        return getattr(self.model, name)
+
+    def __call__(self, inputs, *args, **kwargs):
+        if inputs.shape[1] > 1:
+            self.prefills.append(tuple(inputs.shape))
+        return self.model(inputs, *args, **kwargs)
+
+
+def _run(model, prompts, *, caches=None, held=None, together=None, max_tokens=6, step=64):
+    from mlxrt.engine.batch_steps import BatchSteps
+
+    stream = mx.default_stream(mx.default_device())
+    gen = BatchSteps(model, completion_batch_size=8, prefill_batch_size=8, prefill_step_size=step, stream=stream)
+    if together is not None:
+        gen._together = together
+    uids = gen.insert(prompts, max_tokens=[max_tokens] * len(prompts), caches=caches, all_tokens=held)
+    got = {uid: [] for uid in uids}
+    done: set[int] = set()
+    while len(done) < len(uids):
+        for r in gen.next()[1]:
+            got[r.uid].append((r.token, r.logprobs))
+            if r.finish_reason is not None:
+                done.add(r.uid)
+    gen.close()
+    return [got[uid] for uid in uids]
+
+
+def _same_bits(a, b):
+    assert [t for t, _ in a] == [t for t, _ in b]
+    for (_, x), (_, y) in zip(a, b, strict=True):
+        assert mx.array_equal(x, y).item()
+
+
+def test_the_kernel_s_model_is_row_invariant_and_a_float_one_is_not(model, tmp_path):
+    from mlx_lm.utils import load_model
+
+    from mlxrt.engine import qmv
+    from mlxrt.testing import write_tiny_checkpoint
+
+    assert qmv.rows_invariant(model)
+    assert not qmv.rows_invariant(_Calls(model))  # a wrapper (the lane's adapter model): not known
+    float_model, _ = load_model(write_tiny_checkpoint(tmp_path / "f", "llama"))
+    qmv.install(float_model)
+    qmv.install_fused(float_model)
+    assert not qmv.rows_invariant(float_model)  # its products go through the BLAS
+
+
+def test_newcomers_prefilled_together_get_the_bits_they_get_alone(model):
+    alone = [_run(model, [p], step=256)[0] for p in PROMPTS]
+    calls = _Calls(model)
+    together = _run(calls, PROMPTS, together=True, step=256)
+    # one call for the chunks at least half the longest (56, 39, 32 tokens before each last
+    # one), the shorter ones (22, 8) alone
+    assert sorted(calls.prefills) == [(1, 8), (1, 22), (3, 56)], calls.prefills
+    for a, b in zip(alone, together, strict=True):
+        _same_bits(a, b)
+
+
+def test_newcomers_with_prompt_cache_hits_prefilled_together_keep_their_bits(model):
+    from mlx_lm.models.cache import make_prompt_cache
+
+    prompts = [PROMPTS[4][:50], PROMPTS[0][:28], PROMPTS[2][:20]]
+    held = [30, 12, 0]
+
+    def caches():
+        out = []
+        for prompt, n in zip(prompts, held, strict=True):
+            cache = make_prompt_cache(model)
+            if n:
+                model(mx.array(prompt[:n])[None], cache=cache)
+                mx.eval([layer.state for layer in cache])
+            out.append(cache)
+        return out
+
+    rests = [p[n:] for p, n in zip(prompts, held, strict=True)]
+    heads = [p[:n] for p, n in zip(prompts, held, strict=True)]
+    made = caches()
+    alone = [_run(model, [r], caches=[c], held=[h])[0] for r, c, h in zip(rests, made, heads, strict=True)]
+    calls = _Calls(model)
+    together = _run(calls, rests, caches=caches(), held=heads, together=True)
+    assert calls.prefills == [(3, 19)]  # 19, 15 and 19 new tokens before each last one, left-padded caches
+    for a, b in zip(alone, together, strict=True):
+        _same_bits(a, b)
