@@ -135,3 +135,47 @@ def test_newcomers_with_prompt_cache_hits_prefilled_together_keep_their_bits(mod
     assert calls.prefills == [(3, 19)]  # 19, 15 and 19 new tokens before each last one, left-padded caches
     for a, b in zip(alone, together, strict=True):
         _same_bits(a, b)
+
+
+@pytest.fixture(scope="module")
+def q4_checkpoint(tmp_path_factory):
+    """A tiny qwen3 checkpoint quantized to 4 bits, group 32, as mlx-lm saves one."""
+    import shutil
+
+    from mlx_lm.utils import load_model, quantize_model, save_config, save_model
+
+    from mlxrt.testing import write_tiny_checkpoint
+
+    src = write_tiny_checkpoint(tmp_path_factory.mktemp("f32") / "qwen3", "qwen3")
+    folder = tmp_path_factory.mktemp("q4") / "qwen3-q4"
+    loaded, config = load_model(src)
+    loaded, config = quantize_model(loaded, config, group_size=32, bits=4)
+    save_model(folder, loaded)
+    save_config(config, folder / "config.json")
+    for f in src.iterdir():
+        if f.suffix in (".json", ".jinja") and not (folder / f.name).exists():
+            shutil.copy(f, folder / f.name)
+    return folder
+
+
+def test_seeded_requests_that_come_together_return_their_text_alone(q4_checkpoint, server_process):
+    """Served: eight seeded, sampled requests sent at once (prefilled together) each return the
+    text it returns alone."""
+    import concurrent.futures as cf
+
+    import openai
+
+    server = server_process([str(q4_checkpoint), "--dtype", "stored", "--prompt-cache-size", "0"])
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="unused", max_retries=0, timeout=120)
+    prompts = [" ".join(f"word{(7 * i + k) % 50}" for i in range(10 + 3 * k)) for k in range(8)]
+
+    def chat(i: int) -> str:
+        out = client.chat.completions.create(model="default", messages=[{"role": "user", "content": prompts[i]}],
+                                             max_tokens=20, temperature=1.0, seed=100 + i)
+        return out.choices[0].message.content
+
+    alone = [chat(i) for i in range(8)]
+    assert len(set(alone)) > 1
+    with cf.ThreadPoolExecutor(8) as pool:
+        together = list(pool.map(chat, range(8)))
+    assert together == alone

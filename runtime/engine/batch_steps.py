@@ -138,7 +138,7 @@ class BatchSteps:
         # Newcomers prefilled in one model call: only where that gives each row its own bits
         from mlxrt.engine import qmv
 
-        self._together = qmv.rows_invariant(model)
+        self._together = qmv.rows_invariant(getattr(model, "wrapped", model))
 
     def __len__(self) -> int:
         return len(self._waiting) + len(self._prefilling) + len(self._rows)
@@ -265,7 +265,8 @@ class BatchSteps:
         tokens in all once padded to it, and at most twice the keys and values its rows hold
         (cached and new) once padded to its longest cache and chunk: padding never outweighs
         what it batches, and a call's memory stays what one chunk's was."""
-        if not self._together:
+        plain = getattr(self.model, "plain", None)  # the lane's adapter model: none mounted
+        if not self._together or (plain is not None and not plain()):
             return [self._prefill(seq) for seq in seqs]
         step = self.prefill_step_size
         # (chunk length, tokens cached, seq), longest chunk first
