@@ -34,7 +34,7 @@ from typing import Any
 import attrs
 
 __all__ = ["QmvStatus", "status", "install", "install_fused", "eligible", "load", "log_softmax", "top_p_filter",
-           "rows_invariant"]
+           "rows_invariant", "known_faster"]
 
 
 @attrs.frozen
@@ -191,6 +191,23 @@ def top_p_filter() -> Any:
         return mx.where(logprobs < threshold, -float("inf"), logprobs)
 
     return apply_top_p
+
+
+#: The kernels known faster than float32 through a fast BLAS at every row count, so that
+#: ``--dtype auto`` keeps the stored weights without timing them at load (~0.2-0.4 s of every
+#: start): x in 8 bits read against 4- or 8-bit weights, measured on SmolLM2's matrices at 1, 8,
+#: 64 and 512 rows against float32 through MKL (docs/performance.md, "8-bit activations").
+FASTER_THAN_FLOAT32 = frozenset({"avx512 vnni", "avx2 int8"})
+
+
+def known_faster(module: Any) -> str:
+    """Why the kernel ``module`` (``mlxrt_qmv``) computes a quantized model's products faster than
+    float32 through the BLAS without measuring it (``""``: not known, measure it)."""
+    name = module.kernel_name()
+    if name in FASTER_THAN_FLOAT32:
+        return (f"the mlxrt-qmv kernel ({name}: 8-bit activations, the faster path at any row count; "
+                f"not timed at load)")
+    return ""
 
 
 #: Rows of ``x`` up to which a product runs the kernel (in pieces of ``MAX_ROWS``), not the BLAS

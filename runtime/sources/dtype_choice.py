@@ -104,9 +104,14 @@ class Timing:
     kernel_s: float
     float32_s: float
     kernel: str
+    #: Why the kernel is the faster without timing it (:func:`mlxrt.engine.qmv.known_faster`);
+    #: then the two times are not measured (0 and infinity).
+    known: str = ""
 
     @property
     def text(self) -> str:
+        if self.known:
+            return self.known
         return (f"measured at load: a token's matrices {self.kernel_s * 1e3:.1f} ms with the mlxrt-qmv kernel "
                 f"({self.kernel}), {self.float32_s * 1e3:.1f} ms as float32")
 
@@ -290,7 +295,13 @@ def choose_dtype(requested: str, model: Any, info: ModelInfo, *, budget: int | N
     ctx, kv_bytes = _float32_kv(info.config, info.context_window)
     left = _undequantizable(model)
     facts = DtypeFacts(stored_dtype(model), float32_bytes(model), kv_bytes, ctx, left[0] if left else None)
-    timing = (lambda: time_paths(model, kernel)) if kernel is not None else None
+    timing = None
+    if kernel is not None:
+        from mlxrt.engine.qmv import known_faster
+
+        known = known_faster(kernel)
+        timing = ((lambda: Timing(0.0, float("inf"), kernel.kernel_name(), known)) if known
+                  else (lambda: time_paths(model, kernel)))
     return decide(requested, facts, Machine(on_cpu, blas_fast, blas_name), budget=budget, lazy=lazy, models=models,
                   timing=timing)
 
