@@ -61,7 +61,8 @@ def cpu():
 for rows in rows_list:
     xs = {inn: mx.random.normal((rows, inn)) for inn in {m[0].shape[1] * 32 // m[3] for m in mats}}
     mx.eval(list(xs.values()))
-    if use_blas:
+    if use_blas or rows > q.MAX_ROWS:  # past the kernel's rows mlxrt multiplies dequantized weights by the BLAS
+        res[f"{rows} blas"] = True
         fn = lambda w, s, b, bits: xs[w.shape[1] * 32 // bits] @ q.dequantize(w, s, b, 32, bits).T
     else:
         fn = lambda w, s, b, bits: q.quantized_matmul(xs[w.shape[1] * 32 // bits], w, s, b, 32, bits)
@@ -110,8 +111,10 @@ def main() -> None:
         for r in rows:
             wall = statistics.median(g[str(r)][0] for g in got[name]) * 1e3
             cpu = statistics.median(g[str(r)][1] for g in got[name]) * 1e3
-            cells.append(f"{wall:>12.2f} / {cpu:>10.2f}")
+            mark = "*" if got[name][0].get(f"{r} blas") and not name.startswith("dequantize") else " "
+            cells.append(f"{wall:>11.2f}{mark} / {cpu:>10.2f}")
         print(f"{name:<20} {got[name][0]['kernel']:<14} " + " ".join(f"{c:>26}" for c in cells))
+    print("* past the kernel's MAX_ROWS: dequantize + BLAS, as mlxrt serves it")
     print(f"load average {os.getloadavg()[0]:.2f}")
 
 

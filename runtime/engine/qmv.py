@@ -2,9 +2,10 @@
 at memory bandwidth on the CPU.
 
 ``mlxrt-qmv`` (``kernels/mlxrt-qmv``, a separate distribution that ``scripts/setup`` builds where
-a compiler exists) adds custom MLX primitives for ``x @ dequantize(w).T`` with a few rows of ``x``
-(at most ``MAX_ROWS``, 32) and for ``dequantize``, on 4- or 8-bit affine weights with group
-sizes 32/64/128. MLX's own CPU ``quantized_matmul`` reads 4-bit weights at ~1 GB/s, and slower
+a compiler exists) adds custom MLX primitives for ``x @ dequantize(w).T`` (any number of rows
+of ``x`` with its default 8-bit activations, at most 32 on the exact path,
+``MLXRT_QMV_EXACT=1``) and for ``dequantize``, on 4- or 8-bit affine weights with group sizes
+32/64/128. MLX's own CPU ``quantized_matmul`` reads 4-bit weights at ~1 GB/s, and slower
 still with more rows (docs/performance.md, "Quantized decode on the CPU").
 
 :func:`status` says whether the kernel can be used in this process (installed, built for this
