@@ -72,6 +72,21 @@ SHAPES = {32: [(7, 96), (33, 160), (1536, 576), (576, 1536)], 64: [(5, 192), (57
 
 
 @needs_kernel
+@pytest.mark.parametrize("bits", [3, 5, 6])
+@pytest.mark.parametrize("rows", [1, 5])
+def test_a_k_quant_conversion_s_widths_equal_mlx_quantized_matmul(bits, rows):
+    # 3-, 5- and 6-bit layers: the 8-bit kernels' portable loops (MLX's own op elsewhere)
+    if bits not in qmv_ext.BITS:
+        pytest.skip(f"{bits}-bit weights are MLX's own op with {KERNEL!r}")
+    for gs in (32, 64, 128):
+        for n, k in SHAPES[gs]:
+            w, s, b = _quantized(n, k, gs, bits, seed=rows)
+            x = mx.random.normal((rows, k))
+            assert qmv_ext.supported(x, w, gs, bits)
+            _close_to_mlx(x, w, s, b, gs, bits, qmv_ext.quantized_matmul(x, w, s, b, gs, bits))
+
+
+@needs_kernel
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("gs", [32, 64, 128])
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 8])
@@ -86,7 +101,7 @@ def test_float32_products_equal_mlx_quantized_matmul(bits, gs, rows):
 @needs_kernel
 @pytest.mark.skipif(not INT8, reason="the float kernels (on request only) sum a row in as many chains as the "
                                      "registers allow for the rows beside it")
-@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("bits", [4, 8, 5, 6])
 @pytest.mark.parametrize("gs", [32, 64, 128])
 def test_each_row_of_a_product_is_that_row_s_product_alone_bit_for_bit(bits, gs):
     # A batch's decode step multiplies its rows together and a lone stream's one row; the integer
@@ -94,6 +109,8 @@ def test_each_row_of_a_product_is_that_row_s_product_alone_bit_for_bit(bits, gs)
     # same text alone and under load (tests/test_batching.py), so every row's bits are its own.
     # The 8-bit kernels take any number of rows (a prefill, newcomers' prefills as one product):
     # 70 rows cross their blocks of 64 rows of x.
+    if bits not in qmv_ext.BITS:
+        pytest.skip(f"{bits}-bit weights are MLX's own op with {KERNEL!r}")
     rows = 70 if qmv_ext.MAX_ROWS >= 70 else 13
     for n, k in SHAPES[gs]:
         w, s, b = _quantized(n, k, gs, bits, seed=n)
@@ -137,8 +154,10 @@ def test_leading_dimensions_strided_x_and_what_it_leaves_to_mlx():
     # past MAX_ROWS (32 for the 15-bit and float kernels) mx.quantized_matmul computes it
     assert qmv_ext.supported(many, w, 32, 4) is (qmv_ext.MAX_ROWS >= many.shape[0])
     _close_to_mlx(many, w, s, b, 32, 4, qmv_ext.quantized_matmul(many, w, s, b, 32, 4))
-    w3, s3, b3 = mx.quantize(mx.random.normal((64, 96)), group_size=32, bits=3)
-    assert not qmv_ext.supported(x, w3, 32, 3)
+    w3, s3, b3 = mx.quantize(mx.random.normal((64, 128)), group_size=32, bits=3)
+    assert qmv_ext.supported(x, w3, 32, 3) is (3 in qmv_ext.BITS)  # 3-bit: the 8-bit kernels' portable loops
+    w2, _, _ = mx.quantize(mx.random.normal((64, 128)), group_size=32, bits=2)
+    assert not qmv_ext.supported(x, w2, 32, 2)
 
 
 @needs_kernel

@@ -181,17 +181,18 @@ def test_seeded_requests_that_come_together_return_their_text_alone(q4_checkpoin
     assert together == alone
 
 
-@pytest.mark.parametrize("bits", [5, 6, 3])
-def test_layouts_the_kernel_does_not_run_stay_mlx_s_and_prefill_one_at_a_time(bits):
-    """A GGUF K-quant conversion's 5-, 6- or 3-bit group-32 layers are not the kernel's: they stay
-    MLX's own quantized layers beside the kernel's 4-bit ones, the model's output is MLX's, and
-    its newcomers are prefilled one call each (their products are MLX's, not row-invariant)."""
+@pytest.mark.parametrize("bits", [5, 6, 3, 2])
+def test_a_k_quant_conversion_s_other_widths(bits):
+    """A GGUF K-quant conversion's 5-, 6- or 3-bit group-32 layers beside 4-bit ones: the 8-bit
+    kernels compute them too (their portable loops, the same 8-bit x), each row's bits its own,
+    so such a model still prefills newcomers together; 2-bit layers (and every other width on
+    the AVX2 and exact kernels) stay MLX's own layers, and the model then prefills one at a time."""
     import mlx.nn as nn
 
     from mlxrt.engine import qmv
 
-    mx.random.seed(bits)
     def model(other_bits):
+        mx.random.seed(bits)
         seq = nn.Sequential(nn.Linear(128, 96, bias=False), nn.RMSNorm(96), nn.Linear(96, 64, bias=False))
         nn.quantize(seq, group_size=32, bits=4)
         seq.layers[2] = nn.QuantizedLinear.from_linear(nn.Linear(96, 64, bias=False), group_size=32,
@@ -201,14 +202,20 @@ def test_layouts_the_kernel_does_not_run_stay_mlx_s_and_prefill_one_at_a_time(bi
     plain = model(4)
     assert qmv.install(plain) == 2 and qmv.install_fused(plain) == 1 and qmv.rows_invariant(plain)
     seq = model(bits)
-    x = mx.random.normal((3, 128))
+    x = mx.random.normal((70, 128))
     before = seq(x)
-    assert qmv.install(seq) == 1 and qmv.install_fused(seq) == 1
-    assert type(seq.layers[2]) is nn.QuantizedLinear and type(seq.layers[0]) is not nn.QuantizedLinear
-    assert mx.allclose(seq(x), before, rtol=0.05, atol=0.05).item()
-    assert not qmv.rows_invariant(seq)  # the 5/6/3-bit layer is MLX's
+    ours = bits in qmv_ext.BITS
+    assert qmv.install(seq) == (2 if ours else 1) and qmv.install_fused(seq) == 1
+    assert (type(seq.layers[2]) is nn.QuantizedLinear) is not ours
+    got = seq(x)
+    assert mx.allclose(got, before, rtol=0.05, atol=0.05).item()
+    assert qmv.rows_invariant(seq) is ours
+    if ours:
+        for i in (0, 33, 69):
+            assert mx.array_equal(seq(x[i:i + 1]), got[i:i + 1]).item()
     w, s, b = seq.layers[2]["weight"], seq.layers[2]["scales"], seq.layers[2]["biases"]
     h = mx.random.normal((2, 96))
-    assert not qmv_ext.supported(h, w, 32, bits)
-    ref = mx.quantized_matmul(h, w, s, b, transpose=True, group_size=32, bits=bits)
-    assert mx.array_equal(qmv_ext.quantized_matmul(h, w, s, b, 32, bits), ref).item()  # MLX's op itself
+    assert qmv_ext.supported(h, w, 32, bits) is ours
+    if not ours:  # MLX's op itself
+        ref = mx.quantized_matmul(h, w, s, b, transpose=True, group_size=32, bits=bits)
+        assert mx.array_equal(qmv_ext.quantized_matmul(h, w, s, b, 32, bits), ref).item()

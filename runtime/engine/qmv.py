@@ -99,10 +99,11 @@ def _load() -> QmvStatus:
     return QmvStatus(module=mlxrt_qmv, kernel=mlxrt_qmv.kernel_name(), threads=mlxrt_qmv.threads(), version=dist)
 
 
-def eligible(layer: Any) -> bool:
-    """Whether the kernel computes this layer's product: an affine 4/8-bit quantized linear (or
-    quantized embedding, for ``as_linear``) with biases and group size 32, 64 or 128."""
-    return (getattr(layer, "mode", "affine") == "affine" and getattr(layer, "bits", None) in (4, 8)
+def eligible(layer: Any, bits: Any = (4, 8)) -> bool:
+    """Whether the kernel computes this layer's product: an affine quantized linear (or quantized
+    embedding, for ``as_linear``) of one of ``bits`` (the kernel's ``BITS``: 4 and 8, and with the
+    AVX-512 and portable 8-bit kernels 3, 5 and 6) with biases and group size 32, 64 or 128."""
+    return (getattr(layer, "mode", "affine") == "affine" and getattr(layer, "bits", None) in bits
             and getattr(layer, "group_size", None) in (32, 64, 128) and "biases" in layer
             and "scales" in layer and layer["weight"].ndim == 2)
 
@@ -118,10 +119,11 @@ def install(model: Any, st: QmvStatus | None = None) -> int:
     import mlx.core as mx
 
     classes = _classes(st.module)
+    bits = getattr(st.module, "BITS", (4, 8))  # mlxrt-qmv < 0.5: 4 and 8
     count = 0
     for _name, layer in model.named_modules():
         kind = type(layer)
-        if kind in classes and eligible(layer):
+        if kind in classes and eligible(layer, bits):
             # The primitive reads rows in place: make sure they are (a no-op copy otherwise).
             for key in ("weight", "scales", "biases"):
                 layer[key] = mx.contiguous(layer[key])

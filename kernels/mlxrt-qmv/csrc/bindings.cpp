@@ -4,6 +4,7 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/variant.h>
+#include <nanobind/stl/vector.h>
 
 #include "mlx/version.h"
 #include "activation.h"
@@ -110,6 +111,7 @@ NB_MODULE(_ext, m) {
   // The kernel's row limit: read at import, after which the kernel (chosen from the environment
   // once) no longer changes.
   m.attr("MAX_ROWS") = mlxrt_qmv::max_rows();
+  m.attr("BITS") = nb::tuple(nb::cast(mlxrt_qmv::bits_supported()));
   // The MLX whose headers this was built with: its C++ ABI is the only one it may load into.
   m.attr("MLX_VERSION") =
       MLXRT_QMV_STR(MLX_VERSION_MAJOR) "." MLXRT_QMV_STR(MLX_VERSION_MINOR) "." MLXRT_QMV_STR(MLX_VERSION_PATCH);

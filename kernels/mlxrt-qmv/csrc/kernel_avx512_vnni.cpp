@@ -197,8 +197,10 @@ void rows_vnni(const Problem& p, int r0, int r1) {
 void rows_avx512_vnni(const Problem& p, int r0, int r1) {
   if (p.bits == 4)
     rows_vnni<4>(p, r0, r1);
-  else
+  else if (p.bits == 8)
     rows_vnni<8>(p, r0, r1);
+  else // 3, 5 or 6 bits (a K-quant conversion's layers): the portable loops, x in the same 8 bits
+    rows_generic_int8(p, r0, r1);
 }
 
 } // namespace mlxrt_qmv

@@ -67,32 +67,56 @@ void dequant_bits(const Problem& p, int r0, int r1) {
   }
 }
 
-// The integer kernel: each block of 32 weights unpacked once to bytes, then for each row of x
-// its 32-bit sum against x's bytes, scaled in float by the group's scale times x's block scale
-// and added in block order; the same operations for a row whatever rows run beside it.
+// Weight row w (K values of BITS bits each, packed little end first into a bit stream: MLX's
+// affine layout for any bits, whole uint32 words for 2, 4 and 8) unpacked to one byte a value.
+// For 3, 5 and 6 bits a block of 32 values is 4 * BITS bytes, read through a zero-padded copy so
+// that an 8-byte window never reads past the row.
+template <int BITS>
+void unpack_row(const uint32_t* w, int K, uint8_t* q) {
+  constexpr uint32_t mask = (1u << BITS) - 1;
+  if constexpr (32 % BITS == 0) {
+    constexpr int per_word = 32 / BITS;
+    for (int k = 0; k < K; ++k) q[k] = static_cast<uint8_t>((w[k / per_word] >> (BITS * (k % per_word))) & mask);
+  } else {
+    // eight values are BITS whole bytes: one 64-bit window each
+    const uint8_t* bytes = reinterpret_cast<const uint8_t*>(w);
+    uint8_t blk[4 * BITS + 8];
+    std::memset(blk + 4 * BITS, 0, 8);
+    for (int b = 0; b < K / 32; ++b) {
+      std::memcpy(blk, bytes + static_cast<size_t>(b) * 4 * BITS, 4 * BITS);
+      for (int g = 0; g < 4; ++g) {
+        uint64_t v;
+        std::memcpy(&v, blk + BITS * g, 8);
+        for (int j = 0; j < 8; ++j) q[b * 32 + 8 * g + j] = static_cast<uint8_t>((v >> (BITS * j)) & mask);
+      }
+    }
+  }
+}
+
+// The integer kernel: each weight row unpacked once to bytes, then for each row of x its 32-bit
+// sum per block against x's bytes, scaled in float by the group's scale times x's block scale and
+// added in block order; the same operations for a row whatever rows run beside it.
 template <int BITS>
 void rows_int8_bits(const Problem& p, int r0, int r1) {
-  constexpr int per_word = 32 / BITS;
-  constexpr uint32_t mask = (1u << BITS) - 1;
   const int K = p.K, G = p.G, M = p.M, nb = K / 32, per = p.group_size / 32;
-  const int words = K / per_word;
+  const size_t row_words = static_cast<size_t>(K) * BITS / 32;
   thread_local std::vector<float> sb;
+  thread_local std::vector<uint8_t> qb;
   sb.resize(2 * static_cast<size_t>(G));
+  qb.resize(K);
   float* sc = sb.data();
   float* bi = sb.data() + G;
-  int32_t q[32];
+  uint8_t* q = qb.data();
   for (int r = r0; r < r1; ++r) {
     row_scales(p, r, sc, bi);
-    const uint32_t* wr = p.w + static_cast<size_t>(r) * words;
+    unpack_row<BITS>(p.w + static_cast<size_t>(r) * row_words, K, q);
     for (int m = 0; m < M; ++m) {
       const int8_t* xm = p.xq + static_cast<size_t>(m) * p.xstride;
       const float* dm = p.xd + static_cast<size_t>(m) * nb;
       float acc = 0.f;
       for (int b = 0; b < nb; ++b) {
-        const uint32_t* wp = wr + b * 32 / per_word;
-        for (int i = 0; i < 32; ++i) q[i] = static_cast<int32_t>((wp[i / per_word] >> (BITS * (i % per_word))) & mask);
         int32_t s = 0;
-        for (int i = 0; i < 32; ++i) s += q[i] * xm[b * 32 + i];
+        for (int i = 0; i < 32; ++i) s += static_cast<int32_t>(q[b * 32 + i]) * xm[b * 32 + i];
         acc += static_cast<float>(s) * (sc[b / per] * dm[b]);
       }
       const float* xs = p.xsum + static_cast<size_t>(m) * G;
@@ -144,10 +168,14 @@ void quantize_x_int8(const float* x, int K, int group_size, int bits, int layout
 }
 
 void rows_generic_int8(const Problem& p, int r0, int r1) {
-  if (p.bits == 4)
-    rows_int8_bits<4>(p, r0, r1);
-  else
-    rows_int8_bits<8>(p, r0, r1);
+  switch (p.bits) {
+    case 2: return rows_int8_bits<2>(p, r0, r1);
+    case 3: return rows_int8_bits<3>(p, r0, r1);
+    case 4: return rows_int8_bits<4>(p, r0, r1);
+    case 5: return rows_int8_bits<5>(p, r0, r1);
+    case 6: return rows_int8_bits<6>(p, r0, r1);
+    default: return rows_int8_bits<8>(p, r0, r1);
+  }
 }
 
 void dequant_generic(const Problem& p, int r0, int r1) {

@@ -376,6 +376,13 @@ int rows_of(const mx::array& x) {
 
 } // namespace
 
+std::vector<int> bits_supported() {
+  // The portable 8-bit loops also unpack 3-, 5- and 6-bit layers (a K-quant conversion's; 2 bits
+  // measured no faster than MLX's own op for one row); the AVX2 ones take 4 and 8 bits only.
+  if (kernel().int8_layout >= 0) return {3, 4, 5, 6, 8};
+  return {4, 8};
+}
+
 int max_rows() {
   // The 8-bit kernels give each row its own bits whatever the rows beside it, so a prefill of any
   // length runs them (and newcomers' prefills can run as one product); the others stop at
@@ -399,7 +406,7 @@ void set_threads(int n) {
 bool supported(const mx::array& x, const mx::array& w, int group_size, int bits, mx::StreamOrDevice s) {
   const auto stream = mx::to_stream(s);
   if (stream.device != mx::Device::cpu) return false;
-  if (bits != 4 && bits != 8) return false;
+  if (bits != 4 && bits != 8 && !(kernel().int8_layout >= 0 && (bits == 3 || bits == 5 || bits == 6))) return false;
   if (group_size != 32 && group_size != 64 && group_size != 128) return false;
   if (w.ndim() != 2 || w.dtype() != mx::uint32 || x.ndim() < 1) return false;
   const int rows = rows_of(x);

@@ -3,6 +3,7 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/ops.h"
@@ -20,6 +21,9 @@ constexpr int MAX_ROWS_INT8 = 1 << 16;
 // The most rows of x the primitive takes with this process's kernel: MAX_ROWS_INT8 for the 8-bit
 // kernels, MAX_ROWS for the others.
 int max_rows();
+// The weight widths the primitive computes with this process's kernel: 4 and 8, and with the
+// AVX-512 and portable 8-bit kernels also 3, 5 and 6 (those through the portable loops).
+std::vector<int> bits_supported();
 
 // x @ dequantize(w, scales, biases).T, as mx::quantized_matmul(x, w, scales, biases,
 // transpose=true, group_size, bits) in affine mode computes it. Runs the primitive on the CPU

@@ -40,12 +40,15 @@ from mlxrt_qmv import _ext
 
 __all__ = ["quantized_matmul", "dequantize", "supported", "rms_norm", "rope", "attention", "swiglu", "softmax", "log_softmax", "exp", "sort",
            "attention_supported",
-           "kernel_name", "threads", "set_threads", "MAX_ROWS", "MAX_QUERIES", "BUILT_FOR_MLX"]
+           "kernel_name", "threads", "set_threads", "MAX_ROWS", "MAX_QUERIES", "BITS", "BUILT_FOR_MLX"]
 
 #: The MLX version whose headers the extension was compiled with.
 BUILT_FOR_MLX: str = _ext.MLX_VERSION
 #: The most rows of ``x`` the primitive takes.
 MAX_ROWS: int = _ext.MAX_ROWS
+#: The weight widths the primitive computes with this process's kernel (4 and 8; with the AVX-512
+#: and portable 8-bit kernels also 3, 5 and 6, through the portable loops).
+BITS: tuple[int, ...] = tuple(_ext.BITS)
 #: The most query positions the attention primitive takes.
 MAX_QUERIES: int = _ext.MAX_QUERIES
 
