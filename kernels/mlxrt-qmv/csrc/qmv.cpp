@@ -309,10 +309,12 @@ void run_typed(
   thread_local std::vector<float> buf;
   thread_local std::vector<int8_t> qbuf;
   const size_t outsize = std::is_same_v<T, float> ? 0 : static_cast<size_t>(M) * N;
-  buf.resize(MK * 2 + MG * 2 + MK / 32 + outsize);
+  // xp, x laid out for a float kernel, only where one runs: a long prefill's x is large
+  const size_t xpsize = kern.int8_x ? 0 : MK;
+  buf.resize(MK + xpsize + MG * 2 + MK / 32 + outsize);
   float* xf = buf.data();
   float* xp = xf + MK;
-  float* xsum = xp + MK;
+  float* xsum = xp + xpsize;
   float* xoff = xsum + MG;
   float* xd = xoff + MG;
   float* outf = std::is_same_v<T, float> ? reinterpret_cast<float*>(out) : xd + MK / 32;
