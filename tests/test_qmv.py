@@ -193,23 +193,25 @@ def test_the_float_kernels_give_mlx_s_products(kernel):
 
 
 @needs_kernel
-@pytest.mark.parametrize("forced", ["portable", "avx2 int8", "exact"])
+@pytest.mark.parametrize("forced", ["portable", "avx2 int8", "exact", "generic"])
 def test_the_other_loops_keep_within_their_rounding_bound_row_by_row(forced):
     # The kernel is chosen once, at load: this file's product tests run again in a process with
     # another one forced (MLXRT_QMV_KERNEL / MLXRT_QMV_EXACT): the portable loops (as on a CPU
-    # without AVX2), the AVX2 ones where this CPU has AVX-512, and the exact path (x in 15 bits on
-    # AVX2, floats in the portable loops). Each holds its products to its _int8_bound (STEPS from
+    # without AVX2), the AVX2 ones where this CPU has AVX-512, the exact path (x in 15 bits on
+    # AVX2) and the portable float loops (the exact path without AVX2; a prefill of 9-32 rows
+    # overran their eight accumulators before mlxrt-qmv 0.5). Each holds its products to its _int8_bound (STEPS from
     # its name) and, where it is an integer kernel, every row to that row alone.
-    env = {"MLXRT_QMV_EXACT": "1"} if forced == "exact" else {"MLXRT_QMV_KERNEL": forced}
+    env = {k: v for k, v in os.environ.items() if k not in ("MLXRT_QMV_EXACT", "MLXRT_QMV_KERNEL")}
+    env.update({"MLXRT_QMV_EXACT": "1"} if forced == "exact" else {"MLXRT_QMV_KERNEL": forced})
     code = "import mlxrt_qmv as q; print(q.kernel_name())"
-    name = subprocess.run([sys.executable, "-c", code], env={**os.environ, **env}, capture_output=True, text=True,
+    name = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
                           timeout=120).stdout.strip()
-    if name == KERNEL or (forced != "portable" and not name.startswith("avx2")):
+    if name == KERNEL or (forced not in ("portable", "generic") and not name.startswith("avx2")):
         pytest.skip(f"{forced!r} is {name!r} here, the default or not this CPU's")
     run = subprocess.run([str(Path(sys.executable).parent / "pytest"), "-q", "-p", "no:cacheprovider", __file__,
                           "-k", "equal_mlx_quantized_matmul or row_s_product_alone or half_precision or leading_dimensions "
                                 "or greedy_tokens"],
-                         env={**os.environ, **env}, capture_output=True, text=True, timeout=600)
+                         env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0 and " passed" in run.stdout, run.stdout[-3000:]
 
 

@@ -23,26 +23,30 @@ void rows_bits(const Problem& p, int r0, int r1) {
   float* sc = sb.data();
   float* bi = sb.data() + G;
   float q[32];
+  // rows of x eight at a time (the accumulators' size): the primitive takes up to MAX_ROWS
   for (int r = r0; r < r1; ++r) {
     row_scales(p, r, sc, bi);
     const uint32_t* wr = p.w + static_cast<size_t>(r) * words;
-    float acc[8] = {0};
-    for (int g = 0; g < G; ++g) {
-      float t[8] = {0};
-      for (int e = 0; e < gs; e += 32) {
-        const int k = g * gs + e;
-        const uint32_t* wp = wr + k / per_word;
-        for (int i = 0; i < 32; ++i) q[i] = static_cast<float>((wp[i / per_word] >> (BITS * (i % per_word))) & mask);
-        for (int m = 0; m < M; ++m) {
-          const float* xm = p.x + static_cast<size_t>(m) * K + k;
-          float s = 0.f;
-          for (int i = 0; i < 32; ++i) s += q[i] * xm[i];
-          t[m] += s;
+    for (int m0 = 0; m0 < M; m0 += 8) {
+      const int mm = M - m0 < 8 ? M - m0 : 8;
+      float acc[8] = {0};
+      for (int g = 0; g < G; ++g) {
+        float t[8] = {0};
+        for (int e = 0; e < gs; e += 32) {
+          const int k = g * gs + e;
+          const uint32_t* wp = wr + k / per_word;
+          for (int i = 0; i < 32; ++i) q[i] = static_cast<float>((wp[i / per_word] >> (BITS * (i % per_word))) & mask);
+          for (int m = 0; m < mm; ++m) {
+            const float* xm = p.x + static_cast<size_t>(m0 + m) * K + k;
+            float s = 0.f;
+            for (int i = 0; i < 32; ++i) s += q[i] * xm[i];
+            t[m] += s;
+          }
         }
+        for (int m = 0; m < mm; ++m) acc[m] += sc[g] * t[m] + bi[g] * p.xsum[static_cast<size_t>(m0 + m) * G + g];
       }
-      for (int m = 0; m < M; ++m) acc[m] += sc[g] * t[m] + bi[g] * p.xsum[static_cast<size_t>(m) * G + g];
+      for (int m = 0; m < mm; ++m) p.out[static_cast<size_t>(m0 + m) * p.N + r] = acc[m];
     }
-    for (int m = 0; m < M; ++m) p.out[static_cast<size_t>(m) * p.N + r] = acc[m];
   }
 }
 

@@ -1,5 +1,5 @@
 // The row kernels of the quantized matrix-vector product: out[m, r] = x[m] . dequant(w[r]),
-// for a few rows m of x (M <= 8) and a range of output rows r. One kernel per instruction set;
+// for rows m of x and a range of output rows r. One kernel per instruction set;
 // qmv.cpp picks one at run time from the CPU's features.
 //
 // Dequantization is MLX's affine mode (mx.quantize): element k of weight row r is
