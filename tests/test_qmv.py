@@ -33,9 +33,10 @@ def _quantized(n: int, k: int, gs: int, bits: int, dtype=mx.float32, seed: int =
 
 
 KERNEL = qmv_ext.kernel_name() if qmv_ext is not None else ""
-#: The integer kernels round x to integers in [-STEPS, STEPS] per block of 32: "avx2 int8" to 8
-#: bits, "avx2 q15" (the default on AVX2) to 15. The float kernels round nothing (STEPS 0).
-STEPS = 127 if "int8" in KERNEL else 16256 if "q15" in KERNEL else 0
+#: The integer kernels round x to integers in [-STEPS, STEPS] per block of 32: the default ones
+#: ("avx512 vnni", "avx2 int8", "portable int8") to 8 bits, "avx2 q15" (MLXRT_QMV_EXACT=1 on
+#: AVX2) to 15. The float kernels round nothing (STEPS 0).
+STEPS = 127 if "int8" in KERNEL or "vnni" in KERNEL else 16256 if "q15" in KERNEL else 0
 INT8 = STEPS > 0
 
 
@@ -71,6 +72,21 @@ SHAPES = {32: [(7, 96), (33, 160), (1536, 576), (576, 1536)], 64: [(5, 192), (57
 
 
 @needs_kernel
+@pytest.mark.parametrize("bits", [3, 5, 6])
+@pytest.mark.parametrize("rows", [1, 5])
+def test_a_k_quant_conversion_s_widths_equal_mlx_quantized_matmul(bits, rows):
+    # 3-, 5- and 6-bit layers: the 8-bit kernels' portable loops (MLX's own op elsewhere)
+    if bits not in qmv_ext.BITS:
+        pytest.skip(f"{bits}-bit weights are MLX's own op with {KERNEL!r}")
+    for gs in (32, 64, 128):
+        for n, k in SHAPES[gs]:
+            w, s, b = _quantized(n, k, gs, bits, seed=rows)
+            x = mx.random.normal((rows, k))
+            assert qmv_ext.supported(x, w, gs, bits)
+            _close_to_mlx(x, w, s, b, gs, bits, qmv_ext.quantized_matmul(x, w, s, b, gs, bits))
+
+
+@needs_kernel
 @pytest.mark.parametrize("bits", [4, 8])
 @pytest.mark.parametrize("gs", [32, 64, 128])
 @pytest.mark.parametrize("rows", [1, 2, 3, 5, 8])
@@ -85,19 +101,25 @@ def test_float32_products_equal_mlx_quantized_matmul(bits, gs, rows):
 @needs_kernel
 @pytest.mark.skipif(not INT8, reason="the float kernels (on request only) sum a row in as many chains as the "
                                      "registers allow for the rows beside it")
-@pytest.mark.parametrize("bits", [4, 8])
+@pytest.mark.parametrize("bits", [4, 8, 5, 6])
 @pytest.mark.parametrize("gs", [32, 64, 128])
 def test_each_row_of_a_product_is_that_row_s_product_alone_bit_for_bit(bits, gs):
     # A batch's decode step multiplies its rows together and a lone stream's one row; the integer
     # kernels have a loop for each (one row, up to four), and a seeded request must return the
     # same text alone and under load (tests/test_batching.py), so every row's bits are its own.
+    # The 8-bit kernels take any number of rows (a prefill, newcomers' prefills as one product):
+    # 70 rows cross their blocks of 64 rows of x.
+    if bits not in qmv_ext.BITS:
+        pytest.skip(f"{bits}-bit weights are MLX's own op with {KERNEL!r}")
+    rows = 70 if qmv_ext.MAX_ROWS >= 70 else 13
     for n, k in SHAPES[gs]:
         w, s, b = _quantized(n, k, gs, bits, seed=n)
-        x = mx.random.normal((13, k))
+        x = mx.random.normal((rows, k))
         together = qmv_ext.quantized_matmul(x, w, s, b, gs, bits)
-        for i in range(x.shape[0]):
+        for i in range(0, x.shape[0], 3 if rows > 13 else 1):
             alone = qmv_ext.quantized_matmul(x[i:i + 1], w, s, b, gs, bits)
             assert mx.array_equal(together[i:i + 1], alone).item(), (n, k, i)
+        assert mx.array_equal(together[5:11], qmv_ext.quantized_matmul(x[5:11], w, s, b, gs, bits)).item()
 
 
 @needs_kernel
@@ -128,11 +150,14 @@ def test_leading_dimensions_strided_x_and_what_it_leaves_to_mlx():
     _close_to_mlx(x, w, s, b, 32, 4, qmv_ext.quantized_matmul(x, w, s, b, 32, 4))
     strided = mx.random.normal((128, 4)).T  # 4 rows of 128, not row contiguous
     _close_to_mlx(strided, w, s, b, 32, 4, qmv_ext.quantized_matmul(strided, w, s, b, 32, 4))
-    many = mx.random.normal((qmv_ext.MAX_ROWS + 1, 128))
-    assert not qmv_ext.supported(many, w, 32, 4)  # mx.quantized_matmul computes it
+    many = mx.random.normal((qmv_ext.MAX_ROWS + 1 if qmv_ext.MAX_ROWS < 1000 else 100, 128))
+    # past MAX_ROWS (32 for the 15-bit and float kernels) mx.quantized_matmul computes it
+    assert qmv_ext.supported(many, w, 32, 4) is (qmv_ext.MAX_ROWS >= many.shape[0])
     _close_to_mlx(many, w, s, b, 32, 4, qmv_ext.quantized_matmul(many, w, s, b, 32, 4))
-    w3, s3, b3 = mx.quantize(mx.random.normal((64, 96)), group_size=32, bits=3)
-    assert not qmv_ext.supported(x, w3, 32, 3)
+    w3, s3, b3 = mx.quantize(mx.random.normal((64, 128)), group_size=32, bits=3)
+    assert qmv_ext.supported(x, w3, 32, 3) is (3 in qmv_ext.BITS)  # 3-bit: the 8-bit kernels' portable loops
+    w2, _, _ = mx.quantize(mx.random.normal((64, 128)), group_size=32, bits=2)
+    assert not qmv_ext.supported(x, w2, 32, 2)
 
 
 @needs_kernel
@@ -150,7 +175,7 @@ def test_dequantize_equals_mlx(bits, dtype):
 def test_the_float_kernels_give_mlx_s_products(kernel):
     # MLXRT_QMV_KERNEL picks a float kernel: the portable one, or the x86-64 float one (the exact
     # path beside the default int8 one); both equal MLX's products to float rounding.
-    if kernel == "avx2+fma" and not qmv_ext.kernel_name().startswith("avx2"):
+    if kernel == "avx2+fma" and not (KERNEL.startswith("avx2") or KERNEL.startswith("avx512")):
         pytest.skip("no AVX2 on this CPU")
     code = ("import mlx.core as mx, mlxrt_qmv as q, sys\n"
             "assert q.kernel_name() == sys.argv[1], q.kernel_name()\n"
@@ -168,15 +193,25 @@ def test_the_float_kernels_give_mlx_s_products(kernel):
 
 
 @needs_kernel
-def test_the_int8_kernel_keeps_within_its_rounding_bound():
-    # MLXRT_QMV_KERNEL="avx2 int8" (x in 8 bits; opt-in, see docs/performance.md): this file's
-    # product tests again under it, which then hold it to _int8_bound with STEPS 127.
-    if not KERNEL.startswith("avx2"):
-        pytest.skip("no AVX2 on this CPU")
+@pytest.mark.parametrize("forced", ["portable", "avx2 int8", "exact", "generic"])
+def test_the_other_loops_keep_within_their_rounding_bound_row_by_row(forced):
+    # The kernel is chosen once, at load: this file's product tests run again in a process with
+    # another one forced (MLXRT_QMV_KERNEL / MLXRT_QMV_EXACT): the portable loops (as on a CPU
+    # without AVX2), the AVX2 ones where this CPU has AVX-512, the exact path (x in 15 bits on
+    # AVX2) and the portable float loops (the exact path without AVX2; a prefill of 9-32 rows
+    # overran their eight accumulators before mlxrt-qmv 0.5). Each holds its products to its _int8_bound (STEPS from
+    # its name) and, where it is an integer kernel, every row to that row alone.
+    env = {k: v for k, v in os.environ.items() if k not in ("MLXRT_QMV_EXACT", "MLXRT_QMV_KERNEL")}
+    env.update({"MLXRT_QMV_EXACT": "1"} if forced == "exact" else {"MLXRT_QMV_KERNEL": forced})
+    code = "import mlxrt_qmv as q; print(q.kernel_name())"
+    name = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True,
+                          timeout=120).stdout.strip()
+    if name == KERNEL or (forced not in ("portable", "generic") and not name.startswith("avx2")):
+        pytest.skip(f"{forced!r} is {name!r} here, the default or not this CPU's")
     run = subprocess.run([str(Path(sys.executable).parent / "pytest"), "-q", "-p", "no:cacheprovider", __file__,
-                          "-k", "equal_mlx_quantized_matmul or half_precision or leading_dimensions or greedy_tokens"],
-                         env={**os.environ, "MLXRT_QMV_KERNEL": "avx2 int8"}, capture_output=True, text=True,
-                         timeout=600)
+                          "-k", "equal_mlx_quantized_matmul or row_s_product_alone or half_precision or leading_dimensions "
+                                "or greedy_tokens"],
+                         env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0 and " passed" in run.stdout, run.stdout[-3000:]
 
 
@@ -212,8 +247,8 @@ def _greedy(model: nn.Module, prompt: list[int], n: int) -> list[int]:
 @needs_kernel
 def test_install_swaps_layers_and_greedy_tokens_stay_the_same():
     model = _tiny_quantized_model()
-    prompt = list(range(5, 45))  # 40 tokens: the prefill runs the kernel in two pieces
-    long = list(range(5, 85))  # 80: the dequantize + BLAS way
+    prompt = list(range(5, 45))  # 40 tokens: the prefill runs the kernel (in two pieces for q15)
+    long = list(range(5, 85))  # 80: the 8-bit kernels' way, or dequantize + BLAS for the others
     before, long_before = _greedy(model, prompt, 12), _greedy(model, long, 4)
     logits_before = model(mx.array([prompt[:3]]))
     count = qmv.install(model)
@@ -245,14 +280,16 @@ def test_installed_layers_run_the_kernel_in_pieces_up_to_kernel_rows_then_the_bl
     layer = nn.QuantizedLinear(160, 96, bias=False, group_size=32, bits=4)
     w, s, b = layer["weight"], layer["scales"], layer["biases"]
     assert qmv.install(nn.Sequential(layer)) == 1
-    for rows in (1, qmv_ext.MAX_ROWS, qmv_ext.MAX_ROWS + 1, qmv.KERNEL_ROWS, qmv.KERNEL_ROWS + 1):
+    for rows in (1, 32, 33, qmv.KERNEL_ROWS, qmv.KERNEL_ROWS + 1, 300):
         x = mx.random.normal((2, rows, 160))[1:]  # leading dimensions kept, a view
         got = layer(x)
         f = io.StringIO()
         mx.export_to_dot(f, got)
         ops = re.findall(r'label ="([A-Za-z_]+)', f.getvalue())
         pieces = -(-rows // qmv_ext.MAX_ROWS)
-        if rows <= qmv.KERNEL_ROWS:
+        if qmv_ext.MAX_ROWS >= rows:  # the 8-bit kernels: one product, whatever the rows
+            assert ops.count("MlxrtQuantizedMatvec") == 1 and "MlxrtDequantize" not in ops, (rows, ops)
+        elif rows <= qmv.KERNEL_ROWS:
             assert ops.count("MlxrtQuantizedMatvec") == pieces and "MlxrtDequantize" not in ops, (rows, ops)
         else:
             assert "MlxrtQuantizedMatvec" not in ops and "MlxrtDequantize" in ops, (rows, ops)
@@ -280,7 +317,11 @@ def test_auto_weighs_the_kernel_against_float32_by_measurement():
     info = ModelInfo(model_id="m", path=None, model_type="llama", config={})
     choice = choose_dtype("auto", model, info, budget=10**9, blas_fast=True, blas_name="MKL", on_cpu=True,
                           kernel=qmv_ext)
-    assert "measured at load" in choice.reason
+    assert choice.cast is None or "measured at load" in choice.reason
+    if qmv.known_faster(qmv_ext):  # the 8-bit kernels: the stored weights, nothing timed at start
+        assert choice.cast is None and "not timed at load" in choice.reason and KERNEL in choice.reason
+    else:
+        assert "measured at load" in choice.reason
     assert time_paths(nn.Sequential(nn.Linear(8, 8)), qmv_ext) is None
 
 
@@ -292,7 +333,7 @@ def test_version_reports_the_kernel_and_mlxrt_qmv_0_turns_it_off():
         assert run.returncode == 0, run.stderr
         return run.stdout
 
-    assert f"quantized kernel: mlxrt-qmv 0.4.1 ({qmv_ext.kernel_name()}, " in version()
+    assert f"quantized kernel: mlxrt-qmv 0.5.0 ({qmv_ext.kernel_name()}, " in version()
     assert "quantized kernel: none (MLXRT_QMV=0)" in version(MLXRT_QMV="0")
 
 

@@ -8,11 +8,17 @@ docs/performance.md). This loop is built on mlx-lm's model modules and cache cla
 (``mlx_lm.models.cache``: each layer's ``merge`` into its batch class, ``extend``, ``filter``,
 ``extract``), so batching costs a server nothing at start:
 
-* a newcomer's prompt is prefilled on its own cache as one sequence (no padding, no batch
-  masks), in chunks of ``prefill_step_size``: one chunk per :meth:`BatchSteps.next` for each of
-  up to ``prefill_batch_size`` newcomers, between the running rows' decode steps. A chunk never
-  crosses the end of a segment (the points the lane snapshots a cache at), and the prompt's
-  last token is left for the batch;
+* a newcomer's prompt is prefilled into a cache of its own, in chunks of ``prefill_step_size``:
+  one chunk per :meth:`BatchSteps.next` for each of up to ``prefill_batch_size`` newcomers,
+  between the running rows' decode steps. A chunk never crosses the end of a segment (the
+  points the lane snapshots a cache at), and the prompt's last token is left for the batch.
+  Where every row of the model's forward is its own arithmetic whatever rows run beside it
+  (:func:`mlxrt.engine.qmv.rows_invariant`: a quantized model whose products are the mlxrt-qmv
+  kernel's 8-bit ones), newcomers on plain KV caches (requests that come together, with or
+  without a prompt-cache hit) run their chunks in one model call, their caches merged as the
+  batch merges them and the chunks right-padded, and each keeps its own rows of the result,
+  bit for bit what its own prefill gives (:meth:`BatchSteps._prefill_together`); the others,
+  and every newcomer of any other model, one call each;
 * a prefilled row then joins the batch (its cache merged in) and the batch's next step feeds
   its last prompt token beside the other rows' latest tokens;
 * a decode step feeds every row's pending token in one model call, runs each row's logits
@@ -129,6 +135,10 @@ class BatchSteps:
         self._inputs: Any = None  # the token each row feeds next, shape (rows,)
         self._drawn_from: list[Any] = []  # per row: the log-probs its next token came from (None: a prompt token)
         self._steps = 0
+        # Newcomers prefilled in one model call: only where that gives each row its own bits
+        from mlxrt.engine import qmv
+
+        self._together = qmv.rows_invariant(getattr(model, "wrapped", model))
 
     def __len__(self) -> int:
         return len(self._waiting) + len(self._prefilling) + len(self._rows)
@@ -199,7 +209,7 @@ class BatchSteps:
             ready = [seq for seq in self._prefilling if seq.ready]
             failed = self._join(ready) if ready else []
             responses = self._step() if self._rows else []
-            progress = failed + [self._prefill(seq) for seq in list(self._prefilling)]
+            progress = failed + self._prefill_all(list(self._prefilling))
             return progress, responses
 
     def extract_cache(self, uids: Iterable[int]) -> dict[int, tuple[list[Any], list[int]]]:
@@ -243,13 +253,102 @@ class BatchSteps:
 
     # -- the loop's parts ------------------------------------------------------------------------
 
+    def _prefill_all(self, seqs: list[_Seq]) -> list[Progress]:
+        """One chunk for each of ``seqs``: where the model's every row is its own arithmetic
+        whatever rows run beside it (:func:`mlxrt.engine.qmv.rows_invariant`: its products the
+        mlxrt-qmv kernel's 8-bit ones, its attention the kernel's, taken row by row here), those
+        on plain KV caches together (:meth:`_prefill_together`); the rest, and every newcomer of
+        any other model (a float model's products go through the BLAS, whose rounding depends on
+        the row count), one call each.
+
+        A group holds chunks at least half as long as its longest, at most ``prefill_step_size``
+        tokens in all once padded to it, and at most twice the keys and values its rows hold
+        (cached and new) once padded to its longest cache and chunk: padding never outweighs
+        what it batches, and a call's memory stays what one chunk's was."""
+        plain = getattr(self.model, "plain", None)  # the lane's adapter model: none mounted
+        if not self._together or (plain is not None and not plain()):
+            return [self._prefill(seq) for seq in seqs]
+        step = self.prefill_step_size
+        # (chunk length, tokens cached, seq), longest chunk first
+        ready = sorted(((min(len(seq.segments[0]), step), _cached(seq), seq) for seq in seqs if _groupable(seq)),
+                       key=lambda row: (-row[0], -row[1]))
+        groups: list[list[tuple[int, int, _Seq]]] = []
+        for row in ready:
+            rows = [*groups[-1], row] if groups else []
+            width = rows[0][0] if rows else 0
+            if (rows and 2 * row[0] >= width and width * len(rows) <= step
+                    and len(rows) * (max(cached for _, cached, _ in rows) + width)
+                    <= 2 * sum(length + cached for length, cached, _ in rows)):
+                groups[-1].append(row)
+            else:
+                groups.append([row])
+        together = [[seq for _, _, seq in group] for group in groups if len(group) > 1]
+        grouped = {seq.uid for group in together for seq in group}
+        progress = [p for group in together for p in self._prefill_together(group)]
+        return progress + [self._prefill(seq) for seq in seqs if seq.uid not in grouped]
+
+    def _prefill_together(self, seqs: list[_Seq]) -> list[Progress]:
+        """The next chunk of each of ``seqs`` (caches as :func:`_groupable` says) in one model
+        call, then each row's keys and values copied back into a cache of its own.
+
+        The rows' caches are merged as the batch merges them (mlx-lm's ``BatchKVCache.merge``:
+        left-padded so that every row's cached tokens end at the same column, each row's
+        positions its own) and the chunks right-padded to the longest: a row's new tokens attend
+        to its own cached tokens and to each other, never to the left padding (masked) or to the
+        padding after them. Each merged KV layer carries the rows' spans (``mlxrt_rows``: the
+        columns of a row's cached and new keys, its new tokens and the mask its own cache would
+        give), and the kernel's attention route computes each row alone on them, as its own
+        prefill would; the products are the kernel's, each row's bits its own. So each row's
+        cache holds, bit for bit, what its own prefill would (tests/test_batch_steps.py). A
+        failure runs each on its own (:meth:`_prefill`), so that it fails only the row it
+        belongs to."""
+        import mlx.core as mx
+        from mlx_lm.models.cache import KVCache
+
+        chunks = [seq.segments[0][:self.prefill_step_size] for seq in seqs]
+        width = max(len(chunk) for chunk in chunks)
+        kv = [type(entry) is KVCache for entry in seqs[0].cache]
+        # KV layers merge into mlx-lm's BatchKVCache; a rider (the lane's RowTag) merges as the
+        # batch's own entry does, naming the rows in order
+        cache = [entry.merge([seq.cache[i] for seq in seqs]) for i, entry in enumerate(seqs[0].cache)]
+        cached = [_cached(seq) for seq in seqs]
+        base = max(cached)
+        first_kv = kv.index(True)
+        rows = tuple((base - held, base + len(chunk), len(chunk), seq.cache[first_kv].make_mask(len(chunk), return_array=False, window_size=None))
+                     for seq, chunk, held in zip(seqs, chunks, cached, strict=True))
+        for layer, is_kv in zip(cache, kv, strict=True):
+            if is_kv:
+                layer.mlxrt_rows = rows
+        try:
+            self.model(mx.array([chunk + [0] * (width - len(chunk)) for chunk in chunks]), cache=cache)
+            own, copies = [], []
+            for at, (seq, chunk, held) in enumerate(zip(seqs, chunks, cached, strict=True)):
+                entries = []
+                for layer, mine, is_kv in zip(cache, seq.cache, kv, strict=True):
+                    if is_kv:  # its own columns: after its left padding, up to its last new token
+                        mine = KVCache()
+                        mine.keys = mx.contiguous(layer.keys[at:at + 1, :, base - held:base + len(chunk)])
+                        mine.values = mx.contiguous(layer.values[at:at + 1, :, base - held:base + len(chunk)])
+                        mine.offset = held + len(chunk)
+                        copies += [mine.keys, mine.values]
+                    entries.append(mine)
+                own.append(entries)
+            mx.eval(copies)
+        except Exception:
+            del cache  # the merged cache goes before each row runs again on its own
+            return [self._prefill(seq) for seq in seqs]
+        progress = []
+        for seq, chunk, layers in zip(seqs, chunks, own, strict=True):
+            seq.cache = layers
+            progress.append(self._fed(seq, chunk))
+        return progress
+
     def _prefill(self, seq: _Seq) -> Progress:
         """Run the next chunk of ``seq``'s current segment into its own cache (a failure drops
         ``seq``: see :meth:`_drop_newcomers`)."""
         import mlx.core as mx
 
-        segment = seq.segments[0]
-        chunk, rest = segment[:self.prefill_step_size], segment[self.prefill_step_size:]
+        chunk = seq.segments[0][:self.prefill_step_size]
         try:
             self.model(mx.array(chunk)[None], cache=seq.cache)
             mx.eval([layer.state for layer in seq.cache])
@@ -257,8 +356,14 @@ class BatchSteps:
             return self._drop_newcomers([seq], exc)[0]
         if seq.total > self.prefill_step_size:  # a long prompt: bound its memory, as the serial loop does
             mx.clear_cache()
+        return self._fed(seq, chunk)
+
+    @staticmethod
+    def _fed(seq: _Seq, chunk: list[int]) -> Progress:
+        """``chunk`` (the head of ``seq``'s current segment) is in its cache now."""
         seq.tokens.extend(chunk)
         seq.fed += len(chunk)
+        rest = seq.segments[0][len(chunk):]
         if rest:
             seq.segments[0] = rest
         else:
@@ -408,6 +513,35 @@ class BatchSteps:
         self._inputs = self._inputs[mx.array(keep)]
         self._drawn_from = [self._drawn_from[at] for at in keep]
         _release_cache()
+
+
+def _groupable(seq: _Seq) -> bool:
+    """Whether ``seq`` may be prefilled beside others (:meth:`BatchSteps._prefill_together`):
+    more than its last prompt token left to feed, and mlx-lm's plain ``KVCache`` in every layer
+    (empty, or holding a prompt-cache hit or earlier chunks; not a rotating, quantized or
+    recurrent cache). Entries of the cache list that are no mlx-lm cache (the lane's ``RowTag``,
+    which rides at the end of each row's list when adapters are served) merge as they do into
+    the batch."""
+    from mlx_lm.models.cache import KVCache
+
+    if seq.ready or not seq.cache:
+        return False
+    layers = 0
+    for entry in seq.cache:
+        if type(entry).__module__.split(".")[0] == "mlx_lm":  # one of mlx-lm's caches: a layer's
+            if type(entry) is not KVCache:
+                return False
+            layers += 1
+        elif not hasattr(entry, "merge"):  # a rider that cannot ride a group
+            return False
+    return layers > 0
+
+
+def _cached(seq: _Seq) -> int:
+    """The tokens ``seq``'s own cache holds (a :func:`_groupable` one: each layer as many)."""
+    from mlx_lm.models.cache import KVCache
+
+    return next(layer.offset for layer in seq.cache if type(layer) is KVCache)
 
 
 #: The batch lane releases MLX's buffer cache when rows leave once it holds more than

@@ -647,6 +647,16 @@ class RowAdapterModel:
     def __getattr__(self, name: str) -> Any:
         return getattr(self._model, name)
 
+    @property
+    def wrapped(self) -> Any:
+        """The model it calls."""
+        return self._model
+
+    def plain(self) -> bool:
+        """Whether its next call runs the model as it is (no adapter mounted), so that newcomers
+        may be prefilled together (:meth:`mlxrt.engine.batch_steps.BatchSteps._prefill_all`)."""
+        return not self._adapters.selection_needed()
+
     def __call__(self, inputs: Any, *args: Any, cache: Any = None, **kwargs: Any) -> Any:
         tag = cache[-1] if cache and isinstance(cache[-1], RowTag) else None
         layers = cache[:-1] if tag is not None else cache

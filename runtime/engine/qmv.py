@@ -2,9 +2,10 @@
 at memory bandwidth on the CPU.
 
 ``mlxrt-qmv`` (``kernels/mlxrt-qmv``, a separate distribution that ``scripts/setup`` builds where
-a compiler exists) adds custom MLX primitives for ``x @ dequantize(w).T`` with a few rows of ``x``
-(at most ``MAX_ROWS``, 32) and for ``dequantize``, on 4- or 8-bit affine weights with group
-sizes 32/64/128. MLX's own CPU ``quantized_matmul`` reads 4-bit weights at ~1 GB/s, and slower
+a compiler exists) adds custom MLX primitives for ``x @ dequantize(w).T`` (any number of rows
+of ``x`` with its default 8-bit activations, at most 32 on the exact path,
+``MLXRT_QMV_EXACT=1``) and for ``dequantize``, on 4- or 8-bit affine weights with group sizes
+32/64/128. MLX's own CPU ``quantized_matmul`` reads 4-bit weights at ~1 GB/s, and slower
 still with more rows (docs/performance.md, "Quantized decode on the CPU").
 
 :func:`status` says whether the kernel can be used in this process (installed, built for this
@@ -33,7 +34,8 @@ from typing import Any
 
 import attrs
 
-__all__ = ["QmvStatus", "status", "install", "install_fused", "eligible", "load", "log_softmax", "top_p_filter"]
+__all__ = ["QmvStatus", "status", "install", "install_fused", "eligible", "load", "log_softmax", "top_p_filter",
+           "rows_invariant", "known_faster"]
 
 
 @attrs.frozen
@@ -97,10 +99,11 @@ def _load() -> QmvStatus:
     return QmvStatus(module=mlxrt_qmv, kernel=mlxrt_qmv.kernel_name(), threads=mlxrt_qmv.threads(), version=dist)
 
 
-def eligible(layer: Any) -> bool:
-    """Whether the kernel computes this layer's product: an affine 4/8-bit quantized linear (or
-    quantized embedding, for ``as_linear``) with biases and group size 32, 64 or 128."""
-    return (getattr(layer, "mode", "affine") == "affine" and getattr(layer, "bits", None) in (4, 8)
+def eligible(layer: Any, bits: Any = (4, 8)) -> bool:
+    """Whether the kernel computes this layer's product: an affine quantized linear (or quantized
+    embedding, for ``as_linear``) of one of ``bits`` (the kernel's ``BITS``: 4 and 8, and with the
+    AVX-512 and portable 8-bit kernels 3, 5 and 6) with biases and group size 32, 64 or 128."""
+    return (getattr(layer, "mode", "affine") == "affine" and getattr(layer, "bits", None) in bits
             and getattr(layer, "group_size", None) in (32, 64, 128) and "biases" in layer
             and "scales" in layer and layer["weight"].ndim == 2)
 
@@ -116,10 +119,11 @@ def install(model: Any, st: QmvStatus | None = None) -> int:
     import mlx.core as mx
 
     classes = _classes(st.module)
+    bits = getattr(st.module, "BITS", (4, 8))  # mlxrt-qmv < 0.5: 4 and 8
     count = 0
     for _name, layer in model.named_modules():
         kind = type(layer)
-        if kind in classes and eligible(layer):
+        if kind in classes and eligible(layer, bits):
             # The primitive reads rows in place: make sure they are (a no-op copy otherwise).
             for key in ("weight", "scales", "biases"):
                 layer[key] = mx.contiguous(layer[key])
@@ -192,6 +196,23 @@ def top_p_filter() -> Any:
     return apply_top_p
 
 
+#: The kernels known faster than float32 through a fast BLAS at every row count, so that
+#: ``--dtype auto`` keeps the stored weights without timing them at load (~0.2-0.4 s of every
+#: start): x in 8 bits read against 4- or 8-bit weights, measured on SmolLM2's matrices at 1, 8,
+#: 64 and 512 rows against float32 through MKL (docs/performance.md, "8-bit activations").
+FASTER_THAN_FLOAT32 = frozenset({"avx512 vnni", "avx2 int8"})
+
+
+def known_faster(module: Any) -> str:
+    """Why the kernel ``module`` (``mlxrt_qmv``) computes a quantized model's products faster than
+    float32 through the BLAS without measuring it (``""``: not known, measure it)."""
+    name = module.kernel_name()
+    if name in FASTER_THAN_FLOAT32:
+        return (f"the mlxrt-qmv kernel ({name}: 8-bit activations, the faster path at any row count; "
+                f"not timed at load)")
+    return ""
+
+
 #: Rows of ``x`` up to which a product runs the kernel (in pieces of ``MAX_ROWS``), not the BLAS
 #: on dequantized weights: that dequantizes the whole matrix each call, and loses up to ~40 rows
 #: (docs/performance.md, "Prefill: the kernel or the BLAS").
@@ -235,6 +256,9 @@ def _attention(module: Any) -> Any:
     def route(original: Any) -> Any:
         def scaled_dot_product_attention(queries: Any, keys: Any, values: Any, cache: Any, scale: float,
                                          mask: Any, sinks: Any = None) -> Any:
+            rows = getattr(cache, "mlxrt_rows", None)
+            if rows is not None and sinks is None:
+                return _by_row(attention, queries, keys, values, scale, rows)
             if sinks is None and not hasattr(cache, "bits"):
                 return attention(queries, keys, values, scale, mask)
             return original(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
@@ -242,6 +266,56 @@ def _attention(module: Any) -> Any:
         return scaled_dot_product_attention
 
     return route
+
+
+def _by_row(attention: Any, queries: Any, keys: Any, values: Any, scale: float, rows: Any) -> Any:
+    """Attention of a batch of prefill chunks (the batch lane's newcomers prefilled together) row
+    by row: row ``i``'s first ``n`` queries against its own keys and values, columns
+    ``[start, end)`` of the merged cache, with the mask its own cache gives, as its own prefill
+    computes it (the same shapes, so the same bits); its padding queries get zeros."""
+    import mlx.core as mx
+
+    width = queries.shape[2]
+    outs = []
+    for i, (start, end, n, mask) in enumerate(rows):
+        out = attention(queries[i:i + 1, :, :n], keys[i:i + 1, :, start:end], values[i:i + 1, :, start:end], scale,
+                        mask)
+        if n < width:
+            out = mx.concatenate([out, mx.zeros((1, out.shape[1], width - n, out.shape[3]), out.dtype)], axis=2)
+        outs.append(out)
+    return mx.concatenate(outs, axis=0)
+
+
+def rows_invariant(model: Any) -> bool:
+    """Whether every row of a forward of ``model`` is computed the same way whatever rows run
+    beside it, so that newcomers can be prefilled in one call with each row's bits its own: the
+    kernel is loaded with its 8-bit products (any number of rows, each row's integer sums and
+    float epilogue its own), every linear layer of the model computes through it (no float or
+    MLX-quantized product: those go through the BLAS or MLX's kernels, whose rounding may depend
+    on the row count), no float embedding (a tied head would be a float product), and the fused
+    primitives are installed (norms, rotations and the attention route, which takes a group's
+    rows one by one)."""
+    st = load()
+    if not st.active or getattr(st.module, "MAX_ROWS", 0) < 4096 or not _CLASSES or not _FUSED:
+        return False
+    import mlx.nn as nn
+
+    # a wrapper (the batch lane's per-row adapter model: LoRA products are float ones) is not known
+    if not isinstance(model, nn.Module):
+        return False
+
+    kernel_classes, fused_classes = set(_CLASSES.values()), set(_FUSED.values())
+    products = fused = 0
+    for _name, layer in model.named_modules():
+        kind = type(layer)
+        if kind in kernel_classes:
+            products += 1
+        elif isinstance(layer, (nn.Linear, nn.QuantizedLinear, nn.Embedding, nn.QuantizedEmbedding)):
+            return False
+        elif any(part in kind.__name__.lower() for part in ("switch", "conv", "lora", "dora")):
+            return False  # experts, convolutions, adapters: products that are not the kernel's
+        fused += kind in fused_classes
+    return products > 0 and fused > 0
 
 
 def _swiglu(module: Any) -> Any:

@@ -114,9 +114,14 @@ class Timing:
     kernel_s: float
     float32_s: float
     kernel: str
+    #: Why the kernel is the faster without timing it (:func:`mlxrt.engine.qmv.known_faster`);
+    #: then the two times are not measured (0 and infinity).
+    known: str = ""
 
     @property
     def text(self) -> str:
+        if self.known:
+            return self.known
         return (f"measured at load: a token's matrices {self.kernel_s * 1e3:.1f} ms with the mlxrt-qmv kernel "
                 f"({self.kernel}), {self.float32_s * 1e3:.1f} ms as float32")
 
@@ -127,12 +132,13 @@ class Timing:
 _TIMING_ELEMENTS = 16 * 1024 * 1024
 
 
-def time_paths(model: Any, module: Any, *, rounds: int = 3) -> Timing | None:
+def time_paths(model: Any, module: Any, *, rounds: int = 3, known: str = "") -> Timing | None:
     """Time one row through every matrix the kernel would compute (``None``: there is none): the
     kernel ``module`` (``mlxrt_qmv``) on the stored weights themselves, and float32 matrices of
     the same shapes (views of one 64 MB buffer, so cheap to build) through the BLAS, each the best
     of ``rounds`` taken in turn after a warm-up. The tied output head (a quantized embedding's ``as_linear``)
-    counts when the model has no ``lm_head`` module. ~0.2 s for SmolLM2-135M."""
+    counts when the model has no ``lm_head`` module. ~0.2 s for SmolLM2-135M. ``known``: why the
+    kernel is known faster (:func:`mlxrt.engine.qmv.known_faster`): then nothing is timed."""
     import time
     from collections import Counter
 
@@ -147,6 +153,8 @@ def time_paths(model: Any, module: Any, *, rounds: int = 3) -> Timing | None:
         isinstance(m, nn.QuantizedLinear) or (tied and isinstance(m, nn.QuantizedEmbedding)))]
     if not layers:
         return None
+    if known:
+        return Timing(0.0, float("inf"), module.kernel_name(), known)
 
     def in_dim(layer: Any) -> int:
         return layer["weight"].shape[1] * 32 // layer.bits
@@ -304,7 +312,10 @@ def choose_dtype(requested: str, model: Any, info: ModelInfo, *, budget: int | N
     ctx, kv_bytes = _float32_kv(info.config, info.context_window)
     left = _undequantizable(model)
     facts = DtypeFacts(stored_dtype(model), float32_bytes(model), kv_bytes, ctx, left[0] if left else None)
-    timing = (lambda: time_paths(model, kernel)) if kernel is not None else None
+    from mlxrt.engine.qmv import known_faster
+
+    known = known_faster(kernel) if kernel is not None else ""
+    timing = (lambda: time_paths(model, kernel, known=known)) if kernel is not None else None
     return decide(requested, facts, Machine(on_cpu, blas_fast, blas_name), budget=budget, lazy=lazy, models=models,
                   timing=timing)
 

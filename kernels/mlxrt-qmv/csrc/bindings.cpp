@@ -4,6 +4,7 @@
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/string.h>
 #include <nanobind/stl/variant.h>
+#include <nanobind/stl/vector.h>
 
 #include "mlx/version.h"
 #include "activation.h"
@@ -103,11 +104,14 @@ NB_MODULE(_ext, m) {
       "q"_a, "k"_a, "v"_a, "Whether attention runs the primitive for these arguments (masks aside).");
   m.attr("MAX_QUERIES") = mlxrt_qmv::MAX_QUERIES;
   m.def("kernel_name", &mlxrt_qmv::kernel_name,
-        "The kernel this CPU runs: 'avx2 q15' (the default with AVX2), 'avx2 int8' or 'avx2+fma' (on request, "
-        "MLXRT_QMV_KERNEL), or 'generic'.");
+        "The kernel this process runs: 'avx512 vnni', 'avx2 int8' or 'portable int8' (x in 8 bits, the default for "
+        "the CPU), 'avx2 q15' or 'generic' (MLXRT_QMV_EXACT=1), or on request (MLXRT_QMV_KERNEL) 'avx2+fma'.");
   m.def("threads", &mlxrt_qmv::threads, "Threads the primitive splits output rows over.");
   m.def("set_threads", &mlxrt_qmv::set_threads, "n"_a, "Set the thread count for later calls (<= 0: the default).");
-  m.attr("MAX_ROWS") = mlxrt_qmv::MAX_ROWS;
+  // The kernel's row limit: read at import, after which the kernel (chosen from the environment
+  // once) no longer changes.
+  m.attr("MAX_ROWS") = mlxrt_qmv::max_rows();
+  m.attr("BITS") = nb::tuple(nb::cast(mlxrt_qmv::bits_supported()));
   // The MLX whose headers this was built with: its C++ ABI is the only one it may load into.
   m.attr("MLX_VERSION") =
       MLXRT_QMV_STR(MLX_VERSION_MAJOR) "." MLXRT_QMV_STR(MLX_VERSION_MINOR) "." MLXRT_QMV_STR(MLX_VERSION_PATCH);

@@ -1,5 +1,5 @@
 // The row kernels of the quantized matrix-vector product: out[m, r] = x[m] . dequant(w[r]),
-// for a few rows m of x (M <= 8) and a range of output rows r. One kernel per instruction set;
+// for rows m of x and a range of output rows r. One kernel per instruction set;
 // qmv.cpp picks one at run time from the CPU's features.
 //
 // Dequantization is MLX's affine mode (mx.quantize): element k of weight row r is
@@ -27,6 +27,7 @@ struct Problem {
   const int16_t* x16; // the Q15 kernel, 8-bit weights: x / d in 15 bits as int16, in order
   const float* xd;
   const float* xoff;
+  int xstride; // bytes from one row of xq to the next (K, or more where a kernel pads x's rows)
   const uint32_t* w; // N rows of K * bits / 32 words
   const void* scales; // N rows of G, of type stype
   const void* biases; // N rows of G, of type stype
@@ -58,7 +59,26 @@ struct Kernel {
                    float* xd, float* xsum, float* xoff) = nullptr;
   // Whether x goes in 15 bits (xq and xlo) rather than 8 (xq).
   bool q15 = false;
+  // >= 0: x goes in 8 bits through quantize_x_int8 (not quantize), with this layout for 4-bit
+  // weights (8-bit weights: in order), each row padded with zeros to a multiple of x_pad bytes.
+  int int8_layout = -1;
+  int x_pad = 32;
 };
+
+// Quantizes one row of x (K floats, K a multiple of 32) to 8 bits in blocks of 32, for the
+// portable and AVX-512 integer kernels: block b's scale d = max|x_b| / 127 to xd[b], round(x / d)
+// (to nearest, ties to even) to xq, in order (layout 0) or, layout 4, per chunk of four blocks
+// (128 elements) as [even elements of blocks 0-3, 16 each | odd elements of blocks 0-3] (the
+// order of 64 packed bytes' low and high nibbles); a last partial chunk keeps that layout, and
+// xq is zero from the row's last value to `padded` bytes. Also the exact per-group sums of x
+// (xsum) and the offsets xoff: the kernels multiply the weights' q as they are, so
+// xoff = 2^(bits-1) * (xsum - sum of the dequantized x) turns scale * (q . x_rounded) +
+// scale * xoff into scale * ((q - 2^(bits-1)) . x_rounded + 2^(bits-1) * xsum): the rounding
+// error meets only the centred weights.
+void quantize_x_int8(const float* x, int K, int group_size, int bits, int layout, int padded, int8_t* xq, float* xd,
+                     float* xsum, float* xoff);
+// The portable integer kernel: x from quantize_x_int8 (layout 0), 32-bit sums per block.
+void rows_generic_int8(const Problem& p, int r0, int r1);
 
 void rows_generic(const Problem& p, int r0, int r1);
 // Dequantizes weight rows [r0, r1) into out (K floats a row): the x, xsum and M of p unused.
@@ -83,6 +103,8 @@ void quantize_x_avx2(const float* x, int K, int group_size, int bits, int8_t* xq
 void rows_avx2_q8(const Problem& p, int r0, int r1);
 // rows_avx2_q8 on x in 15 bits (xq and xlo, or x16): 128 times less rounding for about 1.5 times the work.
 void rows_avx2_q15(const Problem& p, int r0, int r1);
+// The AVX-512 (F, BW, VL, VNNI) integer kernel: x from quantize_x_int8, layout 4, padded to 128.
+void rows_avx512_vnni(const Problem& p, int r0, int r1);
 #endif
 
 // Lays out one row of x (K floats) as a kernel of x_width W expects (see Kernel::x_width).

@@ -152,23 +152,48 @@ std::shared_ptr<Pool> pool() {
   return the_pool;
 }
 
-// The kernel: by default the integer one where the CPU has AVX2 (x quantized to int8 per block
-// of 32, as llama.cpp does; docs/performance.md has its error), MLXRT_QMV_KERNEL=avx2+fma the
-// float one (products equal to MLX's to float rounding), MLXRT_QMV_KERNEL=generic the portable
-// one (also float).
+bool env_on(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr) return false;
+  const std::string s = v;
+  return s == "1" || s == "on" || s == "true" || s == "yes";
+}
+
+// The kernel. By default x goes in 8 bits per block of 32 and meets the weights in integer
+// multiply-adds (as llama.cpp's Q8 activations): AVX-512 VNNI loops where the CPU has AVX-512
+// F/BW/VL/VNNI, AVX2 ones where it has AVX2/FMA/F16C, portable ones elsewhere. MLXRT_QMV_EXACT=1
+// keeps x near exact instead: 15 bits on AVX2 ("avx2 q15", the default before mlxrt-qmv 0.5),
+// floats in the portable loops. MLXRT_QMV_KERNEL forces one by name ("portable" for the portable
+// loops of either kind, "generic" for the portable float ones; an unknown name or one the CPU
+// cannot run gets the default). docs/performance.md has their errors.
 const Kernel& kernel() {
   static const Kernel k = [] {
     const char* forced = std::getenv("MLXRT_QMV_KERNEL");
     const std::string want = forced != nullptr ? forced : "";
+    const bool exact = env_on("MLXRT_QMV_EXACT");
+    const Kernel generic{"generic", rows_generic, 0, dequant_generic};
+    Kernel portable{"portable int8", rows_generic_int8, 0, dequant_generic, true};
+    portable.int8_layout = 0;
+    if (want == "generic" || (want == "portable" && exact)) return generic;
+    if (want == "portable" || want == "portable int8") return portable;
 #if defined(__x86_64__) || defined(_M_X64)
-    if (want != "generic" && __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-        __builtin_cpu_supports("f16c")) {
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
       if (want == "avx2+fma") return Kernel{"avx2+fma", rows_avx2, 8, dequant_avx2};
-      if (want == "avx2 int8") return Kernel{"avx2 int8", rows_avx2_q8, 0, dequant_avx2, true, quantize_x_avx2};
-      return Kernel{"avx2 q15", rows_avx2_q15, 0, dequant_avx2, true, quantize_x_avx2, true};
+      if (want == "avx2 q15") return Kernel{"avx2 q15", rows_avx2_q15, 0, dequant_avx2, true, quantize_x_avx2, true};
+      const Kernel avx2_int8{"avx2 int8", rows_avx2_q8, 0, dequant_avx2, true, quantize_x_avx2};
+      if (want == "avx2 int8") return avx2_int8;
+      if (exact) return Kernel{"avx2 q15", rows_avx2_q15, 0, dequant_avx2, true, quantize_x_avx2, true};
+      if (__builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512bw") &&
+          __builtin_cpu_supports("avx512vl") && __builtin_cpu_supports("avx512vnni")) {
+        Kernel vnni{"avx512 vnni", rows_avx512_vnni, 0, dequant_avx2, true};
+        vnni.int8_layout = 4;
+        vnni.x_pad = 128;
+        return vnni;
+      }
+      return avx2_int8;
     }
 #endif
-    return Kernel{"generic", rows_generic, 0, dequant_generic};
+    return exact ? generic : portable;
   }();
   return k;
 }
@@ -182,9 +207,12 @@ constexpr size_t SINGLE_THREAD_BYTES = 64 * 1024;
 // thread between products and the Python thread building the next step. On 2 CPUs a SmolLM2
 // decode step took 14.5-15.3 ms with both threads in the products against 13.2 ms with one,
 // while a batch of 8 rows took 36 ms with both against 55-61 ms with one (quiet machine).
+// MLXRT_QMV_LONE_THREADS sets the threads a lone row uses (default: one fewer than the pool).
 int threads_for(const std::shared_ptr<Pool>& pl, bool lone) {
   const int n = pl ? pl->size() : 1;
-  return lone && n > 1 ? n - 1 : n;
+  if (!lone || n <= 1) return n;
+  static const int lone_threads = env_int("MLXRT_QMV_LONE_THREADS", 0);
+  return lone_threads > 0 ? std::min(n, lone_threads) : n - 1;
 }
 
 // Runs job on `threads` of the pool's threads (the caller's included); the others skip it.
@@ -250,7 +278,7 @@ void run_dequant(const uint32_t* w, const T* scales, const T* biases, T* out, in
   ScaleType st = ScaleType::f32;
   if constexpr (std::is_same_v<T, mx::float16_t>) st = ScaleType::f16;
   if constexpr (std::is_same_v<T, mx::bfloat16_t>) st = ScaleType::bf16;
-  Problem p{nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, w, scales, biases, st, 0, N, K, K / group_size, group_size,
+  Problem p{nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, nullptr, 0, w, scales, biases, st, 0, N, K, K / group_size, group_size,
             bits, outf};
   split_rows(kernel().dequant, p);
   if constexpr (!std::is_same_v<T, float>) {
@@ -281,10 +309,12 @@ void run_typed(
   thread_local std::vector<float> buf;
   thread_local std::vector<int8_t> qbuf;
   const size_t outsize = std::is_same_v<T, float> ? 0 : static_cast<size_t>(M) * N;
-  buf.resize(MK * 2 + MG * 2 + MK / 32 + outsize);
+  // xp, x laid out for a float kernel, only where one runs: a long prefill's x is large
+  const size_t xpsize = kern.int8_x ? 0 : MK;
+  buf.resize(MK + xpsize + MG * 2 + MK / 32 + outsize);
   float* xf = buf.data();
   float* xp = xf + MK;
-  float* xsum = xp + MK;
+  float* xsum = xp + xpsize;
   float* xoff = xsum + MG;
   float* xd = xoff + MG;
   float* outf = std::is_same_v<T, float> ? reinterpret_cast<float*>(out) : xd + MK / 32;
@@ -293,10 +323,18 @@ void run_typed(
   } else {
     for (size_t i = 0; i < MK; ++i) xf[i] = static_cast<float>(x[mx::elem_to_loc(static_cast<int64_t>(i), xshape, xstrides)]);
   }
-  if (kern.int8_x) qbuf.resize(kern.q15 ? 2 * MK : MK); // 8-bit Q15: MK int16 (x16)
+  // the int8 kernels' rows of x, padded to their chunks
+  const int xstride = kern.int8_layout >= 0 ? (K + kern.x_pad - 1) / kern.x_pad * kern.x_pad : K;
+  if (kern.int8_x) qbuf.resize(kern.q15 ? 2 * MK : static_cast<size_t>(M) * xstride); // 8-bit Q15: MK int16 (x16)
   int16_t* x16 = kern.q15 && bits == 8 ? reinterpret_cast<int16_t*>(qbuf.data()) : nullptr;
   for (int m = 0; m < M; ++m) {
     const float* xr = xf + static_cast<size_t>(m) * K;
+    if (kern.int8_layout >= 0) {
+      quantize_x_int8(xr, K, group_size, bits, kern.int8_layout, xstride, qbuf.data() + static_cast<size_t>(m) * xstride,
+                      xd + static_cast<size_t>(m) * K / 32, xsum + static_cast<size_t>(m) * G,
+                      xoff + static_cast<size_t>(m) * G);
+      continue;
+    }
     if (kern.int8_x) {
       kern.quantize(xr, K, group_size, bits, qbuf.data() + static_cast<size_t>(m) * K,
                     kern.q15 && bits == 4 ? qbuf.data() + MK + static_cast<size_t>(m) * K : nullptr,
@@ -314,7 +352,7 @@ void run_typed(
   ScaleType st = ScaleType::f32;
   if constexpr (std::is_same_v<T, mx::float16_t>) st = ScaleType::f16;
   if constexpr (std::is_same_v<T, mx::bfloat16_t>) st = ScaleType::bf16;
-  Problem p{xp, xsum, kern.int8_x ? qbuf.data() : nullptr, kern.q15 ? qbuf.data() + MK : nullptr, x16, xd, xoff, w, scales, biases, st, M, N, K, G,
+  Problem p{xp, xsum, kern.int8_x ? qbuf.data() : nullptr, kern.q15 ? qbuf.data() + MK : nullptr, x16, xd, xoff, xstride, w, scales, biases, st, M, N, K, G,
             group_size, bits, outf};
 
   split_rows(kern.rows, p);
@@ -340,6 +378,21 @@ int rows_of(const mx::array& x) {
 
 } // namespace
 
+std::vector<int> bits_supported() {
+  // The portable 8-bit loops also unpack 3-, 5- and 6-bit layers (a K-quant conversion's; 2 bits
+  // measured no faster than MLX's own op for one row); the AVX2 ones take 4 and 8 bits only.
+  if (kernel().int8_layout >= 0) return {3, 4, 5, 6, 8};
+  return {4, 8};
+}
+
+int max_rows() {
+  // The 8-bit kernels give each row its own bits whatever the rows beside it, so a prefill of any
+  // length runs them (and newcomers' prefills can run as one product); the others stop at
+  // MAX_ROWS, past which dequantize + BLAS was faster for them.
+  const Kernel& k = kernel();
+  return k.int8_layout >= 0 || (k.int8_x && !k.q15) ? MAX_ROWS_INT8 : MAX_ROWS;
+}
+
 std::string kernel_name() {
   return kernel().name;
 }
@@ -355,11 +408,11 @@ void set_threads(int n) {
 bool supported(const mx::array& x, const mx::array& w, int group_size, int bits, mx::StreamOrDevice s) {
   const auto stream = mx::to_stream(s);
   if (stream.device != mx::Device::cpu) return false;
-  if (bits != 4 && bits != 8) return false;
+  if (bits != 4 && bits != 8 && !(kernel().int8_layout >= 0 && (bits == 3 || bits == 5 || bits == 6))) return false;
   if (group_size != 32 && group_size != 64 && group_size != 128) return false;
   if (w.ndim() != 2 || w.dtype() != mx::uint32 || x.ndim() < 1) return false;
   const int rows = rows_of(x);
-  return rows >= 1 && rows <= MAX_ROWS && x.shape(-1) == w.shape(1) * 32 / bits;
+  return rows >= 1 && rows <= max_rows() && x.shape(-1) == w.shape(1) * 32 / bits;
 }
 
 mx::array quantized_matmul(

@@ -3,6 +3,7 @@
 
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "mlx/backend/cpu/encoder.h"
 #include "mlx/ops.h"
@@ -15,6 +16,14 @@ namespace mlxrt_qmv {
 // The most rows of x the primitive takes; quantized_matmul hands larger inputs to MLX. Up to
 // ~32 rows it beats dequantize + BLAS (measured: benchmarks/qmv.py --rows).
 constexpr int MAX_ROWS = 32;
+// The most rows the 8-bit kernels take (a long prompt's prefill of several sequences at once).
+constexpr int MAX_ROWS_INT8 = 1 << 16;
+// The most rows of x the primitive takes with this process's kernel: MAX_ROWS_INT8 for the 8-bit
+// kernels, MAX_ROWS for the others.
+int max_rows();
+// The weight widths the primitive computes with this process's kernel: 4 and 8, and with the
+// AVX-512 and portable 8-bit kernels also 3, 5 and 6 (those through the portable loops).
+std::vector<int> bits_supported();
 
 // x @ dequantize(w, scales, biases).T, as mx::quantized_matmul(x, w, scales, biases,
 // transpose=true, group_size, bits) in affine mode computes it. Runs the primitive on the CPU
@@ -39,7 +48,8 @@ mx::array dequantize(const mx::array& w, const mx::array& scales, const mx::arra
 // Whether quantized_matmul would run the primitive for these arguments (not MLX's own).
 bool supported(const mx::array& x, const mx::array& w, int group_size, int bits, mx::StreamOrDevice s = {});
 
-// The kernel this CPU runs ("avx2 q15", "avx2 int8", "avx2+fma", "generic"; see kernel() in qmv.cpp).
+// The kernel this CPU runs ("avx512 vnni", "avx2 int8", "portable int8", or on request "avx2 q15",
+// "avx2+fma", "generic"; see kernel() in qmv.cpp).
 std::string kernel_name();
 // Threads the primitive splits output rows over (MLXRT_QMV_THREADS, default: the CPUs this
 // process may run on); set_threads changes it for later calls.

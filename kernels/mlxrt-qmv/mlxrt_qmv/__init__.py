@@ -5,11 +5,13 @@
 mode (the ``mx.quantize`` layout) and runs a kernel that reads the packed weights once, for
 bits 4 or 8, group sizes 32/64/128 and at most :data:`MAX_ROWS` rows of ``x`` on the CPU, its
 output rows split over threads (``MLXRT_QMV_THREADS``); other arguments go to
-``mx.quantized_matmul`` itself. ``kernel_name()`` says which kernel this CPU runs: ``avx2 q15``
-where the CPU has AVX2 (x rounded to 15 bits per block of 32, integer multiply-adds: products
-within a bound of MLX's, see docs/performance.md), or on request (``MLXRT_QMV_KERNEL``) ``avx2
-int8`` (x in 8 bits: faster, coarser), ``avx2+fma`` (float: MLX's products to rounding) or
-``generic`` (portable, float). ``dequantize(w, scales,
+``mx.quantized_matmul`` itself. ``kernel_name()`` says which kernel this process runs, chosen
+once at load: by default ``x`` rounded to 8 bits per block of 32 and integer multiply-adds —
+``avx512 vnni`` where the CPU has AVX-512 F/BW/VL/VNNI, ``avx2 int8`` where it has AVX2,
+``portable int8`` elsewhere (``MLXRT_QMV_KERNEL=portable`` forces it) — each row's result its own
+bits whatever rows run beside it, so :data:`MAX_ROWS` is 65,536; ``MLXRT_QMV_EXACT=1``: the exact
+path, ``avx2 q15`` (x in 15 bits) or ``generic`` (portable floats), 32 rows at most; on request
+``avx2+fma`` (float: MLX's products to rounding). docs/performance.md has their error bounds. ``dequantize(w, scales,
 biases, group_size, bits)`` equals ``mx.dequantize`` (affine) and runs at memory speed, so that
 more rows than :data:`MAX_ROWS` can go through the BLAS (``x @ dequantize(...).T``).
 
@@ -38,12 +40,15 @@ from mlxrt_qmv import _ext
 
 __all__ = ["quantized_matmul", "dequantize", "supported", "rms_norm", "rope", "attention", "swiglu", "softmax", "log_softmax", "exp", "sort",
            "attention_supported",
-           "kernel_name", "threads", "set_threads", "MAX_ROWS", "MAX_QUERIES", "BUILT_FOR_MLX"]
+           "kernel_name", "threads", "set_threads", "MAX_ROWS", "MAX_QUERIES", "BITS", "BUILT_FOR_MLX"]
 
 #: The MLX version whose headers the extension was compiled with.
 BUILT_FOR_MLX: str = _ext.MLX_VERSION
 #: The most rows of ``x`` the primitive takes.
 MAX_ROWS: int = _ext.MAX_ROWS
+#: The weight widths the primitive computes with this process's kernel (4 and 8; with the AVX-512
+#: and portable 8-bit kernels also 3, 5 and 6, through the portable loops).
+BITS: tuple[int, ...] = tuple(_ext.BITS)
 #: The most query positions the attention primitive takes.
 MAX_QUERIES: int = _ext.MAX_QUERIES
 

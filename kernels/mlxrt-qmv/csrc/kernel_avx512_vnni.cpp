@@ -1,0 +1,206 @@
+// The AVX-512 integer kernel (F, BW, VL and VNNI; compiled with them for this file only and run
+// only where the CPU has them, qmv.cpp checks): x in 8 bits per block of 32 (quantize_x_int8),
+// each 64-byte load of weights meeting it in vpdpbusd (unsigned weight bytes times signed x
+// bytes, four products summed into each 32-bit lane, no saturation), the 32-bit sums of a block
+// scaled in float once (scale of the weights' group times x's block scale) and added into the
+// row's float accumulator in block order. Every output element is that one sequence of operations
+// whatever rows of x or weights run beside it (the variants below only interleave independent
+// chains), so a row's result is its own bit for bit, alone or in a batch of any size.
+//
+// 4-bit weights: a 64-byte chunk holds four blocks (128 elements); its low nibbles are the even
+// elements of the four blocks, 16 each, its high nibbles the odd ones, so x is laid out per chunk
+// as [even elements of blocks 0-3 | odd elements of blocks 0-3] (quantize_x_int8's layout 4) and
+// the 32-bit lanes 4j..4j+3 of the sums belong to block j. 8-bit weights: a chunk is two blocks,
+// x in order, lanes 8j..8j+7 block j. The last chunk of a row may be partial: its weight bytes,
+// scales and x scales are read with masks (zeros), and x's row is padded with zeros to whole
+// chunks, so it is the same loop.
+#include <immintrin.h>
+
+#include <vector>
+
+#include "kernels.h"
+
+namespace mlxrt_qmv {
+
+namespace {
+
+// The 16 lanes' block within a chunk: [0 x4, 1 x4, 2 x4, 3 x4] (4-bit), [0 x8, 1 x8] (8-bit).
+inline __m512i block_index(int bits) {
+  return bits == 4 ? _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3)
+                   : _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+}
+
+// Per-block floats (n of them from f, the rest 0) spread over the lanes of their blocks.
+inline __m512 spread(const float* f, int n, __m512i idx) {
+  const __m128 v = _mm_maskz_loadu_ps(static_cast<__mmask8>((1u << n) - 1), f);
+  return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(v));
+}
+
+struct WRow {
+  const uint8_t* w;
+  const float* scb; // the weights' scale of each block of 32
+  const float* sc;
+  const float* bi;
+};
+
+// sum_g bias[g] * xsum[g] + scale[g] * xoff[g], spread over 16 lanes, the last G % 16 masked.
+inline __m512 bias_term(const WRow& r, const float* xs, const float* xo, int G) {
+  __m512 a = _mm512_setzero_ps();
+  int g = 0;
+  for (; g + 16 <= G; g += 16) {
+    a = _mm512_fmadd_ps(_mm512_loadu_ps(r.bi + g), _mm512_loadu_ps(xs + g), a);
+    a = _mm512_fmadd_ps(_mm512_loadu_ps(r.sc + g), _mm512_loadu_ps(xo + g), a);
+  }
+  if (g < G) {
+    const __mmask16 m = static_cast<__mmask16>((1u << (G - g)) - 1);
+    a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, r.bi + g), _mm512_maskz_loadu_ps(m, xs + g), a);
+    a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, r.sc + g), _mm512_maskz_loadu_ps(m, xo + g), a);
+  }
+  return a;
+}
+
+// R weight rows against MM rows of x (m0 ..): out[m][i] = row i . x row m.
+template <int BITS, int R, int MM>
+void tile(const Problem& p, const WRow* rows, int m0, float (*res)[4]) {
+  constexpr int BPC = BITS == 4 ? 4 : 2; // blocks a chunk
+  const int nb = p.K / 32;
+  const int chunks = (nb + BPC - 1) / BPC;
+  const __m512i idx = block_index(BITS);
+  const __m512i mask = _mm512_set1_epi8(0x0F);
+  __m512 acc[R][MM];
+  const int8_t* xq[MM];
+  const float* xd[MM];
+  for (int m = 0; m < MM; ++m) {
+    xq[m] = p.xq + static_cast<size_t>(m0 + m) * p.xstride;
+    xd[m] = p.xd + static_cast<size_t>(m0 + m) * nb;
+    for (int i = 0; i < R; ++i) acc[i][m] = _mm512_setzero_ps();
+  }
+  for (int c = 0; c < chunks; ++c) {
+    const int b = c * BPC;
+    const int nbc = nb - b < BPC ? nb - b : BPC;
+    const __mmask64 bytes = nbc == BPC ? ~0ULL : (1ULL << (nbc * 32 * BITS / 8)) - 1;
+    __m512i lo[R], hi[R];
+    __m512 ws[R];
+    for (int i = 0; i < R; ++i) {
+      const __m512i v = _mm512_maskz_loadu_epi8(bytes, rows[i].w + static_cast<size_t>(c) * 64);
+      if constexpr (BITS == 4) {
+        lo[i] = _mm512_and_si512(v, mask);
+        hi[i] = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
+      } else {
+        lo[i] = v;
+      }
+      ws[i] = spread(rows[i].scb + b, nbc, idx);
+    }
+    for (int m = 0; m < MM; ++m) {
+      const int8_t* x = xq[m] + static_cast<size_t>(c) * (BITS == 4 ? 128 : 64);
+      const __m512i x0 = _mm512_loadu_si512(x);
+      const __m512i x1 = BITS == 4 ? _mm512_loadu_si512(x + 64) : x0;
+      const __m512 d = spread(xd[m] + b, nbc, idx);
+      for (int i = 0; i < R; ++i) {
+        __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[i], x0);
+        if constexpr (BITS == 4) s = _mm512_dpbusd_epi32(s, hi[i], x1);
+        acc[i][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), _mm512_mul_ps(ws[i], d), acc[i][m]);
+      }
+    }
+  }
+  for (int m = 0; m < MM; ++m) {
+    const float* xs = p.xsum + static_cast<size_t>(m0 + m) * p.G;
+    const float* xo = p.xoff + static_cast<size_t>(m0 + m) * p.G;
+    for (int i = 0; i < R; ++i)
+      res[m][i] = _mm512_reduce_add_ps(_mm512_add_ps(acc[i][m], bias_term(rows[i], xs, xo, p.G)));
+  }
+}
+
+using TileFn = void (*)(const Problem&, const WRow*, int, float (*)[4]);
+
+// Weights rows taken together: four for one row of x (a decode step: four independent chains,
+// one x load for four rows), two for two to four rows of x (eight accumulators).
+template <int BITS>
+constexpr TileFn tiles[4][2] = {{tile<BITS, 1, 1>, tile<BITS, 4, 1>},
+                                {tile<BITS, 1, 2>, tile<BITS, 2, 2>},
+                                {tile<BITS, 1, 3>, tile<BITS, 2, 3>},
+                                {tile<BITS, 1, 4>, tile<BITS, 2, 4>}};
+
+constexpr int PREFETCH_ROWS = 4;
+
+__attribute__((always_inline)) inline void prefetch_rows(const Problem& p, int r, int n, size_t row_bytes) {
+  const char* w = reinterpret_cast<const char*>(p.w) + static_cast<size_t>(r) * row_bytes;
+  for (size_t o = 0; o < n * row_bytes; o += 64) _mm_prefetch(w + o, _MM_HINT_T0);
+  const size_t each = p.stype == ScaleType::f32 ? 4 : 2;
+  const size_t at = static_cast<size_t>(r) * p.G * each, len = static_cast<size_t>(n) * p.G * each;
+  for (size_t o = 0; o < len; o += 64) {
+    _mm_prefetch(static_cast<const char*>(p.scales) + at + o, _MM_HINT_T0);
+    _mm_prefetch(static_cast<const char*>(p.biases) + at + o, _MM_HINT_T0);
+  }
+}
+
+// Rows of x taken against one band of weight rows before the next band: the band's weights stay
+// in L1 while every row of x in the block meets them.
+constexpr int X_BLOCK = 64;
+constexpr int W_BAND = 16;
+
+template <int BITS>
+void rows_vnni(const Problem& p, int r0, int r1) {
+  const size_t row_bytes = static_cast<size_t>(p.K) * BITS / 8;
+  const uint8_t* wbase = reinterpret_cast<const uint8_t*>(p.w);
+  const int nb = p.K / 32, per = p.group_size / 32;
+  // per band row: sc, bi (G each; converted when stored in half types), scb (nb)
+  const size_t sz = 2 * static_cast<size_t>(p.G) + nb;
+  thread_local std::vector<float> sb;
+  sb.resize(W_BAND * sz);
+  float* const scratch = sb.data();
+  WRow band[W_BAND];
+  float res[4][4];
+  for (int rb = r0; rb < r1; rb += W_BAND) {
+    const int re = r1 - rb < W_BAND ? r1 : rb + W_BAND;
+    for (int r = rb; r < re; ++r) {
+      float* base = scratch + static_cast<size_t>(r - rb) * sz;
+      WRow& wr = band[r - rb];
+      wr.w = wbase + static_cast<size_t>(r) * row_bytes;
+      const size_t off = static_cast<size_t>(r) * p.G;
+      if (p.stype == ScaleType::f32) {
+        wr.sc = static_cast<const float*>(p.scales) + off;
+        wr.bi = static_cast<const float*>(p.biases) + off;
+      } else {
+        scales_avx2(p, r, base, base + p.G);
+        wr.sc = base;
+        wr.bi = base + p.G;
+      }
+      if (per == 1) {
+        wr.scb = wr.sc;
+      } else {
+        float* scb = base + 2 * p.G;
+        for (int b = 0; b < nb; ++b) scb[b] = wr.sc[b / per];
+        wr.scb = scb;
+      }
+    }
+    for (int mb = 0; mb < p.M; mb += X_BLOCK) {
+      const int me = p.M - mb < X_BLOCK ? p.M : mb + X_BLOCK;
+      for (int m0 = mb; m0 < me; m0 += 4) {
+        const int mm = me - m0 < 4 ? me - m0 : 4;
+        const int R = mm == 1 ? 4 : 2;
+        for (int r = rb; r < re;) {
+          const int n = re - r >= R ? R : 1;
+          if (m0 == 0 && r + PREFETCH_ROWS + n <= p.N) prefetch_rows(p, r + PREFETCH_ROWS, n, row_bytes);
+          tiles<BITS>[mm - 1][n > 1 ? 1 : 0](p, band + (r - rb), m0, res);
+          for (int m = 0; m < mm; ++m)
+            for (int i = 0; i < n; ++i) p.out[static_cast<size_t>(m0 + m) * p.N + r + i] = res[m][i];
+          r += n;
+        }
+      }
+    }
+  }
+}
+
+} // namespace
+
+void rows_avx512_vnni(const Problem& p, int r0, int r1) {
+  if (p.bits == 4)
+    rows_vnni<4>(p, r0, r1);
+  else if (p.bits == 8)
+    rows_vnni<8>(p, r0, r1);
+  else // 3, 5 or 6 bits (a K-quant conversion's layers): the portable loops, x in the same 8 bits
+    rows_generic_int8(p, r0, r1);
+}
+
+} // namespace mlxrt_qmv
