@@ -173,6 +173,11 @@ class Slot:
         """The resident model as plugins see it (``None`` while unloaded)."""
         return self.view.model
 
+    @property
+    def lane(self) -> str | None:
+        """``batch`` or ``serial``: how the resident model decodes (``None`` while unloaded)."""
+        return None if self.engine is None else self.engine.stats()["lane"]
+
     def idle(self) -> bool:
         if self.leases or self.engine is None:
             return False

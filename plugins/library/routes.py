@@ -97,7 +97,8 @@ async def fit(
     = None,
     dtype: Annotated[str | None, Parameter(description="Dtype to assess, as serve's --dtype: "
                                            + "|".join(DTYPES) + " (default: this server's)",
-                                           pattern="^(" + "|".join(DTYPES) + ")$")] = None,
+                                           # documented, checked by _settings (its 400 names the param)
+                                           schema_extra={"enum": list(DTYPES)})] = None,
 ) -> dict[str, Any]:
     """The static memory contract (``mlxrt fit``) in the dtype this server would serve the model
     in; for the served model also the engine's measured plan (``measured``)."""

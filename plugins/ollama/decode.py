@@ -134,11 +134,11 @@ def decode_options(value: Any, structured: StructuredOutput | None = None, *, ad
         sampling["repetition_context_size"] = 0 if last_n == -1 else last_n
     predict = opt.get("num_predict")
     max_tokens = predict if isinstance(predict, int) and predict > 0 else None
-    ceiling = False
     if max_tokens is None and "num_ctx" in opt:
-        # The answer may not run past the context the client sized: a ceiling, capped to what fits.
-        max_tokens, ceiling = opt["num_ctx"], True
-    options = RequestOptions(sampling=sampling, max_tokens=max_tokens, max_tokens_is_ceiling=ceiling,
+        # The answer may not run past the context the client sized (reduced to what fits, as
+        # every max_tokens is).
+        max_tokens = opt["num_ctx"]
+    options = RequestOptions(sampling=sampling, max_tokens=max_tokens,
                              seed=opt.get("seed"), stop=tuple(s for s in stops if s), adapter=adapter, tools=tools,
                              structured=structured, extra=extra or {})
     return options, [f"options.{k}" for k in given if k not in _OPTIONS]

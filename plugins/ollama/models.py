@@ -168,8 +168,10 @@ async def running(request: Request) -> dict[str, Any]:
     pool = request.app.state.host.models
     out = []
     for slot in pool.resident() if pool is not None else []:
-        engine = slot.engine
-        memory = engine.memory
+        served = slot.model
+        if served is None:  # unloaded since resident() listed it
+            continue
+        memory = served.memory
         size = memory.weights if memory is not None else 0
         expires = pool.expires_at(slot)
         name = ollama_name(slot.model_id)
@@ -179,8 +181,8 @@ async def running(request: Request) -> dict[str, Any]:
                                 "family": profile.info.model_type if profile is not None else "",
                                 "families": None, "parameter_size": "", "quantization_level": ""},
                     "expires_at": NEVER if expires is None else created_at(expires),
-                    "context_length": engine.context_ceiling or 0,
-                    "lane": engine.stats()["lane"], "in_use": slot.leases})
+                    "context_length": served.context_ceiling or 0,
+                    "lane": slot.lane, "in_use": slot.leases})
     return {"models": out}
 
 

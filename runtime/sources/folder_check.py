@@ -26,8 +26,12 @@ sampled slices).
 
 from __future__ import annotations
 
+import array
 import json
+import math
 import re
+import struct
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -151,8 +155,6 @@ def _header(file: Path) -> tuple[int, dict[str, dict[str, Any]]] | None:
 
 
 def _finite(file: Path, data_start: int, entry: Mapping[str, Any], dtype: str, *, whole: bool) -> bool:
-    import numpy as np
-
     begin, end = entry.get("data_offsets", (0, 0))
     width = _BYTES[dtype]
     count = (end - begin) // width if whole else min((end - begin) // width, SAMPLE_VALUES)
@@ -161,8 +163,26 @@ def _finite(file: Path, data_start: int, entry: Mapping[str, Any], dtype: str, *
     with open(file, "rb") as f:
         f.seek(data_start + begin)
         raw = f.read(count * width)
-    if dtype == "BF16":  # no numpy bfloat16: all exponent bits set is an infinity or a NaN
-        bits = np.frombuffer(raw, dtype="<u2")
-        return not bool(np.any((bits & 0x7F80) == 0x7F80))
-    values = np.frombuffer(raw, dtype={"F16": "<f2", "F32": "<f4", "F64": "<f8"}[dtype])
-    return bool(np.all(np.isfinite(values)))
+    return _all_finite(raw, dtype)
+
+
+def _all_finite(raw: bytes, dtype: str) -> bool:
+    """Whether the little-endian ``dtype`` values in ``raw`` are all finite. No numpy: a served
+    request imports nothing heavy (tests/test_lean_start.py). The sum of finite values is
+    finite in double precision (at most a few million values of at most 3.4e38 here), and one
+    NaN or infinity makes it NaN or infinite."""
+    if dtype == "F16":
+        values: Any = struct.unpack(f"<{len(raw) // 2}e", raw)
+    elif dtype == "BF16":  # a bfloat16 is the high half of a float32
+        widened = bytearray(2 * len(raw))
+        widened[2::4], widened[3::4] = raw[0::2], raw[1::2]
+        values = _little_endian(array.array("f", widened))
+    else:
+        values = _little_endian(array.array("f" if dtype == "F32" else "d", raw))
+    return math.isfinite(sum(values)) if values else True
+
+
+def _little_endian(values: array.array) -> array.array:
+    if sys.byteorder == "big":
+        values.byteswap()
+    return values
