@@ -98,7 +98,8 @@ def test_each_quantization_type(tmp_path, type_name):
 
 
 def test_layouts_the_kernel_does_not_cover_fall_back(tmp_path):
-    """mlxrt-qmv takes 4- and 8-bit layers; the 5-bit ones a Q4_K_M file brings stay MLX's."""
+    """mlxrt-qmv takes the widths it lists (``BITS``: 4 and 8 everywhere; 3, 5 and 6 too with its
+    AVX-512 and portable 8-bit kernels); the others a Q4_K_M file brings stay MLX's."""
     from mlxrt.engine import qmv
 
     st = qmv.load()
@@ -112,11 +113,18 @@ def test_layouts_the_kernel_does_not_cover_fall_back(tmp_path):
     before = logits(model)
     quantized = [m for _, m in model.named_modules() if isinstance(m, (nn.QuantizedLinear, nn.QuantizedEmbedding))]
     assert sorted({m.bits for m in quantized}) == [4, 5, 8]
-    assert qmv.install(model, st) == sum(m.bits in (4, 8) for m in quantized)
+    widths = getattr(st.module, "BITS", (4, 8))
+    assert 4 in widths and 8 in widths
+    assert qmv.install(model, st) == sum(m.bits in widths for m in quantized)
     for m in quantized:
-        assert (type(m) in (nn.QuantizedLinear, nn.QuantizedEmbedding)) is (m.bits == 5)
-    # the kernel sums in another order: equal to float rounding, not bit for bit
-    np.testing.assert_allclose(logits(model), before, atol=1e-3 * np.abs(before).max(), rtol=0)
+        assert (type(m) in (nn.QuantizedLinear, nn.QuantizedEmbedding)) is (m.bits not in widths)
+    after = logits(model)
+    if "int8" in st.kernel or "vnni" in st.kernel:
+        # the default kernels round activations to 8 bits per block of 32 (docs/performance.md,
+        # "8-bit activations": +0.3-1.2 % perplexity on SmolLM2); random weights amplify it
+        assert np.sqrt(np.mean((after - before) ** 2) / np.mean(before**2)) < 0.05
+    else:  # the exact kernels sum in another order: equal to float rounding, not bit for bit
+        np.testing.assert_allclose(after, before, atol=1e-3 * np.abs(before).max(), rtol=0)
 
 
 def test_conversion_writes_shards_as_they_fill(tmp_path, monkeypatch):

@@ -418,8 +418,9 @@ def test_embeddings_are_released_on_every_path(gemma4, monkeypatch):
     monkeypatch.setattr(adapter, "splice", tracked)
     url = data_url(gradient())
     _openai_chat(gemma4, url, max_tokens=3)  # finished
-    with pytest.raises(openai.BadRequestError):  # refused after the splice: over the context
-        _openai_chat(gemma4, url, max_tokens=10**7)
+    with pytest.raises(openai.BadRequestError):  # refused after the splice, at planning (every
+        # max_tokens is now reduced to what fits, so an out-of-vocabulary bias is what refuses it)
+        _openai_chat(gemma4, url, max_tokens=3, logit_bias={"99999999": 1})
     stream = openai_client(gemma4).chat.completions.create(  # the client leaves mid-stream
         model="m", messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {"url": url}}]}],
         max_tokens=50, temperature=0, stream=True)
