@@ -417,3 +417,16 @@ def test_callers_on_several_threads_get_their_own_products():
     for t in threads:
         t.join()
     assert not wrong
+
+
+@needs_kernel
+def test_qmv_default_is_exact():
+    """Without MLXRT_QMV_EXACT, mlxrt loads the kernel's exact path (8-bit activations are opt-in:
+    runtime/engine/qmv.py says why); MLXRT_QMV_EXACT=0 gives the 8-bit one."""
+    code = "from mlxrt.engine import qmv; print(qmv.load().kernel)"
+    env = {k: v for k, v in os.environ.items() if k not in ("MLXRT_QMV_EXACT", "MLXRT_QMV_KERNEL")}
+    default = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    opted = subprocess.run([sys.executable, "-c", code], env={**env, "MLXRT_QMV_EXACT": "0"}, capture_output=True,
+                           text=True, timeout=120)
+    assert default.stdout.strip() in ("avx2 q15", "generic"), default.stdout + default.stderr[-2000:]
+    assert opted.stdout.strip() != default.stdout.strip(), opted.stdout
