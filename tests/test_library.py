@@ -41,8 +41,11 @@ def install(hub: Path, repo: str, folder: Path, revision: str, *, main: bool = T
 
 @pytest.fixture(autouse=True)
 def _own_mlxrt_home(tmp_path, monkeypatch):
-    # download records of one test are not another's
+    # download records of one test are not another's, and the GGUF stores the library scans
+    # under the home folder (~/.ollama, ~/.lmstudio) are the test's own, not the developer's
     monkeypatch.setenv("MLXRT_HOME", str(tmp_path / "mlxrt-home"))
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.delenv("OLLAMA_MODELS", raising=False)
 
 
 @pytest.fixture
