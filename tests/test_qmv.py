@@ -390,6 +390,40 @@ def test_without_the_kernel_mlxrt_keeps_mlx_s_own_layers():
     assert run.returncode == 0, run.stderr
 
 
+def test_a_kernel_of_another_api_version_is_refused():
+    # mlxrt uses one kernel interface (qmv.API); a build of another checkout (an older wheel left
+    # in the environment, or one without the constant) is not used, and says how to fix it.
+    import types
+
+    def kernel(**attrs):
+        return types.SimpleNamespace(kernel_name=lambda: "portable int8", threads=lambda: 2, **attrs)
+
+    for module, found in ((kernel(API=qmv.API - 1), str(qmv.API - 1)), (kernel(API=qmv.API + 1), str(qmv.API + 1)),
+                          (kernel(), "< 5")):
+        st = qmv.accept(module)
+        assert not st.active and st.module is None, st
+        assert st.reason == (f"mlxrt-qmv has API version {found}, mlxrt requires {qmv.API}: "
+                             "rebuild it with ./scripts/setup"), st.reason
+    st = qmv.accept(kernel(API=qmv.API))
+    assert st.active and st.kernel == "portable int8" and st.threads == 2
+    # through the import: the status mlxrt reports, and one warning in the log
+    code = ("import logging, sys, types; logging.basicConfig()\n"
+            "sys.modules['mlxrt_qmv'] = types.SimpleNamespace(API=4, kernel_name=lambda: 'x', threads=lambda: 1)\n"
+            "from mlxrt.engine import qmv\n"
+            "print(qmv.status().text); qmv.status()\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={k: v for k, v in os.environ.items() if k != "MLXRT_QMV"})
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == (f"none (mlxrt-qmv has API version 4, mlxrt requires {qmv.API}: rebuild it with "
+                                  "./scripts/setup)"), run.stdout
+    assert run.stderr.count("WARNING") == 1 and "API version 4, mlxrt requires" in run.stderr, run.stderr
+
+
+@needs_kernel
+def test_the_built_kernel_has_the_api_version_mlxrt_requires():
+    assert qmv_ext.API == qmv.API and qmv.status().active
+
+
 @needs_kernel
 def test_callers_on_several_threads_get_their_own_products():
     # Several models' engine threads may call it at once (--max-models): the thread pool takes one

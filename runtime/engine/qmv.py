@@ -9,7 +9,7 @@ of ``x`` with its default 8-bit activations, at most 32 on the exact path,
 still with more rows (docs/performance.md, "Quantized decode on the CPU").
 
 :func:`status` says whether the kernel can be used in this process (installed, built for this
-MLX, MLX on the CPU; ``MLXRT_QMV=0`` turns it off) and is what ``mlxrt --version``, the start
+MLX, of exactly this mlxrt's :data:`API` version, MLX on the CPU; ``MLXRT_QMV=0`` turns it off) and is what ``mlxrt --version``, the start
 line and ``GET /stats`` report. :func:`install` swaps a model's eligible quantized layers for
 subclasses whose forward calls the kernel (more than ``MAX_ROWS`` rows in pieces, up to
 :data:`KERNEL_ROWS`), or for more rows (a long prompt's prefill) multiplies by the kernel's
@@ -29,13 +29,22 @@ lanes draw each token from, through the kernel's one-op primitive (MLX's bits; M
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
 import attrs
 
-__all__ = ["QmvStatus", "status", "install", "install_fused", "eligible", "load", "log_softmax", "top_p_filter",
-           "rows_invariant", "known_faster"]
+__all__ = ["API", "QmvStatus", "status", "install", "install_fused", "eligible", "load", "accept", "log_softmax",
+           "top_p_filter", "rows_invariant", "known_faster"]
+
+log = logging.getLogger("mlxrt.engine.qmv")
+
+#: The one mlxrt-qmv interface version this mlxrt uses (the kernel's ``mlxrt_qmv.API``): every
+#: primitive and attribute below is there at exactly this version, so nothing probes for names.
+#: ``scripts/setup`` builds the kernel from the same checkout; another version (an older wheel
+#: left in the environment) is not used, with one warning saying to rebuild it.
+API = 5
 
 
 @attrs.frozen
@@ -96,13 +105,26 @@ def _load() -> QmvStatus:
 
     if mx.default_device() != mx.cpu:
         return QmvStatus(reason="MLX runs on a GPU")
+    st = accept(mlxrt_qmv)
+    if not st.active:
+        log.warning("%s: the quantized layers run MLX's own kernels", st.reason)
+    return st
+
+
+def accept(module: Any) -> QmvStatus:
+    """The status of the imported kernel ``module``: usable when its ``API`` is :data:`API`,
+    refused otherwise (a build of another checkout; the reason names both versions and the fix)."""
+    found = getattr(module, "API", None)  # builds before mlxrt-qmv's API constant have none
+    if found != API:
+        return QmvStatus(reason=f"mlxrt-qmv has API version {found if found is not None else '< 5'}, mlxrt requires "
+                                f"{API}: rebuild it with ./scripts/setup")
     from importlib.metadata import PackageNotFoundError, version
 
     try:
         dist = version("mlxrt-qmv")
     except PackageNotFoundError:
         dist = "?"
-    return QmvStatus(module=mlxrt_qmv, kernel=mlxrt_qmv.kernel_name(), threads=mlxrt_qmv.threads(), version=dist)
+    return QmvStatus(module=module, kernel=module.kernel_name(), threads=module.threads(), version=dist)
 
 
 def eligible(layer: Any, bits: Any = (4, 8)) -> bool:
@@ -125,7 +147,7 @@ def install(model: Any, st: QmvStatus | None = None) -> int:
     import mlx.core as mx
 
     classes = _classes(st.module)
-    bits = getattr(st.module, "BITS", (4, 8))  # mlxrt-qmv < 0.5: 4 and 8
+    bits = st.module.BITS
     count = 0
     for _name, layer in model.named_modules():
         kind = type(layer)
@@ -146,7 +168,7 @@ def install_fused(model: Any, st: QmvStatus | None = None) -> int:
     :func:`mlxrt.compat.route_swiglu`), run the kernel's fused primitives; return how many layers
     were swapped (0 without the kernel)."""
     st = st if st is not None else load()
-    if not st.active or not hasattr(st.module, "attention"):  # mlxrt-qmv < 0.2 has no fused primitives
+    if not st.active:
         return 0
     classes = _fused_classes(st.module)
     count = 0
@@ -158,8 +180,7 @@ def install_fused(model: Any, st: QmvStatus | None = None) -> int:
         from mlxrt import compat
 
         compat.route_attention(model, _attention(st.module))
-        if hasattr(st.module, "swiglu"):  # builds before it have no swiglu
-            compat.route_swiglu(model, _swiglu(st.module))
+        compat.route_swiglu(model, _swiglu(st.module))
     return count
 
 
@@ -171,7 +192,7 @@ def log_softmax(logits: Any) -> Any:
     import mlx.core as mx
 
     st = load()
-    if st.active and hasattr(st.module, "log_softmax"):  # mlxrt-qmv >= 0.4.1
+    if st.active:
         return st.module.log_softmax(logits)
     return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
 
@@ -183,7 +204,7 @@ def top_p_filter() -> Any:
     ~1 ms a token for a 49K vocabulary against mlx-lm's ~7 (MLX's CPU sort alone 4.6 ms). None
     where the kernel is not loaded."""
     st = load()
-    if not (st.active and hasattr(st.module, "sort") and hasattr(st.module, "exp")):  # mlxrt-qmv >= 0.4.1
+    if not st.active:
         return None
     import mlx.core as mx
 
@@ -302,7 +323,7 @@ def rows_invariant(model: Any) -> bool:
     primitives are installed (norms, rotations and the attention route, which takes a group's
     rows one by one)."""
     st = load()
-    if not st.active or getattr(st.module, "MAX_ROWS", 0) < 4096 or not _CLASSES or not _FUSED:
+    if not st.active or st.module.MAX_ROWS < 4096 or not _CLASSES or not _FUSED:
         return False
     import mlx.nn as nn
 

@@ -40,8 +40,11 @@ from mlxrt_qmv import _ext
 
 __all__ = ["quantized_matmul", "dequantize", "supported", "rms_norm", "rope", "attention", "swiglu", "softmax", "log_softmax", "exp", "sort",
            "attention_supported",
-           "kernel_name", "threads", "set_threads", "MAX_ROWS", "MAX_QUERIES", "BITS", "BUILT_FOR_MLX"]
+           "kernel_name", "threads", "set_threads", "MAX_ROWS", "MAX_QUERIES", "BITS", "BUILT_FOR_MLX", "API"]
 
+#: The interface version mlxrt requires exactly (``mlxrt.engine.qmv.API``): every function and
+#: attribute of this module, as documented above. Raised with any change mlxrt relies on.
+API: int = _ext.API
 #: The MLX version whose headers the extension was compiled with.
 BUILT_FOR_MLX: str = _ext.MLX_VERSION
 #: The most rows of ``x`` the primitive takes.
