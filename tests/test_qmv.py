@@ -279,7 +279,11 @@ def test_installed_layers_run_the_kernel_in_pieces_up_to_kernel_rows_then_the_bl
     mx.random.seed(3)
     layer = nn.QuantizedLinear(160, 96, bias=False, group_size=32, bits=4)
     w, s, b = layer["weight"], layer["scales"], layer["biases"]
-    assert qmv.install(nn.Sequential(layer)) == 1
+    model = nn.Sequential(layer)
+    assert qmv.install(model) == 1
+    layer = model.layers[0]  # a kernel layer in its place (Module.update_modules), the same parameters
+    assert type(layer) is not nn.QuantizedLinear and isinstance(layer, nn.QuantizedLinear)
+    assert all(mx.array_equal(layer[key], old).item() for key, old in (("weight", w), ("scales", s), ("biases", b)))
     for rows in (1, 32, 33, qmv.KERNEL_ROWS, qmv.KERNEL_ROWS + 1, 300):
         x = mx.random.normal((2, rows, 160))[1:]  # leading dimensions kept, a view
         got = layer(x)

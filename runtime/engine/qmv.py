@@ -10,8 +10,8 @@ still with more rows (docs/performance.md, "Quantized decode on the CPU").
 
 :func:`status` says whether the kernel can be used in this process (installed, built for this
 MLX, of exactly this mlxrt's :data:`API` version, MLX on the CPU; ``MLXRT_QMV=0`` turns it off) and is what ``mlxrt --version``, the start
-line and ``GET /stats`` report. :func:`install` swaps a model's eligible quantized layers for
-subclasses whose forward calls the kernel (more than ``MAX_ROWS`` rows in pieces, up to
+line and ``GET /stats`` report. :func:`install` replaces a model's eligible quantized layers
+(through MLX's ``Module.update_modules``) by instances of subclasses whose forward calls the kernel (more than ``MAX_ROWS`` rows in pieces, up to
 :data:`KERNEL_ROWS`), or for more rows (a long prompt's prefill) multiplies by the kernel's
 dequantized weights through the BLAS; without the kernel nothing changes.
 
@@ -139,27 +139,64 @@ def eligible(layer: Any, bits: Any = (4, 8)) -> bool:
 def install(model: Any, st: QmvStatus | None = None) -> int:
     """Make ``model``'s eligible ``nn.QuantizedLinear`` and ``nn.QuantizedEmbedding`` layers
     (whose ``as_linear`` is a tied output head) compute through the kernel; return how many.
-    The layers stay instances of their MLX classes (subclasses swapped in), so everything that
-    checks ``isinstance`` or reads their parameters sees no difference."""
+    Each is replaced by an instance of a subclass of its MLX class holding the same parameters
+    (:func:`_replace_layers`), so everything that checks ``isinstance`` or reads their parameters
+    sees no difference."""
     st = st if st is not None else load()
     if not st.active:
         return 0
     import mlx.core as mx
 
-    classes = _classes(st.module)
-    bits = st.module.BITS
-    count = 0
-    for _name, layer in model.named_modules():
-        kind = type(layer)
-        if kind in classes and eligible(layer, bits):
-            # The primitive reads rows in place: make sure they are (a no-op copy otherwise).
-            for key in ("weight", "scales", "biases"):
-                layer[key] = mx.contiguous(layer[key])
-            layer.__class__ = classes[kind]
-            count += 1
+    classes, bits = _classes(st.module), st.module.BITS
+
+    def kernel_layer(layer: Any) -> Any:
+        if type(layer) not in classes or not eligible(layer, bits):
+            return None
+        new = classes[type(layer)].of(layer)
+        # The primitive reads rows in place: make sure they are (a no-op copy otherwise).
+        for key in ("weight", "scales", "biases"):
+            new[key] = mx.contiguous(new[key])
+        return new
+
+    count = _replace_layers(model, kernel_layer)
     if count:
         mx.eval(model.parameters())
     return count
+
+
+def _replace_layers(model: Any, replace: Any) -> int:
+    """Put ``replace(layer)`` in place of each of ``model``'s leaf layers it returns one for
+    (``None``: keep the layer), through MLX's public seam for swapping layers,
+    ``Module.update_modules`` (``nn.quantize`` swaps in its quantized layers the same way);
+    return how many. A layer object found at several paths is replaced by one new object."""
+    import mlx.nn as nn
+    from mlx.utils import tree_map
+
+    made: dict[int, Any] = {}
+
+    def visit(layer: Any) -> Any:
+        if id(layer) not in made:
+            made[id(layer)] = replace(layer)
+        return made[id(layer)] if made[id(layer)] is not None else layer
+
+    leaves = tree_map(visit, model.leaf_modules(), is_leaf=nn.Module.is_module)
+    count = sum(new is not None for new in made.values())
+    if count:
+        model.update_modules(leaves)
+    return count
+
+
+def _trainable_as(new: Any, layer: Any) -> Any:
+    """``new`` with ``layer``'s parameters, frozen where ``layer``'s are (MLX's layers built by
+    their constructors are frozen where they freeze themselves)."""
+    from mlx.utils import tree_flatten
+
+    new.update(layer.parameters())
+    trainable = [key for key, _ in tree_flatten(layer.trainable_parameters())]
+    new.freeze(recurse=False)
+    if trainable:
+        new.unfreeze(recurse=False, keys=trainable)
+    return new
 
 
 def install_fused(model: Any, st: QmvStatus | None = None) -> int:
@@ -171,11 +208,7 @@ def install_fused(model: Any, st: QmvStatus | None = None) -> int:
     if not st.active:
         return 0
     classes = _fused_classes(st.module)
-    count = 0
-    for _name, layer in model.named_modules():
-        if type(layer) in classes:
-            layer.__class__ = classes[type(layer)]
-            count += 1
+    count = _replace_layers(model, lambda layer: classes[type(layer)].of(layer) if type(layer) in classes else None)
     if count:
         from mlxrt import compat
 
@@ -261,11 +294,19 @@ def _fused_classes(module: Any) -> dict[type, type]:
     class FusedRMSNorm(nn.RMSNorm):
         """``nn.RMSNorm`` as one primitive."""
 
+        @classmethod
+        def of(cls, layer: nn.RMSNorm) -> FusedRMSNorm:
+            return _trainable_as(cls(layer["weight"].shape[-1], layer.eps), layer)  # type: ignore[no-any-return]
+
         def __call__(self, x: mx.array) -> mx.array:
             return rms_norm(x, self["weight"], self.eps)
 
     class FusedRoPE(nn.RoPE):
         """``nn.RoPE`` as one primitive."""
+
+        @classmethod
+        def of(cls, layer: nn.RoPE) -> FusedRoPE:
+            return cls(layer.dims, layer.traditional, layer.base, layer.scale)
 
         def __call__(self, x: mx.array, offset: int | mx.array = 0) -> mx.array:
             return rope(x, self.dims, self.traditional, self.base, self.scale, offset)
@@ -388,6 +429,13 @@ def _classes(module: Any) -> dict[type, type]:
     class KernelQuantizedLinear(nn.QuantizedLinear):
         """``nn.QuantizedLinear`` whose product runs the mlxrt-qmv kernel."""
 
+        @classmethod
+        def of(cls, layer: nn.QuantizedLinear) -> KernelQuantizedLinear:
+            # MLX is lazy: the constructor's random weights are never computed, update() replaces them
+            out_dims, packed = layer["weight"].shape
+            new = cls(packed * 32 // layer.bits, out_dims, "bias" in layer, layer.group_size, layer.bits, layer.mode)
+            return _trainable_as(new, layer)  # type: ignore[no-any-return]
+
         def __call__(self, x: mx.array) -> mx.array:
             y = product(self, x)
             if "bias" in self:
@@ -396,6 +444,11 @@ def _classes(module: Any) -> dict[type, type]:
 
     class KernelQuantizedEmbedding(nn.QuantizedEmbedding):
         """``nn.QuantizedEmbedding`` whose ``as_linear`` (a tied output head) runs the kernel."""
+
+        @classmethod
+        def of(cls, layer: nn.QuantizedEmbedding) -> KernelQuantizedEmbedding:
+            new = cls(layer.num_embeddings, layer.dims, layer.group_size, layer.bits, layer.mode)
+            return _trainable_as(new, layer)  # type: ignore[no-any-return]
 
         def as_linear(self, x: mx.array) -> mx.array:
             return product(self, x)
