@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import logging
 import os
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 
@@ -186,16 +186,20 @@ def _replace_layers(model: Any, replace: Any) -> int:
     return count
 
 
-def _trainable_as(new: Any, layer: Any) -> Any:
+_Layer = TypeVar("_Layer")
+
+
+def _trainable_as(new: _Layer, layer: Any) -> _Layer:
     """``new`` with ``layer``'s parameters, frozen where ``layer``'s are (MLX's layers built by
     their constructors are frozen where they freeze themselves)."""
     from mlx.utils import tree_flatten
 
-    new.update(layer.parameters())
+    module: Any = new
+    module.update(layer.parameters())
     trainable = [key for key, _ in tree_flatten(layer.trainable_parameters())]
-    new.freeze(recurse=False)
+    module.freeze(recurse=False)
     if trainable:
-        new.unfreeze(recurse=False, keys=trainable)
+        module.unfreeze(recurse=False, keys=trainable)
     return new
 
 
@@ -296,7 +300,7 @@ def _fused_classes(module: Any) -> dict[type, type]:
 
         @classmethod
         def of(cls, layer: nn.RMSNorm) -> FusedRMSNorm:
-            return _trainable_as(cls(layer["weight"].shape[-1], layer.eps), layer)  # type: ignore[no-any-return]
+            return _trainable_as(cls(layer["weight"].shape[-1], layer.eps), layer)
 
         def __call__(self, x: mx.array) -> mx.array:
             return rms_norm(x, self["weight"], self.eps)
@@ -434,7 +438,7 @@ def _classes(module: Any) -> dict[type, type]:
             # MLX is lazy: the constructor's random weights are never computed, update() replaces them
             out_dims, packed = layer["weight"].shape
             new = cls(packed * 32 // layer.bits, out_dims, "bias" in layer, layer.group_size, layer.bits, layer.mode)
-            return _trainable_as(new, layer)  # type: ignore[no-any-return]
+            return _trainable_as(new, layer)
 
         def __call__(self, x: mx.array) -> mx.array:
             y = product(self, x)
@@ -448,7 +452,7 @@ def _classes(module: Any) -> dict[type, type]:
         @classmethod
         def of(cls, layer: nn.QuantizedEmbedding) -> KernelQuantizedEmbedding:
             new = cls(layer.num_embeddings, layer.dims, layer.group_size, layer.bits, layer.mode)
-            return _trainable_as(new, layer)  # type: ignore[no-any-return]
+            return _trainable_as(new, layer)
 
         def as_linear(self, x: mx.array) -> mx.array:
             return product(self, x)
