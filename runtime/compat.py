@@ -101,6 +101,17 @@ def masks_overridden(text_model: Any, make: Callable[[Callable[[Any, Any], Any]]
         del text_model._make_masks
 
 
+# Why route_attention and route_swiglu replace module globals (the only replacement of mlx-lm's
+# globals in mlxrt): mlx-lm offers no seam for either. Its model modules bind
+# ``scaled_dot_product_attention`` (from ``mlx_lm.models.base``) and ``swiglu`` (from
+# ``mlx_lm.models.activations``) by name at import and call those globals from their layers'
+# forwards; no argument, model-class hook or registry chooses them, and a model's layers that
+# call them are mlx-lm's own classes (``Attention``, ``MLP``), which mlxrt does not rebuild.
+# mlxrt's other changes to a loaded model go through public seams: samplers and logits
+# processors are passed to mlx-lm's loop (``make_sampler``, ``make_logits_processors``), and the
+# kernel's layers replace MLX's through ``Module.update_modules`` (:mod:`mlxrt.engine.qmv`).
+
+
 def route_attention(model: Any, route: Callable[[Callable[..., Any]], Callable[..., Any]]) -> int:
     """Make the mlx-lm model modules ``model`` is built from call ``route(original)`` where they
     call ``mlx_lm.models.base.scaled_dot_product_attention`` (each imports it by name and calls

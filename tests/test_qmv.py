@@ -176,7 +176,7 @@ def test_the_float_kernels_give_mlx_s_products(kernel):
     # MLXRT_QMV_KERNEL picks a float kernel: the portable one, or the x86-64 float one (the exact
     # path beside the default int8 one); both equal MLX's products to float rounding.
     if kernel == "avx2+fma" and not (KERNEL.startswith("avx2") or KERNEL.startswith("avx512")):
-        pytest.skip("no AVX2 on this CPU")
+        pytest.skip(f"no AVX2 loops in this process ({KERNEL!r})")
     code = ("import mlx.core as mx, mlxrt_qmv as q, sys\n"
             "assert q.kernel_name() == sys.argv[1], q.kernel_name()\n"
             "for bits in (4, 8):\n"
@@ -279,7 +279,11 @@ def test_installed_layers_run_the_kernel_in_pieces_up_to_kernel_rows_then_the_bl
     mx.random.seed(3)
     layer = nn.QuantizedLinear(160, 96, bias=False, group_size=32, bits=4)
     w, s, b = layer["weight"], layer["scales"], layer["biases"]
-    assert qmv.install(nn.Sequential(layer)) == 1
+    model = nn.Sequential(layer)
+    assert qmv.install(model) == 1
+    layer = model.layers[0]  # a kernel layer in its place (Module.update_modules), the same parameters
+    assert type(layer) is not nn.QuantizedLinear and isinstance(layer, nn.QuantizedLinear)
+    assert all(mx.array_equal(layer[key], old).item() for key, old in (("weight", w), ("scales", s), ("biases", b)))
     for rows in (1, 32, 33, qmv.KERNEL_ROWS, qmv.KERNEL_ROWS + 1, 300):
         x = mx.random.normal((2, rows, 160))[1:]  # leading dimensions kept, a view
         got = layer(x)
@@ -388,6 +392,40 @@ def test_without_the_kernel_mlxrt_keeps_mlx_s_own_layers():
             "assert qmv.install(model) == 0 and type(model.layers[0]) is nn.QuantizedLinear\n")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
+
+
+def test_a_kernel_of_another_api_version_is_refused():
+    # mlxrt uses one kernel interface (qmv.API); a build of another checkout (an older wheel left
+    # in the environment, or one without the constant) is not used, and says how to fix it.
+    import types
+
+    def kernel(**attrs):
+        return types.SimpleNamespace(kernel_name=lambda: "portable int8", threads=lambda: 2, **attrs)
+
+    for module, found in ((kernel(API=qmv.API - 1), str(qmv.API - 1)), (kernel(API=qmv.API + 1), str(qmv.API + 1)),
+                          (kernel(), "< 5")):
+        st = qmv.accept(module)
+        assert not st.active and st.module is None, st
+        assert st.reason == (f"mlxrt-qmv has API version {found}, mlxrt requires {qmv.API}: "
+                             "rebuild it with ./scripts/setup"), st.reason
+    st = qmv.accept(kernel(API=qmv.API))
+    assert st.active and st.kernel == "portable int8" and st.threads == 2
+    # through the import: the status mlxrt reports, and one warning in the log
+    code = ("import logging, sys, types; logging.basicConfig()\n"
+            "sys.modules['mlxrt_qmv'] = types.SimpleNamespace(API=4, kernel_name=lambda: 'x', threads=lambda: 1)\n"
+            "from mlxrt.engine import qmv\n"
+            "print(qmv.status().text); qmv.status()\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         env={k: v for k, v in os.environ.items() if k != "MLXRT_QMV"})
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == (f"none (mlxrt-qmv has API version 4, mlxrt requires {qmv.API}: rebuild it with "
+                                  "./scripts/setup)"), run.stdout
+    assert run.stderr.count("WARNING") == 1 and "API version 4, mlxrt requires" in run.stderr, run.stderr
+
+
+@needs_kernel
+def test_the_built_kernel_has_the_api_version_mlxrt_requires():
+    assert qmv_ext.API == qmv.API and qmv.status().active
 
 
 @needs_kernel

@@ -26,8 +26,9 @@ def _nucleus(kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
             pytest.skip("the mlxrt-qmv kernel (with sort and exp) is not loaded")
     elif kind == "wrapped":  # a filter of the kernel's shape where the kernel is not built
         monkeypatch.setattr(qmv, "top_p_filter", lambda: apply_top_p)
-    else:  # the kernel off (MLXRT_QMV=0): mlx-lm's chain as make_sampler returns it
-        monkeypatch.setattr(qmv, "top_p_filter", lambda: None)
+    else:  # the kernel off, as MLXRT_QMV=0 turns it off (no layers, no filter): mlx-lm's chain
+        monkeypatch.setattr(qmv, "_status", qmv.QmvStatus(reason="MLXRT_QMV=0"))
+        assert qmv.top_p_filter() is None
 
 
 def _sampler(**sampling):
@@ -63,6 +64,9 @@ def test_top_p_min_p_and_top_k_requests_draft(kind, monkeypatch, mlxrt_tiny_chec
         reply = client.completions.create(model="m", prompt="Once upon a time", max_tokens=12, temperature=0.8,
                                           extra_body=sampling)
         assert reply.usage.completion_tokens > 0, sampling
-    spec = http.get("/stats").json()["engine"]["speculative"]
+    stats = http.get("/stats").json()
+    if kind != "wrapped":  # the kernel's own filter, or none at all
+        assert stats["quantized_kernel"]["active"] is (kind == "kernel"), stats["quantized_kernel"]
+    spec = stats["engine"]["speculative"]
     assert spec["requests"] == len(FILTERS) and spec["requests_without_draft"] == 0, spec
     assert spec["tokens"] > 0

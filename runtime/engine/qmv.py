@@ -9,9 +9,9 @@ of ``x`` with its default 8-bit activations, at most 32 on the exact path,
 still with more rows (docs/performance.md, "Quantized decode on the CPU").
 
 :func:`status` says whether the kernel can be used in this process (installed, built for this
-MLX, MLX on the CPU; ``MLXRT_QMV=0`` turns it off) and is what ``mlxrt --version``, the start
-line and ``GET /stats`` report. :func:`install` swaps a model's eligible quantized layers for
-subclasses whose forward calls the kernel (more than ``MAX_ROWS`` rows in pieces, up to
+MLX, of exactly this mlxrt's :data:`API` version, MLX on the CPU; ``MLXRT_QMV=0`` turns it off) and is what ``mlxrt --version``, the start
+line and ``GET /stats`` report. :func:`install` replaces a model's eligible quantized layers
+(through MLX's ``Module.update_modules``) by instances of subclasses whose forward calls the kernel (more than ``MAX_ROWS`` rows in pieces, up to
 :data:`KERNEL_ROWS`), or for more rows (a long prompt's prefill) multiplies by the kernel's
 dequantized weights through the BLAS; without the kernel nothing changes.
 
@@ -29,13 +29,22 @@ lanes draw each token from, through the kernel's one-op primitive (MLX's bits; M
 
 from __future__ import annotations
 
+import logging
 import os
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 
-__all__ = ["QmvStatus", "status", "install", "install_fused", "eligible", "load", "log_softmax", "top_p_filter",
-           "rows_invariant", "known_faster"]
+__all__ = ["API", "QmvStatus", "status", "install", "install_fused", "eligible", "load", "accept", "log_softmax",
+           "top_p_filter", "rows_invariant", "known_faster"]
+
+log = logging.getLogger("mlxrt.engine.qmv")
+
+#: The one mlxrt-qmv interface version this mlxrt uses (the kernel's ``mlxrt_qmv.API``): every
+#: primitive and attribute below is there at exactly this version, so nothing probes for names.
+#: ``scripts/setup`` builds the kernel from the same checkout; another version (an older wheel
+#: left in the environment) is not used, with one warning saying to rebuild it.
+API = 5
 
 
 @attrs.frozen
@@ -96,13 +105,26 @@ def _load() -> QmvStatus:
 
     if mx.default_device() != mx.cpu:
         return QmvStatus(reason="MLX runs on a GPU")
+    st = accept(mlxrt_qmv)
+    if not st.active:
+        log.warning("%s: the quantized layers run MLX's own kernels", st.reason)
+    return st
+
+
+def accept(module: Any) -> QmvStatus:
+    """The status of the imported kernel ``module``: usable when its ``API`` is :data:`API`,
+    refused otherwise (a build of another checkout; the reason names both versions and the fix)."""
+    found = getattr(module, "API", None)  # builds before mlxrt-qmv's API constant have none
+    if found != API:
+        return QmvStatus(reason=f"mlxrt-qmv has API version {found if found is not None else '< 5'}, mlxrt requires "
+                                f"{API}: rebuild it with ./scripts/setup")
     from importlib.metadata import PackageNotFoundError, version
 
     try:
         dist = version("mlxrt-qmv")
     except PackageNotFoundError:
         dist = "?"
-    return QmvStatus(module=mlxrt_qmv, kernel=mlxrt_qmv.kernel_name(), threads=mlxrt_qmv.threads(), version=dist)
+    return QmvStatus(module=module, kernel=module.kernel_name(), threads=module.threads(), version=dist)
 
 
 def eligible(layer: Any, bits: Any = (4, 8)) -> bool:
@@ -117,27 +139,68 @@ def eligible(layer: Any, bits: Any = (4, 8)) -> bool:
 def install(model: Any, st: QmvStatus | None = None) -> int:
     """Make ``model``'s eligible ``nn.QuantizedLinear`` and ``nn.QuantizedEmbedding`` layers
     (whose ``as_linear`` is a tied output head) compute through the kernel; return how many.
-    The layers stay instances of their MLX classes (subclasses swapped in), so everything that
-    checks ``isinstance`` or reads their parameters sees no difference."""
+    Each is replaced by an instance of a subclass of its MLX class holding the same parameters
+    (:func:`_replace_layers`), so everything that checks ``isinstance`` or reads their parameters
+    sees no difference."""
     st = st if st is not None else load()
     if not st.active:
         return 0
     import mlx.core as mx
 
-    classes = _classes(st.module)
-    bits = getattr(st.module, "BITS", (4, 8))  # mlxrt-qmv < 0.5: 4 and 8
-    count = 0
-    for _name, layer in model.named_modules():
-        kind = type(layer)
-        if kind in classes and eligible(layer, bits):
-            # The primitive reads rows in place: make sure they are (a no-op copy otherwise).
-            for key in ("weight", "scales", "biases"):
-                layer[key] = mx.contiguous(layer[key])
-            layer.__class__ = classes[kind]
-            count += 1
+    classes, bits = _classes(st.module), st.module.BITS
+
+    def kernel_layer(layer: Any) -> Any:
+        if type(layer) not in classes or not eligible(layer, bits):
+            return None
+        new = classes[type(layer)].of(layer)
+        # The primitive reads rows in place: make sure they are (a no-op copy otherwise).
+        for key in ("weight", "scales", "biases"):
+            new[key] = mx.contiguous(new[key])
+        return new
+
+    count = _replace_layers(model, kernel_layer)
     if count:
         mx.eval(model.parameters())
     return count
+
+
+def _replace_layers(model: Any, replace: Any) -> int:
+    """Put ``replace(layer)`` in place of each of ``model``'s leaf layers it returns one for
+    (``None``: keep the layer), through MLX's public seam for swapping layers,
+    ``Module.update_modules`` (``nn.quantize`` swaps in its quantized layers the same way);
+    return how many. A layer object found at several paths is replaced by one new object."""
+    import mlx.nn as nn
+    from mlx.utils import tree_map
+
+    made: dict[int, Any] = {}
+
+    def visit(layer: Any) -> Any:
+        if id(layer) not in made:
+            made[id(layer)] = replace(layer)
+        return made[id(layer)] if made[id(layer)] is not None else layer
+
+    leaves = tree_map(visit, model.leaf_modules(), is_leaf=nn.Module.is_module)
+    count = sum(new is not None for new in made.values())
+    if count:
+        model.update_modules(leaves)
+    return count
+
+
+_Layer = TypeVar("_Layer")
+
+
+def _trainable_as(new: _Layer, layer: Any) -> _Layer:
+    """``new`` with ``layer``'s parameters, frozen where ``layer``'s are (MLX's layers built by
+    their constructors are frozen where they freeze themselves)."""
+    from mlx.utils import tree_flatten
+
+    module: Any = new
+    module.update(layer.parameters())
+    trainable = [key for key, _ in tree_flatten(layer.trainable_parameters())]
+    module.freeze(recurse=False)
+    if trainable:
+        module.unfreeze(recurse=False, keys=trainable)
+    return new
 
 
 def install_fused(model: Any, st: QmvStatus | None = None) -> int:
@@ -146,20 +209,15 @@ def install_fused(model: Any, st: QmvStatus | None = None) -> int:
     :func:`mlxrt.compat.route_swiglu`), run the kernel's fused primitives; return how many layers
     were swapped (0 without the kernel)."""
     st = st if st is not None else load()
-    if not st.active or not hasattr(st.module, "attention"):  # mlxrt-qmv < 0.2 has no fused primitives
+    if not st.active:
         return 0
     classes = _fused_classes(st.module)
-    count = 0
-    for _name, layer in model.named_modules():
-        if type(layer) in classes:
-            layer.__class__ = classes[type(layer)]
-            count += 1
+    count = _replace_layers(model, lambda layer: classes[type(layer)].of(layer) if type(layer) in classes else None)
     if count:
         from mlxrt import compat
 
         compat.route_attention(model, _attention(st.module))
-        if hasattr(st.module, "swiglu"):  # builds before it have no swiglu
-            compat.route_swiglu(model, _swiglu(st.module))
+        compat.route_swiglu(model, _swiglu(st.module))
     return count
 
 
@@ -171,7 +229,7 @@ def log_softmax(logits: Any) -> Any:
     import mlx.core as mx
 
     st = load()
-    if st.active and hasattr(st.module, "log_softmax"):  # mlxrt-qmv >= 0.4.1
+    if st.active:
         return st.module.log_softmax(logits)
     return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
 
@@ -183,7 +241,7 @@ def top_p_filter() -> Any:
     ~1 ms a token for a 49K vocabulary against mlx-lm's ~7 (MLX's CPU sort alone 4.6 ms). None
     where the kernel is not loaded."""
     st = load()
-    if not (st.active and hasattr(st.module, "sort") and hasattr(st.module, "exp")):  # mlxrt-qmv >= 0.4.1
+    if not st.active:
         return None
     import mlx.core as mx
 
@@ -240,11 +298,19 @@ def _fused_classes(module: Any) -> dict[type, type]:
     class FusedRMSNorm(nn.RMSNorm):
         """``nn.RMSNorm`` as one primitive."""
 
+        @classmethod
+        def of(cls, layer: nn.RMSNorm) -> FusedRMSNorm:
+            return _trainable_as(cls(layer["weight"].shape[-1], layer.eps), layer)
+
         def __call__(self, x: mx.array) -> mx.array:
             return rms_norm(x, self["weight"], self.eps)
 
     class FusedRoPE(nn.RoPE):
         """``nn.RoPE`` as one primitive."""
+
+        @classmethod
+        def of(cls, layer: nn.RoPE) -> FusedRoPE:
+            return cls(layer.dims, layer.traditional, layer.base, layer.scale)
 
         def __call__(self, x: mx.array, offset: int | mx.array = 0) -> mx.array:
             return rope(x, self.dims, self.traditional, self.base, self.scale, offset)
@@ -302,7 +368,7 @@ def rows_invariant(model: Any) -> bool:
     primitives are installed (norms, rotations and the attention route, which takes a group's
     rows one by one)."""
     st = load()
-    if not st.active or getattr(st.module, "MAX_ROWS", 0) < 4096 or not _CLASSES or not _FUSED:
+    if not st.active or st.module.MAX_ROWS < 4096 or not _CLASSES or not _FUSED:
         return False
     import mlx.nn as nn
 
@@ -367,6 +433,13 @@ def _classes(module: Any) -> dict[type, type]:
     class KernelQuantizedLinear(nn.QuantizedLinear):
         """``nn.QuantizedLinear`` whose product runs the mlxrt-qmv kernel."""
 
+        @classmethod
+        def of(cls, layer: nn.QuantizedLinear) -> KernelQuantizedLinear:
+            # MLX is lazy: the constructor's random weights are never computed, update() replaces them
+            out_dims, packed = layer["weight"].shape
+            new = cls(packed * 32 // layer.bits, out_dims, "bias" in layer, layer.group_size, layer.bits, layer.mode)
+            return _trainable_as(new, layer)
+
         def __call__(self, x: mx.array) -> mx.array:
             y = product(self, x)
             if "bias" in self:
@@ -375,6 +448,11 @@ def _classes(module: Any) -> dict[type, type]:
 
     class KernelQuantizedEmbedding(nn.QuantizedEmbedding):
         """``nn.QuantizedEmbedding`` whose ``as_linear`` (a tied output head) runs the kernel."""
+
+        @classmethod
+        def of(cls, layer: nn.QuantizedEmbedding) -> KernelQuantizedEmbedding:
+            new = cls(layer.num_embeddings, layer.dims, layer.group_size, layer.bits, layer.mode)
+            return _trainable_as(new, layer)
 
         def as_linear(self, x: mx.array) -> mx.array:
             return product(self, x)

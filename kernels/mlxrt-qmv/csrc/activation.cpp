@@ -44,11 +44,11 @@ inline float mlx_sigmoid(float v) {
   return v < 0 ? y : 1.0f - y;
 }
 
-// The loop NAME_avx2 where the CPU has AVX2 and FMA (kernel_avx2_act.cpp: x86-64 builds only),
-// else the portable NAME_generic.
+// The loop NAME_avx2 where the CPU has AVX2 and FMA (kernel_avx2_act.cpp: x86-64 builds only)
+// and MLXRT_QMV_KERNEL does not force the portable loops, else the portable NAME_generic.
 #if defined(__x86_64__) || defined(_M_X64)
 bool avx2_fma() {
-  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+  static const bool ok = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && !portable_forced();
   return ok;
 }
 #define MLXRT_LOOP(NAME) (avx2_fma() ? NAME##_avx2 : NAME##_generic)

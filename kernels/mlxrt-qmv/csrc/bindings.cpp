@@ -113,6 +113,11 @@ NB_MODULE(_ext, m) {
   m.attr("MAX_ROWS") = mlxrt_qmv::max_rows();
   m.attr("BITS") = nb::tuple(nb::cast(mlxrt_qmv::bits_supported()));
   // The MLX whose headers this was built with: its C++ ABI is the only one it may load into.
+  // The interface mlxrt requires (runtime/engine/qmv.py's API), one integer: raised whenever a
+  // function, attribute or behaviour mlxrt relies on is added, removed or changed, so that mlxrt
+  // checks one number instead of probing for names, and refuses a stale build with a message
+  // that says to rebuild it (./scripts/setup).
+  m.attr("API") = 5;
   m.attr("MLX_VERSION") =
       MLXRT_QMV_STR(MLX_VERSION_MAJOR) "." MLXRT_QMV_STR(MLX_VERSION_MINOR) "." MLXRT_QMV_STR(MLX_VERSION_PATCH);
 }

@@ -314,7 +314,7 @@ void Attention::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::a
   }
 #if defined(__x86_64__) || defined(_M_X64)
   const AttnProblem ap{qv, kv, vv, mv, scale_, mask_, out.data<float>()};
-  if (attention_avx2_ok(ap)) {
+  if (!portable_forced() && attention_avx2_ok(ap)) {  // MLXRT_QMV_KERNEL=portable: the portable loop
     encoder.dispatch([ap]() {
       const int64_t B = ap.q.shape[0], L = ap.q.shape[2], Hk = ap.k.shape[1], S = ap.k.shape[2];
       const int64_t n = B * Hk * L;

@@ -259,6 +259,15 @@ void split_rows(RowsFn fn, const Problem& p) {
 
 } // namespace
 
+bool portable_forced() {
+  static const bool forced = [] {
+    const char* v = std::getenv("MLXRT_QMV_KERNEL");
+    const std::string want = v != nullptr ? v : "";
+    return want == "portable" || want == "portable int8" || want == "generic";
+  }();
+  return forced;
+}
+
 void parallel_for(int n, size_t work_bytes, const std::function<void(int, int)>& fn, bool lone) {
   auto pl = work_bytes >= SINGLE_THREAD_BYTES && n > 1 ? pool() : nullptr;
   const int threads = threads_for(pl, lone);

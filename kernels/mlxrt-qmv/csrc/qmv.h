@@ -51,6 +51,10 @@ bool supported(const mx::array& x, const mx::array& w, int group_size, int bits,
 // The kernel this CPU runs ("avx512 vnni", "avx2 int8", "portable int8", or on request "avx2 q15",
 // "avx2+fma", "generic"; see kernel() in qmv.cpp).
 std::string kernel_name();
+// Whether MLXRT_QMV_KERNEL forces the portable loops ("portable", "portable int8", "generic"):
+// then the fused and activation primitives run their portable loops too, not their AVX2 ones, so
+// that a CPU with AVX2 runs what one without it does (CI runs the kernel's tests so a second time).
+bool portable_forced();
 // Threads the primitive splits output rows over (MLXRT_QMV_THREADS, default: the CPUs this
 // process may run on); set_threads changes it for later calls.
 int threads();

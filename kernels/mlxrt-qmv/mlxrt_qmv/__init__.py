@@ -8,7 +8,8 @@ output rows split over threads (``MLXRT_QMV_THREADS``); other arguments go to
 ``mx.quantized_matmul`` itself. ``kernel_name()`` says which kernel this process runs, chosen
 once at load: by default ``x`` rounded to 8 bits per block of 32 and integer multiply-adds —
 ``avx512 vnni`` where the CPU has AVX-512 F/BW/VL/VNNI, ``avx2 int8`` where it has AVX2,
-``portable int8`` elsewhere (``MLXRT_QMV_KERNEL=portable`` forces it) — each row's result its own
+``portable int8`` elsewhere (``MLXRT_QMV_KERNEL=portable`` forces it, and the portable loops of
+the fused and activation primitives below with it) — each row's result its own
 bits whatever rows run beside it, so :data:`MAX_ROWS` is 65,536; ``MLXRT_QMV_EXACT=1``: the exact
 path, ``avx2 q15`` (x in 15 bits) or ``generic`` (portable floats), 32 rows at most; on request
 ``avx2+fma`` (float: MLX's products to rounding). docs/performance.md has their error bounds. ``dequantize(w, scales,
@@ -40,8 +41,11 @@ from mlxrt_qmv import _ext
 
 __all__ = ["quantized_matmul", "dequantize", "supported", "rms_norm", "rope", "attention", "swiglu", "softmax", "log_softmax", "exp", "sort",
            "attention_supported",
-           "kernel_name", "threads", "set_threads", "MAX_ROWS", "MAX_QUERIES", "BITS", "BUILT_FOR_MLX"]
+           "kernel_name", "threads", "set_threads", "MAX_ROWS", "MAX_QUERIES", "BITS", "BUILT_FOR_MLX", "API"]
 
+#: The interface version mlxrt requires exactly (``mlxrt.engine.qmv.API``): every function and
+#: attribute of this module, as documented above. Raised with any change mlxrt relies on.
+API: int = _ext.API
 #: The MLX version whose headers the extension was compiled with.
 BUILT_FOR_MLX: str = _ext.MLX_VERSION
 #: The most rows of ``x`` the primitive takes.
