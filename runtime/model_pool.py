@@ -409,9 +409,9 @@ class ModelPool:
     def _check_fits(self, slot: Slot) -> None:
         """Refuse, before any weight is read (and before anything is evicted for it), a model
         whose config does not fit its own weights, whose folder cannot serve
-        (:mod:`mlxrt.sources.folder_check`) or whose weights exceed its budget share."""
-        from mlxrt.sources.folder_check import check_model_folder
-        from mlxrt.sources.weights import check_layer_count
+        (:mod:`mlxrt.loading.folder_check`) or whose weights exceed its budget share."""
+        from mlxrt.loading.folder_check import check_model_folder
+        from mlxrt.loading.weights import check_layer_count
 
         try:
             check_layer_count(slot.source.path)
@@ -424,7 +424,7 @@ class ModelPool:
         if share is None:
             return
         from mlxrt.engine.memory import MARGIN
-        from mlxrt.sources.fit import weights_summary
+        from mlxrt.loading.fit import weights_summary
 
         try:
             needs = weights_summary(slot.source.path).weight_bytes

@@ -23,7 +23,7 @@ import click
 import mlxrt
 from mlxrt.engine.config import ENGINE_DEFAULTS
 from mlxrt.host import PluginHost, make_host
-from mlxrt.sources.dtype_choice import DTYPES
+from mlxrt.loading.dtype_choice import DTYPES
 
 __all__ = ["main", "build_cli"]
 
@@ -31,7 +31,7 @@ log = logging.getLogger("mlxrt")
 
 
 
-#: Read from argv by mlxrt.blas.activate before click parses (the BLAS must load before
+#: Read from argv by mlxrt.loading.blas.activate before click parses (the BLAS must load before
 #: mlx.core is imported); declared so click accepts it before or after the command name.
 _NO_SYSTEM_BLAS = click.option(
     "--no-system-blas", is_flag=True, expose_value=False,
@@ -58,7 +58,7 @@ def _version_text() -> str:
             parts.append(f"{dist} {version(dist)}")
         except PackageNotFoundError:
             parts.append(f"{dist} (not installed)")
-    from mlxrt.blas import current
+    from mlxrt.loading.blas import current
 
     parts.append(f"BLAS: {current()}")
     from mlxrt.engine import qmv
@@ -192,8 +192,8 @@ def _banner(host: PluginHost, bind: str, port: int) -> str:
     """The start banner: what is served where on its first line, then one short line each for
     how (model, lane, dtype), the CPU path (BLAS, kernel) and which models requests may name.
     Why the dtype is what it is: ``GET /stats`` (``dtype.reason``) and the log."""
-    from mlxrt.blas import current as current_blas
     from mlxrt.engine.qmv import status as qmv_status
+    from mlxrt.loading.blas import current as current_blas
 
     engine = host.engine
     dtype = getattr(getattr(engine, "loaded", None), "dtype", None)
@@ -649,7 +649,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         for name in ("yaml", "annotated_types", "pdb"):  # Litestar's, for what serving rarely does
             defer_module(name)
         _pause_gc()  # until the server listens (_resume_gc)
-    from mlxrt.blas import activate
+    from mlxrt.loading.blas import activate
 
     activate(argv)  # before any plugin or command can import mlx.core
     # mlxrt never runs PyTorch: transformers' notice that it is missing (printed when a batch lane,

@@ -6,7 +6,7 @@ The engine facade (:mod:`mlxrt.engine.engine`), the worker's set-up after a load
 (:mod:`mlxrt.engine.peers`), the serial and batch lanes, the denoising lane,
 speculative decoding, quantized KV caches, the memory contract and admission, the sampler chain,
 LoRA adapters, image splicing and embeddings. The pool of engines one process serves is
-:mod:`mlxrt.model_pool` (the server's model router); the BLAS loader is :mod:`mlxrt.blas`.
+:mod:`mlxrt.model_pool` (the server's model router); the BLAS loader is :mod:`mlxrt.loading.blas`.
 """
 
 from __future__ import annotations

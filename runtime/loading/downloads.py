@@ -19,7 +19,7 @@ from typing import Any
 import attrs
 
 from mlxrt.errors import ModelLoadError
-from mlxrt.sources.paths import MODEL_FILE_PATTERNS, hf_cache_dir, mlxrt_home
+from mlxrt.loading.paths import MODEL_FILE_PATTERNS, hf_cache_dir, mlxrt_home
 
 __all__ = ["DownloadStatus", "download", "recent_downloads", "downloads_dir"]
 

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 from mlxrt.errors import ModelLoadError
+from mlxrt.loading.paths import MODEL_FILE_PATTERNS, hf_cache_dir, mlxrt_home
 from mlxrt.records import FamilyProfile, LoadedModel, ModelInfo, ToolStreamMode
-from mlxrt.sources.paths import MODEL_FILE_PATTERNS, hf_cache_dir, mlxrt_home
 
 if TYPE_CHECKING:
     from mlxrt.host import PluginHost
@@ -62,7 +62,7 @@ def resolve_model(spec: str | None, *, allow_download: bool = True, gguf_as_file
     :raises ModelLoadError: With a message saying what was tried and what to do.
     """
     if spec is None:
-        from mlxrt.sources.embedded import (
+        from mlxrt.loading.embedded import (
             EMBEDDED_MODEL_ID,
             EmbeddedModelMissing,
             embedded_model_dir,
@@ -88,7 +88,7 @@ def resolve_model(spec: str | None, *, allow_download: bool = True, gguf_as_file
         if repo != spec:
             log.info("model %r is the local repo %s", spec, repo)
         return ModelSource(_from_hf_cache(repo, allow_download), repo, "hf-cache")
-    from mlxrt.sources.gguf_library import find_gguf
+    from mlxrt.loading.gguf_library import find_gguf
 
     entry = find_gguf(spec)  # a GGUF in the HF cache, Ollama's store or LM Studio's folder
     if entry is not None:
@@ -104,7 +104,7 @@ def resolve_model(spec: str | None, *, allow_download: bool = True, gguf_as_file
 
 def _names_embedded(spec: str) -> bool:
     """Whether ``spec`` is the embedded model's id and that model is installed."""
-    from mlxrt.sources.embedded import EMBEDDED_MODEL_ID, embedded_available
+    from mlxrt.loading.embedded import EMBEDDED_MODEL_ID, embedded_available
 
     return spec.lower() == EMBEDDED_MODEL_ID.lower() and embedded_available()
 
@@ -169,7 +169,7 @@ def _from_hf_cache(repo_id: str, allow_download: bool) -> Path:
             raise ModelLoadError(
                 f"model {repo_id!r} is not in the Hugging Face cache and downloads are off"
             ) from None
-    from mlxrt.sources.downloads import download  # recorded, so GET /downloads shows it
+    from mlxrt.loading.downloads import download  # recorded, so GET /downloads shows it
 
     try:
         return download(repo_id)
@@ -186,13 +186,13 @@ def _gguf_source(path: Path, name: str, as_file: bool) -> ModelSource:
 
 
 def _convert_gguf_cached(gguf: Path, name: str | None = None) -> Path:
-    from mlxrt.sources.gguf import (
+    from mlxrt.loading.gguf import (
         CONVERTER_VERSION,
         UnsupportedGGUF,
         auto_float_dtype,
         convert_gguf,
     )
-    from mlxrt.sources.gguf_quant import kernel_widths
+    from mlxrt.loading.gguf_quant import kernel_widths
 
     stat = gguf.stat()
     # what the conversion depends on beyond the file: the float dtype and the kernel's widths
@@ -254,7 +254,7 @@ def mlx_lm_load(info: ModelInfo, classes: tuple[type, type] | None = None, *,
     unread until evaluated (``--distributed``: each rank reads only its shard)."""
     from concurrent.futures import ThreadPoolExecutor
 
-    from mlxrt.sources.weights import eos_token_ids, load_architecture_and_weights
+    from mlxrt.loading.weights import eos_token_ids, load_architecture_and_weights
     from mlxrt.text.tokenizer import load_tokenizer
 
     # The tokenizer loads on a thread of its own while the weights are read: both are mostly native
@@ -287,7 +287,7 @@ def cast_weights(model: Any, dtype: str, *, model_id: str = "model") -> None:
                        if name.endswith(".scales")})
 
     if quantized_layers():  # mlxrt's copy of mlx-lm's, without mlx_lm.utils (transformers)
-        from mlxrt.sources.weights import dequantize_model
+        from mlxrt.loading.weights import dequantize_model
 
         dequantize_model(model)
     left = quantized_layers()
@@ -364,11 +364,11 @@ def with_replaced_template(profile: FamilyProfile, tokenizer: Any) -> FamilyProf
 
 def load_weights(info: ModelInfo, host: PluginHost) -> tuple[LoadedModel, str | None]:
     """The model and tokenizer through the family hooks (mlx-lm when none answers), cast as
-    ``--dtype`` says (default ``auto``, :mod:`mlxrt.sources.dtype_choice`); with the name of the plugin
+    ``--dtype`` says (default ``auto``, :mod:`mlxrt.loading.dtype_choice`); with the name of the plugin
     that loaded it (``None``: mlx-lm). The folder is checked first
-    (:func:`mlxrt.sources.folder_check.check_model_folder`: weights present, their dtypes,
+    (:func:`mlxrt.loading.folder_check.check_model_folder`: weights present, their dtypes,
     finite norms and scales; once loaded, a vocabulary that covers the tokenizer)."""
-    from mlxrt.sources.folder_check import check_model_folder, check_vocabulary
+    from mlxrt.loading.folder_check import check_model_folder, check_vocabulary
 
     check_model_folder(info.path)
     plugin, loaded = host.first_answer("mlxrt_load_model", info=info, host=host)
@@ -394,10 +394,10 @@ def _choose_dtype(loaded: LoadedModel, info: ModelInfo, host: PluginHost, *, laz
     import mlx.core as mx
     import mlx.nn as nn
 
-    from mlxrt.blas import current
     from mlxrt.engine import qmv
     from mlxrt.engine.memory import parse_size
-    from mlxrt.sources.dtype_choice import blas_name, choose_dtype
+    from mlxrt.loading.blas import current
+    from mlxrt.loading.dtype_choice import blas_name, choose_dtype
 
     if not isinstance(loaded.model, nn.Module):  # a plugin's own model object: nothing to cast
         return None
@@ -416,7 +416,7 @@ def load_model(info: ModelInfo, host: PluginHost) -> tuple[LoadedModel, FamilyPr
     profile = resolve_profile(info, host)
     profile = attrs.evolve(profile, provenance={"load_model": plugin or "mlx-lm", **profile.provenance})
     profile = with_tool_prompt(profile, loaded.tokenizer, host)
-    from mlxrt.sources.self_test import run_self_test
+    from mlxrt.loading.self_test import run_self_test
 
     return loaded, attrs.evolve(profile, self_test=run_self_test(profile, loaded.tokenizer))
 

@@ -1,5 +1,5 @@
 """The local model library: what the Hugging Face cache holds, one row per repo, then the GGUF
-files of the HF cache, Ollama and LM Studio (:mod:`mlxrt.sources.gguf_library`), one row each.
+files of the HF cache, Ollama and LM Studio (:mod:`mlxrt.loading.gguf_library`), one row each.
 
 huggingface-hub's ``scan_cache_dir`` walks the cache; each repo's canonical snapshot (its
 ``refs/main``, else the newest) is then described without loading anything: the config,
@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 __all__ = ["LocalModel", "scan_library", "embedded_model", "find_local", "support_tier", "delete_repo",
            "CacheScan"]
 
-log = logging.getLogger("mlxrt.sources.library")
+log = logging.getLogger("mlxrt.loading.library")
 
 #: Support tiers: a family plugin answers for the model; mlx-lm alone runs it (plain chat);
 #: nothing installed can load it.
@@ -115,7 +115,7 @@ def _quantization(config: dict[str, Any]) -> tuple[int | None, int | None]:
 
 def describe_snapshot(repo_id: str, path: Path, host: PluginHost | None, **fields: Any) -> LocalModel:
     """Describe the model in ``path`` (config, headers, family); problems become ``problem``."""
-    from mlxrt.sources.fit import weights_summary
+    from mlxrt.loading.fit import weights_summary
 
     row = LocalModel(repo_id=repo_id, path=path, **fields)
     try:
@@ -148,7 +148,7 @@ def describe_snapshot(repo_id: str, path: Path, host: PluginHost | None, **field
 def scan_library(host: PluginHost | None = None, cache_dir: Path | None = None) -> CacheScan:
     """Every model repo of the HF cache, one row per repo, by repo id, then every GGUF model of
     the HF cache, Ollama and LM Studio (no network)."""
-    from mlxrt.sources.gguf_library import describe_gguf, gguf_entries
+    from mlxrt.loading.gguf_library import describe_gguf, gguf_entries
 
     root = cache_dir or hf_cache_dir()
     scan = _scan_hf_cache(host, root)
@@ -186,7 +186,7 @@ def _scan_hf_cache(host: PluginHost | None, root: Path) -> CacheScan:
 def embedded_model(host: PluginHost | None = None) -> LocalModel | None:
     """The embedded default model (what ``mlxrt serve`` serves when given no MODEL) described as
     a library row, converted from its GGUF first if need be; ``None`` when it is not installed."""
-    from mlxrt.sources.embedded import EMBEDDED_MODEL_ID, EmbeddedModelMissing, embedded_model_dir
+    from mlxrt.loading.embedded import EMBEDDED_MODEL_ID, EmbeddedModelMissing, embedded_model_dir
 
     try:
         path = embedded_model_dir()

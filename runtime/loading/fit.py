@@ -14,7 +14,7 @@ cost per token from ``config.json``, laid out as mlx-lm's ``make_cache`` lays it
 
 The KV dtype is the activation dtype: the embedding's (its quantization scales' when it is
 quantized). Both are those of the dtype ``mlxrt serve`` would serve (``--dtype``, default ``auto``:
-:mod:`mlxrt.sources.dtype_choice` decides from the same headers and this machine's device and
+:mod:`mlxrt.loading.dtype_choice` decides from the same headers and this machine's device and
 BLAS): a bfloat16 checkpoint served as float32 weighs, and caches, twice its files. The budget is then split by :func:`mlxrt.engine.memory.plan_memory` itself, so the
 ``max_safe_context`` reported here is the ``safe_context`` the engine computes at load —
 ``tests/test_fit.py`` checks the static KV cost against :func:`mlxrt.engine.memory.measure_kv`.
@@ -34,7 +34,7 @@ import attrs
 
 from mlxrt.engine.memory import KVCost, plan_memory
 from mlxrt.errors import ModelLoadError
-from mlxrt.sources.dtype_choice import (
+from mlxrt.loading.dtype_choice import (
     CAST_BYTES,
     DtypeChoice,
     Machine,
@@ -101,7 +101,7 @@ def read_safetensors_header(path: Path) -> dict[str, TensorInfo]:
 class WeightsSummary:
     """What a folder's safetensors hold. ``weight_bytes`` is what the text model loads;
     ``other_bytes`` the tensors a text-only load drops (vision/audio towers, sidecars, MTP);
-    ``stored_dtype`` the text weights' dtype as :func:`mlxrt.sources.dtype_choice.stored_dtype`
+    ``stored_dtype`` the text weights' dtype as :func:`mlxrt.loading.dtype_choice.stored_dtype`
     names it (``quantized 4-bit``, ``bfloat16``, …)."""
 
     weight_bytes: int
@@ -330,13 +330,13 @@ def assess(folder: Path, *, ctx: int = DEFAULT_CONTEXT, budget: int | None = Non
            machine: Machine | None = None, models: int = 1, lazy: bool = False) -> FitReport:
     """Assess ``folder`` at ``ctx`` tokens under ``budget`` bytes (default: :func:`machine_budget`),
     served as ``--dtype dtype`` would serve it on ``machine`` (default:
-    :func:`~mlxrt.sources.dtype_choice.machine_facts`) with ``models`` resident models
+    :func:`~mlxrt.loading.dtype_choice.machine_facts`) with ``models`` resident models
     (``--max-models``) and ``lazy`` weights (``--distributed``).
 
     :raises ModelLoadError: The folder's config or weights cannot be read.
     """
     if folder.suffix == ".gguf" or folder.is_file():  # a GGUF file: from its header, as converted
-        from mlxrt.sources.gguf_library import gguf_static
+        from mlxrt.loading.gguf_library import gguf_static
 
         config, summary = gguf_static(folder)
     else:

@@ -14,7 +14,7 @@ Three stores are searched (nothing is downloaded, no file is opened beyond its h
 
 :func:`gguf_static` describes one file from its header alone, in the terms ``fit`` and the
 library use for a folder: the config the converter would write, the bytes its weights take once
-converted (:data:`mlxrt.sources.gguf_quant.LAYOUTS`), the parameter count.
+converted (:data:`mlxrt.loading.gguf_quant.LAYOUTS`), the parameter count.
 """
 
 from __future__ import annotations
@@ -94,7 +94,7 @@ def _lmstudio() -> list[GGUFEntry]:
 
 
 def _hf_cache(cache_dir: Path | None = None) -> list[GGUFEntry]:
-    from mlxrt.sources.paths import hf_cache_dir
+    from mlxrt.loading.paths import hf_cache_dir
 
     root = cache_dir or hf_cache_dir()
     out = []
@@ -135,9 +135,9 @@ def find_gguf(query: str) -> GGUFEntry | None:
 def _read(path: Path) -> tuple[Any, Any]:
     """``(GGUFFile, ArchPlan)`` of ``path``, or :class:`~mlxrt.errors.ModelLoadError` saying why not."""
     from mlxrt.errors import ModelLoadError
-    from mlxrt.sources.gguf_arch import plan_architecture
-    from mlxrt.sources.gguf_format import UnsupportedGGUF, read_gguf
-    from mlxrt.sources.gguf_quant import layout_of
+    from mlxrt.loading.gguf_arch import plan_architecture
+    from mlxrt.loading.gguf_format import UnsupportedGGUF, read_gguf
+    from mlxrt.loading.gguf_quant import layout_of
 
     try:
         g = read_gguf(path)
@@ -162,10 +162,10 @@ def gguf_static(path: Path) -> tuple[dict[str, Any], Any]:
 def _static(g: Any, plan: Any) -> tuple[dict[str, Any], Any]:
     import numpy as np
 
-    from mlxrt.sources.fit import WeightsSummary
-    from mlxrt.sources.gguf import auto_float_dtype
-    from mlxrt.sources.gguf_arch import VISION_PREFIXES
-    from mlxrt.sources.gguf_quant import GROUP_SIZE, kernel_widths, served_layout
+    from mlxrt.loading.fit import WeightsSummary
+    from mlxrt.loading.gguf import auto_float_dtype
+    from mlxrt.loading.gguf_arch import VISION_PREFIXES
+    from mlxrt.loading.gguf_quant import GROUP_SIZE, kernel_widths, served_layout
 
     kernel = kernel_widths()
     config = dict(plan.config)
@@ -205,10 +205,10 @@ def _model_info(g: Any, config: dict[str, Any], entry: GGUFEntry) -> Any:
 
 
 def describe_gguf(entry: GGUFEntry, host: Any = None) -> Any:
-    """``entry`` as a library row (:class:`mlxrt.sources.library.LocalModel`), from its header;
+    """``entry`` as a library row (:class:`mlxrt.loading.library.LocalModel`), from its header;
     ``host`` answers the family hooks, as for a folder."""
     from mlxrt.errors import ModelLoadError
-    from mlxrt.sources.library import LocalModel, support_tier
+    from mlxrt.loading.library import LocalModel, support_tier
 
     try:
         size = entry.path.stat().st_size
