@@ -78,10 +78,10 @@ def test_auto_leaves_a_float32_checkpoint_and_explicit_values_win():
 
 
 def test_auto_without_a_budget_uses_a_share_of_ram(monkeypatch):
-    from mlxrt.loading import fit
-    monkeypatch.setattr(fit, "machine_budget", lambda: 10**12)
+    from mlxrt.loading import sizes
+    monkeypatch.setattr(sizes, "machine_budget", lambda: 10**12)
     assert "(a share of RAM)" in _choose(_quantized_model(), budget=None).reason
-    monkeypatch.setattr(fit, "machine_budget", lambda: 1000)
+    monkeypatch.setattr(sizes, "machine_budget", lambda: 1000)
     assert _choose(_quantized_model(), budget=None).cast is None
 
 

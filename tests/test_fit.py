@@ -13,7 +13,8 @@ from support import MLXRT_BIN
 from mlxrt.engine.memory import MARGIN, plan_memory
 from mlxrt.loading import blas
 from mlxrt.loading.dtype_choice import Machine
-from mlxrt.loading.fit import assess, read_safetensors_header, static_kv, weights_summary
+from mlxrt.loading.fit import assess
+from mlxrt.loading.sizes import read_safetensors_header, static_kv, weights_summary
 
 FAST = Machine(on_cpu=True, blas_fast=True, blas_name="OpenBLAS")
 BUNDLED = Machine(on_cpu=True, blas_fast=False, blas_name="bundled")

@@ -147,7 +147,7 @@ def test_rm_refuses_ambiguous_and_unknown_names(hub):
 
 
 def test_model_arguments_match_part_of_a_local_repo_id(hub):
-    from mlxrt.loading import resolve_model
+    from mlxrt.loading.resolve import resolve_model
 
     source = resolve_model("SMOL", allow_download=False)
     assert source.model_id == "other/smol-llama" and source.path == hub / "models--other--smol-llama" / \

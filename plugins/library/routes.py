@@ -3,7 +3,7 @@
 ``/fit`` and ``/library`` assess with the served engine's own settings (``--memory-budget``,
 ``--prompt-cache-bytes``, ``--batch``, ``--dtype``, ``--max-models``, ``--distributed``) unless
 the query gives a budget (or, for ``/fit``, a dtype); without any budget they assume
-:func:`mlxrt.loading.fit.machine_budget`. The served dtype is decided on this server's own
+:func:`mlxrt.loading.sizes.machine_budget`. The served dtype is decided on this server's own
 device and BLAS. File reads run off the event loop.
 """
 
@@ -19,7 +19,8 @@ from litestar.params import Parameter
 from mlxrt.errors import InvalidRequest, ModelLoadError, NotFound
 from mlxrt.loading import blas
 from mlxrt.loading.dtype_choice import DTYPES, machine_facts
-from mlxrt.loading.fit import DEFAULT_CONTEXT, FitReport, assess
+from mlxrt.loading.fit import FitReport, assess
+from mlxrt.loading.sizes import DEFAULT_CONTEXT
 
 if TYPE_CHECKING:
     from mlxrt.host import PluginHost
@@ -52,7 +53,8 @@ def _served(host: PluginHost) -> tuple[str, Path] | None:
 
 
 def _resolve(host: PluginHost, query: str | None) -> tuple[str, Path]:
-    from mlxrt.loading import local_repo_ids, match_local_repo, resolve_model
+    from mlxrt.loading.paths import local_repo_ids, match_local_repo
+    from mlxrt.loading.resolve import resolve_model
 
     served = _served(host)
     if not query or (served is not None and query == served[0]):

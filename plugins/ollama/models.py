@@ -135,7 +135,7 @@ async def show(request: Request) -> dict[str, Any]:
     pool = host.models
     slot = _slot_for(pool, name) if pool is not None else None
     if slot is None and pool is not None:
-        from mlxrt.loading import resolve_model
+        from mlxrt.loading.resolve import resolve_model
 
         try:
             source = None if pool.settings.strict else await anyio.to_thread.run_sync(

@@ -87,7 +87,8 @@ def _plugins_table(host: PluginHost) -> str:
 def _model_report(host: PluginHost, model: str) -> dict[str, Any]:
     """Load ``model`` and say which family serves it and how its self-test went."""
     from mlxrt.errors import ModelLoadError, PluginError
-    from mlxrt.loading import load_model, read_model_info, resolve_model
+    from mlxrt.loading import load_model
+    from mlxrt.loading.resolve import read_model_info, resolve_model
 
     try:
         _loaded, profile = load_model(read_model_info(resolve_model(model, allow_download=False)), host)
@@ -288,7 +289,8 @@ def build_server(host: PluginHost, model: str | None, opts: dict[str, Any]) -> A
     from mlxrt.api.app import create_app
     from mlxrt.engine import new_engine
     from mlxrt.engine.config import EngineConfig
-    from mlxrt.loading import resolve_model
+    from mlxrt.loading import Loader
+    from mlxrt.loading.resolve import resolve_model
     from mlxrt.templating import DEFAULT_CHAT_TEMPLATE
 
     host.options.update(opts)
@@ -301,6 +303,8 @@ def build_server(host: PluginHost, model: str | None, opts: dict[str, Any]) -> A
             parse_size(opts["prompt_cache_bytes"])
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--prompt-cache-bytes") from None
+    loader = Loader()
+
     def start_engine(view: Any, info: Any, primary: bool) -> Any:
         config = EngineConfig.from_options(opts)
         # --adapter and --draft-model belong to the served model; the budget is shared.
@@ -309,9 +313,9 @@ def build_server(host: PluginHost, model: str | None, opts: dict[str, Any]) -> A
         if opts.get("distributed"):
             from mlxrt.distributed.serving import make_engine
 
-            engine = make_engine(view, config, opts)
+            engine = make_engine(view, config, opts, loader=loader)
         else:
-            engine = new_engine(view, config)
+            engine = new_engine(view, config, loader=loader)
         engine.load(info)
         if opts.get("chat_template") and primary:
             from mlxrt.loading import with_replaced_template
@@ -337,7 +341,7 @@ def _model_pool(host: PluginHost, model: str | None, source: Any, opts: dict[str
     """The models this server may answer with (``--max-models``, ``--model-alias``,
     ``--preload``, ``--strict-model``, ``--idle-unload``); see :mod:`mlxrt.model_pool`."""
     from mlxrt.engine.config import EngineConfig
-    from mlxrt.loading import resolve_model
+    from mlxrt.loading.resolve import resolve_model
     from mlxrt.model_pool import ModelPool, PoolSettings
 
     specs = {model: str(source.path)} if model else {}

@@ -158,8 +158,8 @@ def register(cli: click.Group, host: PluginHost) -> None:
         would serve it in? MODEL is what `serve` takes (default: the embedded model `serve` serves
         when given none). Reads the config and the safetensors headers only; loads no weights."""
         from mlxrt.engine.memory import parse_size
-        from mlxrt.loading import resolve_model
         from mlxrt.loading.fit import assess
+        from mlxrt.loading.resolve import resolve_model
 
         try:
             budget = parse_size(memory_budget, default_unit="GB") if memory_budget is not None else None

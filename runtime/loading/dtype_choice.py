@@ -7,8 +7,8 @@ of these hold, and keeps the stored dtype otherwise:
 * a fast BLAS is active (:mod:`mlxrt.loading.blas`: the system OpenBLAS or MKL). Only float32 matmuls
   go through BLAS; on the bundled reference BLAS float32 is no faster than the stored dtype;
 * the float32 weights plus the float32 KV cache of one request at the default context
-  (:data:`mlxrt.loading.fit.DEFAULT_CONTEXT` tokens, capped at the model's context window) fit in the
-  usable memory budget: ``--memory-budget`` (or :func:`mlxrt.loading.fit.machine_budget`, a share of
+  (:data:`mlxrt.loading.sizes.DEFAULT_CONTEXT` tokens, capped at the model's context window) fit in the
+  usable memory budget: ``--memory-budget`` (or :func:`mlxrt.loading.sizes.machine_budget`, a share of
   physical memory), divided among ``--max-models``, less :data:`mlxrt.engine.memory.MARGIN`;
 * every quantized layer is of a kind mlx-lm can dequantize, and the weights are not loaded
   lazily for ``--distributed`` (casting would read every shard on every rank);
@@ -247,7 +247,7 @@ def _gb(n: int) -> str:
 def _float32_kv(config: Any, window: int | None) -> tuple[int, int]:
     """Context and bytes of one request's float32 KV cache at the default context."""
     from mlxrt.errors import ModelLoadError
-    from mlxrt.loading.fit import DEFAULT_CONTEXT, static_kv
+    from mlxrt.loading.sizes import DEFAULT_CONTEXT, static_kv
 
     ctx = min(DEFAULT_CONTEXT, window) if window and window > 0 else DEFAULT_CONTEXT
     try:
@@ -282,7 +282,7 @@ def decide(requested: str, facts: DtypeFacts, machine: Machine, *, budget: int |
     if facts.undequantizable:
         return DtypeChoice(requested, stored, None, f"{keep}: mlx-lm cannot dequantize {facts.undequantizable}")
     from mlxrt.engine.memory import MARGIN
-    from mlxrt.loading.fit import machine_budget
+    from mlxrt.loading.sizes import machine_budget
 
     weights, kv_bytes = facts.float32_bytes, facts.kv_bytes
     source = "--memory-budget" if budget is not None else "a share of RAM"
@@ -322,7 +322,7 @@ def choose_dtype(requested: str, model: Any, info: ModelInfo, *, budget: int | N
 
 def static_facts(config: Any, summary: Any, window: int | None) -> DtypeFacts:
     """The facts from a folder's ``config.json`` and safetensors headers
-    (:class:`mlxrt.loading.fit.WeightsSummary`), nothing loaded: packed quantized weights count
+    (:class:`mlxrt.loading.sizes.WeightsSummary`), nothing loaded: packed quantized weights count
     their unpacked elements, as :func:`float32_bytes` counts them; ``window`` is the model's
     context window."""
     ctx, kv_bytes = _float32_kv(config, window)
@@ -347,7 +347,7 @@ def machine_facts(blas: BlasStatus | None = None) -> Machine:
     :func:`mlxrt.loading.blas.expected`; a running server passes its own, ``current()``)."""
     import mlx.core as mx
 
-    from mlxrt.engine import qmv
+    import mlxrt.engine.qmv as qmv
     from mlxrt.loading.blas import expected
 
     blas = blas if blas is not None else expected()

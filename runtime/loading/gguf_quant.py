@@ -93,7 +93,7 @@ def kernel_widths() -> bool:
     for 50 % more bytes on those layers."""
     import mlx.core as mx
 
-    from mlxrt.engine import qmv
+    import mlxrt.engine.qmv as qmv
 
     return mx.default_device() == mx.cpu and qmv.load().active
 
