@@ -22,9 +22,9 @@ from litestar.router import Router
 import mlxrt
 from mlxrt.api.errors import exception_handlers
 from mlxrt.api.schema_ui import SCHEMA_ROUTES, render_plugins
-from mlxrt.blas import current as current_blas
 from mlxrt.compat import lean_litestar, wrap_litestar_handler
 from mlxrt.engine.qmv import status as qmv_status
+from mlxrt.loading.blas import current as current_blas
 
 if TYPE_CHECKING:
     from mlxrt.host import PluginHost

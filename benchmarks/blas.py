@@ -75,7 +75,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=1)
     parser.add_argument("--only", action="append", help="run only this configuration (repeatable)")
     args = parser.parse_args()
-    from mlxrt.sources.embedded import embedded_model_dir
+    from mlxrt.loading.embedded import embedded_model_dir
 
     model_dir = str(embedded_model_dir())
     version = subprocess.run([str(BIN / "mlxrt"), "--version"], capture_output=True, text=True).stdout.strip()

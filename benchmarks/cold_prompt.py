@@ -30,7 +30,7 @@ def main() -> None:
     ap.add_argument("--llama-server", metavar="PATH", help="serve with llama-server instead (-t 2 -np 8 -c 65536)")
     args = ap.parse_args()
 
-    from mlxrt.sources.embedded import embedded_gguf_path, embedded_model_dir
+    from mlxrt.loading.embedded import embedded_gguf_path, embedded_model_dir
 
     folder = str(embedded_model_dir())
     prompts = serving.Prompts(folder)

@@ -33,7 +33,7 @@ def main() -> None:
     p.add_argument("--runs", type=int, default=5)
     a = p.parse_args()
 
-    from mlxrt.blas import activate
+    from mlxrt.loading.blas import activate
 
     blas = activate()  # the system OpenBLAS, as `mlxrt serve` uses (docs/performance.md)
     import mlx.core as mx

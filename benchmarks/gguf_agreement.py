@@ -75,8 +75,8 @@ def main() -> None:
     ap.add_argument("--json", type=Path, help="write the raw results here")
     args = ap.parse_args()
 
-    from mlxrt.sources.gguf_format import read_gguf
-    from mlxrt.sources.gguf_tokenizer import build_tokenizer
+    from mlxrt.loading.gguf_format import read_gguf
+    from mlxrt.loading.gguf_tokenizer import build_tokenizer
 
     res = {"mlxrt": run([args.mlxrt, "serve", str(args.gguf), "--port", "18431"], 18431, args.tokens,
                         Path("/tmp/gguf_agreement_mlxrt.log")),

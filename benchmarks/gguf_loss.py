@@ -26,8 +26,8 @@ def weight_errors(path: Path, widths: list[int] | None) -> dict[tuple[str, int],
     import mlx.core as mx
     import numpy as np
 
-    from mlxrt.sources import gguf_quant as gq
-    from mlxrt.sources.gguf_format import read_gguf
+    from mlxrt.loading import gguf_quant as gq
+    from mlxrt.loading.gguf_format import read_gguf
 
     g = read_gguf(path)
     acc: dict[tuple[str, int], list[float]] = defaultdict(lambda: [0.0, 0.0, 0.0, 0.0])
@@ -64,8 +64,8 @@ def perplexity(folder: Path) -> float:
 
 
 def perplexity_change(path: Path) -> tuple[float, float]:
-    from mlxrt.sources import gguf_quant as gq
-    from mlxrt.sources.gguf import convert_gguf
+    from mlxrt.loading import gguf_quant as gq
+    from mlxrt.loading.gguf import convert_gguf
 
     with tempfile.TemporaryDirectory() as tmp:
         ours = perplexity(convert_gguf(path, Path(tmp) / "mlx", dtype="float32"))
@@ -80,7 +80,7 @@ def perplexity_change(path: Path) -> tuple[float, float]:
 
 
 def main() -> None:
-    from mlxrt.sources import gguf_quant as gq
+    from mlxrt.loading import gguf_quant as gq
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("files", nargs="+", type=Path)

@@ -79,7 +79,7 @@ def keyless(model: Path, roots: Path, tmp: Path) -> None:
 
 def embedded_ipv4() -> None:
     from mlxrt.errors import InvalidRequest
-    from mlxrt.images import ImageLimits, ImageRef, load_image
+    from mlxrt.loading.images import ImageLimits, ImageRef, load_image
 
     forms = ("64:ff9b::7f00:1", "2002:7f00:1::", "::7f00:1", "::ffff:127.0.0.1", "::ffff:0:7f00:1", "64:ff9b:1::a00:1")
     refused = 0

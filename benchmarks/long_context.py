@@ -32,7 +32,7 @@ def main() -> None:
     ap.add_argument("--model", help="an MLX model folder (default: the embedded SmolLM2)")
     args = ap.parse_args()
 
-    from mlxrt import blas
+    from mlxrt.loading import blas
 
     status = blas.activate()
     import mlx.core as mx
@@ -44,7 +44,7 @@ def main() -> None:
     if args.model:
         folder = args.model
     else:
-        from mlxrt.sources.embedded import embedded_model_dir
+        from mlxrt.loading.embedded import embedded_model_dir
 
         folder = str(embedded_model_dir())
     model, _ = load(folder)

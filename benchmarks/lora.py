@@ -98,7 +98,7 @@ def main() -> None:
     elif args.tiny:
         model = str(write_tiny_checkpoint(out / "tiny-llama", "llama"))
     else:
-        from mlxrt.sources.embedded import embedded_model_dir
+        from mlxrt.loading.embedded import embedded_model_dir
 
         model = str(embedded_model_dir())
     dirs = {name: write_random_adapter(out / "adapters" / name, Path(model), seed=i, rank=8, scale=1.0, std=0.05)

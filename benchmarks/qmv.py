@@ -57,7 +57,7 @@ def main() -> None:
         serve_decode(args)
         return
 
-    from mlxrt import blas
+    from mlxrt.loading import blas
 
     status = blas.activate()
     import mlx.core as mx

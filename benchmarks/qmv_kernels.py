@@ -41,7 +41,7 @@ KERNELS = {
 
 _CHILD = r"""
 import json, os, resource, sys, time
-from mlxrt import blas
+from mlxrt.loading import blas
 blas.activate()
 import mlx.core as mx
 import mlxrt_qmv as q

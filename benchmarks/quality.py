@@ -71,7 +71,7 @@ where it finally meets the sea and builds a delta of new land, grain by grain.
 
 _CHILD = r"""
 import json, math, sys
-from mlxrt import blas
+from mlxrt.loading import blas
 blas.activate()
 import mlx.core as mx
 from mlx_lm.models.cache import make_prompt_cache
@@ -118,7 +118,7 @@ def main() -> None:
     if args.model:
         folder = args.model
     else:
-        from mlxrt.sources.embedded import embedded_model_dir
+        from mlxrt.loading.embedded import embedded_model_dir
 
         folder = str(embedded_model_dir())
     paths = {n: PATHS[n] for n in ["exact", "int8"] + (["mlx"] if args.mlx else [])}

@@ -96,7 +96,7 @@ def main() -> None:
     parser.add_argument("--max-tokens", type=int, default=48)
     args = parser.parse_args()
     if args.model is None:
-        from mlxrt.sources.embedded import embedded_model_dir
+        from mlxrt.loading.embedded import embedded_model_dir
 
         args.model = str(embedded_model_dir())
     model = str(Path(args.model).resolve())

@@ -587,7 +587,7 @@ CONFIG_PLANS = {"tiny": ConfigPlan(128, 8, 16, 32), "smollm2": ConfigPlan(48, 4,
 
 def mlxrt_configs() -> list[tuple[str, dict[str, str], list[str]]]:
     """(label, environment, extra args) of each mlxrt configuration present on this machine."""
-    from mlxrt import blas
+    from mlxrt.loading import blas
     batch = ["--batch", str(BATCH)]
     configs = [("mlxrt (defaults)", {}, batch), ("mlxrt --batch 1", {}, ["--batch", "1"])]
     if blas.find_mkl() is not None:
@@ -864,7 +864,7 @@ def main() -> None:
         if args.model:
             folder = str(Path(args.model).resolve())
         else:
-            from mlxrt.sources.embedded import embedded_model_dir
+            from mlxrt.loading.embedded import embedded_model_dir
 
             folder = str(embedded_model_dir())
         models.append(("smollm2", Path(folder).name if args.model else "SmolLM2", folder))
@@ -949,7 +949,7 @@ def run_side_by_side(args: argparse.Namespace, out: Path, mlxrt_extra: list[str]
         elif args.model:
             folder, gguf = str(Path(args.model).resolve()), args.gguf
         else:
-            from mlxrt.sources.embedded import embedded_gguf_path, embedded_model_dir
+            from mlxrt.loading.embedded import embedded_gguf_path, embedded_model_dir
 
             folder, gguf = str(embedded_model_dir()), args.gguf or str(embedded_gguf_path())
         baselines = [(python, shlex.split(extra)) for python, _, extra in

@@ -202,7 +202,7 @@ def main() -> None:
     parser.add_argument("--dtype", choices=["float32"], default=None,
                         help="mlxrt casts the weights (the fast path with the system OpenBLAS); mlx_lm.server rows skipped")
     args = parser.parse_args()
-    from mlxrt.sources.embedded import embedded_model_dir
+    from mlxrt.loading.embedded import embedded_model_dir
 
     model_dir = Path(embedded_model_dir())
     version = subprocess.run([str(BIN / "mlxrt"), "--version"], capture_output=True, text=True).stdout.strip()

@@ -49,7 +49,7 @@ def main() -> None:
     parser.add_argument("--tokenizer", action="append", default=[], help="a folder of ../shared/data/tokenizers")
     parser.add_argument("--runs", type=int, default=3)
     args = parser.parse_args()
-    from mlxrt.sources.embedded import embedded_available, embedded_model_dir
+    from mlxrt.loading.embedded import embedded_available, embedded_model_dir
     from mlxrt.testing import write_tiny_checkpoint
 
     with tempfile.TemporaryDirectory() as tmp:

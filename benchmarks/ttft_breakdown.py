@@ -34,7 +34,7 @@ def main() -> None:
     ap.add_argument("--rows", type=int, nargs="*", help="compare kernel pieces with dequantize + BLAS instead")
     args = ap.parse_args()
 
-    from mlxrt import blas
+    from mlxrt.loading import blas
 
     print("BLAS:", blas.activate())
     import mlx.core as mx

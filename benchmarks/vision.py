@@ -15,7 +15,7 @@ import argparse
 import sys
 import time
 
-from mlxrt.blas import activate
+from mlxrt.loading.blas import activate
 
 # As `mlxrt serve` does: the system OpenBLAS before MLX loads (fp32 matmuls; --no-system-blas: off).
 BLAS = activate(sys.argv)

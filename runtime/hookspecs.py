@@ -189,7 +189,7 @@ def mlxrt_vision(info: ModelInfo, host: PluginHost) -> VisionAdapter | None:
 
     ``splice`` runs on the engine thread with the templated prompt ids (one placeholder where
     the template put each image) and the request's images as RGB ``PIL.Image.Image`` objects (EXIF
-    orientation applied, :mod:`mlxrt.images`); it returns a :class:`mlxrt.SplicedPrompt` (the
+    orientation applied, :mod:`mlxrt.loading.images`); it returns a :class:`mlxrt.SplicedPrompt` (the
     expanded ids and the prompt's input embeddings) or raises
     :class:`~mlxrt.errors.InvalidRequest`. The engine then prefills from the embeddings,
     bypasses the prompt cache and runs the request in the serial lane.

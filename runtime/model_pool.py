@@ -49,7 +49,7 @@ from mlxrt.errors import (
     ModelUnavailable,
     QueueFull,
 )
-from mlxrt.loading import ModelSource
+from mlxrt.loading.resolve import ModelSource
 
 if TYPE_CHECKING:
     from mlxrt.host import PluginHost
@@ -202,7 +202,7 @@ class Lease:
 
 #: Starts the engine of a model and loads it (blocking): ``make_engine(view, info, primary)``.
 EngineFactory = Callable[[ModelHost, "ModelInfo", bool], "ServingEngine"]
-#: Resolves a name to a local model (``mlxrt.loading.resolve_model`` without downloads).
+#: Resolves a name to a local model (``mlxrt.loading.resolve.resolve_model`` without downloads).
 Resolver = Callable[[str], ModelSource]
 
 
@@ -409,9 +409,9 @@ class ModelPool:
     def _check_fits(self, slot: Slot) -> None:
         """Refuse, before any weight is read (and before anything is evicted for it), a model
         whose config does not fit its own weights, whose folder cannot serve
-        (:mod:`mlxrt.sources.folder_check`) or whose weights exceed its budget share."""
-        from mlxrt.sources.folder_check import check_model_folder
-        from mlxrt.sources.weights import check_layer_count
+        (:mod:`mlxrt.loading.folder_check`) or whose weights exceed its budget share."""
+        from mlxrt.loading.folder_check import check_model_folder
+        from mlxrt.loading.weights import check_layer_count
 
         try:
             check_layer_count(slot.source.path)
@@ -424,7 +424,7 @@ class ModelPool:
         if share is None:
             return
         from mlxrt.engine.memory import MARGIN
-        from mlxrt.sources.fit import weights_summary
+        from mlxrt.loading.sizes import weights_summary
 
         try:
             needs = weights_summary(slot.source.path).weight_bytes
@@ -457,7 +457,7 @@ class ModelPool:
 
     def _start_engine(self, slot: Slot) -> ServingEngine:
         """Load ``slot``'s model on a new engine (blocking: a worker thread or start-up)."""
-        from mlxrt.loading import read_model_info
+        from mlxrt.loading.resolve import read_model_info
 
         slot.load_started = slot.load_started or time.monotonic()
         log.info("loading model %s from %s", slot.model_id, slot.source.path)

@@ -126,7 +126,7 @@ class LoadedModel:
         on the serial lane (:mod:`mlxrt.engine.denoising_lane`), with no prompt cache and no batching.
     :ivar denoiser: The generator of a ``denoising`` model (see :class:`Denoiser`).
     :ivar dtype: Set by the runtime after the load, not by plugins: the dtype the weights are
-        served in and why (a :class:`mlxrt.sources.dtype_choice.DtypeChoice`; ``--dtype``).
+        served in and why (a :class:`mlxrt.loading.dtype_choice.DtypeChoice`; ``--dtype``).
     """
 
     model: Any
@@ -288,7 +288,7 @@ class VisionAdapter(Protocol):
     ``splice(prompt_ids, images)`` is called per request, on the engine's worker thread
     (between decode steps), with the templated prompt ids (one placeholder id where the chat
     template put each image) and the decoded images in prompt order, each an RGB
-    :class:`PIL.Image.Image` with its EXIF orientation applied (:mod:`mlxrt.images`). It
+    :class:`PIL.Image.Image` with its EXIF orientation applied (:mod:`mlxrt.loading.images`). It
     returns a :class:`SplicedPrompt`, or raises :class:`~mlxrt.errors.InvalidRequest`
     (placeholder count differs from the image count, an image the tower cannot take). The
     adapter should load its tower on the first call, so text-only sessions never pay for it.
@@ -339,7 +339,7 @@ class FamilyProfile:
     tool_prompt: ToolPrompt | None = None
     provenance: Mapping[str, str] = attrs.field(factory=dict)
     #: The load-time self-test: capability (``template``, ``tools``, ``tool_result``,
-    #: ``thinking``) → ``"pass"``, ``"fail: why"`` or ``"n/a"`` (see :mod:`mlxrt.sources.self_test`).
+    #: ``thinking``) → ``"pass"``, ``"fail: why"`` or ``"n/a"`` (see :mod:`mlxrt.loading.self_test`).
     self_test: Mapping[str, str] = attrs.field(factory=dict)
 
     @property
@@ -398,7 +398,7 @@ class ChatInput:
     :ivar tools: OpenAI function tools, or ``None``.
     :ivar template_kwargs: The client's ``chat_template_kwargs``.
     :ivar reasoning_effort: The client's ``reasoning_effort``, if given.
-    :ivar images: The messages' images in prompt order (:class:`mlxrt.images.ImageRef`); a
+    :ivar images: The messages' images in prompt order (:class:`mlxrt.loading.images.ImageRef`); a
         message with images has list content where each image is a ``{"type": "image"}`` part.
     :ivar add_generation_prompt: End the prompt with the template's generation prompt (the
         opening of a new assistant turn); ``False`` renders the messages only.

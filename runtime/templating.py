@@ -93,7 +93,7 @@ def render_chat(host: PluginHost, tokenizer: Any, profile: FamilyProfile, chat: 
         turn_start=turn_start,
     )
     if chat.images:
-        from mlxrt.engine.vision import splice_images
+        from mlxrt.loading.vision import splice_images
 
         vision = splice_images(host, profile, rendered.ids, chat.images)
         rendered = attrs.evolve(rendered, ids=vision.ids, vision=vision)

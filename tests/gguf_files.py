@@ -45,7 +45,7 @@ CONFIGS: dict[str, dict[str, Any]] = {
 
 
 def tiny_vocab() -> list[str]:
-    from mlxrt.sources.gguf_tokenizer import _bytes_to_unicode
+    from mlxrt.loading.gguf_tokenizer import _bytes_to_unicode
 
     byte_chars = [_bytes_to_unicode()[b] for b in range(256)]
     return SPECIALS + byte_chars + ["".join(m.split(" ")) for m in MERGES]

@@ -10,7 +10,7 @@ import httpx
 import pytest
 from support import MLXRT_BIN
 
-from mlxrt import blas
+from mlxrt.loading import blas
 from mlxrt.testing import write_tiny_checkpoint
 
 SYSTEM_BLAS = blas.find_system_blas(environ={})
@@ -219,7 +219,7 @@ def test_version_with_no_system_blas_says_bundled():
 
 
 def test_failed_check_restarts_the_real_process_on_bundled():
-    code = ("import mlxrt.blas as b; b.matmul_matches = lambda: False\n"
+    code = ("import mlxrt.loading.blas as b; b.matmul_matches = lambda: False\n"
             "from mlxrt.cli import main; main(['--version'])")
     run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd="/", timeout=120)
     expected = "bundled (check failed)" if SYSTEM_BLAS is not None and sys.platform == "linux" else "BLAS: bundled"

@@ -153,7 +153,7 @@ def test_mlx_lm_remappings_unreadable_leave_the_model_type_to_mlx_lm(tmp_path, u
 
     from mlx_lm.models import llama
 
-    from mlxrt.sources.weights import load_architecture_and_weights
+    from mlxrt.loading.weights import load_architecture_and_weights
 
     assert compat.mlx_lm_remappings() is None
     path = write_tiny_checkpoint(tmp_path / "m", "llama")

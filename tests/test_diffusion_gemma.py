@@ -446,7 +446,7 @@ def test_bfloat16_checkpoint_decodes(tmp_path):
     assert np.isfinite(logits).all() and logits.std() > 0.1
 
 
-# -- image requests over HTTP (needs the dialects' image input: mlxrt.images, SplicedPrompt) --------
+# -- image requests over HTTP (needs the dialects' image input: mlxrt.loading.images, SplicedPrompt) --------
 
 
 def _needs_image_input():

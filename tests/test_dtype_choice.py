@@ -8,9 +8,9 @@ import mlx.core as mx
 import mlx.nn as nn
 import pytest
 
-from mlxrt import blas
+from mlxrt.loading import blas
+from mlxrt.loading.dtype_choice import choose_dtype, float32_bytes, stored_dtype
 from mlxrt.records import ModelInfo
-from mlxrt.sources.dtype_choice import choose_dtype, float32_bytes, stored_dtype
 from mlxrt.testing import write_tiny_checkpoint
 
 FAST_BLAS = blas.find_system_blas(environ={}) is not None or blas.find_mkl() is not None
@@ -78,10 +78,10 @@ def test_auto_leaves_a_float32_checkpoint_and_explicit_values_win():
 
 
 def test_auto_without_a_budget_uses_a_share_of_ram(monkeypatch):
-    from mlxrt.sources import fit
-    monkeypatch.setattr(fit, "machine_budget", lambda: 10**12)
+    from mlxrt.loading import sizes
+    monkeypatch.setattr(sizes, "machine_budget", lambda: 10**12)
     assert "(a share of RAM)" in _choose(_quantized_model(), budget=None).reason
-    monkeypatch.setattr(fit, "machine_budget", lambda: 1000)
+    monkeypatch.setattr(sizes, "machine_budget", lambda: 1000)
     assert _choose(_quantized_model(), budget=None).cast is None
 
 

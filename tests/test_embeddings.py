@@ -19,7 +19,7 @@ from mlxrt.engine.embedding import (
     plan_batches,
     query_text,
 )
-from mlxrt.loading import ModelSource, read_model_info
+from mlxrt.loading.resolve import ModelSource, read_model_info
 
 TEXTS = ["The sea is blue.", "A cat sat on the mat and looked at the birds outside the window.", "hi",
          "def add(a, b):\n    return a + b"]

@@ -62,9 +62,10 @@ def _engine(model, peers=None):
     from mlxrt.engine.config import EngineConfig
     from mlxrt.engine.engine import Engine
     from mlxrt.host import make_host
-    from mlxrt.loading import read_model_info, resolve_model
+    from mlxrt.loading import Loader
+    from mlxrt.loading.resolve import read_model_info, resolve_model
 
-    engine = Engine(make_host(), EngineConfig(batch=1), peers=peers)
+    engine = Engine(make_host(), EngineConfig(batch=1), loader=Loader(), peers=peers)
     engine.load(read_model_info(resolve_model(str(model), allow_download=False)))
     return engine
 

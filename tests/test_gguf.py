@@ -1,4 +1,4 @@
-"""GGUF -> HF folder conversion (mlxrt.sources.gguf) and the embedded SmolLM2 model (mlxrt.sources.embedded).
+"""GGUF -> HF folder conversion (mlxrt.loading.gguf) and the embedded SmolLM2 model (mlxrt.loading.embedded).
 
 The synthetic tests write tiny llama GGUFs themselves, the way llama.cpp does: HF
 tensor names mapped to GGUF names, Q/K rows permuted for llama.cpp's interleaved
@@ -134,7 +134,7 @@ HF_TO_GGUF = {
 
 
 def tiny_vocab() -> list[str]:
-    from mlxrt.sources.gguf_tokenizer import _bytes_to_unicode
+    from mlxrt.loading.gguf_tokenizer import _bytes_to_unicode
 
     byte_chars = [_bytes_to_unicode()[b] for b in range(256)]
     merged = ["".join(m.split(" ")) for m in MERGES]
@@ -234,7 +234,7 @@ IDS = [1, 60, 261, 75, 2, 100, 200, 3, 259, 150, 5, 42]
 
 @pytest.fixture(scope="module")
 def gguf_mod():
-    from mlxrt.sources import gguf
+    from mlxrt.loading import gguf
     return gguf
 
 
@@ -393,7 +393,7 @@ def test_llama3_rope_freqs_are_recovered(gguf_mod):
 
 
 def test_missing_wheel_message(monkeypatch, tmp_path):
-    from mlxrt.sources import embedded
+    from mlxrt.loading import embedded
     monkeypatch.setattr(embedded, "embedded_gguf_path", lambda: None)
     with pytest.raises(embedded.EmbeddedModelMissing) as e:
         embedded.embedded_model_dir(tmp_path)
@@ -402,7 +402,7 @@ def test_missing_wheel_message(monkeypatch, tmp_path):
 
 
 def test_cache_reused_until_source_changes(monkeypatch, tmp_path):
-    from mlxrt.sources import embedded
+    from mlxrt.loading import embedded
     src = tmp_path / "tiny.gguf"
     make_tiny_gguf(src, {}, tied=True)
     monkeypatch.setattr(embedded, "embedded_gguf_path", lambda: src)
@@ -418,7 +418,7 @@ def test_cache_reused_until_source_changes(monkeypatch, tmp_path):
 
 
 def test_default_cache_under_mlxrt_home(monkeypatch, tmp_path):
-    from mlxrt.sources import embedded
+    from mlxrt.loading import embedded
     monkeypatch.setenv("MLXRT_HOME", str(tmp_path / "home"))
     assert embedded.mlxrt_home() == tmp_path / "home"
     monkeypatch.delenv("MLXRT_HOME")
@@ -426,7 +426,7 @@ def test_default_cache_under_mlxrt_home(monkeypatch, tmp_path):
 
 
 def test_embedded_smollm2_says_paris(tmp_path):
-    from mlxrt.sources import embedded
+    from mlxrt.loading import embedded
     if embedded.embedded_gguf_path() is None:
         pytest.skip(f"needs the embedded model wheel: {embedded.INSTALL_COMMAND}")
     import mlx.core as mx

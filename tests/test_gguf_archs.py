@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from gguf_files import CONFIGS, logits, write_tiny
 
-from mlxrt.sources.gguf_quant import LAYOUTS
+from mlxrt.loading.gguf_quant import LAYOUTS
 
 # a mix of lossless types, so each architecture's names, layouts and per-module bits are proven
 MIXED = {"token_embd": "Q8_0", "output": "Q5_K", "attn_q": "Q4_K", "attn_k": "Q5_0", "attn_v": "Q8_0",
@@ -26,7 +26,7 @@ MIXED = {"token_embd": "Q8_0", "output": "Q5_K", "attn_q": "Q4_K", "attn_k": "Q5
 def _convert(tmp_path, arch, types, seed=0, kernel=False):
     from mlx_lm import load
 
-    from mlxrt.sources.gguf import convert_gguf
+    from mlxrt.loading.gguf import convert_gguf
 
     src = tmp_path / f"{arch}.gguf"
     ref = write_tiny(src, arch, types, seed=seed)
@@ -131,7 +131,7 @@ def test_layouts_the_kernel_does_not_cover_fall_back(tmp_path):
 
 def test_conversion_writes_shards_as_they_fill(tmp_path, monkeypatch):
     """Converting holds one shard of converted weights at a time; mlx-lm loads every shard."""
-    from mlxrt.sources import gguf
+    from mlxrt.loading import gguf
 
     monkeypatch.setattr(gguf, "SHARD_BYTES", 200_000)
     ref, model, _ = _convert(tmp_path, "qwen3", MIXED)
@@ -147,7 +147,7 @@ def test_kernel_widths_widen_to_8_bits(tmp_path):
     import mlx.nn as nn
 
     from mlxrt.engine import qmv
-    from mlxrt.sources.gguf_quant import KERNEL_BITS, served_layout
+    from mlxrt.loading.gguf_quant import KERNEL_BITS, served_layout
 
     types = {"token_embd": "Q8_0", "output": "Q2_K", "attn_q": "Q5_0", "attn_k": "Q5_1", "attn_v": "Q5_K",
              "attn_output": "Q4_K", "ffn_gate": "Q3_K", "ffn_up": "Q4_1", "ffn_down": "Q6_K"}
@@ -171,8 +171,8 @@ def test_a_vision_tower_in_the_file_is_left_out(tmp_path):
     from mlx.utils import tree_flatten
     from mlx_lm import load
 
-    from mlxrt.sources.gguf import convert_gguf
-    from mlxrt.sources.gguf_library import gguf_static
+    from mlxrt.loading.gguf import convert_gguf
+    from mlxrt.loading.gguf_library import gguf_static
 
     src = tmp_path / "gemma3-vision.gguf"
     tower = {"v.blk.0.attn_q.weight": np.ones((64, 64)), "mm.input_projection.weight": np.ones((64, 256))}

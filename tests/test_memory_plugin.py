@@ -24,7 +24,7 @@ from mlxrt_memory.editor import Entity, Outline  # noqa: E402
 from mlxrt_memory.stages import STAGE_NAMES  # noqa: E402
 from mlxrt_memory.synthesis import MemoryService, run_synthesis  # noqa: E402
 
-from mlxrt.sources.embedded import embedded_gguf_path  # noqa: E402
+from mlxrt.loading.embedded import embedded_gguf_path  # noqa: E402
 
 
 def events_of(text: str) -> list[dict | str]:

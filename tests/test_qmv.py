@@ -15,8 +15,8 @@ import mlx.nn as nn
 import pytest
 
 from mlxrt.engine import qmv
+from mlxrt.loading.dtype_choice import DtypeFacts, Machine, Timing, choose_dtype, decide, time_paths
 from mlxrt.records import ModelInfo
-from mlxrt.sources.dtype_choice import DtypeFacts, Machine, Timing, choose_dtype, decide, time_paths
 
 try:
     import mlxrt_qmv as qmv_ext

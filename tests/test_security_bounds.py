@@ -297,7 +297,7 @@ def test_decoded_pixels_are_bounded_across_concurrent_requests(mlxrt_serve, tmp_
     import threading
     import time
 
-    import mlxrt.images as images
+    import mlxrt.loading.images as images
     from mlxrt.families.gemma4.splice import Gemma4Vision
     from mlxrt.testing import write_tiny_checkpoint
 

@@ -170,7 +170,7 @@ def _encodings():
 
 
 def _load(url: str, **limits):
-    from mlxrt.images import ImageLimits, ImageRef, load_image
+    from mlxrt.loading.images import ImageLimits, ImageRef, load_image
 
     return load_image(ImageRef(where="messages[0].content[1]", url=url), ImageLimits(fetch_timeout=2.0, **limits))
 
@@ -208,7 +208,7 @@ def test_redirects_to_encoded_loopback_hosts_are_checked_on_every_hop(web, monke
 
     from hypothesis import HealthCheck, given, settings
 
-    import mlxrt.images as images
+    import mlxrt.loading.images as images
     from mlxrt.errors import InvalidRequest
 
     @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
@@ -238,7 +238,7 @@ def test_redirect_chains_are_capped(web):
     import urllib.parse
 
     from mlxrt.errors import InvalidRequest
-    from mlxrt.images import MAX_REDIRECTS
+    from mlxrt.loading.images import MAX_REDIRECTS
 
     url = f"http://127.0.0.1:{web['site']}/img.png"
     for _ in range(MAX_REDIRECTS):
@@ -271,7 +271,7 @@ def test_the_connection_goes_to_the_address_that_was_checked(monkeypatch):
     answer (a private one) is never asked for."""
     import socket
 
-    import mlxrt.images as images
+    import mlxrt.loading.images as images
     from mlxrt.errors import InvalidRequest
 
     answers = iter(["93.184.215.14", "127.0.0.1"])
@@ -331,7 +331,7 @@ def test_network_failures_do_not_tell_open_from_closed_ports():
     ("http://[::1/x.png", "malformed"),
 ])
 def test_odd_urls_are_400s_before_any_lookup(url, why, monkeypatch):
-    import mlxrt.images as images
+    import mlxrt.loading.images as images
     from mlxrt.errors import InvalidRequest
 
     monkeypatch.setattr(images.socket, "getaddrinfo", lambda *a, **k: pytest.fail("resolved a refused URL"))
@@ -492,7 +492,7 @@ def _data_url(size=(100, 100)) -> str:
 
 def test_image_count_is_capped_before_anything_is_fetched(web):
     from mlxrt.errors import InvalidRequest
-    from mlxrt.images import ImageLimits, ImageRef, load_images
+    from mlxrt.loading.images import ImageLimits, ImageRef, load_images
 
     web["hits"].clear()
     refs = [ImageRef(where=f"messages[0].content[{i}]", url=f"http://127.0.0.1:{web['victim']}/{i}.png")
@@ -506,7 +506,7 @@ def test_image_count_is_capped_before_anything_is_fetched(web):
 
 def test_decoded_pixels_of_a_request_are_budgeted():
     from mlxrt.errors import InvalidRequest
-    from mlxrt.images import ImageLimits, ImageRef, load_images
+    from mlxrt.loading.images import ImageLimits, ImageRef, load_images
 
     refs = [ImageRef(where=f"messages[0].content[{i}]", url=_data_url()) for i in range(3)]
     assert len(load_images(refs, ImageLimits(max_total_pixels=30_000))) == 3
@@ -538,7 +538,7 @@ def test_any_url_text_is_a_400_never_a_crash(monkeypatch):
     from hypothesis import HealthCheck, given, settings
     from hypothesis import strategies as st
 
-    import mlxrt.images as images
+    import mlxrt.loading.images as images
     from mlxrt.errors import InvalidRequest
 
     # Every name resolves to loopback here: nothing is fetched, every URL ends in a 400.

@@ -12,7 +12,7 @@ import pytest
 
 
 def _load(url: str):
-    from mlxrt.images import ImageLimits, ImageRef, load_image
+    from mlxrt.loading.images import ImageLimits, ImageRef, load_image
 
     return load_image(ImageRef(where="messages[0].content[1]", url=url), ImageLimits(fetch_timeout=2.0))
 
@@ -32,7 +32,7 @@ def test_ipv6_forms_embedding_a_private_ipv4_address_are_refused(host):
                                              ("64:ff9b::7f00:1", False), ("2002:a9fe:a9fe::", False),
                                              ("::1", False), ("::", False)])
 def test_embedded_ipv4_addresses_are_judged_as_ipv4(address, public):
-    from mlxrt.images import _public
+    from mlxrt.loading.images import _public
 
     assert _public(ipaddress.ip_address(address)) is public
 

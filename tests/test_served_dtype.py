@@ -15,7 +15,7 @@ import httpx
 import pytest
 from support import MLXRT_BIN
 
-from mlxrt.sources.embedded import embedded_gguf_path
+from mlxrt.loading.embedded import embedded_gguf_path
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -59,7 +59,7 @@ def test_fit_fit_route_stats_banner_help_and_readme_name_one_dtype(server_proces
 def test_the_static_rule_predicts_the_kernel_where_it_computes_the_checkpoint():
     """Nothing loaded, nothing timed: with the kernel active and a quantization it computes,
     `fit` keeps the stored weights as the load's measurement does; otherwise the rule alone."""
-    from mlxrt.sources.dtype_choice import DtypeFacts, Machine, decide, kernel_computes
+    from mlxrt.loading.dtype_choice import DtypeFacts, Machine, decide, kernel_computes
 
     q4 = {"quantization": {"group_size": 32, "bits": 4, "mode": "affine",
                            "model.embed_tokens": {"group_size": 32, "bits": 8, "mode": "affine"}}}

@@ -201,7 +201,7 @@ def test_responses_schema_error_is_400(client):
 
 @pytest.mark.slow
 def test_real_smollm2_fifty_sampled_answers_validate(mlxrt_serve):
-    from mlxrt.sources.embedded import embedded_gguf_path
+    from mlxrt.loading.embedded import embedded_gguf_path
 
     gguf = embedded_gguf_path()
     if gguf is None:

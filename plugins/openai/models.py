@@ -24,10 +24,10 @@ from litestar import Request, get
 
 from mlxrt.capabilities import capabilities
 from mlxrt.errors import NotFound
+from mlxrt.loading.paths import hf_cache_dir
 from mlxrt.plugins.openai.encode import ROUTE_OPT
 from mlxrt.records import ModelInfo
 from mlxrt.serving import ServedModel
-from mlxrt.sources.paths import hf_cache_dir
 
 __all__ = ["list_models", "get_model", "codex_catalog", "cached_model_rows"]
 

@@ -27,7 +27,7 @@ from mlxrt.api.wire import (
     structure,
 )
 from mlxrt.errors import InvalidRequest
-from mlxrt.images import ImageRef, content_parts, url_ref
+from mlxrt.loading.images import ImageRef, content_parts, url_ref
 from mlxrt.plugins.responses.wire import RESPONSES_RULES, ResponsesRequest
 from mlxrt.records import ChatInput, StructuredOutput
 

@@ -23,7 +23,7 @@ import click
 import mlxrt
 from mlxrt.engine.config import ENGINE_DEFAULTS
 from mlxrt.host import PluginHost, make_host
-from mlxrt.sources.dtype_choice import DTYPES
+from mlxrt.loading.dtype_choice import DTYPES
 
 __all__ = ["main", "build_cli"]
 
@@ -31,7 +31,7 @@ log = logging.getLogger("mlxrt")
 
 
 
-#: Read from argv by mlxrt.blas.activate before click parses (the BLAS must load before
+#: Read from argv by mlxrt.loading.blas.activate before click parses (the BLAS must load before
 #: mlx.core is imported); declared so click accepts it before or after the command name.
 _NO_SYSTEM_BLAS = click.option(
     "--no-system-blas", is_flag=True, expose_value=False,
@@ -58,7 +58,7 @@ def _version_text() -> str:
             parts.append(f"{dist} {version(dist)}")
         except PackageNotFoundError:
             parts.append(f"{dist} (not installed)")
-    from mlxrt.blas import current
+    from mlxrt.loading.blas import current
 
     parts.append(f"BLAS: {current()}")
     from mlxrt.engine import qmv
@@ -87,7 +87,8 @@ def _plugins_table(host: PluginHost) -> str:
 def _model_report(host: PluginHost, model: str) -> dict[str, Any]:
     """Load ``model`` and say which family serves it and how its self-test went."""
     from mlxrt.errors import ModelLoadError, PluginError
-    from mlxrt.loading import load_model, read_model_info, resolve_model
+    from mlxrt.loading import load_model
+    from mlxrt.loading.resolve import read_model_info, resolve_model
 
     try:
         _loaded, profile = load_model(read_model_info(resolve_model(model, allow_download=False)), host)
@@ -192,8 +193,8 @@ def _banner(host: PluginHost, bind: str, port: int) -> str:
     """The start banner: what is served where on its first line, then one short line each for
     how (model, lane, dtype), the CPU path (BLAS, kernel) and which models requests may name.
     Why the dtype is what it is: ``GET /stats`` (``dtype.reason``) and the log."""
-    from mlxrt.blas import current as current_blas
     from mlxrt.engine.qmv import status as qmv_status
+    from mlxrt.loading.blas import current as current_blas
 
     engine = host.engine
     dtype = getattr(getattr(engine, "loaded", None), "dtype", None)
@@ -288,7 +289,8 @@ def build_server(host: PluginHost, model: str | None, opts: dict[str, Any]) -> A
     from mlxrt.api.app import create_app
     from mlxrt.engine import new_engine
     from mlxrt.engine.config import EngineConfig
-    from mlxrt.loading import resolve_model
+    from mlxrt.loading import Loader
+    from mlxrt.loading.resolve import resolve_model
     from mlxrt.templating import DEFAULT_CHAT_TEMPLATE
 
     host.options.update(opts)
@@ -301,6 +303,8 @@ def build_server(host: PluginHost, model: str | None, opts: dict[str, Any]) -> A
             parse_size(opts["prompt_cache_bytes"])
         except ValueError as exc:
             raise click.BadParameter(str(exc), param_hint="--prompt-cache-bytes") from None
+    loader = Loader()
+
     def start_engine(view: Any, info: Any, primary: bool) -> Any:
         config = EngineConfig.from_options(opts)
         # --adapter and --draft-model belong to the served model; the budget is shared.
@@ -309,9 +313,9 @@ def build_server(host: PluginHost, model: str | None, opts: dict[str, Any]) -> A
         if opts.get("distributed"):
             from mlxrt.distributed.serving import make_engine
 
-            engine = make_engine(view, config, opts)
+            engine = make_engine(view, config, opts, loader=loader)
         else:
-            engine = new_engine(view, config)
+            engine = new_engine(view, config, loader=loader)
         engine.load(info)
         if opts.get("chat_template") and primary:
             from mlxrt.loading import with_replaced_template
@@ -337,7 +341,7 @@ def _model_pool(host: PluginHost, model: str | None, source: Any, opts: dict[str
     """The models this server may answer with (``--max-models``, ``--model-alias``,
     ``--preload``, ``--strict-model``, ``--idle-unload``); see :mod:`mlxrt.model_pool`."""
     from mlxrt.engine.config import EngineConfig
-    from mlxrt.loading import resolve_model
+    from mlxrt.loading.resolve import resolve_model
     from mlxrt.model_pool import ModelPool, PoolSettings
 
     specs = {model: str(source.path)} if model else {}
@@ -649,7 +653,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         for name in ("yaml", "annotated_types", "pdb"):  # Litestar's, for what serving rarely does
             defer_module(name)
         _pause_gc()  # until the server listens (_resume_gc)
-    from mlxrt.blas import activate
+    from mlxrt.loading.blas import activate
 
     activate(argv)  # before any plugin or command can import mlx.core
     # mlxrt never runs PyTorch: transformers' notice that it is missing (printed when a batch lane,

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Any
 import click
 
 from mlxrt.engine.config import ENGINE_DEFAULTS
-from mlxrt.sources.dtype_choice import DTYPES
+from mlxrt.loading.dtype_choice import DTYPES
 
 if TYPE_CHECKING:
     from mlxrt.host import PluginHost
@@ -59,7 +59,7 @@ def register(cli: click.Group, host: PluginHost) -> None:
     @click.option("--all-files", is_flag=True, help="Every file of the repo, not only what serving needs.")
     def get_cmd(repo: str, revision: str | None, all_files: bool) -> None:
         """Download REPO (ORG/NAME) into the Hugging Face cache, resuming a partial download."""
-        from mlxrt.sources.downloads import download
+        from mlxrt.loading.downloads import download
 
         try:
             path = download(repo, revision=revision, all_files=all_files)
@@ -74,7 +74,7 @@ def register(cli: click.Group, host: PluginHost) -> None:
         """List the models `mlxrt serve` can serve from here: the embedded default model
         (served when no MODEL is given), the Hugging Face cache, one row per repo, then the GGUF
         files of the HF cache, Ollama and LM Studio, one row each."""
-        from mlxrt.sources.library import embedded_model, scan_library
+        from mlxrt.loading.library import embedded_model, scan_library
 
         scan = scan_library(host)
         embedded = embedded_model(host)
@@ -100,7 +100,7 @@ def register(cli: click.Group, host: PluginHost) -> None:
     def scan_cmd(as_json: bool) -> None:
         """Check every model of the Hugging Face cache and the GGUF stores (Ollama, LM Studio):
         servable, or why not."""
-        from mlxrt.sources.library import scan_library
+        from mlxrt.loading.library import scan_library
 
         scan = scan_library(host)
         if as_json:
@@ -121,7 +121,7 @@ def register(cli: click.Group, host: PluginHost) -> None:
     @click.option("--yes", "-y", is_flag=True, help="Do not ask for confirmation.")
     def rm_cmd(model: str, yes: bool) -> None:
         """Delete MODEL (a repo id or a unique part of one) from the Hugging Face cache."""
-        from mlxrt.sources.library import delete_repo, find_local, scan_library
+        from mlxrt.loading.library import delete_repo, find_local, scan_library
 
         try:
             target = find_local(model, scan_library(None).models)
@@ -158,8 +158,8 @@ def register(cli: click.Group, host: PluginHost) -> None:
         would serve it in? MODEL is what `serve` takes (default: the embedded model `serve` serves
         when given none). Reads the config and the safetensors headers only; loads no weights."""
         from mlxrt.engine.memory import parse_size
-        from mlxrt.loading import resolve_model
-        from mlxrt.sources.fit import assess
+        from mlxrt.loading.fit import assess
+        from mlxrt.loading.resolve import resolve_model
 
         try:
             budget = parse_size(memory_budget, default_unit="GB") if memory_budget is not None else None

@@ -33,6 +33,7 @@ from mlxrt.engine.engine import Engine
 from mlxrt.errors import InvalidRequest, MlxrtError
 
 if TYPE_CHECKING:
+    from mlxrt.engine.loader import ModelLoader
     from mlxrt.host import PluginHost
     from mlxrt.records import GenerationRequest, ModelInfo
 
@@ -73,12 +74,13 @@ class DistributedEngine(Engine):
     Raw forwards (:meth:`Engine.call`: embeddings, adapter mounts) are refused with 400.
     """
 
-    def __init__(self, host: PluginHost, config: EngineConfig, group: Any, settings: DistributedSettings) -> None:
+    def __init__(self, host: PluginHost, config: EngineConfig, group: Any, settings: DistributedSettings, *,
+                 loader: ModelLoader) -> None:
         if config.prompt_cache_size:
             log.info("prompt cache off: it is not kept across ranks (docs/distributed.md)")
         #: The other ranks: sharding, lockstep, heartbeat and the group's failure.
         self.ranks = RankGroup(group, settings, fail=self.fail_all)
-        super().__init__(host, attrs.evolve(config, batch=1, prompt_cache_size=0), peers=self.ranks)
+        super().__init__(host, attrs.evolve(config, batch=1, prompt_cache_size=0), loader=loader, peers=self.ranks)
         self.group = group
         self.settings = settings
         self.lockstep = self.ranks.lockstep
@@ -216,10 +218,11 @@ def _join(settings: DistributedSettings) -> Any:
     return group
 
 
-def make_engine(host: PluginHost, config: EngineConfig, opts: dict[str, Any]) -> DistributedEngine:
+def make_engine(host: PluginHost, config: EngineConfig, opts: dict[str, Any], *,
+                loader: ModelLoader) -> DistributedEngine:
     """Rank 0's engine for ``mlxrt serve --distributed`` (after :func:`start`)."""
     settings = DistributedSettings.from_options(opts)
-    return DistributedEngine(host, config, _join(settings), settings)
+    return DistributedEngine(host, config, _join(settings), settings, loader=loader)
 
 
 def start(host: PluginHost, model: str | None, opts: dict[str, Any]) -> Any:
@@ -236,7 +239,7 @@ def start(host: PluginHost, model: str | None, opts: dict[str, Any]) -> Any:
     group = _join(settings)
     if group.rank() == 0:
         return group
-    from mlxrt.loading import read_model_info, resolve_model
+    from mlxrt.loading.resolve import read_model_info, resolve_model
 
     host.options.update(opts)
     try:

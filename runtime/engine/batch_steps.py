@@ -53,7 +53,7 @@ from typing import Any
 
 import attrs
 
-from mlxrt.engine import qmv
+import mlxrt.engine.qmv as qmv
 from mlxrt.engine.steps import CLEAR_EVERY
 
 __all__ = ["BatchSteps", "Progress", "Response"]
@@ -136,7 +136,7 @@ class BatchSteps:
         self._drawn_from: list[Any] = []  # per row: the log-probs its next token came from (None: a prompt token)
         self._steps = 0
         # Newcomers prefilled in one model call: only where that gives each row its own bits
-        from mlxrt.engine import qmv
+        import mlxrt.engine.qmv as qmv
 
         self._together = qmv.rows_invariant(getattr(model, "wrapped", model))
 

@@ -29,8 +29,8 @@ from concurrent.futures import Future
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+import mlxrt.engine.workers as workers
 from mlxrt.cache.prompt_cache import PromptCache
-from mlxrt.engine import workers
 from mlxrt.engine.adapters import AdapterRegistry, adapter_id_for
 from mlxrt.engine.bridge import Call, Generation, Outbox
 from mlxrt.engine.config import EngineConfig
@@ -42,10 +42,10 @@ from mlxrt.engine.scheduler import Scheduler
 from mlxrt.engine.speculative import Speculator
 from mlxrt.engine.worker_setup import set_up, warm_up
 from mlxrt.errors import EngineError
-from mlxrt.loading import load_model
 from mlxrt.records import FamilyProfile, GenerationRequest, LoadedModel, ModelInfo
 
 if TYPE_CHECKING:
+    from mlxrt.engine.loader import ModelLoader
     from mlxrt.engine.peers import Peers
     from mlxrt.host import PluginHost
 
@@ -68,6 +68,8 @@ class Engine:
 
     :param host: The plugin host (family hooks at load, sampler and processor hooks per request).
     :param config: Batching, queueing, memory and prompt-cache settings.
+    :param loader: Loads the model and ``--draft-model`` on the worker (:class:`mlxrt.loading.Loader`;
+        the engine does not import model loading).
     :param peers: Processes that run every forward with this one (:mod:`mlxrt.engine.peers`),
         or None: the model is this process's alone.
 
@@ -75,8 +77,10 @@ class Engine:
     load belong to that thread's stream, so loading anywhere else breaks some models.
     """
 
-    def __init__(self, host: PluginHost, config: EngineConfig | None = None, *, peers: Peers | None = None) -> None:
+    def __init__(self, host: PluginHost, config: EngineConfig | None = None, *, loader: ModelLoader,
+                 peers: Peers | None = None) -> None:
         self.host = host
+        self.loader = loader
         self.config = config or EngineConfig()
         self.peers = peers
         self.loaded: LoadedModel | None = None
@@ -333,7 +337,7 @@ class Engine:
         self._stream = stream
         with mx.stream(self._stream):
             try:
-                self.loaded, self.profile = load_model(info, self.host)
+                self.loaded, self.profile = self.loader.load(info, self.host)
                 self._set_up()
                 if self.config.adapter:
                     path = self.config.adapter
@@ -357,7 +361,7 @@ class Engine:
             self.peers.place(self.loaded)
         sched = self.scheduler
         setup = set_up(self.loaded, self.info, self.host, self.config, self.adapters,
-                       stream=self._stream, done=sched.done, tick=sched.tick)
+                       stream=self._stream, done=sched.done, tick=sched.tick, loader=self.loader)
         if self.peers is not None and setup.serial is not None:
             setup.serial = self.peers.serial_lane(setup.serial)
         self.kv, self.speculator, self.memory = setup.kv, setup.speculator, setup.memory

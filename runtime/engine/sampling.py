@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
-from mlxrt.engine import qmv
+import mlxrt.engine.qmv as qmv
 from mlxrt.records import GenerationRequest, LogitsProcessor, ModelInfo, Sampler, SamplingParams
 
 if TYPE_CHECKING:

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Iterator, Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 
@@ -44,6 +44,9 @@ from mlxrt.compat import hf_tokenizer
 from mlxrt.engine.sampling import is_stateless
 from mlxrt.errors import ModelLoadError
 from mlxrt.records import LoadedModel, ModelInfo
+
+if TYPE_CHECKING:
+    from mlxrt.engine.loader import ModelLoader
 
 __all__ = ["Speculator", "load_speculator", "check_tokenizers"]
 
@@ -191,20 +194,18 @@ def _vocab(tokenizer: Any) -> dict[str, int]:
 
 
 def load_speculator(path: str, host: Any, main: LoadedModel, main_info: ModelInfo, *,
-                    num_draft_tokens: int) -> Speculator:
-    """Load ``--draft-model`` on the engine's worker and check it against the served model.
+                    num_draft_tokens: int, loader: ModelLoader) -> Speculator:
+    """Load ``--draft-model`` with ``loader`` on the engine's worker and check it against the
+    served model.
 
     :raises ModelLoadError: the draft cannot be loaded, its tokenizer differs, or either
         model's cache cannot be rewound (speculative decoding trims rejected tokens).
     """
     from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache
 
-    from mlxrt.loading import load_weights, read_model_info, resolve_model
-
-    info = read_model_info(resolve_model(path, allow_download=True))
+    draft, info = loader.load_draft(path, host)
     if info.path is not None and main_info.path is not None and info.path.resolve() == main_info.path.resolve():
         log.info("--draft-model is the served model itself: every draft is accepted (useful to measure overhead)")
-    draft, _plugin = load_weights(info, host)
     check_tokenizers(main.tokenizer, draft.tokenizer, main_id=main_info.model_id, draft_id=info.model_id)
     for name, model in ((main_info.model_id, main.model), (info.model_id, draft.model)):
         cache = make_prompt_cache(model)

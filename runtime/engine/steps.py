@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from mlxrt.engine import qmv
+import mlxrt.engine.qmv as qmv
 
 __all__ = ["token_steps"]
 

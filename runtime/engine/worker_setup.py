@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from mlxrt.engine.adapters import AdapterRegistry
     from mlxrt.engine.config import EngineConfig
     from mlxrt.engine.denoising_lane import DenoisingLane
+    from mlxrt.engine.loader import ModelLoader
     from mlxrt.host import PluginHost
     from mlxrt.records import LoadedModel, ModelInfo
 
@@ -66,10 +67,12 @@ class WorkerSetup:
 
 
 def set_up(loaded: LoadedModel, info: ModelInfo, host: PluginHost, config: EngineConfig,
-           adapters: AdapterRegistry, *, stream: Any, done: Done, tick: Callable[[int], None]) -> WorkerSetup:
+           adapters: AdapterRegistry, *, stream: Any, done: Done, tick: Callable[[int], None],
+           loader: ModelLoader) -> WorkerSetup:
     """Plan memory, size the prompt cache and choose the lane for ``loaded`` (on the worker).
 
-    ``done`` and ``tick`` are the scheduler's callbacks the lanes report to.
+    ``done`` and ``tick`` are the scheduler's callbacks the lanes report to; ``loader`` loads
+    ``--draft-model``.
 
     :raises ModelLoadError: Settings this model cannot be served with.
     """
@@ -94,7 +97,7 @@ def set_up(loaded: LoadedModel, info: ModelInfo, host: PluginHost, config: Engin
 
             raise ModelLoadError(f"--draft-model cannot be combined with quantized KV caches ({kv.source})")
         spec = setup.speculator = load_speculator(cfg.draft_model, host, loaded, info,
-                                                  num_draft_tokens=cfg.num_draft_tokens)
+                                                  num_draft_tokens=cfg.num_draft_tokens, loader=loader)
     can_batch = batchable(model) and kv is None and spec is None
     rows = cfg.batch if (cfg.batch > 1 and can_batch) else 1
     try:

@@ -9,7 +9,7 @@ family plugin promises (docs/plugins/writing-a-plugin.md):
 * ``parity``: greedy completions equal mlx-lm's ``generate`` on the same checkpoint (only
   for checkpoints mlx-lm loads itself; a family with its own loader reports ``n/a``).
 
-The first four are the load-time self-test (:mod:`mlxrt.sources.self_test`) as ``/stats`` reports it;
+The first four are the load-time self-test (:mod:`mlxrt.loading.self_test`) as ``/stats`` reports it;
 each is ``"pass"``, ``"n/a"`` (the family claims no such capability) or ``"fail: why"``.
 """
 

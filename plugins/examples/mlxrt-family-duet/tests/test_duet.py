@@ -134,7 +134,8 @@ def test_greedy_text_equals_mlx_lm(oai: openai.OpenAI, duet_checkpoint: Path) ->
     from mlx_lm.sample_utils import make_sampler
     from mlxrt_family_duet.model import Model, ModelArgs
 
-    from mlxrt.loading import ModelSource, mlx_lm_load, read_model_info
+    from mlxrt.loading import mlx_lm_load
+    from mlxrt.loading.resolve import ModelSource, read_model_info
 
     prompt = "The capital of France is"
     ours = oai.completions.create(model="m", prompt=prompt, max_tokens=10, temperature=0).choices[0].text

@@ -3,14 +3,14 @@
 ``convert_gguf(gguf_path, out_dir)`` writes:
 
 * ``config.json`` -- the architecture's HF config built from the GGUF metadata
-  (:mod:`mlxrt.sources.gguf_arch`: llama/Mistral, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3),
+  (:mod:`mlxrt.loading.gguf_arch`: llama/Mistral, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi3),
   plus an mlx-lm ``quantization`` block (the most common bits as the default, per-module
   overrides where a module's bits differ, ``false`` for modules kept in floating point);
 * ``model.safetensors`` -- the mlx-lm parameter names; each tensor in the MLX layout its ggml
-  type maps to (:mod:`mlxrt.sources.gguf_quant`: affine groups of 32 converted without loss,
+  type maps to (:mod:`mlxrt.loading.gguf_quant`: affine groups of 32 converted without loss,
   groups of 16 and non-affine types re-quantized), Q/K rows and Gemma's norms back in HF form;
 * ``tokenizer.json`` / ``tokenizer_config.json`` -- the tokenizer rebuilt from
-  ``tokenizer.ggml.*`` (:mod:`mlxrt.sources.gguf_tokenizer`), the chat template, BOS/EOS and
+  ``tokenizer.ggml.*`` (:mod:`mlxrt.loading.gguf_tokenizer`), the chat template, BOS/EOS and
   the add-BOS flag;
 * ``generation_config.json`` -- BOS/EOS ids, end-of-generation tokens included;
 * ``mlxrt_gguf.json`` -- where the folder came from (source size and mtime, the tensor types
@@ -37,16 +37,16 @@ from typing import Any
 
 import attrs
 
-from mlxrt.sources.gguf_arch import llama3_rope_scaling, plan_architecture, unpermute_rows
-from mlxrt.sources.gguf_format import GGUFFile, UnsupportedGGUF, read_gguf
-from mlxrt.sources.gguf_quant import (
+from mlxrt.loading.gguf_arch import llama3_rope_scaling, plan_architecture, unpermute_rows
+from mlxrt.loading.gguf_format import GGUFFile, UnsupportedGGUF, read_gguf
+from mlxrt.loading.gguf_quant import (
     GROUP_SIZE,
     kernel_widths,
     layout_of,
     mlx_tensor,
     served_layout,
 )
-from mlxrt.sources.gguf_tokenizer import build_tokenizer, tokenizer_config
+from mlxrt.loading.gguf_tokenizer import build_tokenizer, tokenizer_config
 
 __all__ = [
     "UnsupportedGGUF",
@@ -161,8 +161,8 @@ def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike,
             f16 scales), ``"float32"``, or ``"keep"`` (F32 norms, F16 stay F16, scales
             float32).
         kernel: write only the widths the mlxrt-qmv CPU kernel computes (5- and 6-bit layouts
-            widened to 8 bits, :func:`~mlxrt.sources.gguf_quant.served_layout`); default
-            :func:`~mlxrt.sources.gguf_quant.kernel_widths` (on a CPU with the kernel loaded).
+            widened to 8 bits, :func:`~mlxrt.loading.gguf_quant.served_layout`); default
+            :func:`~mlxrt.loading.gguf_quant.kernel_widths` (on a CPU with the kernel loaded).
 
     Returns:
         ``Path(out_dir)``.
@@ -247,7 +247,7 @@ def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike,
         gen["pad_token_id"] = int(pad_id)
 
     marker = {
-        "converter": "mlxrt.sources.gguf",
+        "converter": "mlxrt.loading.gguf",
         "converter_version": CONVERTER_VERSION,
         "source": str(gguf_path.resolve()),
         "source_size": stat.st_size,

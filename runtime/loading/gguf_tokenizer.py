@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from mlxrt.sources.gguf_format import UnsupportedGGUF
-from mlxrt.sources.gguf_format import metadata_value as _md
+from mlxrt.loading.gguf_format import UnsupportedGGUF
+from mlxrt.loading.gguf_format import metadata_value as _md
 
 __all__ = ["build_tokenizer", "tokenizer_config"]
 

@@ -1,5 +1,5 @@
 """The local model library: what the Hugging Face cache holds, one row per repo, then the GGUF
-files of the HF cache, Ollama and LM Studio (:mod:`mlxrt.sources.gguf_library`), one row each.
+files of the HF cache, Ollama and LM Studio (:mod:`mlxrt.loading.gguf_library`), one row each.
 
 huggingface-hub's ``scan_cache_dir`` walks the cache; each repo's canonical snapshot (its
 ``refs/main``, else the newest) is then described without loading anything: the config,
@@ -19,21 +19,18 @@ import attrs
 
 from mlxrt.compat import mlx_lm_has_architecture
 from mlxrt.errors import ModelLoadError
-from mlxrt.loading import (
-    ModelSource,
-    hf_cache_dir,
-    match_local_repo,
-    read_model_info,
-    resolve_profile,
-)
+from mlxrt.loading import resolve_profile
+from mlxrt.loading.paths import hf_cache_dir, match_local_repo
+from mlxrt.loading.resolve import ModelSource, read_model_info
 
 if TYPE_CHECKING:
     from mlxrt.host import PluginHost
+    from mlxrt.loading.gguf_library import GGUFEntry
 
 __all__ = ["LocalModel", "scan_library", "embedded_model", "find_local", "support_tier", "delete_repo",
-           "CacheScan"]
+           "CacheScan", "describe_gguf"]
 
-log = logging.getLogger("mlxrt.sources.library")
+log = logging.getLogger("mlxrt.loading.library")
 
 #: Support tiers: a family plugin answers for the model; mlx-lm alone runs it (plain chat);
 #: nothing installed can load it.
@@ -115,7 +112,7 @@ def _quantization(config: dict[str, Any]) -> tuple[int | None, int | None]:
 
 def describe_snapshot(repo_id: str, path: Path, host: PluginHost | None, **fields: Any) -> LocalModel:
     """Describe the model in ``path`` (config, headers, family); problems become ``problem``."""
-    from mlxrt.sources.fit import weights_summary
+    from mlxrt.loading.sizes import weights_summary
 
     row = LocalModel(repo_id=repo_id, path=path, **fields)
     try:
@@ -148,12 +145,39 @@ def describe_snapshot(repo_id: str, path: Path, host: PluginHost | None, **field
 def scan_library(host: PluginHost | None = None, cache_dir: Path | None = None) -> CacheScan:
     """Every model repo of the HF cache, one row per repo, by repo id, then every GGUF model of
     the HF cache, Ollama and LM Studio (no network)."""
-    from mlxrt.sources.gguf_library import describe_gguf, gguf_entries
+    from mlxrt.loading.gguf_library import gguf_entries
 
     root = cache_dir or hf_cache_dir()
     scan = _scan_hf_cache(host, root)
     ggufs = [describe_gguf(e, host) for e in gguf_entries(cache_dir)]
     return CacheScan(root, [*scan.models, *ggufs], scan.warnings)
+
+
+def describe_gguf(entry: GGUFEntry, host: PluginHost | None = None) -> LocalModel:
+    """``entry`` as a library row, from its header (:func:`mlxrt.loading.gguf_library.gguf_model`);
+    ``host`` answers the family hooks, as for a folder."""
+    from mlxrt.loading.gguf_library import gguf_model
+
+    try:
+        size = entry.path.stat().st_size
+    except OSError:
+        size = 0
+    row = LocalModel(repo_id=entry.name, revision=None, path=entry.path, size_bytes=size, revisions=1,
+                     source=entry.source)
+    try:
+        config, summary, info = gguf_model(entry)
+    except ModelLoadError as exc:
+        return attrs.evolve(row, problem=exc.message, support_tier="unsupported")
+    quant = config.get("quantization") or {}
+    archs = config.get("architectures") or [config["model_type"]]
+    row = attrs.evolve(row, model_type=config["model_type"], architecture=archs[0], params=summary.params,
+                       weight_bytes=summary.weight_bytes, quant_bits=quant.get("bits"),
+                       quant_group_size=quant.get("group_size"))
+    try:
+        family, tier = support_tier(info, host)
+    except Exception as exc:  # a plugin's hook raised: the row says so, the listing goes on
+        return attrs.evolve(row, problem=f"family hooks failed: {exc}")
+    return attrs.evolve(row, family=family, support_tier=tier)
 
 
 def _scan_hf_cache(host: PluginHost | None, root: Path) -> CacheScan:
@@ -186,7 +210,7 @@ def _scan_hf_cache(host: PluginHost | None, root: Path) -> CacheScan:
 def embedded_model(host: PluginHost | None = None) -> LocalModel | None:
     """The embedded default model (what ``mlxrt serve`` serves when given no MODEL) described as
     a library row, converted from its GGUF first if need be; ``None`` when it is not installed."""
-    from mlxrt.sources.embedded import EMBEDDED_MODEL_ID, EmbeddedModelMissing, embedded_model_dir
+    from mlxrt.loading.embedded import EMBEDDED_MODEL_ID, EmbeddedModelMissing, embedded_model_dir
 
     try:
         path = embedded_model_dir()

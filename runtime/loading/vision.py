@@ -2,7 +2,7 @@
 into the templated prompt, on the engine's worker.
 
 :func:`splice_images` runs where templating runs (a worker thread of the HTTP side, never the
-event loop): it fetches and decodes the images there (:mod:`mlxrt.images`), then hands
+event loop): it fetches and decodes the images there (:mod:`mlxrt.loading.images`), then hands
 ``adapter.splice`` to the engine's thread (MLX state lives there, and the tower runs
 between decode steps, serialized with generation). The :class:`~mlxrt.records.SplicedPrompt`
 it returns rides on the :class:`~mlxrt.records.GenerationRequest` (``vision``); the engine
@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from mlxrt.errors import EngineError, MlxrtError
-from mlxrt.images import (
+from mlxrt.loading.images import (
     DEFAULT_MAX_PIXELS_IN_FLIGHT,
     ImageLimits,
     ImageRef,
@@ -32,7 +32,7 @@ if TYPE_CHECKING:
 
 __all__ = ["splice_images", "pixel_budget"]
 
-log = logging.getLogger("mlxrt.engine.vision")
+log = logging.getLogger("mlxrt.loading.vision")
 
 
 def splice_images(host: PluginHost, profile: FamilyProfile, prompt_ids: Sequence[int],
@@ -42,7 +42,7 @@ def splice_images(host: PluginHost, profile: FamilyProfile, prompt_ids: Sequence
     :raises InvalidRequest: an image is malformed, oversize, unreachable or undecodable
         (naming its request part), or the adapter refuses the prompt.
     :raises QueueFull: the server's pixel budget had no room for the images within
-        :data:`mlxrt.images.PIXEL_WAIT_S` (429 ``images_busy``).
+        :data:`mlxrt.loading.images.PIXEL_WAIT_S` (429 ``images_busy``).
     """
     limits = ImageLimits.from_options(host.options)
     with pixel_budget(host, limits).lease() as lease:  # held until the pixels are dropped
@@ -50,7 +50,7 @@ def splice_images(host: PluginHost, profile: FamilyProfile, prompt_ids: Sequence
 
 
 def pixel_budget(host: PluginHost, limits: ImageLimits) -> PixelBudget:
-    """The server's :class:`~mlxrt.images.PixelBudget` (one per host, shared by every model),
+    """The server's :class:`~mlxrt.loading.images.PixelBudget` (one per host, shared by every model),
     ``--max-image-pixels-in-flight`` but never below one request's cap."""
     wanted = host.options.get("max_image_pixels_in_flight") or DEFAULT_MAX_PIXELS_IN_FLIGHT
     return host.plugin_state("images", lambda: PixelBudget(max(int(wanted), limits.max_total_pixels)))

@@ -28,7 +28,7 @@ from mlxrt.text.reasoning import ReasoningSplitter
 
 __all__ = ["run_self_test", "SELF_TEST_TOOLS"]
 
-log = logging.getLogger("mlxrt.sources.self_test")
+log = logging.getLogger("mlxrt.loading.self_test")
 
 SELF_TEST_TOOLS = ({"type": "function", "function": {
     "name": "get_weather", "description": "Weather for a city.",

@@ -19,7 +19,7 @@ from typing import Any
 import attrs
 
 from mlxrt.errors import ModelLoadError
-from mlxrt.sources.paths import MODEL_FILE_PATTERNS, hf_cache_dir, mlxrt_home
+from mlxrt.loading.paths import MODEL_FILE_PATTERNS, hf_cache_dir, mlxrt_home
 
 __all__ = ["DownloadStatus", "download", "recent_downloads", "downloads_dir"]
 
@@ -126,7 +126,7 @@ def download(repo_id: str, *, revision: str | None = None, all_files: bool = Fal
     """Download (or finish downloading) ``repo_id`` into the HF cache; returns the snapshot.
 
     :param all_files: Every file of the repo, not just what a model needs
-        (:data:`mlxrt.loading.MODEL_FILE_PATTERNS`).
+        (:data:`mlxrt.loading.paths.MODEL_FILE_PATTERNS`).
     :param fetch: ``snapshot_download`` or a stand-in with its signature (tests).
     :raises ModelLoadError: Offline, unknown repo, no access, network failure — the message
         says which and what to do.

@@ -20,8 +20,8 @@ from typing import Any
 
 import attrs
 
-from mlxrt.sources.gguf_format import GGUFFile, UnsupportedGGUF
-from mlxrt.sources.gguf_format import metadata_value as _md
+from mlxrt.loading.gguf_format import GGUFFile, UnsupportedGGUF
+from mlxrt.loading.gguf_format import metadata_value as _md
 
 __all__ = ["ArchPlan", "plan_architecture", "ARCHITECTURES", "VISION_PREFIXES"]
 

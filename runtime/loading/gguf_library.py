@@ -14,7 +14,7 @@ Three stores are searched (nothing is downloaded, no file is opened beyond its h
 
 :func:`gguf_static` describes one file from its header alone, in the terms ``fit`` and the
 library use for a folder: the config the converter would write, the bytes its weights take once
-converted (:data:`mlxrt.sources.gguf_quant.LAYOUTS`), the parameter count.
+converted (:data:`mlxrt.loading.gguf_quant.LAYOUTS`), the parameter count.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ from typing import Any
 
 import attrs
 
-__all__ = ["GGUFEntry", "gguf_entries", "find_gguf", "gguf_static", "OLLAMA_MODEL_MEDIA_TYPE"]
+__all__ = ["GGUFEntry", "gguf_entries", "find_gguf", "gguf_static", "gguf_model", "OLLAMA_MODEL_MEDIA_TYPE"]
 
 OLLAMA_MODEL_MEDIA_TYPE = "application/vnd.ollama.image.model"
 
@@ -94,7 +94,7 @@ def _lmstudio() -> list[GGUFEntry]:
 
 
 def _hf_cache(cache_dir: Path | None = None) -> list[GGUFEntry]:
-    from mlxrt.sources.paths import hf_cache_dir
+    from mlxrt.loading.paths import hf_cache_dir
 
     root = cache_dir or hf_cache_dir()
     out = []
@@ -125,7 +125,7 @@ def find_gguf(query: str) -> GGUFEntry | None:
 
     :raises ModelLoadError: Several names contain it (code ``ambiguous_model``).
     """
-    from mlxrt.loading import match_local_repo
+    from mlxrt.loading.paths import match_local_repo
 
     entries = {e.name: e for e in gguf_entries()}
     name = match_local_repo(query, sorted(entries))
@@ -135,9 +135,9 @@ def find_gguf(query: str) -> GGUFEntry | None:
 def _read(path: Path) -> tuple[Any, Any]:
     """``(GGUFFile, ArchPlan)`` of ``path``, or :class:`~mlxrt.errors.ModelLoadError` saying why not."""
     from mlxrt.errors import ModelLoadError
-    from mlxrt.sources.gguf_arch import plan_architecture
-    from mlxrt.sources.gguf_format import UnsupportedGGUF, read_gguf
-    from mlxrt.sources.gguf_quant import layout_of
+    from mlxrt.loading.gguf_arch import plan_architecture
+    from mlxrt.loading.gguf_format import UnsupportedGGUF, read_gguf
+    from mlxrt.loading.gguf_quant import layout_of
 
     try:
         g = read_gguf(path)
@@ -162,10 +162,10 @@ def gguf_static(path: Path) -> tuple[dict[str, Any], Any]:
 def _static(g: Any, plan: Any) -> tuple[dict[str, Any], Any]:
     import numpy as np
 
-    from mlxrt.sources.fit import WeightsSummary
-    from mlxrt.sources.gguf import auto_float_dtype
-    from mlxrt.sources.gguf_arch import VISION_PREFIXES
-    from mlxrt.sources.gguf_quant import GROUP_SIZE, kernel_widths, served_layout
+    from mlxrt.loading.gguf import auto_float_dtype
+    from mlxrt.loading.gguf_arch import VISION_PREFIXES
+    from mlxrt.loading.gguf_quant import GROUP_SIZE, kernel_widths, served_layout
+    from mlxrt.loading.sizes import WeightsSummary
 
     kernel = kernel_widths()
     config = dict(plan.config)
@@ -204,30 +204,14 @@ def _model_info(g: Any, config: dict[str, Any], entry: GGUFEntry) -> Any:
                      source="gguf")
 
 
-def describe_gguf(entry: GGUFEntry, host: Any = None) -> Any:
-    """``entry`` as a library row (:class:`mlxrt.sources.library.LocalModel`), from its header;
-    ``host`` answers the family hooks, as for a folder."""
-    from mlxrt.errors import ModelLoadError
-    from mlxrt.sources.library import LocalModel, support_tier
+def gguf_model(entry: GGUFEntry) -> tuple[dict[str, Any], Any, Any]:
+    """``entry`` from its header: the config the converter would write, its weights as converted
+    for this machine (:class:`~mlxrt.loading.sizes.WeightsSummary`), and the
+    :class:`~mlxrt.records.ModelInfo` a family plugin is told about it, as about a folder (the
+    library describes it with them: :func:`mlxrt.loading.library.describe_gguf`).
 
-    try:
-        size = entry.path.stat().st_size
-    except OSError:
-        size = 0
-    row = LocalModel(repo_id=entry.name, revision=None, path=entry.path, size_bytes=size, revisions=1,
-                     source=entry.source)
-    try:
-        g, plan = _read(entry.path)
-    except ModelLoadError as exc:
-        return attrs.evolve(row, problem=exc.message, support_tier="unsupported")
+    :raises ModelLoadError: An unreadable file, or an architecture or type the converter refuses.
+    """
+    g, plan = _read(entry.path)
     config, summary = _static(g, plan)
-    quant = config.get("quantization") or {}
-    archs = config.get("architectures") or [config["model_type"]]
-    row = attrs.evolve(row, model_type=config["model_type"], architecture=archs[0], params=summary.params,
-                       weight_bytes=summary.weight_bytes, quant_bits=quant.get("bits"),
-                       quant_group_size=quant.get("group_size"))
-    try:
-        family, tier = support_tier(_model_info(g, config, entry), host)
-    except Exception as exc:  # a plugin's hook raised: the row says so, the listing goes on
-        return attrs.evolve(row, problem=f"family hooks failed: {exc}")
-    return attrs.evolve(row, family=family, support_tier=tier)
+    return config, summary, _model_info(g, config, entry)

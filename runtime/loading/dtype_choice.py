@@ -4,11 +4,11 @@
 of these hold, and keeps the stored dtype otherwise:
 
 * MLX runs on the CPU (on Metal/CUDA the stored dtype is what the GPU kernels are fast at);
-* a fast BLAS is active (:mod:`mlxrt.blas`: the system OpenBLAS or MKL). Only float32 matmuls
+* a fast BLAS is active (:mod:`mlxrt.loading.blas`: the system OpenBLAS or MKL). Only float32 matmuls
   go through BLAS; on the bundled reference BLAS float32 is no faster than the stored dtype;
 * the float32 weights plus the float32 KV cache of one request at the default context
-  (:data:`mlxrt.sources.fit.DEFAULT_CONTEXT` tokens, capped at the model's context window) fit in the
-  usable memory budget: ``--memory-budget`` (or :func:`mlxrt.sources.fit.machine_budget`, a share of
+  (:data:`mlxrt.loading.sizes.DEFAULT_CONTEXT` tokens, capped at the model's context window) fit in the
+  usable memory budget: ``--memory-budget`` (or :func:`mlxrt.loading.sizes.machine_budget`, a share of
   physical memory), divided among ``--max-models``, less :data:`mlxrt.engine.memory.MARGIN`;
 * every quantized layer is of a kind mlx-lm can dequantize, and the weights are not loaded
   lazily for ``--distributed`` (casting would read every shard on every rank);
@@ -26,7 +26,7 @@ of these hold, and keeps the stored dtype otherwise:
 An explicit ``--dtype float32|bfloat16|float16`` casts as asked; ``--dtype stored`` never casts.
 
 The rule is :func:`decide`, on :class:`DtypeFacts`. At load, :func:`choose_dtype` takes the facts
-from the loaded model; ``mlxrt fit`` and ``GET /fit`` (:func:`mlxrt.sources.fit.assess`) take them
+from the loaded model; ``mlxrt fit`` and ``GET /fit`` (:func:`mlxrt.loading.fit.assess`) take them
 from the safetensors headers (:func:`static_facts`) and the machine from :func:`machine_facts`,
 so the fit verdict is that of the dtype ``mlxrt serve`` would serve. The static facts cannot
 see a quantized layer of a kind mlx-lm cannot dequantize: the load-time choice then keeps the
@@ -44,7 +44,7 @@ import attrs
 from mlxrt.records import ModelInfo
 
 if TYPE_CHECKING:
-    from mlxrt.blas import BlasStatus
+    from mlxrt.loading.blas import BlasStatus
 
 __all__ = ["DtypeChoice", "DtypeFacts", "Machine", "Timing", "time_paths", "decide", "choose_dtype", "static_facts", "machine_facts",
            "blas_name", "stored_dtype", "float32_bytes", "kernel_computes", "DTYPES", "CAST_BYTES"]
@@ -247,7 +247,7 @@ def _gb(n: int) -> str:
 def _float32_kv(config: Any, window: int | None) -> tuple[int, int]:
     """Context and bytes of one request's float32 KV cache at the default context."""
     from mlxrt.errors import ModelLoadError
-    from mlxrt.sources.fit import DEFAULT_CONTEXT, static_kv
+    from mlxrt.loading.sizes import DEFAULT_CONTEXT, static_kv
 
     ctx = min(DEFAULT_CONTEXT, window) if window and window > 0 else DEFAULT_CONTEXT
     try:
@@ -282,7 +282,7 @@ def decide(requested: str, facts: DtypeFacts, machine: Machine, *, budget: int |
     if facts.undequantizable:
         return DtypeChoice(requested, stored, None, f"{keep}: mlx-lm cannot dequantize {facts.undequantizable}")
     from mlxrt.engine.memory import MARGIN
-    from mlxrt.sources.fit import machine_budget
+    from mlxrt.loading.sizes import machine_budget
 
     weights, kv_bytes = facts.float32_bytes, facts.kv_bytes
     source = "--memory-budget" if budget is not None else "a share of RAM"
@@ -322,7 +322,7 @@ def choose_dtype(requested: str, model: Any, info: ModelInfo, *, budget: int | N
 
 def static_facts(config: Any, summary: Any, window: int | None) -> DtypeFacts:
     """The facts from a folder's ``config.json`` and safetensors headers
-    (:class:`mlxrt.sources.fit.WeightsSummary`), nothing loaded: packed quantized weights count
+    (:class:`mlxrt.loading.sizes.WeightsSummary`), nothing loaded: packed quantized weights count
     their unpacked elements, as :func:`float32_bytes` counts them; ``window`` is the model's
     context window."""
     ctx, kv_bytes = _float32_kv(config, window)
@@ -344,11 +344,11 @@ def kernel_computes(config: Any) -> bool:
 
 def machine_facts(blas: BlasStatus | None = None) -> Machine:
     """This process's device and ``blas`` (default: the BLAS an ``mlxrt`` command would run on,
-    :func:`mlxrt.blas.expected`; a running server passes its own, ``current()``)."""
+    :func:`mlxrt.loading.blas.expected`; a running server passes its own, ``current()``)."""
     import mlx.core as mx
 
-    from mlxrt.blas import expected
-    from mlxrt.engine import qmv
+    import mlxrt.engine.qmv as qmv
+    from mlxrt.loading.blas import expected
 
     blas = blas if blas is not None else expected()
     kernel = qmv.status()

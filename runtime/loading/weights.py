@@ -64,7 +64,7 @@ def check_layer_count(path: Path) -> None:
     :raises ValueError: the config's ``num_hidden_layers`` exceeds every layer stack in the weights.
     """
     from mlxrt.errors import ModelLoadError
-    from mlxrt.sources.fit import read_safetensors_header
+    from mlxrt.loading.sizes import read_safetensors_header
 
     try:
         config = json.loads((path / "config.json").read_text(encoding="utf-8"))

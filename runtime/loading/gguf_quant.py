@@ -28,7 +28,7 @@ from typing import Any
 
 import attrs
 
-from mlxrt.sources.gguf_format import UnsupportedGGUF
+from mlxrt.loading.gguf_format import UnsupportedGGUF
 
 __all__ = ["GROUP_SIZE", "KERNEL_BITS", "Layout", "LAYOUTS", "layout_of", "served_layout", "kernel_widths",
            "converted_bytes", "mlx_tensor", "pack"]
@@ -93,7 +93,7 @@ def kernel_widths() -> bool:
     for 50 % more bytes on those layers."""
     import mlx.core as mx
 
-    from mlxrt.engine import qmv
+    import mlxrt.engine.qmv as qmv
 
     return mx.default_device() == mx.cpu and qmv.load().active
 
