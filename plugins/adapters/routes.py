@@ -21,7 +21,7 @@ from mlxrt.serving import ServedModel
 __all__ = ["ROUTES", "list_adapters", "available_adapters", "mount_adapter", "unmount_adapter"]
 
 
-def _model(request: Request) -> ServedModel:
+def _model(request: Request[Any, Any, Any]) -> ServedModel:
     model = request.app.state.host.model
     if model is None or model.adapters is None:
         raise EngineError("no model is being served")
@@ -29,7 +29,7 @@ def _model(request: Request) -> ServedModel:
 
 
 @get("/v1/adapters", summary="Mounted LoRA adapters", tags=["adapters"])
-async def list_adapters(request: Request) -> dict[str, Any]:
+async def list_adapters(request: Request[Any, Any, Any]) -> dict[str, Any]:
     """Every adapter the caller may use (its own mounts and the server's: id, path, rank, scale,
     layers) and the server's default."""
     model = _model(request)
@@ -38,7 +38,7 @@ async def list_adapters(request: Request) -> dict[str, Any]:
 
 
 @get("/v1/adapters/available", summary="Adapter folders found on disk", tags=["adapters"])
-async def available_adapters(request: Request) -> dict[str, Any]:
+async def available_adapters(request: Request[Any, Any, Any]) -> dict[str, Any]:
     """Adapter folders (adapter_config.json + adapters.safetensors) directly under the
     ``--adapter-dir`` folders and beside the ``--adapter`` folder; ``mounted`` is the id a
     folder is mounted under, ``error`` why it cannot be mounted."""
@@ -48,7 +48,7 @@ async def available_adapters(request: Request) -> dict[str, Any]:
 
 
 @post("/v1/adapters", summary="Mount a LoRA adapter", tags=["adapters"], status_code=200)
-async def mount_adapter(request: Request) -> dict[str, Any]:
+async def mount_adapter(request: Request[Any, Any, Any]) -> dict[str, Any]:
     """Mount ``{"id", "path"}`` (an mlx-lm adapter folder); the base model never reloads."""
     model = _model(request)
     try:
@@ -71,7 +71,7 @@ async def mount_adapter(request: Request) -> dict[str, Any]:
 
 
 @delete("/v1/adapters/{adapter_id:str}", summary="Unmount a LoRA adapter", tags=["adapters"], status_code=200)
-async def unmount_adapter(request: Request, adapter_id: Annotated[str, PathParameter()]) -> dict[str, Any]:
+async def unmount_adapter(request: Request[Any, Any, Any], adapter_id: Annotated[str, PathParameter()]) -> dict[str, Any]:
     """Unmount the caller's own adapter; requests already running with it finish with it. 404
     if the caller has none mounted under that id."""
     return await _model(request).unmount_adapter(adapter_id, caller_of(request))

@@ -89,7 +89,7 @@ def _assess(model: str, path: Path, ctx: int, settings: dict[str, Any]) -> FitRe
 
 @get("/fit", summary="Memory fit of a model at a context", tags=["library"])
 async def fit(
-    request: Request,
+    request: Request[Any, Any, Any],
     model: Annotated[str | None, Parameter(description="Served model id (default) or part of a local repo id")]
     = None,
     ctx: Annotated[int, Parameter(ge=1, le=1 << 31, description="Tokens of context")] = DEFAULT_CONTEXT,
@@ -148,7 +148,7 @@ def _du(folder: Path) -> int:
 
 @get("/library", summary="Local models with support tier and fit", tags=["library"])
 async def library(
-    request: Request,
+    request: Request[Any, Any, Any],
     ctx: Annotated[int, Parameter(ge=1, le=1 << 31, description="Context the assessment uses")] = DEFAULT_CONTEXT,
 ) -> dict[str, Any]:
     """Every model of the local Hugging Face cache (and the served one), with its support

@@ -94,7 +94,7 @@ def _encode(vector: np.ndarray, fmt: str) -> list[float] | str:
 
 @post(["/v1/embeddings", "/embeddings"], status_code=200, opt=ROUTE_OPT, summary="Create embeddings",
       tags=["openai"])
-async def embeddings(request: Request) -> Response:
+async def embeddings(request: Request[Any, Any, Any]) -> Response[Any]:
     try:
         body, unreadable = parse_json_object(await request.body()), None
     except InvalidRequest as exc:  # not JSON, nested too deeply...: said after the model check

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
@@ -225,8 +225,8 @@ class UsageTally:
         return timings(self._finishes[min(self._finishes)])
 
 
-async def choice_frames(streams: Sequence[AsyncIterator[bytes]], *, id: str, created: int, model: str, object: str,
-                        tally: UsageTally, fingerprint: str | None = None) -> AsyncIterator[bytes]:
+async def choice_frames(streams: Sequence[AsyncGenerator[bytes, None]], *, id: str, created: int, model: str, object: str,
+                        tally: UsageTally, fingerprint: str | None = None) -> AsyncGenerator[bytes, None]:
     """A stream of every choice's chunks as they come (each choice's ``streams`` item ends
     with its finish chunk), then :func:`closing_frames`. Closing it closes every choice."""
     async with aclosing(framing.merged(streams)) as frames:
