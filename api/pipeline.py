@@ -121,7 +121,7 @@ class Answer:
     finish: FinishEvent
     created: int = 0
     logprobs: tuple[TokenEvent, ...] | None = None
-    turn: Turn | None = None
+    turn: Turn = attrs.field(kw_only=True)
     choices: tuple[Answer, ...] = ()
 
 
@@ -177,10 +177,12 @@ class Dialect(Protocol):
         """An error's body (a refused request); mid-stream errors travel as :meth:`error_frame`."""
         ...
 
-    #: An error that happens after the stream started, as one frame; ``None`` where the
-    #: dialect's stream catches its own errors (its error frame depends on the stream's state,
-    #: such as a sequence number).
-    error_frame: Callable[[MlxrtError], bytes] | None
+    @property
+    def error_frame(self) -> Callable[[MlxrtError], bytes] | None:
+        """An error that happens after the stream started, as one frame; ``None`` where the
+        dialect's stream catches its own errors (its error frame depends on the stream's state,
+        such as a sequence number). Read only: a method or a ``None`` attribute satisfies it."""
+        ...
 
 
 class Framed:

@@ -31,6 +31,7 @@ def _settings(host: PluginHost, budget_gb: float | None, dtype: str | None = Non
     cfg = host.model.settings if host.model is not None else None
     if dtype is not None and dtype not in DTYPES:
         raise InvalidRequest(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}", param="dtype")
+    budget: int | None
     if budget_gb is not None:
         if not 0 < budget_gb <= 1e6:  # also NaN
             raise InvalidRequest("memory_budget must be a number of GB above 0", param="memory_budget")

@@ -89,7 +89,8 @@ def _inputs(body: dict[str, Any], vocab: int | None) -> list[str] | list[list[in
 def _encode(vector: np.ndarray, fmt: str) -> list[float] | str:
     if fmt == "base64":
         return base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
-    return vector.tolist()
+    values: list[float] = vector.tolist()
+    return values
 
 
 @post(["/v1/embeddings", "/embeddings"], status_code=200, opt=ROUTE_OPT, summary="Create embeddings",

@@ -50,7 +50,7 @@ def system_fingerprint(host: PluginHost) -> str:
     info = model.info
     dtype = getattr(model.loaded, "dtype", None)
     facts = {"model": [info.model_id, str(info.path), info.model_type],
-             "dtype": getattr(dtype, "served", None), "mlxrt": __version__, "mlx": mx.__version__,
+             "dtype": getattr(dtype, "served", None), "mlxrt": __version__, "mlx": mx.__version__,  # type: ignore[attr-defined]  # absent from mlx.core's stub
              "flags": {k: host.options.get(k) for k in GENERATION_FLAGS}}
     digest = hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()
     return f"fp_{digest[:12]}"

@@ -61,7 +61,9 @@ def cached_model_rows(cache_dir: Path | None = None) -> list[dict[str, Any]]:
     rows = []
     for repo in info.repos:
         main = repo.refs.get("main") if repo.repo_type == "model" else None
-        config = _servable(main.snapshot_path) if main is not None else None
+        if main is None:
+            continue
+        config = _servable(main.snapshot_path)
         if config is None:
             continue
         row: dict[str, Any] = {"id": repo.repo_id, "object": "model", "created": int(main.last_modified),
@@ -173,7 +175,8 @@ async def get_model(request: Request[Any, Any, Any]) -> dict[str, Any]:
         # its row, and the header that names what was asked for. Nothing is loaded here.
         from mlxrt.model_pool import FALLBACK_KEY
 
-        request.scope[FALLBACK_KEY] = wanted
+        # an ASGI scope carries extensions' keys; Litestar's TypedDict names the spec's only
+        request.scope[FALLBACK_KEY] = wanted  # type: ignore[literal-required]
         _pool_rows(request, served)
         return served
     raise NotFound(f"model {wanted!r} not found: it is neither the served model nor a servable model "

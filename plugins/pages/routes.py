@@ -136,7 +136,7 @@ async def curve_sample(request: Request[Any, Any, Any]) -> dict[str, Any]:
         with adapters.select(()) if adapters is not None else contextlib.nullcontext():
             return run_design(loaded, design)
 
-    result = await model.call(job)
+    result: DesignResult = await model.call(job)
     return result.as_dict(design, model.info.model_id)
 
 

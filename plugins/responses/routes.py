@@ -46,9 +46,10 @@ def store_of(host: PluginHost) -> ResponseStore:
     """The app host's response store (its ``plugin_state("responses")``), made on first use
     with the server's options."""
     options = host.options
-    return host.plugin_state("responses", lambda: ResponseStore(
+    store: ResponseStore = host.plugin_state("responses", lambda: ResponseStore(
         ttl_s=float(options.get("response_store_ttl") or DEFAULT_TTL_S),
         max_bytes=int(options.get("response_store_bytes") or DEFAULT_MAX_BYTES)))
+    return store
 
 
 def owner_of(request: Request[Any, Any, Any]) -> str:
