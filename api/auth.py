@@ -71,7 +71,8 @@ def caller_of(connection: ASGIConnection[Any, Any, Any, Any]) -> str:
     return hashlib.sha256((presented_key(connection) or "").encode()).hexdigest()
 
 
-def api_key_guard(keys: Sequence[str]) -> Callable[[ASGIConnection[Any, Any, Any, Any], BaseRouteHandler], Awaitable[None]]:
+def api_key_guard(
+        keys: Sequence[str]) -> Callable[[ASGIConnection[Any, Any, Any, Any], BaseRouteHandler], Awaitable[None]]:
     """A guard admitting requests that present one of ``keys`` (a coroutine, so that Litestar
     runs it on the event loop rather than on a worker thread, as :func:`mlxrt.api.edge.edge_guard`)."""
     encoded = [k.encode() for k in keys]

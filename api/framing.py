@@ -14,7 +14,8 @@ from mlxrt.records import FinishEvent, FinishReason, PromptProgress, ToolCall
 
 __all__ = ["FrameWriter", "assembled_stream", "guarded", "merged"]
 
-async def guarded(frames: AsyncGenerator[bytes, None], error_frame: Callable[[MlxrtError], bytes]) -> AsyncGenerator[bytes, None]:
+async def guarded(frames: AsyncGenerator[bytes, None],
+                  error_frame: Callable[[MlxrtError], bytes]) -> AsyncGenerator[bytes, None]:
     """Pass SSE frames through; an error mid-stream becomes the dialect's error frame.
 
     The headers are gone by then, so the error travels in the stream, which then closes

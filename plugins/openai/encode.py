@@ -49,8 +49,9 @@ def system_fingerprint(host: PluginHost) -> str:
     model = host.model
     info = model.info
     dtype = getattr(model.loaded, "dtype", None)
+    mlx_version = mx.__version__  # type: ignore[attr-defined]  # set at run time; mlx.core's stub omits it
     facts = {"model": [info.model_id, str(info.path), info.model_type],
-             "dtype": getattr(dtype, "served", None), "mlxrt": __version__, "mlx": mx.__version__,  # type: ignore[attr-defined]  # absent from mlx.core's stub
+             "dtype": getattr(dtype, "served", None), "mlxrt": __version__, "mlx": mlx_version,
              "flags": {k: host.options.get(k) for k in GENERATION_FLAGS}}
     digest = hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()
     return f"fp_{digest[:12]}"

@@ -60,7 +60,8 @@ async def _decoded_chat(request: Request[Any, Any, Any]) -> tuple[ServingHost, A
     return host, decoded
 
 
-async def _helper_body(request: Request[Any, Any, Any], field: str, what: str, rules: tuple[FieldRule, ...]) -> tuple[Any, ServingHost]:
+async def _helper_body(request: Request[Any, Any, Any], field: str, what: str,
+                       rules: tuple[FieldRule, ...]) -> tuple[Any, ServingHost]:
     """A helper endpoint's checked body (``field`` required, its text and ids within what the
     model's context could hold) and the host of its ``model``."""
     body = parse_json_object(await request.body())
