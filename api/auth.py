@@ -12,6 +12,7 @@ import hashlib
 import hmac
 from collections.abc import Awaitable, Callable, Iterable, Sequence
 from pathlib import Path
+from typing import Any
 
 from litestar.connection import ASGIConnection
 from litestar.handlers import BaseRouteHandler
@@ -49,7 +50,7 @@ def read_keys(keys: Iterable[str], files: Iterable[str | Path] = ()) -> list[str
     return out
 
 
-def presented_key(connection: ASGIConnection) -> str | None:
+def presented_key(connection: ASGIConnection[Any, Any, Any, Any]) -> str | None:
     """The API key a request presents (``Authorization: Bearer`` or ``x-api-key``), if any."""
     auth = connection.headers.get("authorization")
     if auth:
@@ -60,7 +61,7 @@ def presented_key(connection: ASGIConnection) -> str | None:
     return key.strip() if key else None
 
 
-def caller_of(connection: ASGIConnection) -> str:
+def caller_of(connection: ASGIConnection[Any, Any, Any, Any]) -> str:
     """Who is calling, for everything kept per caller (stored responses, prompt-cache entries):
     a SHA-256 digest of the API key the request authenticated with, so each key is its own
     partition and the key itself is never kept; ``""`` on a server without ``--api-key``
@@ -70,12 +71,13 @@ def caller_of(connection: ASGIConnection) -> str:
     return hashlib.sha256((presented_key(connection) or "").encode()).hexdigest()
 
 
-def api_key_guard(keys: Sequence[str]) -> Callable[[ASGIConnection, BaseRouteHandler], Awaitable[None]]:
+def api_key_guard(
+        keys: Sequence[str]) -> Callable[[ASGIConnection[Any, Any, Any, Any], BaseRouteHandler], Awaitable[None]]:
     """A guard admitting requests that present one of ``keys`` (a coroutine, so that Litestar
     runs it on the event loop rather than on a worker thread, as :func:`mlxrt.api.edge.edge_guard`)."""
     encoded = [k.encode() for k in keys]
 
-    async def guard(connection: ASGIConnection, handler: BaseRouteHandler) -> None:
+    async def guard(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
         if handler.opt.get("public") or connection.scope.get("method") == "OPTIONS":
             return
         given = presented_key(connection)

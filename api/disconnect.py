@@ -11,7 +11,7 @@ lost (or the response is complete), so the watcher costs nothing while the clien
 from __future__ import annotations
 
 import asyncio
-from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
+from collections.abc import AsyncGenerator, AsyncIterator, Awaitable, Callable, Sequence
 from contextlib import aclosing, asynccontextmanager
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -53,7 +53,7 @@ async def _watch(receive: Receive, scope: anyio.CancelScope) -> None:
     scope.cancel()
 
 
-async def until_disconnect(request: Request, awaitable: Awaitable[T]) -> T:
+async def until_disconnect(request: Request[Any, Any, Any], awaitable: Awaitable[T]) -> T:
     """Await ``awaitable``; cancel it and raise :class:`ClientDisconnected` if the client leaves.
 
     Call it after the request body has been read: the watcher consumes ``receive`` messages.
@@ -71,7 +71,7 @@ async def until_disconnect(request: Request, awaitable: Awaitable[T]) -> T:
     raise ClientDisconnected()  # reached only when the watcher cancelled the scope
 
 
-async def off_loop(request: Request, fn: Callable[..., T], *args: Any) -> T:
+async def off_loop(request: Request[Any, Any, Any], fn: Callable[..., T], *args: Any) -> T:
     """``fn(*args)`` on a worker thread (templating, tokenizing), abandoned when the client
     leaves: the handler stops at once with :class:`ClientDisconnected` and nothing is queued;
     the thread's result, when it comes, is dropped."""
@@ -88,7 +88,7 @@ async def closing_on_error(gen: Any) -> AsyncIterator[None]:
         raise
 
 
-async def start_generation(request: Request, model: ServedModel, generation: GenerationRequest
+async def start_generation(request: Request[Any, Any, Any], model: ServedModel, generation: GenerationRequest
                            ) -> tuple[Generation, CacheReport]:
     """Submit ``generation`` and wait until it is admitted (its prompt-cache lookup done).
 
@@ -104,7 +104,7 @@ async def start_generation(request: Request, model: ServedModel, generation: Gen
         return gen, await until_disconnect(request, gen.started())
 
 
-async def start_choices(request: Request, model: ServedModel, generations: Sequence[GenerationRequest]
+async def start_choices(request: Request[Any, Any, Any], model: ServedModel, generations: Sequence[GenerationRequest]
                         ) -> tuple[list[Generation], CacheReport]:
     """:func:`start_generation` for the choices of one request (OpenAI's ``n``): all submitted
     at once, so they run side by side where the lane has rows; waits until the first is
@@ -124,7 +124,7 @@ async def start_choices(request: Request, model: ServedModel, generations: Seque
     return gens, report
 
 
-async def closing_choices(frames: AsyncIterator[bytes], gens: Sequence[Generation]) -> AsyncIterator[bytes]:
+async def closing_choices(frames: AsyncGenerator[bytes, None], gens: Sequence[Generation]) -> AsyncGenerator[bytes, None]:
     """The stream of a request's choices (``frames``, which owns ``gens``), and, however it
     ends (the client left, an error, the end), every one of ``gens`` closed at once.
 
@@ -141,10 +141,10 @@ async def closing_choices(frames: AsyncIterator[bytes], gens: Sequence[Generatio
     finally:
         for gen in gens:
             await gen.aclose()
-        await frames.aclose()  # type: ignore[attr-defined]  # an async generator
+        await frames.aclose()
 
 
-async def drain_until_disconnect(request: Request, gen: Any,
+async def drain_until_disconnect(request: Request[Any, Any, Any], gen: Any,
                                  on_text: Callable[[str], Any]) -> tuple[FinishEvent, list[TokenEvent]]:
     """The non-streaming path: :func:`mlxrt.assembly.drain` the whole generation, cancelled
     (and ``gen`` closed, freeing its batch row) when the client leaves; ``gen`` is closed on return."""
@@ -152,7 +152,7 @@ async def drain_until_disconnect(request: Request, gen: Any,
         return await until_disconnect(request, drain(gen, on_text))
 
 
-async def drain_choices(request: Request, gens: Sequence[Any], on_texts: Sequence[Callable[[str], Any]]
+async def drain_choices(request: Request[Any, Any, Any], gens: Sequence[Any], on_texts: Sequence[Callable[[str], Any]]
                         ) -> list[tuple[FinishEvent, list[TokenEvent]]]:
     """:func:`drain_until_disconnect` for the choices of one request, drained side by side
     (each choice's text to its own ``on_texts`` callable). The client leaving, or one choice

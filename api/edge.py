@@ -202,13 +202,13 @@ def edge_guard(policy: EdgePolicy, host: PluginHost, owners: dict[tuple[str, str
     # A coroutine although it never awaits: Litestar runs a plain-function guard on a worker
     # thread (its sync_to_thread), a thread hop per request and a pool of threads for checks
     # that take microseconds.
-    async def guard(connection: ASGIConnection, handler: BaseRouteHandler) -> None:
+    async def guard(connection: ASGIConnection[Any, Any, Any, Any], handler: BaseRouteHandler) -> None:
         headers = connection.headers
         host_header = headers.get("host", "")
         if policy.hosts is not None and _hostname(host_header) not in policy.hosts:
             raise HostNotAllowed(_hostname(host_header), policy.hosts)
         opt = handler.opt
-        method = connection.scope.get("method", "GET")
+        method = str(connection.scope.get("method", "GET"))  # a websocket's scope has none
         if connection.scope.get(HEAD_KEY) and opt.get("state_changing"):  # HEAD never acts
             from litestar.exceptions import MethodNotAllowedException
 

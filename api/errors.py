@@ -40,25 +40,25 @@ def openai_error_body(status: int, type_: str, message: str, param: str | None, 
     return {"error": {"message": message, "type": type_, "param": param, "code": code}}
 
 
-def _opt(request: Request) -> Mapping[str, Any]:
+def _opt(request: Request[Any, Any, Any]) -> Mapping[str, Any]:
     try:
         return request.route_handler.opt
     except Exception:  # no route matched (404/405 raised by the router)
         return {}
 
 
-def _renderer(request: Request) -> ErrorRenderer:
+def _renderer(request: Request[Any, Any, Any]) -> ErrorRenderer:
     return _opt(request).get("render_error") or openai_error_body
 
 
-def _respond(request: Request, status: int, type_: str, message: str,
+def _respond(request: Request[Any, Any, Any], status: int, type_: str, message: str,
              param: str | None = None, code: str | None = None,
-             headers: dict[str, str] | None = None) -> Response:
+             headers: dict[str, str] | None = None) -> Response[Any]:
     body = _renderer(request)(status, type_, message, param, code)
     return Response(content=body, status_code=status, media_type="application/json", headers=headers)
 
 
-def _mlxrt_error(request: Request, exc: MlxrtError) -> Response:
+def _mlxrt_error(request: Request[Any, Any, Any], exc: MlxrtError) -> Response[Any]:
     if exc.status >= 500:
         log.error("%s %s failed: %s", request.method, request.url.path, exc.message)
     # Back-pressure (QueueFull) says when to come back; clients (the openai SDK) honour it.
@@ -74,7 +74,7 @@ def _mlxrt_error(request: Request, exc: MlxrtError) -> Response:
 _LEFT_MID_BODY = "client disconnected prematurely"
 
 
-def _http_error(request: Request, exc: HTTPException) -> Response:
+def _http_error(request: Request[Any, Any, Any], exc: HTTPException) -> Response[Any]:
     status = exc.status_code
     if status == 500 and exc.detail == _LEFT_MID_BODY:
         # Nobody reads this answer; counted and logged as the client's departure, not a failure.
@@ -89,10 +89,10 @@ def _http_error(request: Request, exc: HTTPException) -> Response:
                     message, headers=dict(exc.headers or {}))
 
 
-def _unexpected(request: Request, exc: Exception) -> Response:
+def _unexpected(request: Request[Any, Any, Any], exc: Exception) -> Response[Any]:
     log.exception("unhandled error on %s %s", request.method, request.url.path)
     return _respond(request, 500, "server_error", f"internal error: {type(exc).__name__}: {exc}")
 
 
-def exception_handlers() -> dict[Any, Callable[[Request, Any], Response]]:
+def exception_handlers() -> dict[Any, Callable[[Request[Any, Any, Any], Any], Response[Any]]]:
     return {MlxrtError: _mlxrt_error, HTTPException: _http_error, Exception: _unexpected}

@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncGenerator, Callable, Sequence
 from contextlib import aclosing
 from typing import Any, Protocol
 
@@ -14,7 +14,8 @@ from mlxrt.records import FinishEvent, FinishReason, PromptProgress, ToolCall
 
 __all__ = ["FrameWriter", "assembled_stream", "guarded", "merged"]
 
-async def guarded(frames: AsyncIterator[bytes], error_frame: Callable[[MlxrtError], bytes]) -> AsyncIterator[bytes]:
+async def guarded(frames: AsyncGenerator[bytes, None],
+                  error_frame: Callable[[MlxrtError], bytes]) -> AsyncGenerator[bytes, None]:
     """Pass SSE frames through; an error mid-stream becomes the dialect's error frame.
 
     The headers are gone by then, so the error travels in the stream, which then closes
@@ -28,7 +29,7 @@ async def guarded(frames: AsyncIterator[bytes], error_frame: Callable[[MlxrtErro
             yield error_frame(exc)
 
 
-async def merged(streams: Sequence[AsyncIterator[bytes]]) -> AsyncIterator[bytes]:
+async def merged(streams: Sequence[AsyncGenerator[bytes, None]]) -> AsyncGenerator[bytes, None]:
     """The frames of several streams (the choices of one request) as each produces them, every
     stream's in its own order. The first error ends the merge and closes the other streams, as
     does closing the merge (the client left): each closes its engine request."""
@@ -41,7 +42,7 @@ async def merged(streams: Sequence[AsyncIterator[bytes]]) -> AsyncIterator[bytes
 
     queue: asyncio.Queue[tuple[bytes | None, BaseException | None]] = asyncio.Queue()
 
-    async def pump(stream: AsyncIterator[bytes]) -> None:
+    async def pump(stream: AsyncGenerator[bytes, None]) -> None:
         try:
             async with aclosing(stream):
                 async for frame in stream:
@@ -55,13 +56,13 @@ async def merged(streams: Sequence[AsyncIterator[bytes]]) -> AsyncIterator[bytes
     try:
         done = 0
         while done < len(tasks):
-            frame, error = await queue.get()
+            got, error = await queue.get()
             if error is not None:
                 raise error
-            if frame is None:
+            if got is None:
                 done += 1
             else:
-                yield frame
+                yield got
     finally:
         for task in tasks:
             task.cancel()
@@ -85,7 +86,7 @@ class FrameWriter(Protocol):
 
 
 async def assembled_stream(gen: Any, assembler: ResponseAssembler, writer: FrameWriter, *,
-                           single_call: bool = False) -> AsyncIterator[bytes]:
+                           single_call: bool = False) -> AsyncGenerator[bytes, None]:
     """Engine events → reasoning/text deltas (``assembler``) → the dialect's frames (``writer``).
 
     Tool calls are known at the end; ``single_call`` keeps only the first (a client that

@@ -20,6 +20,7 @@ import time
 import uuid
 from typing import Any
 
+from litestar.enums import ScopeType
 from litestar.types import ASGIApp, Message, Receive, Scope, Send
 
 from mlxrt.api.connections import BODY_TIMED_OUT
@@ -93,7 +94,7 @@ def observe(app: ASGIApp, metrics: HttpMetrics) -> ASGIApp:
                             name, IGNORED_HEADER)
 
     async def handler(scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
+        if scope["type"] != ScopeType.HTTP:  # a str enum: equal to the server's plain "http"
             await app(scope, receive, send)
             return
         request_id = _incoming_id(scope) or f"req-{uuid.uuid4().hex[:20]}"
@@ -111,7 +112,7 @@ def observe(app: ASGIApp, metrics: HttpMetrics) -> ASGIApp:
                     if name.lower() == b"x-mlxrt-ignored":
                         note_ignored(value)
                 headers = [*message.get("headers", ()), (b"x-request-id", request_id.encode())]
-                message = {**message, "headers": headers}  # type: ignore[typeddict-item]
+                message = {**message, "headers": headers}
             elif message["type"] == "http.response.body" and status >= 400 and len(error_body) < ERROR_BODY_KEPT:
                 error_body.extend(message.get("body", b"")[:ERROR_BODY_KEPT - len(error_body)])
             await send(message)

@@ -24,7 +24,7 @@ Writing a dialect: docs/plugins/dialects.md.
 from __future__ import annotations
 
 import time
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import attrs
@@ -121,7 +121,7 @@ class Answer:
     finish: FinishEvent
     created: int = 0
     logprobs: tuple[TokenEvent, ...] | None = None
-    turn: Turn | None = None
+    turn: Turn = attrs.field(kw_only=True)
     choices: tuple[Answer, ...] = ()
 
 
@@ -166,7 +166,7 @@ class Dialect(Protocol):
         ...
 
     def stream(self, gen: Any, assembler: ResponseAssembler, *, id: str, model: str, created: int,
-               report: CacheReport, turn: Turn) -> AsyncIterator[bytes]:
+               report: CacheReport, turn: Turn) -> AsyncGenerator[bytes, None]:
         """A streamed answer's frames: engine events (``gen``, which the stream owns and closes)
         through ``assembler`` into the wire's frames. Most dialects inherit it from
         :class:`Framed` and write only a :class:`~mlxrt.api.framing.FrameWriter`."""
@@ -177,10 +177,12 @@ class Dialect(Protocol):
         """An error's body (a refused request); mid-stream errors travel as :meth:`error_frame`."""
         ...
 
-    #: An error that happens after the stream started, as one frame; ``None`` where the
-    #: dialect's stream catches its own errors (its error frame depends on the stream's state,
-    #: such as a sequence number).
-    error_frame: Callable[[MlxrtError], bytes] | None
+    @property
+    def error_frame(self) -> Callable[[MlxrtError], bytes] | None:
+        """An error that happens after the stream started, as one frame; ``None`` where the
+        dialect's stream catches its own errors (its error frame depends on the stream's state,
+        such as a sequence number). Read only: a method or a ``None`` attribute satisfies it."""
+        ...
 
 
 class Framed:
@@ -192,12 +194,12 @@ class Framed:
         raise NotImplementedError
 
     def stream(self, gen: Any, assembler: ResponseAssembler, *, id: str, model: str, created: int,
-               report: CacheReport, turn: Turn) -> AsyncIterator[bytes]:
+               report: CacheReport, turn: Turn) -> AsyncGenerator[bytes, None]:
         writer = self.frames(id=id, model=model, report=report, turn=turn)
         return assembled_stream(gen, assembler, writer, single_call=turn.single_call)
 
 
-def _guarded(frames: AsyncIterator[bytes], dialect: Dialect) -> AsyncIterator[bytes]:
+def _guarded(frames: AsyncGenerator[bytes, None], dialect: Dialect) -> AsyncGenerator[bytes, None]:
     """``frames`` with a mid-stream error as the dialect's error frame; as they are where the
     dialect's stream catches its own errors (``error_frame`` None: Responses, which has no ``n``)."""
     return frames if dialect.error_frame is None else guarded(frames, dialect.error_frame)
@@ -211,7 +213,7 @@ def route_opt(dialect: Dialect) -> dict[str, Any]:
     return opt
 
 
-async def planned_chat(request: Request, host: ServingHost, chat: ChatInput, options: RequestOptions, *,
+async def planned_chat(request: Request[Any, Any, Any], host: ServingHost, chat: ChatInput, options: RequestOptions, *,
                        dialect: str, request_id: str, default_max_tokens: int
                        ) -> tuple[RenderedPrompt, GenerationRequest]:
     """Render ``chat`` (with ``options.tools``), plan and prepare its engine request
@@ -223,7 +225,7 @@ async def planned_chat(request: Request, host: ServingHost, chat: ChatInput, opt
         partition=caller_of(request)))
 
 
-async def planned_text(request: Request, host: ServingHost, prompt: str, options: RequestOptions, *,
+async def planned_text(request: Request[Any, Any, Any], host: ServingHost, prompt: str, options: RequestOptions, *,
                        dialect: str, request_id: str, default_max_tokens: int) -> GenerationRequest:
     """A raw text prompt (no chat template), tokenized, planned and prepared off the loop
     (:meth:`mlxrt.serving.ServedModel.plan_text`)."""
@@ -240,7 +242,7 @@ def _model(host: ServingHost) -> ServedModel:
     return model
 
 
-def owned_adapters(request: Request, host: ServingHost, options: RequestOptions) -> RequestOptions:
+def owned_adapters(request: Request[Any, Any, Any], host: ServingHost, options: RequestOptions) -> RequestOptions:
     """``options`` with its ``adapter`` names as the caller means them: its own mounts, else the
     server's; another API key's adapter is unknown (400), as if it were not mounted."""
     registry = _model(host).adapters
@@ -263,7 +265,7 @@ def assembler_for(host: ServingHost, turn: Turn, rendered: RenderedPrompt, gener
                                                      store=turn.store) if observed else None)
 
 
-async def serve_chat(request: Request, dialect: Dialect) -> Response:
+async def serve_chat(request: Request[Any, Any, Any], dialect: Dialect) -> Response[Any]:
     """A whole chat request for ``dialect``: decode (and resolve, when the dialect keeps state),
     pick the model, refuse an overlong body, plan and prepare, run, and answer with the
     dialect's body or stream."""
@@ -324,8 +326,8 @@ def _answer(assembler: ResponseAssembler, finish: FinishEvent, logprobs: list[To
                   turn=turn)
 
 
-async def _serve_choices(request: Request, dialect: Any, turn: Turn, rendered: RenderedPrompt,
-                         generation: GenerationRequest, created: int) -> Response:
+async def _serve_choices(request: Request[Any, Any, Any], dialect: Any, turn: Turn, rendered: RenderedPrompt,
+                         generation: GenerationRequest, created: int) -> Response[Any]:
     """:func:`serve_chat` for several choices: one engine request each, submitted together."""
     host = turn.host
     stream_choices = getattr(dialect, "stream_choices", None)
@@ -407,7 +409,7 @@ class TextDialect(Protocol):
         ...
 
     def stream(self, gens: Sequence[Generation], *, id: str, model: str, created: int, turn: TextTurn
-               ) -> AsyncIterator[bytes]:
+               ) -> AsyncGenerator[bytes, None]:
         """The frames of every choice's engine request (the stream owns and closes ``gens``)."""
         ...
 
@@ -416,7 +418,7 @@ class TextDialect(Protocol):
         ...
 
 
-async def serve_text(request: Request, dialect: TextDialect) -> Response:
+async def serve_text(request: Request[Any, Any, Any], dialect: TextDialect) -> Response[Any]:
     """A whole text-completion request for ``dialect``: decode, pick the model, refuse an
     overlong body, tokenize, plan and prepare off the loop, run its choices, and answer with
     the dialect's body or stream. Completions are not chat turns: no observer is told."""

@@ -47,7 +47,7 @@ def render_plugins() -> list[Any]:
 
 
 @get(f"{_PREFIX}/{{name:str}}", include_in_schema=False, opt=_PUBLIC, sync_to_thread=False)
-def schema_asset(request: Request) -> Response:
+def schema_asset(request: Request[Any, Any, Any]) -> Response[Any]:
     """One of Swagger UI's files (:data:`ASSETS`), read from the swagger-ui-bundle-v2 package."""
     from pathlib import Path
 
@@ -65,7 +65,7 @@ def schema_asset(request: Request) -> Response:
 
 
 @get("/favicon.ico", include_in_schema=False, opt=_PUBLIC, sync_to_thread=False)
-def favicon() -> Response:
+def favicon() -> Response[Any]:
     return Response(content=FAVICON_SVG, media_type="image/svg+xml", headers={"Cache-Control": "max-age=86400"})
 
 

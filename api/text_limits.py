@@ -24,7 +24,7 @@ MAX_CHARS_PER_TOKEN = 32
 MAX_IDS_WITHOUT_CONTEXT = 1_000_000
 
 
-async def refuse_overlong_text(request: Request, body: Any, host: ServingHost) -> None:
+async def refuse_overlong_text(request: Request[Any, Any, Any], body: Any, host: ServingHost) -> None:
     """Refuse (400, the context-length error) a generation body whose text alone is too long
     for the context of the model that would serve it (``host``), before anything templates or
     tokenizes it."""

@@ -139,7 +139,7 @@ def strict_converter() -> cattrs.Converter:
     """A cattrs converter that rejects instead of coercing."""
     conv = cattrs.Converter(forbid_extra_keys=False)
 
-    def exact(kind: type, name: str):
+    def exact(kind: type, name: str) -> Callable[[Any, Any], Any]:
         def hook(value: Any, _type: Any) -> Any:
             if isinstance(value, bool) and kind is not bool:
                 raise TypeError(f"expected {name}")
@@ -155,17 +155,16 @@ def strict_converter() -> cattrs.Converter:
         conv.register_structure_hook(kind, exact(kind, kind.__name__))
 
     def no_str_list(value: Any, type_: Any) -> Any:
+        """``list[X]`` or ``tuple[X, ...]`` from a JSON array only (never a string's characters)."""
         if not isinstance(value, list):
             raise TypeError("expected list")
-        (item,) = getattr(type_, "__args__", (Any,))
-        return tuple(conv.structure(v, item) for v in value) if getattr(type_, "__origin__", None) is tuple \
-            else [conv.structure(v, item) for v in value]
+        items = [conv.structure(v, type_.__args__[0]) for v in value]
+        return items if type_.__origin__ is list else tuple(items)
 
     conv.register_structure_hook_func(
         lambda t: getattr(t, "__origin__", None) in (list, tuple) and len(getattr(t, "__args__", ())) <= 2
         and (getattr(t, "__origin__", None) is list or getattr(t, "__args__", (None, None))[-1] is Ellipsis),
-        lambda v, t: no_str_list(v, list[t.__args__[0]]) if t.__origin__ is list
-        else tuple(no_str_list(v, list[t.__args__[0]])),
+        no_str_list,
     )
     configure_union_passthrough(int | float | str | bool | None, conv)
     return conv

@@ -68,6 +68,7 @@ class ResponseAssembler:
         self.tool_calls, self.warning = routed.calls, routed.warning
         self.dropped_partial_call = routed.dropped
         delta = self._record(Delta(content=content + routed.content, reasoning=r1 + r2))
+        reason: FinishReason
         if event.finish_reason in (FinishReason.LENGTH, FinishReason.CANCELLED):
             reason = event.finish_reason
         elif routed.dropped and event.stop_sequence is not None:

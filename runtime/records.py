@@ -87,9 +87,8 @@ class ModelInfo:
     def text_model_type(self) -> str:
         """The text model's type: ``text_config.model_type`` when nested, else ``model_type``."""
         text = self.config.get("text_config")
-        if isinstance(text, Mapping) and isinstance(text.get("model_type"), str):
-            return text["model_type"]
-        return self.model_type
+        nested = text.get("model_type") if isinstance(text, Mapping) else None
+        return nested if isinstance(nested, str) else self.model_type
 
     def config_int(self, key: str) -> int | None:
         """An integer of the config, looked up at the top level, then in ``text_config``."""

@@ -69,3 +69,16 @@ def test_hook_call_sites_are_confined():
                     and rel not in allowed and "def first_answer" not in text:
                 offenders.append(rel)
     assert offenders == []
+
+
+def test_type_checkers_read_this_versions_link_tree():
+    """scripts/typecheck (CI's mypy) and pyright read setuptools' strict-editable link tree,
+    whose folder is named for the version: a version bump must rename it in both settings, and
+    every module the checker is told to check must be a package of the distribution."""
+    project = PYPROJECT["project"]
+    tree = f"build/__editable__.{project['name']}-{project['version']}-py3-none-any"
+    mypy = PYPROJECT["tool"]["mypy"]
+    assert mypy["mypy_path"] == tree
+    assert tree in PYPROJECT["tool"]["pyright"]["extraPaths"]
+    packages = set(PYPROJECT["tool"]["setuptools"]["packages"])
+    assert all(name in packages or name.rpartition(".")[0] in packages for name in mypy["packages"])

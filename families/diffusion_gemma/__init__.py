@@ -9,6 +9,8 @@ image. Model code is imported inside the hooks so ``mlxrt plugins`` stays fast.
 
 from __future__ import annotations
 
+from typing import Any
+
 from mlxrt import EngineKind, LoadedModel, ModelInfo, VisionAdapter, hookimpl
 from mlxrt.errors import ModelLoadError
 from mlxrt.host import PluginHost
@@ -53,7 +55,7 @@ def mlxrt_vision(info: ModelInfo, host: PluginHost) -> VisionAdapter | None:
 
     from mlxrt.families.diffusion_gemma.vision import DiffusionVision
 
-    processor = {}
+    processor: dict[str, Any] = {}
     path = info.path / "processor_config.json"
     if path.is_file():
         processor = json.loads(path.read_text(encoding="utf-8")).get("image_processor") or {}

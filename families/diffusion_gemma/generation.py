@@ -27,7 +27,7 @@ from __future__ import annotations
 import math
 import random
 from collections.abc import Callable, Iterator, Mapping, Sequence
-from typing import Any
+from typing import Any, cast
 
 import attrs
 import mlx.core as mx
@@ -174,6 +174,6 @@ class DiffusionGenerator:
                 n = s.stability_threshold
                 stable = n == 0 or (len(history) == n and all(mx.array_equal(h, argmax).item() for h in history))
                 history = (history + [argmax])[-n:] if n else []
-                if stable and entropy.mean().item() < s.confidence_threshold:
+                if stable and float(entropy.mean()) < s.confidence_threshold:
                     break
-        return [int(t) for t in argmax[0].tolist()]
+        return [int(t) for t in cast("list[int]", argmax[0].tolist())]  # 1-D: a flat list

@@ -21,7 +21,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import attrs
 import mlx.core as mx
@@ -159,7 +159,8 @@ class Attention(nn.Module):
 
 
 def gelu(x: mx.array) -> mx.array:
-    return nn.gelu_approx(x)
+    out: mx.array = nn.gelu_approx(x)  # mlx compiles it: its type is lost
+    return out
 
 
 class MLP(nn.Module):
@@ -307,10 +308,12 @@ class EncoderCache:
         self.offset = 0
 
     def past(self, i: int) -> tuple[mx.array, mx.array] | None:
-        return None if self.keys[i] is None else (self.keys[i], self.values[i])
+        k, v = self.keys[i], self.values[i]  # stored together (store)
+        return None if k is None or v is None else (k, v)
 
     def kept(self, i: int) -> int:
-        return 0 if self.keys[i] is None else self.keys[i].shape[2]
+        k = self.keys[i]
+        return 0 if k is None else k.shape[2]
 
     def store(self, i: int, k: mx.array, v: mx.array) -> None:
         past = self.past(i)
@@ -413,7 +416,7 @@ def load_text_model(path: str | Path, config: Mapping[str, Any]) -> DiffusionGem
     """
     weights: dict[str, mx.array] = {}
     for file in sorted(Path(path).glob("*.safetensors")):
-        weights.update(text_weights(mx.load(str(file))))
+        weights.update(text_weights(cast("dict[str, mx.array]", mx.load(str(file)))))  # .safetensors: a dict
     model = DiffusionGemma(text_args_from_config(config))
     model.load_weights(list(weights.items()), strict=True)
     mx.eval(model.parameters())

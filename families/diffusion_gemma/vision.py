@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import mlx.core as mx
 
@@ -51,7 +51,7 @@ class DiffusionVision:
                  model: Callable[[], Any]) -> None:
         self.path = Path(path)
         self._model = model  # the loaded text model (the engine's, at splice time)
-        self.vision_config = config.get("vision_config")
+        self.vision_config: Mapping[str, Any] = config.get("vision_config") or {}
         self.text_hidden = int((config.get("text_config") or config)["hidden_size"])
         self.image_token_id = int(config.get("image_token_id", 258_880))
         self.boi, self.eoi = int(config.get("boi_token_id", 255_999)), int(config.get("eoi_token_id", 258_882))
@@ -71,8 +71,8 @@ class DiffusionVision:
                 raise InvalidRequest(NO_TOWER, param="messages")
             weights: dict[str, mx.array] = {}
             for file in sorted(self.path.glob("*.safetensors")):
-                weights.update({k: v for k, v in mx.load(str(file)).items()
-                                if k.startswith((TOWER_PREFIX, EMBED_PREFIX))})
+                tensors = cast("dict[str, mx.array]", mx.load(str(file)))  # a .safetensors file: a dict
+                weights.update({k: v for k, v in tensors.items() if k.startswith((TOWER_PREFIX, EMBED_PREFIX))})
             self._tower = load_tower(weights, self.vision_config, self.text_hidden,
                                      tower_prefix=TOWER_PREFIX, embed_prefix=EMBED_PREFIX)
         return self._tower

@@ -28,7 +28,7 @@ import struct
 import threading
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 from mlxrt.compat import masks_overridden
 from mlxrt.errors import InvalidRequest
@@ -78,7 +78,7 @@ def _embed_tokens(model: Any) -> Any:
     raise RuntimeError("cannot find the Gemma 4 text model's embed_tokens")
 
 
-def image_blocks(ids: Sequence[int], image_id: int) -> Any:
+def image_blocks(ids: Sequence[int], image_id: int | None) -> Any:
     """Per position: the index of the contiguous image-token run it is in, or -1 (text)."""
     import numpy as np
 
@@ -152,7 +152,8 @@ class Gemma4Vision:
 
                 weights: dict[str, Any] = {}
                 for path in tower_files(self.folder):
-                    weights.update({k: v for k, v in mx.load(str(path)).items() if k.startswith(_PREFIXES)})
+                    tensors = cast("dict[str, mx.array]", mx.load(str(path)))  # a .safetensors file: a dict
+                    weights.update({k: v for k, v in tensors.items() if k.startswith(_PREFIXES)})
                 self._tower = load_tower(weights, self.vision_config, self.text_hidden)
                 log.info("Gemma 4 vision tower loaded (%d tensors)", len(weights))
         return self._tower

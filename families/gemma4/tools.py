@@ -108,7 +108,7 @@ def _read_calls(text: str, start: str, end: str) -> tuple[list[tuple[str, dict[s
     :raises ValueError: when the markup does not follow Gemma 4's notation.
     """
     reader = _Reader(text, len(start))
-    calls = []
+    calls: list[tuple[str, dict[str, Any]]] = []
     try:
         while True:
             if calls and reader.peek(end):

@@ -208,10 +208,10 @@ class VisionTower(nn.Module):
 
     def _rope(self, positions: np.ndarray, dtype: mx.Dtype) -> tuple[mx.array, mx.array]:
         freqs = positions[..., None].astype(np.float32) * self._inv_freq  # [N, 2, head_dim/4]
-        cos, sin = np.cos(freqs), np.sin(freqs)
+        cos_np, sin_np = np.cos(freqs), np.sin(freqs)
         # (x, y) halves, each [N, head_dim/2] (the frequencies repeated, as rotate_half expects)
-        cos = mx.array(np.stack([np.concatenate([cos[:, k], cos[:, k]], -1) for k in range(2)]))
-        sin = mx.array(np.stack([np.concatenate([sin[:, k], sin[:, k]], -1) for k in range(2)]))
+        cos = mx.array(np.stack([np.concatenate([cos_np[:, k], cos_np[:, k]], -1) for k in range(2)]))
+        sin = mx.array(np.stack([np.concatenate([sin_np[:, k], sin_np[:, k]], -1) for k in range(2)]))
         return cos.astype(dtype), sin.astype(dtype)
 
     def _pool(self, positions: np.ndarray) -> mx.array:

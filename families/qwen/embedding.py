@@ -8,6 +8,8 @@ prefix where it is missing, so both layouts load. Imported only when such a mode
 
 from __future__ import annotations
 
+from typing import Any
+
 from mlx_lm.models import qwen3
 
 __all__ = ["Qwen3EmbeddingModel", "ModelArgs"]
@@ -18,6 +20,7 @@ ModelArgs = qwen3.ModelArgs
 class Qwen3EmbeddingModel(qwen3.Model):
     """mlx-lm's Qwen3 with a sanitize that accepts the prefix-less Qwen3Model layout."""
 
-    def sanitize(self, weights: dict) -> dict:
+    def sanitize(self, weights: dict[str, Any]) -> dict[str, Any]:
         weights = {k if k.startswith(("model.", "lm_head.")) else f"model.{k}": v for k, v in weights.items()}
-        return super().sanitize(weights)
+        sanitized: dict[str, Any] = super().sanitize(weights)
+        return sanitized

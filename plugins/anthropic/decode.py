@@ -73,9 +73,10 @@ def _bad(message: str, param: str | None = None) -> InvalidRequest:
 
 
 def _text(block: Mapping[str, Any], where: str) -> str:
-    if not isinstance(block.get("text"), str):
+    text = block.get("text")
+    if not isinstance(text, str):
         raise _bad(f"{where}.text: Field required (a string)", where)
-    return block["text"]
+    return text
 
 
 def _tool_content(content: Any, where: str, images: list[ImageRef]) -> str:
@@ -120,12 +121,13 @@ def _image(block: Mapping[str, Any], where: str) -> ImageRef:
     """An image block's ``source``: ``{"type": "base64", "media_type", "data"}`` or
     ``{"type": "url", "url"}``; a malformed one is reported only if the model takes images."""
     source = block.get("source")
-    kind = source.get("type") if isinstance(source, dict) else None
-    if kind == "base64" and isinstance(source.get("data"), str):
-        media = source.get("media_type")
-        return ImageRef(where=where, data=source["data"], media_type=media if isinstance(media, str) else None)
-    if kind == "url" and isinstance(source.get("url"), str):
-        return ImageRef(where=where, url=source["url"])
+    if isinstance(source, dict):
+        kind = source.get("type")
+        if kind == "base64" and isinstance(source.get("data"), str):
+            media = source.get("media_type")
+            return ImageRef(where=where, data=source["data"], media_type=media if isinstance(media, str) else None)
+        if kind == "url" and isinstance(source.get("url"), str):
+            return ImageRef(where=where, url=source["url"])
     return ImageRef(where=where, error='source must be {"type": "base64", "media_type", "data"} '
                                        'or {"type": "url", "url"}')
 

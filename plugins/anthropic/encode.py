@@ -107,7 +107,7 @@ class BlockStream:
 
     def start(self) -> list[bytes]:
         """``message_start`` (usage as known at admission) and a ``ping``, as Anthropic sends."""
-        message = {"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": [],
+        message: dict[str, Any] = {"id": self.id, "type": "message", "role": "assistant", "model": self.model, "content": [],
                    "stop_reason": None, "stop_sequence": None,
                    "usage": usage(self.report.prompt_tokens, self.report.cached_tokens, 0)}
         return [sse_event("message_start", {"type": "message_start", "message": message}),

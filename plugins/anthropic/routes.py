@@ -32,7 +32,7 @@ from mlxrt.records import CacheReport, RequestOptions
 __all__ = ["ROUTES", "MESSAGES"]
 
 
-def _host(request: Request) -> Any:
+def _host(request: Request[Any, Any, Any]) -> Any:
     return request.app.state.host
 
 
@@ -75,13 +75,13 @@ MESSAGES = Messages()
 
 @post("/v1/messages", status_code=200, opt=ROUTE_OPT, summary="Create a message (Anthropic Messages)",
       tags=["anthropic"])
-async def messages(request: Request) -> Response:
+async def messages(request: Request[Any, Any, Any]) -> Response[Any]:
     return await serve_chat(request, MESSAGES)
 
 
 @post("/v1/messages/count_tokens", status_code=200, opt=ROUTE_OPT,
       summary="Count a message's input tokens (Anthropic Messages)", tags=["anthropic"])
-async def count_tokens(request: Request) -> dict[str, int]:
+async def count_tokens(request: Request[Any, Any, Any]) -> dict[str, int]:
     """``{"input_tokens": N}``: the prompt the same body would run with, canonicalized."""
     host = _host(request)
     body = parse_json_object(await request.body())

@@ -6,7 +6,7 @@ Branch-free: every segment's cubic is evaluated on the whole ``[batch, vocab]`` 
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
 
 import mlx.core as mx
 
@@ -38,7 +38,7 @@ def apply_curve(logprobs: mx.array, curve: Curve) -> mx.array:
     return mx.where(u < curve.x[0], below, out)
 
 
-def make_curve_sampler(curve: Curve) -> Any:
+def make_curve_sampler(curve: Curve) -> Callable[[mx.array], mx.array]:
     """A ``(logprobs) -> tokens`` sampler drawing from ``softmax(curve(logprobs))``."""
 
     def sample(logprobs: mx.array) -> mx.array:

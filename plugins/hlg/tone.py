@@ -6,7 +6,7 @@ Runs per token on the engine thread, so it is a handful of elementwise MLX ops o
 
 from __future__ import annotations
 
-from typing import Any
+from collections.abc import Callable
 
 import mlx.core as mx
 
@@ -46,7 +46,7 @@ def tone_curve(logprobs: mx.array, settings: HlgSettings, temperature: float) ->
     return gain * out
 
 
-def make_hlg_sampler(settings: HlgSettings, temperature: float) -> Any:
+def make_hlg_sampler(settings: HlgSettings, temperature: float) -> Callable[[mx.array], mx.array]:
     """A ``(logprobs) -> tokens`` sampler drawing from ``softmax(tone_curve(logprobs))``."""
 
     def sample(logprobs: mx.array) -> mx.array:

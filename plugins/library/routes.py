@@ -32,6 +32,7 @@ def _settings(host: PluginHost, budget_gb: float | None, dtype: str | None = Non
     cfg = host.model.settings if host.model is not None else None
     if dtype is not None and dtype not in DTYPES:
         raise InvalidRequest(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}", param="dtype")
+    budget: int | None
     if budget_gb is not None:
         if not 0 < budget_gb <= 1e6:  # also NaN
             raise InvalidRequest("memory_budget must be a number of GB above 0", param="memory_budget")
@@ -91,7 +92,7 @@ def _assess(model: str, path: Path, ctx: int, settings: dict[str, Any]) -> FitRe
 
 @get("/fit", summary="Memory fit of a model at a context", tags=["library"])
 async def fit(
-    request: Request,
+    request: Request[Any, Any, Any],
     model: Annotated[str | None, Parameter(description="Served model id (default) or part of a local repo id")]
     = None,
     ctx: Annotated[int, Parameter(ge=1, le=1 << 31, description="Tokens of context")] = DEFAULT_CONTEXT,
@@ -150,7 +151,7 @@ def _du(folder: Path) -> int:
 
 @get("/library", summary="Local models with support tier and fit", tags=["library"])
 async def library(
-    request: Request,
+    request: Request[Any, Any, Any],
     ctx: Annotated[int, Parameter(ge=1, le=1 << 31, description="Context the assessment uses")] = DEFAULT_CONTEXT,
 ) -> dict[str, Any]:
     """Every model of the local Hugging Face cache (and the served one), with its support

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from contextlib import aclosing
 from typing import Any
 
@@ -64,7 +64,7 @@ class Completions:
         return bodies[0] if len(bodies) == 1 else with_choices(bodies, [a.finish for a in answers])
 
     def stream(self, gens: Sequence[Any], *, id: str, model: str, created: int,
-               turn: TextTurn) -> AsyncIterator[bytes]:
+               turn: TextTurn) -> AsyncGenerator[bytes, None]:
         fingerprint = system_fingerprint(turn.host)
         tally = UsageTally(len(gens), turn.wire.options.include_usage)
         per_token = bool(turn.wire.request.timings_per_token)
@@ -79,12 +79,12 @@ COMPLETIONS = Completions()
 
 @post(["/v1/completions", "/completions"], status_code=200, opt=ROUTE_OPT,
       summary="Create a text completion", tags=["openai"])
-async def completions(request: Request) -> Response:
+async def completions(request: Request[Any, Any, Any]) -> Response[Any]:
     return await serve_text(request, COMPLETIONS)
 
 
 async def _stream(gen: Any, id: str, model: str, created: int, *, index: int,
-                  tally: UsageTally, fingerprint: str, per_token: bool) -> AsyncIterator[bytes]:
+                  tally: UsageTally, fingerprint: str, per_token: bool) -> AsyncGenerator[bytes, None]:
     """One choice's ``text_completion`` chunks: one per non-empty text delta, then its finish
     chunk (empty text, finish_reason, usage as :class:`UsageTally` says, llama-server's
     ``timings``); a ``prompt_progress`` chunk (empty text) per prefill report when the request

@@ -89,12 +89,13 @@ def _inputs(body: dict[str, Any], vocab: int | None) -> list[str] | list[list[in
 def _encode(vector: np.ndarray, fmt: str) -> list[float] | str:
     if fmt == "base64":
         return base64.b64encode(vector.astype("<f4").tobytes()).decode("ascii")
-    return vector.tolist()
+    values: list[float] = vector.tolist()
+    return values
 
 
 @post(["/v1/embeddings", "/embeddings"], status_code=200, opt=ROUTE_OPT, summary="Create embeddings",
       tags=["openai"])
-async def embeddings(request: Request) -> Response:
+async def embeddings(request: Request[Any, Any, Any]) -> Response[Any]:
     try:
         body, unreadable = parse_json_object(await request.body()), None
     except InvalidRequest as exc:  # not JSON, nested too deeply...: said after the model check

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncGenerator, Callable, Mapping, Sequence
 from contextlib import aclosing
 from typing import TYPE_CHECKING, Any
 
@@ -49,8 +49,9 @@ def system_fingerprint(host: PluginHost) -> str:
     model = host.model
     info = model.info
     dtype = getattr(model.loaded, "dtype", None)
+    mlx_version = mx.__version__  # type: ignore[attr-defined]  # set at run time; mlx.core's stub omits it
     facts = {"model": [info.model_id, str(info.path), info.model_type],
-             "dtype": getattr(dtype, "served", None), "mlxrt": __version__, "mlx": mx.__version__,
+             "dtype": getattr(dtype, "served", None), "mlxrt": __version__, "mlx": mlx_version,
              "flags": {k: host.options.get(k) for k in GENERATION_FLAGS}}
     digest = hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()
     return f"fp_{digest[:12]}"
@@ -225,8 +226,8 @@ class UsageTally:
         return timings(self._finishes[min(self._finishes)])
 
 
-async def choice_frames(streams: Sequence[AsyncIterator[bytes]], *, id: str, created: int, model: str, object: str,
-                        tally: UsageTally, fingerprint: str | None = None) -> AsyncIterator[bytes]:
+async def choice_frames(streams: Sequence[AsyncGenerator[bytes, None]], *, id: str, created: int, model: str, object: str,
+                        tally: UsageTally, fingerprint: str | None = None) -> AsyncGenerator[bytes, None]:
     """A stream of every choice's chunks as they come (each choice's ``streams`` item ends
     with its finish chunk), then :func:`closing_frames`. Closing it closes every choice."""
     async with aclosing(framing.merged(streams)) as frames:

@@ -51,7 +51,7 @@ def rendered_prompt(host: ServingHost, chat: ChatInput) -> RenderedPrompt:
     return host.model.render(chat)
 
 
-async def _decoded_chat(request: Request) -> tuple[ServingHost, Any]:
+async def _decoded_chat(request: Request[Any, Any, Any]) -> tuple[ServingHost, Any]:
     host = request.app.state.host
     body = parse_json_object(await request.body())
     decoded = decode_chat(body, claimed_fields(host, "openai"), strict=bool(host.options.get("strict")))
@@ -60,7 +60,8 @@ async def _decoded_chat(request: Request) -> tuple[ServingHost, Any]:
     return host, decoded
 
 
-async def _helper_body(request: Request, field: str, what: str, rules: tuple[FieldRule, ...]) -> tuple[Any, ServingHost]:
+async def _helper_body(request: Request[Any, Any, Any], field: str, what: str,
+                       rules: tuple[FieldRule, ...]) -> tuple[Any, ServingHost]:
     """A helper endpoint's checked body (``field`` required, its text and ids within what the
     model's context could hold) and the host of its ``model``."""
     body = parse_json_object(await request.body())
@@ -75,7 +76,7 @@ async def _helper_body(request: Request, field: str, what: str, rules: tuple[Fie
 
 
 @post("/tokenize", status_code=200, opt=_TOKENIZE_OPT, summary="Tokenize text (llama-server)", tags=["llama.cpp"])
-async def tokenize(request: Request) -> dict[str, Any]:
+async def tokenize(request: Request[Any, Any, Any]) -> dict[str, Any]:
     body, host = await _helper_body(request, "content", "the text to tokenize", _TOKENIZE_RULES)
 
     def run() -> dict[str, Any]:
@@ -89,7 +90,7 @@ async def tokenize(request: Request) -> dict[str, Any]:
 
 
 @post("/detokenize", status_code=200, opt=_DETOKENIZE_OPT, summary="Detokenize ids (llama-server)", tags=["llama.cpp"])
-async def detokenize(request: Request) -> dict[str, Any]:
+async def detokenize(request: Request[Any, Any, Any]) -> dict[str, Any]:
     body, host = await _helper_body(request, "tokens", "the ids to detokenize", _DETOKENIZE_RULES)
     vocab = host.model.info.config_int("vocab_size")
     for i, token in enumerate(body["tokens"]):
@@ -101,7 +102,7 @@ async def detokenize(request: Request) -> dict[str, Any]:
 
 @post("/apply-template", status_code=200, opt=_CHAT_BODY_OPT, summary="Render a chat's prompt (llama-server)",
       tags=["llama.cpp"])
-async def apply_template(request: Request) -> dict[str, str]:
+async def apply_template(request: Request[Any, Any, Any]) -> dict[str, str]:
     host, decoded = await _decoded_chat(request)
     rendered = await off_loop(request, rendered_prompt, host, decoded.chat)
     return {"prompt": rendered.text}
@@ -109,7 +110,7 @@ async def apply_template(request: Request) -> dict[str, str]:
 
 @post(["/v1/chat/completions/input_tokens", "/chat/completions/input_tokens"], status_code=200, opt=_CHAT_BODY_OPT,
       summary="Count a chat's input tokens", tags=["openai"])
-async def input_tokens(request: Request) -> dict[str, int]:
+async def input_tokens(request: Request[Any, Any, Any]) -> dict[str, int]:
     host, decoded = await _decoded_chat(request)
 
     return {"input_tokens": await off_loop(request, lambda: host.model.count_tokens(decoded.chat, dialect="openai"))}

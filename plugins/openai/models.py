@@ -61,7 +61,9 @@ def cached_model_rows(cache_dir: Path | None = None) -> list[dict[str, Any]]:
     rows = []
     for repo in info.repos:
         main = repo.refs.get("main") if repo.repo_type == "model" else None
-        config = _servable(main.snapshot_path) if main is not None else None
+        if main is None:
+            continue
+        config = _servable(main.snapshot_path)
         if config is None:
             continue
         row: dict[str, Any] = {"id": repo.repo_id, "object": "model", "created": int(main.last_modified),
@@ -74,7 +76,7 @@ def cached_model_rows(cache_dir: Path | None = None) -> list[dict[str, Any]]:
     return sorted(rows, key=lambda r: r["id"])
 
 
-def _served_row(request: Request) -> dict[str, Any]:
+def _served_row(request: Request[Any, Any, Any]) -> dict[str, Any]:
     host = request.app.state.host
     pool = host.models
     # The served model's row, also while another model is swapped in (its profile outlives its engine).
@@ -115,7 +117,7 @@ def _limits(model: ServedModel | None, info: ModelInfo, options: Mapping[str, An
             "max_input_tokens": ceiling, "max_tokens": output}
 
 
-def _pool_rows(request: Request, served: dict[str, Any]) -> list[dict[str, Any]]:
+def _pool_rows(request: Request[Any, Any, Any], served: dict[str, Any]) -> list[dict[str, Any]]:
     """The served model's ``loaded`` flag set; rows for the other models the server knows
     (resident, ``--preload``, ``--model-alias`` targets) and one per alias name."""
     pool = getattr(request.app.state.host, "models", None)
@@ -140,7 +142,7 @@ def _pool_rows(request: Request, served: dict[str, Any]) -> list[dict[str, Any]]
     return rows
 
 
-async def _model_rows(request: Request) -> list[dict[str, Any]]:
+async def _model_rows(request: Request[Any, Any, Any]) -> list[dict[str, Any]]:
     served = _served_row(request)
     known = _pool_rows(request, served)
     pool = request.app.state.host.models
@@ -153,12 +155,12 @@ async def _model_rows(request: Request) -> list[dict[str, Any]]:
 
 
 @get(["/v1/models", "/models"], opt=ROUTE_OPT, summary="List models", tags=["openai"])
-async def list_models(request: Request) -> dict[str, Any]:
+async def list_models(request: Request[Any, Any, Any]) -> dict[str, Any]:
     return {"object": "list", "data": await _model_rows(request)}
 
 
 @get(["/v1/models/{model_id:path}"], opt=ROUTE_OPT, summary="Retrieve a model", tags=["openai"])
-async def get_model(request: Request) -> dict[str, Any]:
+async def get_model(request: Request[Any, Any, Any]) -> dict[str, Any]:
     wanted = str(request.path_params["model_id"]).lstrip("/")
     served = _served_row(request)
     if served["id"] == wanted:  # no cache scan for the common case
@@ -173,7 +175,8 @@ async def get_model(request: Request) -> dict[str, Any]:
         # its row, and the header that names what was asked for. Nothing is loaded here.
         from mlxrt.model_pool import FALLBACK_KEY
 
-        request.scope[FALLBACK_KEY] = wanted
+        # an ASGI scope carries extensions' keys; Litestar's TypedDict names the spec's only
+        request.scope[FALLBACK_KEY] = wanted  # type: ignore[literal-required]
         _pool_rows(request, served)
         return served
     raise NotFound(f"model {wanted!r} not found: it is neither the served model nor a servable model "
@@ -189,7 +192,7 @@ CODEX_INSTRUCTIONS = ("You are a coding agent running in the Codex CLI on the us
 
 @get(["/codex/model-catalog"], opt=ROUTE_OPT, summary="The served model as a Codex model catalog",
      tags=["openai"])
-async def codex_catalog(request: Request) -> dict[str, Any]:
+async def codex_catalog(request: Request[Any, Any, Any]) -> dict[str, Any]:
     """A file for Codex's ``model_catalog_json`` (docs/dialects.md, "Codex"): Codex reads model
     metadata (context window, tools, instructions) from its built-in catalog or that file, never
     from the server, and warns "Model metadata for `default` not found" for any other name. One

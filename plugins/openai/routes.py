@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import functools
 import uuid
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from contextlib import aclosing
 from typing import Any
 
@@ -70,12 +70,12 @@ class Chat:
         return body
 
     def stream(self, gen: Any, assembler: ResponseAssembler, *, id: str, model: str, created: int,
-               report: CacheReport, turn: Turn) -> AsyncIterator[bytes]:
+               report: CacheReport, turn: Turn) -> AsyncGenerator[bytes, None]:
         return self.stream_choices([gen], [assembler], id=id, model=model, created=created, report=report,
                                    turn=turn)
 
     def stream_choices(self, gens: list[Any], assemblers: list[ResponseAssembler], *, id: str, model: str,
-                       created: int, report: CacheReport, turn: Turn) -> AsyncIterator[bytes]:
+                       created: int, report: CacheReport, turn: Turn) -> AsyncGenerator[bytes, None]:
         return _stream(gens, id, assemblers, model, created, include_usage=turn.wire.options.include_usage,
                        fingerprint=system_fingerprint(turn.host),
                        per_token=bool(turn.wire.request.timings_per_token))
@@ -89,12 +89,12 @@ CHAT = Chat()
 
 @post(["/v1/chat/completions", "/chat/completions"], status_code=200, opt=ROUTE_OPT,
       summary="Create a chat completion", tags=["openai"])
-async def chat_completions(request: Request) -> Response:
+async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
     return await serve_chat(request, CHAT)
 
 
 def _stream(gens: list[Any], id: str, assemblers: list[ResponseAssembler], model: str, created: int, *,
-            include_usage: bool, fingerprint: str, per_token: bool) -> AsyncIterator[bytes]:
+            include_usage: bool, fingerprint: str, per_token: bool) -> AsyncGenerator[bytes, None]:
     """Chat chunks of every choice (``n``: each its own engine request, its chunks indexed),
     then the closing frames. Owns ``gens``: closing this stream (the client left) closes them."""
     tally = UsageTally(len(gens), include_usage)
@@ -106,7 +106,7 @@ def _stream(gens: list[Any], id: str, assemblers: list[ResponseAssembler], model
 
 
 async def _choice_stream(gen: Any, id: str, assembler: ResponseAssembler, model: str, created: int, *,
-                         index: int, tally: UsageTally, fingerprint: str, per_token: bool) -> AsyncIterator[bytes]:
+                         index: int, tally: UsageTally, fingerprint: str, per_token: bool) -> AsyncGenerator[bytes, None]:
     """One choice's chunks, up to its finish chunk, each with the logprobs of the tokens it
     releases (:class:`~mlxrt.plugins.openai.encode.LogprobFrames`); a ``prompt_progress`` chunk
     (empty delta) per prefill report when the request asked (``return_progress``); llama-server's

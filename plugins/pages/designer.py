@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any, cast
 
 import attrs
 
@@ -146,7 +146,8 @@ def _recipe(value: Any) -> Recipe:
     fields = {k: value[k] for k in _RECIPE_FIELDS if k in value}
     if any(isinstance(v, float) and not math.isfinite(v) for v in fields.values()):
         raise InvalidRequest("recipe values must be finite numbers", param="recipe")
-    return Recipe(**{k: (int(v) if k == "top_k" else float(v)) for k, v in fields.items()})
+    numbers: dict[str, Any] = {k: (int(v) if k == "top_k" else float(v)) for k, v in fields.items()}
+    return Recipe(**numbers)
 
 
 def parse_design(body: Mapping[str, Any], tokenize: Any) -> DesignRequest:
@@ -204,7 +205,7 @@ def _entropy_bits(probs: Any) -> float:
     import mlx.core as mx
 
     p = probs.astype(mx.float32)
-    return float(-mx.sum(mx.where(p > 0, p * mx.log2(mx.maximum(p, 1e-30)), 0.0)).item())
+    return float(-mx.sum(mx.where(p > 0, p * mx.log2(mx.maximum(p, 1e-30)), 0.0)))
 
 
 def _plot(curve: Curve) -> tuple[tuple[float, float], ...]:
@@ -214,7 +215,8 @@ def _plot(curve: Curve) -> tuple[tuple[float, float], ...]:
 
     lo = math.log(PLOT_FLOOR_PCT / 100)
     u = [lo + (0 - lo) * i / (PLOT_POINTS - 1) for i in range(PLOT_POINTS)]
-    y = apply_curve(mx.array(u, dtype=mx.float32), curve).tolist()
+    # mlx types tolist() as any nesting; a 1-D array's is a flat list
+    y = cast("list[float]", apply_curve(mx.array(u, dtype=mx.float32), curve).tolist())
     return tuple((100 * math.exp(a), 100 * math.exp(min(b, 50.0))) for a, b in zip(u, y, strict=True))
 
 
@@ -236,7 +238,7 @@ class _Decoder:
         self.prompt = list(prompt)
         self.eos = frozenset(getattr(loaded.tokenizer, "eos_token_ids", None) or ())
         self.stream = mx.default_stream(mx.default_device())  # the worker's, as the job runs on it
-        self._make = lambda: make_prompt_cache(self.model)
+        self._make: Callable[[], list[Any]] = lambda: make_prompt_cache(self.model)
         self.cache = self._prefill()
         self.trimmable = can_trim_prompt_cache(self.cache)
 
@@ -314,10 +316,10 @@ def run_design(loaded: LoadedModel, request: DesignRequest) -> DesignResult:
     k = min(request.top, model_p.shape[-1])
     rows: set[int] = set()
     for p in (model_p, curve_p, recipe_p):
-        rows.update(int(i) for i in mx.argsort(-p)[:k].tolist())
-    ids = sorted(rows, key=lambda i: -float(model_p[i].item()))
+        rows.update(int(i) for i in cast("list[int]", mx.argsort(-p)[:k].tolist()))  # 1-D: flat
+    ids = sorted(rows, key=lambda i: -float(model_p[i]))
     # Each column of the union: what the model, the curve and the recipe give it.
-    table = mx.stack([model_p, curve_p, recipe_p])[:, mx.array(ids)].tolist()
+    table = cast("list[list[float]]", mx.stack([model_p, curve_p, recipe_p])[:, mx.array(ids)].tolist())  # 2-D
     distribution = tuple(
         TokenRow(id=i, text=loaded.tokenizer.decode([i]), model=m, curve=c, recipe=r)
         for i, m, c, r in zip(ids, *table, strict=True)

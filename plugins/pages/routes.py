@@ -35,24 +35,24 @@ _PAGE_OPT = {"public": True}
 _NO_CACHE = {"Cache-Control": "no-cache"}
 
 
-def _html(name: str) -> Response:
+def _html(name: str) -> Response[Any]:
     return Response(content=(_STATIC / name).read_bytes(), media_type="text/html",
                     headers=_NO_CACHE)
 
 
 @get("/", summary="Chat and status page", tags=["pages"], include_in_schema=False, opt=_PAGE_OPT)
-async def index_page() -> Response:
+async def index_page() -> Response[Any]:
     return _html("index.html")
 
 
 @get("/curves", summary="Curve designer page", tags=["pages"], include_in_schema=False, opt=_PAGE_OPT)
-async def curves_page() -> Response:
+async def curves_page() -> Response[Any]:
     return _html("curves.html")
 
 
 @get("/pages/assets/{name:str}", summary="A page asset", tags=["pages"], include_in_schema=False,
      opt=_PAGE_OPT)
-async def asset(request: Request) -> Response:
+async def asset(request: Request[Any, Any, Any]) -> Response[Any]:
     name = str(request.path_params["name"])
     media = ASSETS.get(name)
     if media is None:
@@ -61,7 +61,7 @@ async def asset(request: Request) -> Response:
 
 
 @get("/pages/status", summary="Model capabilities, plugins and server settings", tags=["pages"])
-async def status(request: Request) -> dict[str, Any]:
+async def status(request: Request[Any, Any, Any]) -> dict[str, Any]:
     """What the status panel shows beside ``/stats``: the served model's capabilities, every
     plugin the host saw (loaded, failed or disabled, with its kind and hooks), and the sampling
     settings the server was started with."""
@@ -109,7 +109,7 @@ def _tokenizer(model: ServedModel) -> Callable[[str, bool], list[int]]:
 
 @post("/v1/curves/sample", status_code=200, summary="Sample a prompt with a curve and with a recipe",
       tags=["pages"])
-async def curve_sample(request: Request) -> dict[str, Any]:
+async def curve_sample(request: Request[Any, Any, Any]) -> dict[str, Any]:
     """N completions of one prompt under a curve and under a plain recipe, side by side, and
     the next-token distribution of the model, the curve and the recipe (docs/pages.md).
 
@@ -136,7 +136,7 @@ async def curve_sample(request: Request) -> dict[str, Any]:
         with adapters.select(()) if adapters is not None else contextlib.nullcontext():
             return run_design(loaded, design)
 
-    result = await model.call(job)
+    result: DesignResult = await model.call(job)
     return result.as_dict(design, model.info.model_id)
 
 

@@ -166,6 +166,7 @@ class EventStream:
             return []
         text = "".join(self._text)
         where = {"item_id": self._id, "output_index": self._index, "content_index": 0}
+        part: dict[str, Any]
         if self._open == "reasoning":
             part = {"type": "reasoning_text", "text": text}
             item = _reasoning_item(self._id, text, "completed")
@@ -183,6 +184,7 @@ class EventStream:
     def _begin(self, kind: str) -> list[bytes]:
         frames = self._close()
         self._open, self._id = kind, new_id("rs" if kind == "reasoning" else "msg")
+        part: dict[str, Any]
         if kind == "reasoning":
             item = {**_reasoning_item(self._id, "", "in_progress"), "content": []}
             part = {"type": "reasoning_text", "text": ""}

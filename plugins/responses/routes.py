@@ -3,7 +3,7 @@ llama-server serves it), ``GET`` and ``DELETE /v1/responses/{id}``."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Mapping
+from collections.abc import AsyncGenerator, Mapping
 from typing import TYPE_CHECKING, Any
 
 import attrs
@@ -46,12 +46,13 @@ def store_of(host: PluginHost) -> ResponseStore:
     """The app host's response store (its ``plugin_state("responses")``), made on first use
     with the server's options."""
     options = host.options
-    return host.plugin_state("responses", lambda: ResponseStore(
+    store: ResponseStore = host.plugin_state("responses", lambda: ResponseStore(
         ttl_s=float(options.get("response_store_ttl") or DEFAULT_TTL_S),
         max_bytes=int(options.get("response_store_bytes") or DEFAULT_MAX_BYTES)))
+    return store
 
 
-def owner_of(request: Request) -> str:
+def owner_of(request: Request[Any, Any, Any]) -> str:
     """Who a stored response belongs to: :func:`mlxrt.api.auth.caller_of` (so each key sees
     only its own), ``""`` on a server without ``--api-key``, where the 192-bit id is the only
     key (it is never shown to anyone but its creator)."""
@@ -119,7 +120,7 @@ class Responses:
                     headers=decoded.headers, single_call=not wire.parallel_tool_calls, wire=decoded,
                     store=bool(wire.store))
 
-    async def resolve(self, request: Request, turn: Turn) -> Turn:
+    async def resolve(self, request: Request[Any, Any, Any], turn: Turn) -> Turn:
         """The whole conversation (a stored response's input and output before this request's
         input) as the chat to render; a ``previous_response_id`` the caller cannot see is a 404."""
         decoded: DecodedResponse = turn.wire
@@ -149,7 +150,7 @@ class Responses:
         return body
 
     def stream(self, gen: Any, assembler: ResponseAssembler, *, id: str, model: str, created: int,
-               report: CacheReport, turn: Turn) -> AsyncIterator[bytes]:
+               report: CacheReport, turn: Turn) -> AsyncGenerator[bytes, None]:
         exchange: Exchange = turn.wire
         events = EventStream(exchange.frame(id, model, created),
                              count_tokens=lambda text: _reasoning_tokens(turn, text),
@@ -167,12 +168,12 @@ RESPONSES = Responses()
 
 @post(["/v1/responses", "/responses"], status_code=200, opt=ROUTE_OPT,
       summary="Create a response (OpenAI Responses)", tags=["responses"])
-async def create_response(request: Request) -> Response:
+async def create_response(request: Request[Any, Any, Any]) -> Response[Any]:
     return await serve_chat(request, RESPONSES)
 
 
 @get("/v1/responses/{response_id:str}", opt=ROUTE_OPT, summary="Retrieve a stored response", tags=["responses"])
-async def get_response(request: Request) -> dict[str, Any]:
+async def get_response(request: Request[Any, Any, Any]) -> dict[str, Any]:
     response_id = request.path_params["response_id"]
     stored = store_of(request.app.state.host).get(response_id, owner_of(request))
     if stored is None:
@@ -182,7 +183,7 @@ async def get_response(request: Request) -> dict[str, Any]:
 
 @delete("/v1/responses/{response_id:str}", status_code=200, opt=ROUTE_OPT, summary="Delete a stored response",
         tags=["responses"])
-async def delete_response(request: Request) -> dict[str, Any]:
+async def delete_response(request: Request[Any, Any, Any]) -> dict[str, Any]:
     response_id = request.path_params["response_id"]
     if not store_of(request.app.state.host).delete(response_id, owner_of(request)):
         raise _not_found(response_id)

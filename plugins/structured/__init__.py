@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from mlxrt import hookimpl
-from mlxrt.records import GenerationRequest, LogitsProcessor, ModelInfo
+from mlxrt.records import GenerationRequest, LogitsProcessor, ModelInfo, StructuredOutput
 
 if TYPE_CHECKING:
     from mlxrt.host import PluginHost
@@ -65,8 +65,9 @@ class GrammarState:
 def _state(host: PluginHost) -> GrammarState:
     from mlxrt.plugins.structured.cache import DEFAULT_BUDGET_MB
 
-    return host.plugin_state("structured", lambda: GrammarState(
+    state: GrammarState = host.plugin_state("structured", lambda: GrammarState(
         int(host.options.get("grammar_cache_mb") or DEFAULT_BUDGET_MB)))
+    return state
 
 
 def _grammars(host: PluginHost) -> Any:
@@ -119,10 +120,10 @@ def mlxrt_logits_processors(request: GenerationRequest, info: ModelInfo, host: P
     if matcher is None:  # another choice of the request, or forgotten: a copy from the cache
         matcher = grammars.matcher(request.structured)
     return [GrammarProcessor(matcher, grammars.tokenizer.vocab_size,
-                             thinking=_thinking_window(request, host))]
+                             thinking=_thinking_window(request, request.structured, host))]
 
 
-def _thinking_window(request: GenerationRequest, host: PluginHost) -> Any:
+def _thinking_window(request: GenerationRequest, structured: StructuredOutput, host: PluginHost) -> Any:
     """The think block the prompt left open, free of the grammar until it closes (``None``: no
     open block, or a whole-answer grammar such as a forced tool call, which closes it itself).
     An answer that would open its own block (Qwen3) is held to the format from its first token:
@@ -132,7 +133,7 @@ def _thinking_window(request: GenerationRequest, host: PluginHost) -> Any:
 
     model = host.model
     fmt = model.profile.thinking_format
-    if fmt is None or request.structured.kind == "lark" or not fmt.close:
+    if fmt is None or structured.kind == "lark" or not fmt.close:
         return None
     tokenizer = model.tokenizer
     if not reasoning_lead(model.profile, tokenizer, request.prompt_ids):

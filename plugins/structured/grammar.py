@@ -14,7 +14,7 @@ import threading
 import time
 import weakref
 from collections.abc import Callable
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
 import attrs
 
@@ -24,12 +24,15 @@ from mlxrt.plugins.structured.cache import GrammarCache
 from mlxrt.plugins.structured.limits import DEFAULT_LIMITS, GrammarLimits, check_limits
 from mlxrt.records import StructuredOutput
 
+if TYPE_CHECKING:
+    from llguidance._lib import JsonCompileOptions  # a stub-only TypedDict
+
 __all__ = ["Grammars", "GrammarProcessor", "ThinkingWindow", "grammar_text"]
 
 #: Compact JSON (no free whitespace): a model cannot stall in endless spaces, and the answer
 #: is what ``json.dumps(..., separators=(",", ":"))`` would print. A schema's own
 #: ``x-guidance`` options override it.
-_JSON_OPTIONS = {"whitespace_flexible": False}
+_JSON_OPTIONS: JsonCompileOptions = {"whitespace_flexible": False}
 #: Seconds a compile may take, waiting for the compiler included (a 400 past it).
 COMPILE_SECONDS = 5.0
 #: The compile thread's stack (virtual: only the pages a deep grammar touches are used).
@@ -157,13 +160,14 @@ def _isolated(compile: Callable[[], T], lock: threading.Lock, deadline_s: float,
     if not lock.acquire(timeout=deadline_s):
         raise QueueFull(f"{structured.param}: the grammar compiler is busy; retry", retry_after=1,
                         code="grammar_compiler_busy")
-    outcome: list[Any] = []
+    compiled: list[T] = []
+    failed: list[BaseException] = []
 
     def run() -> None:
         try:
-            outcome.append((True, compile()))
+            compiled.append(compile())
         except BaseException as exc:  # handed to the caller, whichever it is
-            outcome.append((False, exc))
+            failed.append(exc)
         finally:
             lock.release()
 
@@ -180,13 +184,12 @@ def _isolated(compile: Callable[[], T], lock: threading.Lock, deadline_s: float,
     finally:
         threading.stack_size(previous)
     thread.join(max(0.0, deadline_s - (time.monotonic() - start)))
-    if not outcome:
+    if not compiled and not failed:
         raise _invalid(structured, f"the grammar did not compile within {deadline_s:g} s; simplify it",
                        code="grammar_too_large")
-    ok, value = outcome[0]
-    if not ok:
-        raise value
-    return value
+    if failed:
+        raise failed[0]
+    return compiled[0]
 
 
 def _invalid(structured: StructuredOutput, message: str, code: str | None = None) -> InvalidRequest:

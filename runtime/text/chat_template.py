@@ -67,7 +67,7 @@ def _check_clock() -> None:
         raise TemplateLimitError(f"the chat template took longer than {RENDER_TIME_LIMIT:g} s to render; aborted")
 
 
-class _TimedRange(Sequence):
+class _TimedRange(Sequence[Any]):
     """The sandbox's ``range`` (at most 100,000 items) that checks the clock as it is iterated."""
 
     def __init__(self, inner: range) -> None:
@@ -134,13 +134,14 @@ class _GenerationTag(jinja2.ext.Extension):
 
     tags = {"generation"}
 
-    def parse(self, parser: Any) -> jinja2.nodes.CallBlock:
+    def parse(self, parser: Any) -> jinja2.nodes.Node:
         lineno = next(parser.stream).lineno
         body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
         return jinja2.nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
 
     def _body(self, caller: Any) -> str:
-        return caller()
+        body: str = caller()
+        return body
 
 
 def _raise_exception(message: str) -> None:
@@ -159,10 +160,10 @@ def _strftime_now(format: str) -> str:  # noqa: A002 - the name templates pass
 class _TemplateDict:
     """``dict`` for templates, without attribute access to the real type."""
 
-    def __call__(self, *args: Any, **kwargs: Any) -> dict:
+    def __call__(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
         return dict(*args, **kwargs)
 
-    def fromkeys(self, *args: Any, **kwargs: Any) -> dict:
+    def fromkeys(self, *args: Any, **kwargs: Any) -> dict[Any, Any]:
         return dict.fromkeys(*args, **kwargs)
 
 
@@ -275,7 +276,7 @@ def _as_dicts(value: Any) -> Any:
     return value
 
 
-def _normalized(conversation: Any) -> list[dict]:
+def _normalized(conversation: Any) -> list[dict[str, Any]]:
     """Messages as dicts without ``None``-valued keys (templates handle a missing key, not ``None``)."""
     out = []
     for message in _as_dicts(getattr(conversation, "messages", conversation)):
@@ -285,7 +286,7 @@ def _normalized(conversation: Any) -> list[dict]:
     return out
 
 
-def _alias_reasoning(chat: list) -> list:
+def _alias_reasoning(chat: list[Any]) -> list[Any]:
     aliased = []
     for message in chat:
         if isinstance(message, dict):

@@ -195,7 +195,8 @@ class Detokenizers:
         """``tokenizer``'s detokenizers; the table is checked against ``tokenizer.decode`` on
         :data:`~mlxrt.text.token_bytes.PROBE`, and dropped (reason logged) on a mismatch."""
         def decode(ids: Sequence[int]) -> str:
-            return tokenizer.decode(list(ids), skip_special_tokens=False)
+            text: str = tokenizer.decode(list(ids), skip_special_tokens=False)
+            return text
 
         try:
             table = token_bytes(tokenizer)

@@ -168,7 +168,8 @@ _SCHEMA_MAPS = frozenset({"properties", "$defs", "definitions", "patternProperti
 
 
 def _tool_line(tool: Mapping[str, Any]) -> str:
-    fn = tool.get("function") if isinstance(tool.get("function"), Mapping) else tool
+    function = tool.get("function")
+    fn = function if isinstance(function, Mapping) else tool
     line = {"name": fn.get("name"), "description": fn.get("description") or "",
             "parameters": fn.get("parameters") or {"type": "object", "properties": {}}}
     return json.dumps(line, ensure_ascii=False)

@@ -26,7 +26,7 @@ class ReasoningSplitter:
 
     def __init__(self, fmt: ThinkingFormat | None, *, starts_in_thinking: bool = False) -> None:
         self.fmt = fmt
-        self.thinking = bool(fmt) and (starts_in_thinking or fmt.starts_in_thinking)
+        self.thinking = fmt is not None and (starts_in_thinking or fmt.starts_in_thinking)
         self._held = ""
         self._seen_open = self.thinking
         self._closed = False
@@ -35,7 +35,8 @@ class ReasoningSplitter:
     def feed(self, text: str) -> tuple[str, str]:
         if self.fmt is None:
             return "", text
-        reasoning, content = [], []
+        reasoning: list[str] = []
+        content: list[str] = []
         buf = self._held + text
         self._held = ""
         while buf:

@@ -102,10 +102,12 @@ class TokenBytes:
         if self.per_token is None:
             return text
         if first:
-            return self.per_token.decode([text])
+            alone: str = self.per_token.decode([text])
+            return alone
         # The library's own steps, run on a neutral token (they leave it as it is: checked in
         # _compile) then this one: the second token's text is what any later position gets.
-        return self.per_token.decode([_ANCHOR, text])[len(_ANCHOR):]
+        after: str = self.per_token.decode([_ANCHOR, text])
+        return after[len(_ANCHOR):]
 
     def _assemble(self, text: str) -> bytes:
         if self.assembly == "ByteFallback":
@@ -137,7 +139,7 @@ def _steps(spec: Mapping[str, Any] | None) -> list[Mapping[str, Any]] | None:
 def _per_token_decoder(steps: Sequence[Mapping[str, Any]]) -> Any:
     from tokenizers import Regex, decoders
 
-    built = []
+    built: list[decoders.Decoder] = []
     for step in steps:
         kind = step["type"]
         if kind == "Replace":

@@ -20,11 +20,14 @@ import logging
 import threading
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlxrt.compat import mlx_lm_sets_tokenizer_defaults
 from mlxrt.text.chat_template import ChatTemplates, pick_template, render_chat_template
 from mlxrt.text.token_bytes import CLEAN_UP
+
+if TYPE_CHECKING:
+    from tokenizers import Tokenizer
 
 __all__ = ["NATIVE_CLASSES", "TextTokenizer", "fallback_reason", "load_tokenizer"]
 
@@ -149,7 +152,7 @@ class TextTokenizer:
     :func:`load_tokenizer`.
     """
 
-    def __init__(self, backend: Any, path: Path, *, config: Mapping[str, Any],
+    def __init__(self, backend: Tokenizer, path: Path, *, config: Mapping[str, Any],
                  special_tokens_map: Mapping[str, str], chat_template: ChatTemplates | None,
                  eos_token_ids: Iterable[int] = ()) -> None:
         self._backend = backend
@@ -255,7 +258,7 @@ class TextTokenizer:
             return self._transformers
 
 
-def _flags(token: Any) -> tuple:
+def _flags(token: Any) -> tuple[Any, ...]:
     if isinstance(token, dict):
         return tuple(token.get(k, d) for k, d in (("content", None), ("single_word", False), ("lstrip", False),
                                                    ("rstrip", False), ("normalized", True)))
@@ -313,5 +316,5 @@ def load_tokenizer(path: str | Path, *, eos_token_ids: int | Sequence[int] | Non
     log.info("tokenizer of %s loads through mlx-lm (imports transformers): %s", path.name, loaded)
     from mlx_lm.utils import load_tokenizer as mlx_lm_load_tokenizer
 
-    return mlx_lm_load_tokenizer(path, {"trust_remote_code": True} if trust_remote_code else None,
-                                 eos_token_ids=eos_token_ids)
+    return mlx_lm_load_tokenizer(  # type: ignore[no-untyped-call]  # mlx-lm's is unannotated
+        path, {"trust_remote_code": True} if trust_remote_code else None, eos_token_ids=eos_token_ids)

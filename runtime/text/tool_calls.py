@@ -38,7 +38,7 @@ from typing import Any, Literal
 
 import attrs
 
-from mlxrt.records import ToolCall, ToolParser, ToolStreamMode
+from mlxrt.records import ThinkingFormat, ToolCall, ToolParser, ToolStreamMode
 
 __all__ = ["ToolRouter", "RoutedTools", "Piece", "split_calls", "call_texts", "call_bodies", "call_end", "offered_names", "PARTIAL_CALL_HEADER",
            "typed_arguments", "ForcedPrefix", "tool_choice_processors", "tool_choice_prefixes", "reasoning_lead",
@@ -366,7 +366,7 @@ def reasoning_lead(profile: Any, tokenizer: Any, prompt_ids: Sequence[int]) -> s
     the blank line templates put after it) when the prompt left a think block open, else ``""``."""
     from mlxrt.text.reasoning import prompt_opens_thinking
 
-    fmt = profile.thinking_format
+    fmt: ThinkingFormat | None = profile.thinking_format
     if fmt is not None and prompt_ids and prompt_opens_thinking(tokenizer.decode(list(prompt_ids[-16:])), fmt):
         return fmt.close + "\n\n"
     return ""

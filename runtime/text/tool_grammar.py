@@ -71,7 +71,8 @@ class CallGrammar:
              item_separator: str = ", ") -> str:
         """A JSON value valid under ``schema``, printed with the given separators and no other
         whitespace (so the model cannot stall in spaces)."""
-        body = dict(bounded_numbers(schema)) if isinstance(schema, Mapping) and schema else {"type": "object"}
+        body: dict[str, Any] = (dict(bounded_numbers(schema)) if isinstance(schema, Mapping) and schema
+                                else {"type": "object"})
         guidance = {"whitespace_flexible": False, "key_separator": key_separator,
                     "item_separator": item_separator, **(body.get("x-guidance") or {})}
         body["x-guidance"] = guidance
