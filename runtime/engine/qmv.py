@@ -81,12 +81,18 @@ status = load
 def _load() -> QmvStatus:
     if os.environ.get("MLXRT_QMV", "") in ("0", "off", "false"):
         return QmvStatus(reason="MLXRT_QMV=0")
-    # The exact path (x near exact: 15 bits on AVX2, floats in the portable loops) is the
-    # default; the kernel's 8-bit activations are opt-in with MLXRT_QMV_EXACT=0 until their loss
-    # on Gemma 3 is understood: on Gemma 3 270M Q4_K_M they took greedy agreement with
-    # llama-server from 9 of 10 prompts' first 8 tokens to 1 of 10 (docs/performance.md,
-    # "8-bit activations"). Set before the import: the kernel reads it once.
-    os.environ.setdefault("MLXRT_QMV_EXACT", "1")
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        dist = version("mlxrt-qmv")
+    except PackageNotFoundError:
+        dist = "?"
+    # The kernel's 8-bit activations are the default (MLXRT_QMV_EXACT=1 keeps the exact path:
+    # x in 15 bits on AVX2, floats in the portable loops), except with mlxrt-qmv 0.5.0, whose
+    # rounding met a widened 5-bit layer's weights as q - 128 and took Gemma 3 270M Q4_K_M off
+    # llama-server's text (docs/performance.md, "8-bit activations"). Set before the import:
+    # the kernel reads it once.
+    os.environ.setdefault("MLXRT_QMV_EXACT", "1" if dist == "0.5.0" else "0")
     try:
         import mlxrt_qmv
     except ImportError as exc:
@@ -96,12 +102,6 @@ def _load() -> QmvStatus:
 
     if mx.default_device() != mx.cpu:
         return QmvStatus(reason="MLX runs on a GPU")
-    from importlib.metadata import PackageNotFoundError, version
-
-    try:
-        dist = version("mlxrt-qmv")
-    except PackageNotFoundError:
-        dist = "?"
     return QmvStatus(module=mlxrt_qmv, kernel=mlxrt_qmv.kernel_name(), threads=mlxrt_qmv.threads(), version=dist)
 
 
