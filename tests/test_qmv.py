@@ -488,3 +488,27 @@ def test_widened_gguf_layers_equal_mlx_quantized_matmul_to_the_rounding_of_x(top
     exact = x.astype(np.float64) @ dq.T
     scale = np.abs(exact).max()
     assert np.abs(got - ideal).max() <= 1e-4 * scale, (np.abs(got - ideal).max() / scale, np.abs(ideal - exact).max() / scale)
+
+
+@needs_kernel
+@pytest.mark.parametrize("bits", [3, 5, 6])
+def test_k_quant_widths_equal_mlx_quantized_matmul_to_the_rounding_of_x(bits):
+    # 3-, 5- and 6-bit layers on the AVX-512 loops (each band of weight rows unpacked to bytes, with
+    # VBMI where the CPU has it, 64 values a step and a last 32) and the portable ones (forced by
+    # test_the_other_loops_keep_within_their_rounding_bound_row_by_row): both w . x_rounded, so the
+    # same products to float rounding, for one row of x and a prefill's many.
+    import numpy as np
+
+    if bits not in qmv_ext.BITS:
+        pytest.skip(f"{bits}-bit weights are MLX's own op with {KERNEL!r}")
+    for k, gs in ((672, 32), (640, 64)):  # 672: 10 steps of 64 values and a last 32
+        w, s, b = _quantized(130, k, gs, bits, seed=bits)
+        rng = np.random.default_rng(bits)
+        for rows in (1, 70):
+            x = rng.standard_normal((rows, k)).astype(np.float32)
+            x[:, 5] *= 300.0
+            got = np.array(qmv_ext.quantized_matmul(mx.array(x), w, s, b, gs, bits), dtype=np.float64)
+            dq = np.array(mx.dequantize(w, s, b, group_size=gs, bits=bits), dtype=np.float64)
+            ideal = _rounded_x(x) @ dq.T
+            scale = np.abs(x.astype(np.float64) @ dq.T).max()
+            assert np.abs(got - ideal).max() <= 1e-4 * scale, (k, rows, np.abs(got - ideal).max() / scale)

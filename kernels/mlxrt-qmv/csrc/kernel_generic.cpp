@@ -166,6 +166,17 @@ void quantize_x_int8(const float* x, int K, int group_size, int bits, int layout
   }
 }
 
+void unpack_row(const uint32_t* w, int bits, int K, uint8_t* q) {
+  switch (bits) {
+    case 2: return unpack_row<2>(w, K, q);
+    case 3: return unpack_row<3>(w, K, q);
+    case 4: return unpack_row<4>(w, K, q);
+    case 5: return unpack_row<5>(w, K, q);
+    case 6: return unpack_row<6>(w, K, q);
+    default: return unpack_row<8>(w, K, q);
+  }
+}
+
 void rows_generic_int8(const Problem& p, int r0, int r1) {
   switch (p.bits) {
     case 2: return rows_int8_bits<2>(p, r0, r1);

@@ -80,6 +80,8 @@ struct Kernel {
 // left llama.cpp's text.)
 void quantize_x_int8(const float* x, int K, int group_size, int bits, int layout, int padded, int8_t* xq, float* xd,
                      float* xsum, float* xoff);
+// One weight row (K values of `bits` bits, MLX's little-end-first bit stream) as one byte a value.
+void unpack_row(const uint32_t* w, int bits, int K, uint8_t* q);
 // The portable integer kernel: x from quantize_x_int8 (layout 0), 32-bit sums per block.
 void rows_generic_int8(const Problem& p, int r0, int r1);
 
@@ -108,6 +110,7 @@ void rows_avx2_q8(const Problem& p, int r0, int r1);
 // rows_avx2_q8 on x in 15 bits (xq and xlo, or x16): 128 times less rounding for about 1.5 times the work.
 void rows_avx2_q15(const Problem& p, int r0, int r1);
 // The AVX-512 (F, BW, VL, VNNI) integer kernel: x from quantize_x_int8, layout 4, padded to 128.
+// 3-, 5- and 6-bit weights: each band of rows unpacked to bytes (unpack_row), then the 8-bit loops.
 void rows_avx512_vnni(const Problem& p, int r0, int r1);
 #endif
 
