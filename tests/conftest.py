@@ -20,9 +20,9 @@ TOKENIZERS = SHARED / "data" / "tokenizers"
 # the tests compare float32 logits, logprobs and seeded texts exactly. Read at the first matmul;
 # server subprocesses inherit it.
 os.environ.setdefault("MLX_ENABLE_TF32", "0")
-# The suite runs the kernel's 8-bit activations (opt-in in production, MLXRT_QMV_EXACT=0; the
-# exact default is tested by tests/test_qmv.py's forced "exact" run and test_qmv_default_is_exact),
-# here and in every server it starts.
+# The suite runs the kernel's 8-bit activations (the production default too, but a developer's
+# MLXRT_QMV_EXACT=1 must not change what the suite tests; the exact path is tested by
+# tests/test_qmv.py's forced "exact" run), here and in every server it starts.
 os.environ.setdefault("MLXRT_QMV_EXACT", "0")
 
 

@@ -44,7 +44,7 @@ log = logging.getLogger("mlxrt.engine.qmv")
 #: primitive and attribute below is there at exactly this version, so nothing probes for names.
 #: ``scripts/setup`` builds the kernel from the same checkout; another version (an older wheel
 #: left in the environment) is not used, with one warning saying to rebuild it.
-API = 5
+API = 6
 
 
 @attrs.frozen
@@ -90,12 +90,12 @@ status = load
 def _load() -> QmvStatus:
     if os.environ.get("MLXRT_QMV", "") in ("0", "off", "false"):
         return QmvStatus(reason="MLXRT_QMV=0")
-    # The exact path (x near exact: 15 bits on AVX2, floats in the portable loops) is the
-    # default; the kernel's 8-bit activations are opt-in with MLXRT_QMV_EXACT=0 until their loss
-    # on Gemma 3 is understood: on Gemma 3 270M Q4_K_M they took greedy agreement with
-    # llama-server from 9 of 10 prompts' first 8 tokens to 1 of 10 (docs/performance.md,
-    # "8-bit activations"). Set before the import: the kernel reads it once.
-    os.environ.setdefault("MLXRT_QMV_EXACT", "1")
+    # The kernel's 8-bit activations are the default (MLXRT_QMV_EXACT=1 keeps the exact path:
+    # x in 15 bits on AVX2, floats in the portable loops). A build whose rounding met a widened
+    # 5-bit layer's weights as q - 128 (mlxrt-qmv 0.5.0, API 5: it took Gemma 3 270M Q4_K_M off
+    # llama-server's text, docs/performance.md "8-bit activations") is refused by its API version.
+    # Set before the import: the kernel reads it once.
+    os.environ.setdefault("MLXRT_QMV_EXACT", "0")
     try:
         import mlxrt_qmv
     except ImportError as exc:

@@ -117,7 +117,7 @@ NB_MODULE(_ext, m) {
   // function, attribute or behaviour mlxrt relies on is added, removed or changed, so that mlxrt
   // checks one number instead of probing for names, and refuses a stale build with a message
   // that says to rebuild it (./scripts/setup).
-  m.attr("API") = 5;
+  m.attr("API") = 6;
   m.attr("MLX_VERSION") =
       MLXRT_QMV_STR(MLX_VERSION_MAJOR) "." MLXRT_QMV_STR(MLX_VERSION_MINOR) "." MLXRT_QMV_STR(MLX_VERSION_PATCH);
 }

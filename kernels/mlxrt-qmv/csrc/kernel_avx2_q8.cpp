@@ -41,9 +41,9 @@ RowScales row_scales_f32(const Problem& p, int r, float* sc, float* bi, float* s
   return {sc, bi, scb};
 }
 
-// sum_g bias[g] * xsum[g] + scale[g] * xoff[g] (the biases' term and the weights' offset, 8 or
-// 128, against the exact float sums of x; see quantize_x_avx2) spread over 8 lanes, to add to a row's
-// accumulator before its lanes are summed. The last G % 8 groups are read with a masked load.
+// sum_g bias[g] * xsum[g] + scale[g] * xoff[g] (the biases' term and, for 8-bit weights taken as
+// q - 128, the 128 they leave out, against the rounded x's sums; see quantize_x_avx2) spread over
+// 8 lanes, to add to a row's accumulator before its lanes are summed. The last G % 8 groups are read with a masked load.
 alignas(32) constexpr int32_t kTailMask[16] = {-1, -1, -1, -1, -1, -1, -1, -1, 0, 0, 0, 0, 0, 0, 0, 0};
 
 inline __m256 bias_term(const Problem& p, const RowScales& rs, int m) {
@@ -348,10 +348,7 @@ void quantize_x_avx2(const float* x, int K, int group_size, int bits, int8_t* xq
   // [0, 127], the high part to xq and the low 7 bits to xlo, or the whole to x16.
   const bool q15 = xlo != nullptr || x16 != nullptr;
   const float top = q15 ? 16256.f : 127.f;
-  // The weights' offset the kernels take out of q (see the row kernels): they multiply x by
-  // q - 128 exactly for 8-bit weights in int8 (sign trick), otherwise by q itself, and
-  // off * (xsum - sum of the rounded x) centres that on q - off.
-  const float off = bits == 4 ? 8.f : 128.f;
+  // The row kernels multiply 8-bit weights in int8 as q - 128 (sign trick), the others as q.
   const bool centred = bits == 8 && !q15;
   const int nb = K / 32, per = group_size / 32;
   const __m256 sign = _mm256_set1_ps(-0.f);
@@ -360,11 +357,10 @@ void quantize_x_avx2(const float* x, int K, int group_size, int bits, int8_t* xq
   for (int b = 0; b < nb; ++b) {
     const float* xb = x + b * 32;
     __m256 v[4];
-    __m256 amax = _mm256_setzero_ps(), sum = _mm256_setzero_ps();
+    __m256 amax = _mm256_setzero_ps();
     for (int j = 0; j < 4; ++j) {
       v[j] = _mm256_loadu_ps(xb + 8 * j);
       amax = _mm256_max_ps(amax, _mm256_andnot_ps(sign, v[j]));
-      sum = _mm256_add_ps(sum, v[j]);
     }
     __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(amax), _mm256_extractf128_ps(amax, 1));
     m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
@@ -381,11 +377,8 @@ void quantize_x_avx2(const float* x, int K, int group_size, int bits, int8_t* xq
     s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0x4e));
     s4 = _mm_add_epi32(s4, _mm_shuffle_epi32(s4, 0xb1));
     const int qsum = _mm_cvtsi128_si32(s4);
-    const float xs = hsum(sum);
     xd[b] = d;
-    const int g = b / per;
-    xsum[g] += xs;
-    if (!centred) xoff[g] += off * (xs - d * static_cast<float>(qsum));
+    xsum[b / per] += d * static_cast<float>(qsum); // the rounded x's sum (kernels.h says why)
     if (x16 != nullptr) {
       for (int i = 0; i < 32; ++i) x16[b * 32 + i] = static_cast<int16_t>(q[i]);
     } else {
@@ -393,8 +386,7 @@ void quantize_x_avx2(const float* x, int K, int group_size, int bits, int8_t* xq
         store_block(q, part == 0 ? xq : xlo, b, nb, bits, xlo == nullptr ? -1 : part);
     }
   }
-  if (centred)
-    for (int g = 0; g < K / group_size; ++g) xoff[g] = 128.f * xsum[g];
+  for (int g = 0; g < K / group_size; ++g) xoff[g] = centred ? 128.f * xsum[g] : 0.f;
 }
 
 

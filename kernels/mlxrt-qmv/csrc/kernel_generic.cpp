@@ -136,17 +136,13 @@ void rows_int8_bits(const Problem& p, int r0, int r1) {
 void quantize_x_int8(const float* x, int K, int group_size, int bits, int layout, int padded, int8_t* xq, float* xd,
                      float* xsum, float* xoff) {
   const int nb = K / 32, per = group_size / 32;
-  const float off = static_cast<float>(1 << (bits - 1));
-  for (int g = 0; g < K / group_size; ++g) xsum[g] = xoff[g] = 0.f;
+  for (int g = 0; g < K / group_size; ++g) xsum[g] = xoff[g] = 0.f; // xoff stays 0: q is taken as it is
   // x's bytes past its last block (and a partial last chunk's unused places) are zeros
   for (int i = layout == 4 && bits == 4 ? nb / 4 * 128 : K; i < padded; ++i) xq[i] = 0;
   for (int b = 0; b < nb; ++b) {
     const float* xb = x + b * 32;
-    float am = 0.f, xs = 0.f;
-    for (int i = 0; i < 32; ++i) {
-      am = std::max(am, std::fabs(xb[i]));
-      xs += xb[i];
-    }
+    float am = 0.f;
+    for (int i = 0; i < 32; ++i) am = std::max(am, std::fabs(xb[i]));
     const float d = am / 127.f;
     const float id = am > 0.f ? 127.f / am : 0.f;
     int8_t v[32];
@@ -157,8 +153,7 @@ void quantize_x_int8(const float* x, int K, int group_size, int bits, int layout
       qsum += q;
     }
     xd[b] = d;
-    xsum[b / per] += xs;
-    xoff[b / per] += off * (xs - d * static_cast<float>(qsum));
+    xsum[b / per] += d * static_cast<float>(qsum); // the rounded x's sum (kernels.h says why)
     if (layout == 4 && bits == 4) {
       int8_t* chunk = xq + (b / 4) * 128 + (b % 4) * 16;
       for (int i = 0; i < 16; ++i) {
@@ -168,6 +163,17 @@ void quantize_x_int8(const float* x, int K, int group_size, int bits, int layout
     } else {
       std::memcpy(xq + b * 32, v, 32);
     }
+  }
+}
+
+void unpack_row(const uint32_t* w, int bits, int K, uint8_t* q) {
+  switch (bits) {
+    case 2: return unpack_row<2>(w, K, q);
+    case 3: return unpack_row<3>(w, K, q);
+    case 4: return unpack_row<4>(w, K, q);
+    case 5: return unpack_row<5>(w, K, q);
+    case 6: return unpack_row<6>(w, K, q);
+    default: return unpack_row<8>(w, K, q);
   }
 }
 

@@ -21,7 +21,7 @@ struct Problem {
   const float* xsum; // M rows of G per-group sums of x
   // Kernels that take x quantized (Kernel::int8_x; Kernel::quantize makes these): M rows of K int8
   // values laid out for the weights' bits, M rows of K / 32 block scales, and M rows of G
-  // offsets that the bias term adds (see quantize_x_avx2).
+  // offsets that the bias term adds (see quantize_x_avx2). xsum is then the rounded x's sums.
   const int8_t* xq;
   const int8_t* xlo; // the Q15 kernel, 4-bit weights: x / d in 15 bits, its high part in xq and low 7 bits here
   const int16_t* x16; // the Q15 kernel, 8-bit weights: x / d in 15 bits as int16, in order
@@ -70,13 +70,18 @@ struct Kernel {
 // (to nearest, ties to even) to xq, in order (layout 0) or, layout 4, per chunk of four blocks
 // (128 elements) as [even elements of blocks 0-3, 16 each | odd elements of blocks 0-3] (the
 // order of 64 packed bytes' low and high nibbles); a last partial chunk keeps that layout, and
-// xq is zero from the row's last value to `padded` bytes. Also the exact per-group sums of x
-// (xsum) and the offsets xoff: the kernels multiply the weights' q as they are, so
-// xoff = 2^(bits-1) * (xsum - sum of the dequantized x) turns scale * (q . x_rounded) +
-// scale * xoff into scale * ((q - 2^(bits-1)) . x_rounded + 2^(bits-1) * xsum): the rounding
-// error meets only the centred weights.
+// xq is zero from the row's last value to `padded` bytes. Also the per-group sums of the rounded
+// x (xsum, sum of d * round(x / d)) and zero offsets (xoff): the kernels multiply the weights' q as
+// they are, so scale * (q . x_rounded) + bias * xsum is w . x_rounded exactly, whose error
+// w . (x_rounded - x) meets the weights as they are. (Exact sums of x with an offset
+// 2^(bits-1) * (xsum - sum of x_rounded), mlxrt-qmv 0.5.0, left scale * (q - 2^(bits-1)) to meet
+// the rounding instead: right for weights centred there, but a GGUF Q5_0 or Q6_K layer widened to
+// 8 bits is centred on 16 or 32, and its rounding error grew ~7-14 times: Gemma 3 270M Q4_K_M
+// left llama.cpp's text.)
 void quantize_x_int8(const float* x, int K, int group_size, int bits, int layout, int padded, int8_t* xq, float* xd,
                      float* xsum, float* xoff);
+// One weight row (K values of `bits` bits, MLX's little-end-first bit stream) as one byte a value.
+void unpack_row(const uint32_t* w, int bits, int K, uint8_t* q);
 // The portable integer kernel: x from quantize_x_int8 (layout 0), 32-bit sums per block.
 void rows_generic_int8(const Problem& p, int r0, int r1);
 
@@ -90,11 +95,12 @@ void dequant_avx2(const Problem& p, int r0, int r1);
 // block's scale d = max|x| / 127 goes to xd, round(x / d) to xq, laid out for 4-bit weights per
 // 64-element chunk (blocks b, b + 1) as [even elements of b, even of b + 1, odd of b, odd of
 // b + 1] and a last lone block as [even, odd] (the order a packed byte's low and high nibbles
-// hold them), for 8-bit weights as given. Also the exact per-group sums of x (xsum, G of them)
-// and the offsets xoff the kernels' bias term adds, scale[g] * xoff[g] each: the kernels
+// hold them), for 8-bit weights as given. Also the per-group sums of the rounded x (xsum, G of
+// them) and the offsets xoff the kernels' bias term adds, scale[g] * xoff[g] each: the kernels
 // multiply 8-bit weights as q - 128, so xoff = 128 * xsum; they multiply 4-bit weights as q, and
-// xoff = 8 * (xsum - sum of the dequantized x) turns that into (q - 8) against the rounded x plus
-// 8 * xsum exactly, which halves the rounding error (q - 8 is centred on zero, q is not).
+// xoff = 0. Either way a row's product is w . x_rounded exactly, its error w . (x_rounded - x)
+// (as llama.cpp's, whose Q8_1 blocks carry their rounded sums; quantize_x_int8 says why not the
+// exact sums).
 // With xlo (4-bit weights) or x16 (8-bit weights), x / d is rounded to 15 bits instead, d =
 // max|x| / 16256, and stored as its high part (>> 7, in xq) and low 7 bits (in xlo), both int8 in
 // the layout above, or as int16 in order (x16).
@@ -104,6 +110,7 @@ void rows_avx2_q8(const Problem& p, int r0, int r1);
 // rows_avx2_q8 on x in 15 bits (xq and xlo, or x16): 128 times less rounding for about 1.5 times the work.
 void rows_avx2_q15(const Problem& p, int r0, int r1);
 // The AVX-512 (F, BW, VL, VNNI) integer kernel: x from quantize_x_int8, layout 4, padded to 128.
+// 3-, 5- and 6-bit weights: each band of rows unpacked to bytes (unpack_row), then the 8-bit loops.
 void rows_avx512_vnni(const Problem& p, int r0, int r1);
 #endif
 

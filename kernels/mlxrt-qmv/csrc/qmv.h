@@ -22,7 +22,7 @@ constexpr int MAX_ROWS_INT8 = 1 << 16;
 // kernels, MAX_ROWS for the others.
 int max_rows();
 // The weight widths the primitive computes with this process's kernel: 4 and 8, and with the
-// AVX-512 and portable 8-bit kernels also 3, 5 and 6 (those through the portable loops).
+// AVX-512 and portable 8-bit kernels also 3, 5 and 6 (unpacked to bytes, then the 8-bit loops).
 std::vector<int> bits_supported();
 
 // x @ dequantize(w, scales, biases).T, as mx::quantized_matmul(x, w, scales, biases,
