@@ -21,7 +21,7 @@ from mlxrt.records import FamilyProfile, LoadedModel, ModelInfo, ToolStreamMode
 from mlxrt.sources.paths import MODEL_FILE_PATTERNS, hf_cache_dir, mlxrt_home
 
 if TYPE_CHECKING:
-    from mlxrt.host import PluginHost
+    from mlxrt.registry import PluginHost
 
 __all__ = [
     "ModelSource",
@@ -300,8 +300,9 @@ def cast_weights(model: Any, dtype: str, *, model_id: str = "model") -> None:
     log.info("weights of %s cast to %s", model_id, dtype)
 
 
-def resolve_profile(info: ModelInfo, host: PluginHost) -> FamilyProfile:
-    """Ask every family hook once and freeze the answers, with who gave each."""
+def resolve_profile(info: ModelInfo, host: PluginHost, model: object = None) -> FamilyProfile:
+    """Ask every family hook once and freeze the answers, with who gave each (``model``: the
+    served model being loaded, given to ``mlxrt_vision``)."""
     provenance: dict[str, str] = {}
 
     def ask(aspect: str, hook: str, **kwargs: Any) -> Any:
@@ -314,7 +315,7 @@ def resolve_profile(info: ModelInfo, host: PluginHost) -> FamilyProfile:
     parser = ask("tool_parser", "mlxrt_tool_parser", info=info)
     plain = ask("tool_stream_mode", "mlxrt_tool_stream_mode", info=info, has_tools=False)
     with_tools = ask("tool_stream_mode_with_tools", "mlxrt_tool_stream_mode", info=info, has_tools=True)
-    vision = ask("vision", "mlxrt_vision", info=info, host=host)
+    vision = ask("vision", "mlxrt_vision", info=info, host=host, model=model)
     return FamilyProfile(
         info=info,
         thinking_format=thinking,
@@ -410,10 +411,11 @@ def _choose_dtype(loaded: LoadedModel, info: ModelInfo, host: PluginHost, *, laz
                         models=int(host.options.get("max_models") or 1), kernel=qmv.status().module)
 
 
-def load_model(info: ModelInfo, host: PluginHost) -> tuple[LoadedModel, FamilyProfile]:
-    """Load the model through the family hooks (mlx-lm when none answers) and resolve its profile."""
+def load_model(info: ModelInfo, host: PluginHost, model: object = None) -> tuple[LoadedModel, FamilyProfile]:
+    """Load the model through the family hooks (mlx-lm when none answers) and resolve its
+    profile (``model``: the served model being loaded, for the hooks that are given it)."""
     loaded, plugin = load_weights(info, host)
-    profile = resolve_profile(info, host)
+    profile = resolve_profile(info, host, model)
     profile = attrs.evolve(profile, provenance={"load_model": plugin or "mlx-lm", **profile.provenance})
     profile = with_tool_prompt(profile, loaded.tokenizer, host)
     from mlxrt.sources.self_test import run_self_test

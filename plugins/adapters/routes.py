@@ -15,16 +15,19 @@ from litestar import Request, delete, get, post
 from litestar.params import PathParameter
 
 from mlxrt.api.auth import caller_of
+from mlxrt.api.models import model_for
 from mlxrt.errors import EngineError, InvalidRequest
 from mlxrt.serving import ServedModel
 
 __all__ = ["ROUTES", "list_adapters", "available_adapters", "mount_adapter", "unmount_adapter"]
 
 
-def _model(request: Request) -> ServedModel:
-    model = request.app.state.host.model
-    if model is None or model.adapters is None:
-        raise EngineError("no model is being served")
+async def _model(request: Request[Any, Any, Any]) -> ServedModel:
+    """The served model (:func:`mlxrt.api.models.model_for`: loaded again if it was unloaded):
+    adapters are mounted on it."""
+    model = await model_for(request, None)
+    if model.adapters is None:
+        raise EngineError(f"model {model.info.model_id!r} cannot mount adapters")
     return model
 
 
@@ -32,7 +35,7 @@ def _model(request: Request) -> ServedModel:
 async def list_adapters(request: Request) -> dict[str, Any]:
     """Every adapter the caller may use (its own mounts and the server's: id, path, rank, scale,
     layers) and the server's default."""
-    model = _model(request)
+    model = await _model(request)
     return {"adapters": [a.describe() for a in model.adapters.list(caller_of(request))],
             "default": "+".join(model.adapters.default) or None}
 
@@ -42,7 +45,7 @@ async def available_adapters(request: Request) -> dict[str, Any]:
     """Adapter folders (adapter_config.json + adapters.safetensors) directly under the
     ``--adapter-dir`` folders and beside the ``--adapter`` folder; ``mounted`` is the id a
     folder is mounted under, ``error`` why it cannot be mounted."""
-    model = _model(request)
+    model = await _model(request)
     found = await anyio.to_thread.run_sync(model.adapters.available, caller_of(request))
     return {"adapters": found}
 
@@ -50,7 +53,7 @@ async def available_adapters(request: Request) -> dict[str, Any]:
 @post("/v1/adapters", summary="Mount a LoRA adapter", tags=["adapters"], status_code=200)
 async def mount_adapter(request: Request) -> dict[str, Any]:
     """Mount ``{"id", "path"}`` (an mlx-lm adapter folder); the base model never reloads."""
-    model = _model(request)
+    model = await _model(request)
     try:
         body = json.loads(await request.body())
     except (ValueError, RecursionError):  # RecursionError: nested too deeply for the parser
@@ -74,7 +77,7 @@ async def mount_adapter(request: Request) -> dict[str, Any]:
 async def unmount_adapter(request: Request, adapter_id: Annotated[str, PathParameter()]) -> dict[str, Any]:
     """Unmount the caller's own adapter; requests already running with it finish with it. 404
     if the caller has none mounted under that id."""
-    return await _model(request).unmount_adapter(adapter_id, caller_of(request))
+    return await (await _model(request)).unmount_adapter(adapter_id, caller_of(request))
 
 
 ROUTES = (list_adapters, available_adapters, mount_adapter, unmount_adapter)

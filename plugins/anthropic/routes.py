@@ -13,7 +13,7 @@ from litestar import Request, Response, post
 
 from mlxrt.api.app import claimed_fields
 from mlxrt.api.disconnect import off_loop
-from mlxrt.api.models import host_for
+from mlxrt.api.models import model_for
 from mlxrt.api.pipeline import Answer, Framed, Turn, serve_chat
 from mlxrt.api.text_limits import refuse_overlong_text
 from mlxrt.api.wire import parse_json_object
@@ -87,10 +87,8 @@ async def count_tokens(request: Request) -> dict[str, int]:
     body = parse_json_object(await request.body())
     decoded = decode_messages(body, claimed_fields(host, "anthropic"), strict=bool(host.options.get("strict")),
                               count_only=True)
-    host = await host_for(request, decoded.request.model)
-    await refuse_overlong_text(request, body, host)  # as /v1/messages: before anything templates it
-
-    model = host.model
+    model = await model_for(request, decoded.request.model)
+    await refuse_overlong_text(request, body, model)  # as /v1/messages: before anything templates it
     return {"input_tokens": await off_loop(request, lambda: model.count_tokens(decoded.chat, dialect="anthropic"))}
 
 

@@ -27,9 +27,9 @@ from mlxrt.plugins.openai.encode import (
     UsageTally,
     choice_frames,
     error_frame,
-    system_fingerprint,
     text_completion_body,
     text_completion_chunk,
+    turn_fingerprint,
     with_choices,
 )
 from mlxrt.records import FinishEvent, PromptProgress
@@ -56,7 +56,7 @@ class Completions:
         return f"cmpl-{uuid.uuid4()}"
 
     def body(self, answers: Sequence[TextAnswer], turn: TextTurn) -> dict[str, Any]:
-        fingerprint = system_fingerprint(turn.host)
+        fingerprint = turn_fingerprint(turn)
         bodies = [text_completion_body(id=a.id, created=a.created, model=a.model, text=a.text,
                                        finish_reason=str(a.finish.finish_reason), finish=a.finish,
                                        logprobs=a.logprobs, fingerprint=fingerprint, index=i)
@@ -65,7 +65,7 @@ class Completions:
 
     def stream(self, gens: Sequence[Any], *, id: str, model: str, created: int,
                turn: TextTurn) -> AsyncIterator[bytes]:
-        fingerprint = system_fingerprint(turn.host)
+        fingerprint = turn_fingerprint(turn)
         tally = UsageTally(len(gens), turn.wire.options.include_usage)
         per_token = bool(turn.wire.request.timings_per_token)
         streams = [_stream(gen, id, model, created, index=i, tally=tally, fingerprint=fingerprint, per_token=per_token)

@@ -34,7 +34,7 @@ from mlxrt.plugins.responses.store import DEFAULT_MAX_BYTES, DEFAULT_TTL_S, Resp
 from mlxrt.records import CacheReport, ChatInput, RequestOptions
 
 if TYPE_CHECKING:
-    from mlxrt.host import PluginHost
+    from mlxrt.registry import PluginHost
 
 __all__ = ["ROUTES", "RESPONSES", "store_of", "owner_of"]
 
@@ -95,7 +95,9 @@ class Exchange:
 
 
 def _reasoning_tokens(turn: Turn, reasoning: str) -> int:
-    return len(turn.host.model.tokenizer.encode(reasoning, add_special_tokens=False)) if reasoning else 0
+    if not reasoning or turn.served is None:
+        return 0
+    return len(turn.served.tokenizer.encode(reasoning, add_special_tokens=False))
 
 
 class Responses:

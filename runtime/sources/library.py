@@ -28,7 +28,7 @@ from mlxrt.loading import (
 )
 
 if TYPE_CHECKING:
-    from mlxrt.host import PluginHost
+    from mlxrt.registry import PluginHost
 
 __all__ = ["LocalModel", "scan_library", "embedded_model", "find_local", "support_tier", "delete_repo",
            "CacheScan"]
