@@ -257,7 +257,7 @@ def assembler_for(host: PluginHost, model: ServedModel, turn: Turn, rendered: Re
                                                      store=turn.store) if observed else None)
 
 
-async def serve_chat(request: Request, dialect: Dialect) -> Response:
+async def serve_chat(request: Request[Any, Any, Any], dialect: Dialect) -> Response[Any]:
     """A whole chat request for ``dialect``: decode (and resolve, when the dialect keeps state),
     pick the model, refuse an overlong body, plan and prepare, run, and answer with the
     dialect's body or stream."""
@@ -317,8 +317,8 @@ def _answer(assembler: ResponseAssembler, finish: FinishEvent, logprobs: list[To
                   turn=turn)
 
 
-async def _serve_choices(request: Request, dialect: Any, turn: Turn, rendered: RenderedPrompt,
-                         generation: GenerationRequest, created: int) -> Response:
+async def _serve_choices(request: Request[Any, Any, Any], dialect: Any, turn: Turn, rendered: RenderedPrompt,
+                         generation: GenerationRequest, created: int) -> Response[Any]:
     """:func:`serve_chat` for several choices: one engine request each, submitted together."""
     host, served = turn.host, turn.served
     assert host is not None and served is not None  # serve_chat set them
@@ -411,7 +411,7 @@ class TextDialect(Protocol):
         ...
 
 
-async def serve_text(request: Request, dialect: TextDialect) -> Response:
+async def serve_text(request: Request[Any, Any, Any], dialect: TextDialect) -> Response[Any]:
     """A whole text-completion request for ``dialect``: decode, pick the model, refuse an
     overlong body, tokenize, plan and prepare off the loop, run its choices, and answer with
     the dialect's body or stream. Completions are not chat turns: no observer is told."""

@@ -313,6 +313,7 @@ def mlxrt_logits_processors(
 
     .. versionadded:: 0.1
     """
+    return ()  # a specification: pluggy never calls it
 
 
 @hookspec(firstresult=True)
@@ -384,6 +385,7 @@ def mlxrt_routes(host: PluginHost) -> Sequence[Any]:
 
     .. versionadded:: 0.1
     """
+    return ()  # a specification: pluggy never calls it
 
 
 @hookspec
@@ -415,6 +417,7 @@ def mlxrt_serve_options() -> Sequence[Any]:
 
     .. versionadded:: 0.1
     """
+    return ()  # a specification: pluggy never calls it
 
 
 @hookspec

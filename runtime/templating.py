@@ -102,9 +102,10 @@ def _apply(tokenizer: Any, messages: Sequence[Mapping[str, Any]], tools: Any, kw
            add_generation_prompt: bool = True, continue_final_message: bool = False) -> str:
     # continue_final_message only when asked: a tokenizer without it (transformers') renders the rest.
     more = {"continue_final_message": True} if continue_final_message else {}
-    return tokenizer.apply_chat_template(
+    text: str = tokenizer.apply_chat_template(
         [dict(m) for m in messages], tools=[dict(t) for t in tools] if tools else None,
         add_generation_prompt=add_generation_prompt, tokenize=False, **more, **kwargs)
+    return text
 
 
 def _text_of(content: Any) -> str:
@@ -171,7 +172,8 @@ def name_tool_results(messages: Sequence[Mapping[str, Any]]) -> tuple[Mapping[st
                     if isinstance(call.get("id"), str):
                         names[call["id"]] = name
         elif role == "tool":
-            name = names.get(message.get("tool_call_id")) or (calls[at] if at < len(calls) else None)
+            answered = message.get("tool_call_id")
+            name = (names.get(answered) if isinstance(answered, str) else None) or (calls[at] if at < len(calls) else None)
             at += 1
             if name is not None and not message.get("name"):
                 message = {**message, "name": name}
@@ -295,13 +297,14 @@ def thinking_switch(chat: ChatInput, options: Mapping[str, Any] | None = None,
     the template's own default applies.
     """
     options = options or {}
-    if isinstance(chat.template_kwargs.get(key), bool):
-        return chat.template_kwargs[key]
+    client = chat.template_kwargs.get(key)
+    if isinstance(client, bool):
+        return client
     if chat.reasoning_effort is not None:
-        return chat.reasoning_effort != "none"
-    server = options.get("chat_template_args") or {}
-    if isinstance(server.get(key), bool):
-        return server[key]
+        return bool(chat.reasoning_effort != "none")
+    server = (options.get("chat_template_args") or {}).get(key)
+    if isinstance(server, bool):
+        return server
     default = options.get("thinking")
     return default if isinstance(default, bool) else None
 
@@ -316,7 +319,8 @@ def thinking_kwargs(chat: ChatInput, options: Mapping[str, Any] | None = None,
 
 def encode_text(tokenizer: Any, text: str) -> Sequence[int]:
     """Tokenize raw text with the tokenizer's own special-token handling (completions)."""
-    return tokenizer.encode(text)
+    ids: Sequence[int] = tokenizer.encode(text)
+    return ids
 
 
 def canonicalize(host: PluginHost, request: Any, dialect: str, *, declared: frozenset[str] | None = None,
