@@ -1,15 +1,18 @@
 """The Litestar application factory: core routes plus every plugin's ``mlxrt_routes``.
 
-``create_app(host)`` builds a fresh app around a plugin host whose ``engine`` is set. Route
-conflicts between plugins are found before Litestar sees the handlers (Litestar would
-refuse to build the whole app): the later plugin's route is reported and skipped.
+``create_app(host, models)`` builds a fresh app around a plugin host and the model pool that
+serves (``app.state.host``, ``app.state.models``). Route conflicts between plugins are found
+before Litestar sees the handlers (Litestar would refuse to build the whole app): the later
+plugin's route is reported and skipped. The core routes read what the pool and the
+:class:`~mlxrt.serving.ServingEngine` protocol declare, for the model
+:meth:`~mlxrt.model_pool.ModelPool.current` names.
 """
 
 from __future__ import annotations
 
 import inspect
 import logging
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from litestar import Litestar, Request, Response, get
@@ -21,13 +24,15 @@ from litestar.router import Router
 
 import mlxrt
 from mlxrt.api.errors import exception_handlers
+from mlxrt.api.models import pool_of
 from mlxrt.api.schema_ui import SCHEMA_ROUTES, render_plugins
 from mlxrt.compat import lean_litestar, wrap_litestar_handler
 from mlxrt.engine.qmv import status as qmv_status
 from mlxrt.loading.blas import current as current_blas
 
 if TYPE_CHECKING:
-    from mlxrt.host import PluginHost
+    from mlxrt.model_pool import ModelPool
+    from mlxrt.registry import PluginHost
     from mlxrt.serving import ServingEngine
 
 __all__ = ["create_app", "claimed_fields"]
@@ -41,10 +46,11 @@ DEFAULT_MAX_BODY_BYTES = 32 * 1024 * 1024
 
 
 @get("/health", summary="Liveness", tags=["server"], include_in_schema=True, opt={"public": True})
-async def health(request: Request) -> Response:
+async def health(request: Request[Any, Any, Any]) -> Response[Any]:
     # An engine that cannot serve any more (a distributed rank was lost) says why: 503.
-    problem = getattr(request.app.state.host.engine, "unhealthy", None)
-    if isinstance(problem, str) and problem:
+    current = pool_of(request).current()
+    problem = current.engine.unhealthy if current is not None and current.engine is not None else None
+    if problem:
         return Response(content={"status": "unavailable", "error": problem}, status_code=503,
                         media_type="application/json")
     # Exact bytes (with the space) as mlx-bun and mlx_lm.server clients expect.
@@ -52,8 +58,8 @@ async def health(request: Request) -> Response:
 
 
 @get("/v1", summary="Index of endpoints", tags=["server"])
-async def index(request: Request) -> dict[str, Any]:
-    host = request.app.state.host
+async def index(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    current = pool_of(request).current()
     endpoints = sorted(
         {f"{method} {path}" for path, methods in _route_table(request.app.route_handler_method_map)
          for method in methods},
@@ -62,30 +68,39 @@ async def index(request: Request) -> dict[str, Any]:
     return {
         "name": "mlxrt",
         "version": mlxrt.__version__,
-        "model": host.engine.info.model_id if host.engine else None,
+        "model": current.model_id if current is not None else None,
         "endpoints": endpoints,
     }
 
 
 def _weights_dtype(engine: ServingEngine | None) -> dict[str, Any] | None:
-    choice = getattr(getattr(engine, "loaded", None), "dtype", None)
+    choice = engine.loaded.dtype if engine is not None and engine.loaded is not None else None
     return choice.as_dict() if choice is not None else None
 
 
+def _current_engine(pool: ModelPool) -> ServingEngine | None:
+    """The engine of the model the server describes (:meth:`ModelPool.current`), if one is resident."""
+    current = pool.current()
+    return current.engine if current is not None else None
+
+
 @get("/stats", summary="Engine counters", tags=["server"])
-async def stats(request: Request) -> dict[str, Any]:
-    host = request.app.state.host
-    engine = host.engine
+async def stats(request: Request[Any, Any, Any]) -> dict[str, Any]:
+    host: PluginHost = request.app.state.host
+    pool = pool_of(request)
+    engine = _current_engine(pool)
     return {
         "server": {"version": mlxrt.__version__, "started_at": host.options.get("started_at")},
         "blas": current_blas().as_dict(),
         "dtype": _weights_dtype(engine),
         "quantized_kernel": qmv_status().as_dict(),
-        "model": {"id": engine.info.model_id, "model_type": engine.info.model_type,
-                  "family": engine.profile.family, "tier": engine.profile.tier,
-                  "self_test": dict(engine.profile.self_test), "provenance": dict(engine.profile.provenance)},
-        "engine": engine.stats(),
-        **({"models": host.models.describe()} if host.models is not None else {}),
+        # None once every model was unloaded (--idle-unload): "models" still lists them
+        "model": None if engine is None else {
+            "id": engine.info.model_id, "model_type": engine.info.model_type,
+            "family": engine.profile.family, "tier": engine.profile.tier,
+            "self_test": dict(engine.profile.self_test), "provenance": dict(engine.profile.provenance)},
+        "engine": engine.stats() if engine is not None else None,
+        "models": pool.describe(),
         # the Responses plugin's store (mlxrt.plugins.responses), once a request has made it
         **({"responses": host.plugin_states["responses"].stats()} if "responses" in host.plugin_states else {}),
         # the structured plugin's compiled grammars (mlxrt.plugins.structured), once one was compiled
@@ -97,14 +112,25 @@ async def stats(request: Request) -> dict[str, Any]:
 
 
 @get("/metrics", summary="Prometheus metrics", tags=["server"], media_type="text/plain; version=0.0.4")
-async def metrics(request: Request) -> Response:
-    from mlxrt.metrics import gauge, render
+async def metrics(request: Request[Any, Any, Any]) -> Response[Any]:
+    from mlxrt.metrics import render
 
-    engine = request.app.state.host.engine
+    pool = pool_of(request)
+    engine = _current_engine(pool)
+    families = [*request.app.state.http_metrics.families()]
+    if engine is not None:  # the described model's engine; every model's: the model-labelled families
+        families += _engine_families(engine)
+    families += pool.metric_families()
+    return Response(content=render(families), media_type="text/plain; version=0.0.4; charset=utf-8")
+
+
+def _engine_families(engine: ServingEngine) -> list[Any]:
+    """The unlabelled ``/metrics`` families of one engine."""
+    from mlxrt.metrics import gauge
+
     stats = engine.stats()
     cache = stats["prompt_cache"]
     families = [
-        *request.app.state.http_metrics.families(),
         engine.ttft.lines(), engine.latency.lines(),
         gauge("mlxrt_tokens_generated_total", "Tokens generated since start.", stats["tokens_generated"]),
         gauge("mlxrt_requests_served_total", "Generations finished since start.", stats["requests_served"]),
@@ -121,14 +147,12 @@ async def metrics(request: Request) -> Response:
         gauge("mlxrt_prompt_cache_tokens_reused_total", "Prompt tokens served from the cache.",
               cache["tokens_reused"]),
     ]
-    if getattr(request.app.state.host, "models", None) is not None:
-        families += request.app.state.host.models.metric_families()
     if stats.get("mlx_active_bytes") is not None:
         families.append(gauge("mlxrt_mlx_active_bytes", "MLX memory in use.", stats["mlx_active_bytes"]))
-    return Response(content=render(families), media_type="text/plain; version=0.0.4; charset=utf-8")
+    return families
 
 
-def _route_table(method_map: dict[str, dict[str, Any]]) -> Iterable[tuple[str, list[str]]]:
+def _route_table(method_map: Mapping[str, Mapping[Any, Any]]) -> Iterable[tuple[str, list[str]]]:
     for path, handlers in method_map.items():
         if path.startswith("/schema"):
             continue
@@ -140,7 +164,7 @@ def _route_table(method_map: dict[str, dict[str, Any]]) -> Iterable[tuple[str, l
 CORE_ROUTES = (health, index, stats, metrics, *SCHEMA_ROUTES)
 
 
-def _claims(item: Any) -> list[tuple[str, str]]:
+def _claims(item: Any) -> list[tuple[Any, str]]:
     """(method, path) pairs a contributed route object claims."""
     if isinstance(item, HTTPRouteHandler):
         return [(m, p) for p in item.paths for m in item.http_methods]
@@ -148,7 +172,7 @@ def _claims(item: Any) -> list[tuple[str, str]]:
         return [(m, p) for route in item.routes for p in [route.path]
                 for m in getattr(route, "methods", ())]
     if inspect.isclass(item) and hasattr(item, "path"):
-        claims = []
+        claims: list[tuple[Any, str]] = []
         for value in vars(item).values():
             if isinstance(value, HTTPRouteHandler):
                 base = item.path.rstrip("/")
@@ -184,10 +208,12 @@ def claimed_fields(host: PluginHost, dialect: str) -> dict[str, type]:
     return {name: claim.type for name, claim in host.request_fields(dialect).items()}
 
 
-def create_app(host: PluginHost, *, cors_origins: list[str] | None = None, debug: bool = False) -> Litestar:
-    """Build the HTTP app for ``host`` (whose ``engine`` serves the model)."""
+def create_app(host: PluginHost, models: ModelPool, *, cors_origins: list[str] | None = None,
+               debug: bool = False) -> Litestar:
+    """Build the HTTP app for ``host``'s plugins, serving the models of ``models``."""
     contributed = collect_routes(host)
-    for dialect in {getattr(r, "opt", {}).get("dialect") for _plugin, r in contributed} - {None}:
+    dialects = {getattr(r, "opt", {}).get("dialect") for _plugin, r in contributed}
+    for dialect in sorted(d for d in dialects if isinstance(d, str)):
         claimed_fields(host, dialect)  # a conflicting claim fails here, at build time
     routes = [*CORE_ROUTES, *(r for _plugin, r in contributed)]
     # Who serves each (method, path): if that plugin fails at start, the edge guard answers 503.
@@ -196,7 +222,7 @@ def create_app(host: PluginHost, *, cors_origins: list[str] | None = None, debug
     async def startup() -> None:
         # A plugin that raises here is marked failed and its routes answer 503; the server
         # starts without it (MLXRT_STRICT_PLUGINS=1 makes it a start-up error instead).
-        for plugin, result in host.collect_at_start("mlxrt_startup", host=host):
+        for plugin, result in host.collect_at_start("mlxrt_startup", host=host, model=models.primary.model):
             if inspect.isawaitable(result):
                 try:
                     await result
@@ -204,7 +230,7 @@ def create_app(host: PluginHost, *, cors_origins: list[str] | None = None, debug
                     host.fail_at_start(plugin, "mlxrt_startup", exc)
 
     async def shutdown() -> None:
-        for plugin, result in host.collect_at_start("mlxrt_shutdown", host=host):
+        for plugin, result in host.collect_at_start("mlxrt_shutdown", host=host, model=models.primary.model):
             if inspect.isawaitable(result):
                 try:
                     await result
@@ -221,10 +247,10 @@ def create_app(host: PluginHost, *, cors_origins: list[str] | None = None, debug
     keys = list(host.options.get("api_keys") or ())
     policy = EdgePolicy.from_options({**host.options, "cors_origins": cors_origins})
     http_metrics = HttpMetrics()
-    app = lean_litestar()(
+    app: Litestar = lean_litestar()(
         route_handlers=routes,
         guards=[edge_guard(policy, host, owners), *([api_key_guard(keys)] if keys else [])],
-        state=State({"host": host, "http_metrics": http_metrics}),
+        state=State({"host": host, "models": models, "http_metrics": http_metrics}),
         exception_handlers=exception_handlers(),
         cors_config=CORSConfig(allow_origins=cors_origins) if cors_origins else None,
         openapi_config=OpenAPIConfig(title="mlxrt", version=mlxrt.__version__, path="/schema",
@@ -239,10 +265,9 @@ def create_app(host: PluginHost, *, cors_origins: list[str] | None = None, debug
     wrap_litestar_handler(app, lambda handler: method_semantics(handler, lambda: app.routes))
     # Outside routing, so unmatched paths and CORS preflights get an id and are counted too.
     wrap_litestar_handler(app, lambda handler: observe(handler, http_metrics))
-    if host.models is not None:  # a request holds its model until its response is sent
-        from mlxrt.model_pool import releasing_leases
+    from mlxrt.model_pool import releasing_leases
 
-        wrap_litestar_handler(app, releasing_leases)
-        app.on_startup.append(host.models.open)
-        app.on_shutdown.append(host.models.close)
+    wrap_litestar_handler(app, releasing_leases)  # a request holds its model until its response is sent
+    app.on_startup.append(models.open)
+    app.on_shutdown.append(models.close)
     return app

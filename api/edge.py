@@ -40,7 +40,7 @@ from litestar.handlers import BaseRouteHandler
 from mlxrt.errors import MlxrtError
 
 if TYPE_CHECKING:
-    from mlxrt.host import PluginHost
+    from mlxrt.registry import PluginHost
 
 __all__ = ["EdgePolicy", "HostNotAllowed", "UnsupportedMediaType", "BrowserRefused", "PluginUnavailable",
            "edge_guard", "is_loopback", "loopback_hosts", "own_origins", "parse_hosts", "is_json_media_type",

@@ -1,9 +1,10 @@
-"""The host that serves a request's ``model``: what a dialect route asks before it renders.
+"""The model that serves a request: the one function every route asks before it renders.
 
-Routes call :func:`host_for` with the body's ``model``; the returned host's ``model`` (a
-:class:`~mlxrt.serving.ServedModel`) is that model (loaded on demand by
-:class:`mlxrt.model_pool.ModelPool`), and every hook the route runs with it sees that model.
-Typed errors (404 ``model_not_found``, 503, 429) render in the route's dialect.
+Routes call :func:`model_for` with the body's ``model``; the answer is that model (a
+:class:`~mlxrt.serving.ServedModel`, loaded on demand by :class:`mlxrt.model_pool.ModelPool`),
+held until the response has been sent. Hooks the route runs through it are given it as their
+``model``. Typed errors (404 ``model_not_found``, 400 ``ambiguous_model``, 503, 429) render in
+the route's dialect.
 """
 
 from __future__ import annotations
@@ -13,18 +14,20 @@ from typing import TYPE_CHECKING, Any
 from litestar import Request
 
 if TYPE_CHECKING:
-    from mlxrt.host import PluginHost
-    from mlxrt.model_pool import ModelHost
+    from mlxrt.model_pool import ModelPool
+    from mlxrt.serving import ServedModel
 
-__all__ = ["host_for"]
+__all__ = ["model_for", "pool_of"]
 
 
-async def host_for(request: Request, model: Any) -> PluginHost | ModelHost:
-    """The plugin host whose ``model`` answers ``model`` (a body's ``model``, any JSON value:
-    ``None``/``default``/not a string: the served model). The model is held (never evicted)
-    until the response has been sent."""
-    host: PluginHost = request.app.state.host
-    pool = host.models
-    if pool is None:  # an app built around a bare engine (tests of single pieces)
-        return host
-    return await pool.host_for(model if isinstance(model, str) else None, request.scope)
+def pool_of(request: Request[Any, Any, Any]) -> ModelPool:
+    """The app's model pool (``create_app(host, models)``)."""
+    pool: ModelPool = request.app.state.models
+    return pool
+
+
+async def model_for(request: Request[Any, Any, Any], name: Any) -> ServedModel:
+    """The model that answers ``name`` (a body's ``model``, any JSON value: ``None``,
+    ``default`` or not a string: the served model), loaded if it is not resident. The model is
+    held (never evicted) until the response has been sent."""
+    return await pool_of(request).model_for(name if isinstance(name, str) else None, request.scope)

@@ -18,7 +18,7 @@ The schemas say what a well-formed body looks like, not every rule: the decoders
 (a body the schema accepts may still get a 400 naming the field). The bounds and types of the
 top-level fields are the decoders' own: each built-in body is overlaid with its dialect's
 field rules (:class:`mlxrt.api.wire.FieldRule`: type, ``minimum``/``maximum``, ``null`` where
-the field may be null), so the schema and the checks cannot drift apart (schemathesis found
+the field may be null; the route's ``opt["field_rules"]``, set by the dialect beside its handler), so the schema and the checks cannot drift apart (schemathesis found
 ``top_logprobs`` documented up to 20 and refused past 11, ``model: null`` accepted and not
 documented).
 """
@@ -182,21 +182,6 @@ _ENFORCED_ELSEWHERE: dict[str, dict[str, Any]] = {
 }
 
 
-def _field_rules(paths: Iterable[str]) -> tuple[Any, ...]:
-    """The field rules the built-in dialect serving one of ``paths`` checks, or ``()``. Imported
-    here, on first use: the dialects' modules import this one."""
-    from mlxrt.plugins.anthropic.wire import COUNT_RULES, MESSAGES_RULES
-    from mlxrt.plugins.openai.wire import CHAT_RULES, COMPLETION_RULES
-    from mlxrt.plugins.responses.wire import RESPONSES_RULES
-
-    chat = ("/v1/chat/completions", "/chat/completions", "/apply-template", "/v1/chat/completions/input_tokens",
-            "/chat/completions/input_tokens")
-    by_path = {**dict.fromkeys(chat, CHAT_RULES), **dict.fromkeys(("/v1/completions", "/completions"), COMPLETION_RULES),
-               "/v1/messages": MESSAGES_RULES, "/v1/messages/count_tokens": COUNT_RULES,
-               **dict.fromkeys(("/v1/responses", "/responses"), RESPONSES_RULES)}
-    return next((by_path[p] for p in paths if p in by_path), ())
-
-
 _JSON_TYPES = {bool: "boolean", int: "integer", float: "number", str: "string", dict: "object", list: "array"}
 _PLAIN = {"type", "minimum", "maximum"}
 
@@ -240,7 +225,7 @@ def with_rules(body: dict[str, Any], rules: Iterable[Any]) -> dict[str, Any]:
 def _operation_class(handler: HTTPRouteHandler) -> type[Operation]:
     body = handler.opt.get("body_schema") or next((BODIES[p] for p in handler.paths if p in BODIES), _ANY_OBJECT)
     error = handler.opt.get("error_schema") or ERROR_BODY  # a dialect whose errors have another shape (Ollama's)
-    if rules := _field_rules(handler.paths):
+    if rules := handler.opt.get("field_rules", ()):  # the checks a dialect's route runs on its body
         body = with_rules(body, rules)
     wants_body = bool(_WITH_BODY & set(handler.http_methods))
 

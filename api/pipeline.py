@@ -43,13 +43,13 @@ from mlxrt.api.disconnect import (
 )
 from mlxrt.api.framing import FrameWriter, assembled_stream, guarded
 from mlxrt.api.headers import finish_headers, response_headers
-from mlxrt.api.models import host_for
+from mlxrt.api.models import model_for
 from mlxrt.api.observers import turn_observer
 from mlxrt.api.sse import sse_data, sse_event, sse_response
 from mlxrt.api.text_limits import refuse_overlong_text
 from mlxrt.api.wire import IGNORED_HEADER, parse_json_object
 from mlxrt.assembly import ResponseAssembler
-from mlxrt.errors import EngineError, InvalidRequest, MlxrtError
+from mlxrt.errors import InvalidRequest, MlxrtError
 from mlxrt.records import (
     CacheReport,
     ChatInput,
@@ -60,14 +60,15 @@ from mlxrt.records import (
     TokenEvent,
     ToolCall,
 )
-from mlxrt.serving import ServedModel, ServingHost, choice_requests
+from mlxrt.serving import ServedModel, choice_requests
 from mlxrt.templating import RenderedPrompt
 from mlxrt.text.tool_calls import PARTIAL_CALL_HEADER
 
 if TYPE_CHECKING:
     from mlxrt.engine.bridge import Generation
+    from mlxrt.registry import PluginHost
 
-__all__ = ["Turn", "Answer", "Dialect", "Framed", "planned_chat", "planned_text", "ServingHost",
+__all__ = ["Turn", "Answer", "Dialect", "Framed", "planned_chat", "planned_text",
            "TextTurn", "TextAnswer", "TextDialect", "serve_text",
            "assembler_for", "owned_adapters", "serve_chat", "route_opt", "choice_requests",
            # Re-exported so a dialect needs this module, mlxrt.records and mlxrt.errors only:
@@ -85,8 +86,9 @@ class Turn:
     :ivar headers: Response headers the decoder adds (``x-mlxrt-ignored`` …).
     :ivar single_call: Keep only the first tool call (the client turned parallel calls off).
     :ivar wire: The dialect's own decoded body, for its encoder (the pipeline never reads it).
-    :ivar host: The host serving the turn, set by the pipeline once the model is chosen, for an
-        encoder that needs the model (Responses counts reasoning tokens with its tokenizer).
+    :ivar host: The plugin host, set by the pipeline (an encoder reads server options).
+    :ivar served: The model serving the turn, set by the pipeline once it is chosen, for an
+        encoder that needs it (Responses counts reasoning tokens with its tokenizer).
     :ivar store: The client lets the server keep the turn (Responses' ``store: false`` does
         not): told to turn observers (:attr:`mlxrt.records.FinishedTurn.store`).
     """
@@ -98,7 +100,8 @@ class Turn:
     headers: Mapping[str, str] = attrs.field(factory=dict)
     single_call: bool = False
     wire: Any = None  # the dialect's own type, opaque here
-    host: ServingHost | None = None
+    host: PluginHost | None = None
+    served: ServedModel | None = None
     store: bool = True
 
 
@@ -213,53 +216,44 @@ def route_opt(dialect: Dialect) -> dict[str, Any]:
     return opt
 
 
-async def planned_chat(request: Request[Any, Any, Any], host: ServingHost, chat: ChatInput, options: RequestOptions, *,
-                       dialect: str, request_id: str, default_max_tokens: int
+async def planned_chat(request: Request[Any, Any, Any], model: ServedModel, chat: ChatInput,
+                       options: RequestOptions, *, dialect: str, request_id: str, default_max_tokens: int
                        ) -> tuple[RenderedPrompt, GenerationRequest]:
     """Render ``chat`` (with ``options.tools``), plan and prepare its engine request
     (:meth:`mlxrt.serving.ServedModel.plan_chat`), on a worker thread abandoned if the client
     leaves (templating and grammars may take a while)."""
-    model = _model(host)
     return await off_loop(request, lambda: model.plan_chat(
         chat, options, dialect=dialect, request_id=request_id, default_max_tokens=default_max_tokens,
         partition=caller_of(request)))
 
 
-async def planned_text(request: Request[Any, Any, Any], host: ServingHost, prompt: str, options: RequestOptions, *,
-                       dialect: str, request_id: str, default_max_tokens: int) -> GenerationRequest:
+async def planned_text(request: Request[Any, Any, Any], model: ServedModel, prompt: str, options: RequestOptions,
+                       *, dialect: str, request_id: str, default_max_tokens: int) -> GenerationRequest:
     """A raw text prompt (no chat template), tokenized, planned and prepared off the loop
     (:meth:`mlxrt.serving.ServedModel.plan_text`)."""
-    model = _model(host)
     return await off_loop(request, lambda: model.plan_text(
         prompt, options, dialect=dialect, request_id=request_id, default_max_tokens=default_max_tokens,
         partition=caller_of(request)))
 
 
-def _model(host: ServingHost) -> ServedModel:
-    model = host.model
-    if model is None:
-        raise EngineError("no model is being served")
-    return model
-
-
-def owned_adapters(request: Request[Any, Any, Any], host: ServingHost, options: RequestOptions) -> RequestOptions:
+def owned_adapters(request: Request[Any, Any, Any], model: ServedModel, options: RequestOptions) -> RequestOptions:
     """``options`` with its ``adapter`` names as the caller means them: its own mounts, else the
     server's; another API key's adapter is unknown (400), as if it were not mounted."""
-    registry = _model(host).adapters
+    registry = model.adapters
     if registry is None or options.adapter is None:
         return options
     return attrs.evolve(options, adapter=registry.qualify(options.adapter, caller_of(request)))
 
 
-def assembler_for(host: ServingHost, turn: Turn, rendered: RenderedPrompt, generation: GenerationRequest, *,
-                  caller: str = "", observed: bool = True) -> ResponseAssembler:
+def assembler_for(host: PluginHost, model: ServedModel, turn: Turn, rendered: RenderedPrompt,
+                  generation: GenerationRequest, *, caller: str = "", observed: bool = True) -> ResponseAssembler:
     """Engine events → reasoning, content and tool calls, with the request's own tools; the
     finished turn is reported to ``mlxrt_turn_finished`` observers, as ``caller``'s
     (:func:`mlxrt.api.auth.caller_of`), unless not ``observed`` (of several choices, only the
     first is the conversation's turn)."""
-    return ResponseAssembler(_model(host).profile, tools=turn.options.tools,
+    return ResponseAssembler(model.profile, tools=turn.options.tools,
                              starts_in_thinking=rendered.starts_in_thinking,
-                             on_finish=turn_observer(host, dialect=generation.dialect,
+                             on_finish=turn_observer(host, model, dialect=generation.dialect,
                                                      request_id=generation.request_id,
                                                      messages=turn.chat.messages, caller=caller,
                                                      store=turn.store) if observed else None)
@@ -274,18 +268,17 @@ async def serve_chat(request: Request[Any, Any, Any], dialect: Dialect) -> Respo
     turn = dialect.decode(body, claimed_fields(host, dialect.name), strict=bool(host.options.get("strict")))
     if (resolve := getattr(dialect, "resolve", None)) is not None:  # optional: most dialects keep no state
         turn = await resolve(request, turn)
-    host = await host_for(request, turn.model)
-    turn = attrs.evolve(turn, host=host, options=owned_adapters(request, host, turn.options))
-    await refuse_overlong_text(request, body, host)
-    rendered, generation = await planned_chat(request, host, turn.chat, turn.options, dialect=dialect.name,
+    served = await model_for(request, turn.model)
+    turn = attrs.evolve(turn, host=host, served=served, options=owned_adapters(request, served, turn.options))
+    await refuse_overlong_text(request, body, served)
+    rendered, generation = await planned_chat(request, served, turn.chat, turn.options, dialect=dialect.name,
                                               request_id=dialect.new_id(),
                                               default_max_tokens=dialect.default_max_tokens)
-    served = _model(host)
     model = served.info.model_id
     created = int(time.time())
     if turn.options.n > 1:
         return await _serve_choices(request, dialect, turn, rendered, generation, created)
-    assembler = assembler_for(host, turn, rendered, generation, caller=caller_of(request))
+    assembler = assembler_for(host, served, turn, rendered, generation, caller=caller_of(request))
     # Admission errors (queue full, a failing sampler hook) surface here, as the status.
     gen, report = await start_generation(request, served, generation)
     async with closing_on_error(gen):  # until a stream owns it
@@ -329,16 +322,16 @@ def _answer(assembler: ResponseAssembler, finish: FinishEvent, logprobs: list[To
 async def _serve_choices(request: Request[Any, Any, Any], dialect: Any, turn: Turn, rendered: RenderedPrompt,
                          generation: GenerationRequest, created: int) -> Response[Any]:
     """:func:`serve_chat` for several choices: one engine request each, submitted together."""
-    host = turn.host
+    host, served = turn.host, turn.served
+    assert host is not None and served is not None  # serve_chat set them
     stream_choices = getattr(dialect, "stream_choices", None)
     if stream_choices is None:
         raise InvalidRequest(f"n > 1 is not supported by the {dialect.name} dialect", param="n")
     if generation.vision is not None:
         raise InvalidRequest("n > 1 is not supported with image inputs", param="n")
     generations = choice_requests(generation, turn.options.n)
-    assemblers = [assembler_for(host, turn, rendered, g, caller=caller_of(request), observed=i == 0)
+    assemblers = [assembler_for(host, served, turn, rendered, g, caller=caller_of(request), observed=i == 0)
                   for i, g in enumerate(generations)]
-    served = _model(host)
     model = served.info.model_id
     gens, report = await start_choices(request, served, generations)
     headers = _chat_headers(turn, served, report, generation)
@@ -364,7 +357,8 @@ class TextTurn:
     :ivar stream: Answer as a stream of frames rather than one body.
     :ivar headers: Response headers the decoder adds (``x-mlxrt-ignored`` …).
     :ivar wire: The dialect's own decoded body, for its encoder.
-    :ivar host: The host serving the turn, set by the pipeline once the model is chosen.
+    :ivar host: The plugin host, set by the pipeline.
+    :ivar served: The model serving the turn, set by the pipeline once it is chosen.
     """
 
     prompt: str
@@ -373,7 +367,8 @@ class TextTurn:
     stream: bool = False
     headers: Mapping[str, str] = attrs.field(factory=dict)
     wire: Any = None  # the dialect's own type, opaque here
-    host: ServingHost | None = None
+    host: PluginHost | None = None
+    served: ServedModel | None = None
 
 
 @attrs.frozen
@@ -425,13 +420,12 @@ async def serve_text(request: Request[Any, Any, Any], dialect: TextDialect) -> R
     host = request.app.state.host
     body = parse_json_object(await request.body())
     turn = dialect.decode(body, claimed_fields(host, dialect.name), strict=bool(host.options.get("strict")))
-    host = await host_for(request, turn.model)
-    turn = attrs.evolve(turn, host=host)
-    await refuse_overlong_text(request, body, host)
-    options = owned_adapters(request, host, turn.options)
-    generation = await planned_text(request, host, turn.prompt, options, dialect=dialect.name,
+    served = await model_for(request, turn.model)
+    turn = attrs.evolve(turn, host=host, served=served)
+    await refuse_overlong_text(request, body, served)
+    options = owned_adapters(request, served, turn.options)
+    generation = await planned_text(request, served, turn.prompt, options, dialect=dialect.name,
                                     request_id=dialect.new_id(), default_max_tokens=dialect.default_max_tokens)
-    served = _model(host)
     model = served.info.model_id
     created = int(time.time())
     gens, report = await start_choices(request, served, choice_requests(generation, options.n))

@@ -11,7 +11,7 @@ from litestar import Request
 from mlxrt.errors import ContextOverflow, OverBudget
 
 if TYPE_CHECKING:
-    from mlxrt.serving import ServingHost
+    from mlxrt.serving import ServedModel
 
 __all__ = ["MAX_CHARS_PER_TOKEN", "MAX_IDS_WITHOUT_CONTEXT", "refuse_overlong_text", "check_text_length",
            "refuse_overlong_ids"]
@@ -24,13 +24,12 @@ MAX_CHARS_PER_TOKEN = 32
 MAX_IDS_WITHOUT_CONTEXT = 1_000_000
 
 
-async def refuse_overlong_text(request: Request[Any, Any, Any], body: Any, host: ServingHost) -> None:
+async def refuse_overlong_text(request: Request[Any, Any, Any], body: Any, model: ServedModel) -> None:
     """Refuse (400, the context-length error) a generation body whose text alone is too long
-    for the context of the model that would serve it (``host``), before anything templates or
-    tokenizes it."""
-    ceiling = host.model.context_ceiling
+    for the context of the model that would serve it, before anything templates or tokenizes it."""
+    ceiling = model.context_ceiling
     if ceiling is not None and len(await request.body()) > ceiling * MAX_CHARS_PER_TOKEN:  # else none can be
-        check_text_length(body, ceiling, window=host.model.info.context_window)
+        check_text_length(body, ceiling, window=model.info.context_window)
 
 
 def check_text_length(body: Any, ceiling: int, *, window: int | None = None) -> None:
@@ -52,11 +51,11 @@ def check_text_length(body: Any, ceiling: int, *, window: int | None = None) -> 
         raise ContextOverflow(max(total // MAX_CHARS_PER_TOKEN, ceiling + 1), ceiling, window=window, at_least=True)
 
 
-def refuse_overlong_ids(count: int, host: ServingHost, *, param: str = "tokens") -> None:
-    """Refuse (400, the context-length error) ``count`` token ids that no context of the model
-    ``host`` serves could hold (``/detokenize``): decoding holds the interpreter's lock, so a
-    body of millions of ids would stall every other request."""
-    ceiling = host.model.context_ceiling
+def refuse_overlong_ids(count: int, model: ServedModel, *, param: str = "tokens") -> None:
+    """Refuse (400, the context-length error) ``count`` token ids that no context of ``model``
+    could hold (``/detokenize``): decoding holds the interpreter's lock, so a body of millions
+    of ids would stall every other request."""
+    ceiling = model.context_ceiling
     limit = ceiling if ceiling is not None else MAX_IDS_WITHOUT_CONTEXT
     if count > limit:
         raise OverBudget(f"{param} has {count} ids but the context holds {limit}", code="context_over_budget")

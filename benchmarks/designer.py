@@ -59,8 +59,8 @@ def main() -> None:
                     chat_tokens += resp.json()["usage"]["completion_tokens"]
                 chats.append(time.perf_counter() - t)
     finally:
-        host.engine.stop()
-    print(f"model {host.engine.info.model_id}; n={args.n} per side, max_tokens={args.max_tokens}, "
+        app.state.models.stop()
+    print(f"model {app.state.models.primary.model_id}; n={args.n} per side, max_tokens={args.max_tokens}, "
           f"best of {args.repeats}")
     print(f"POST /v1/curves/sample          {min(designer):7.2f} s  ({tokens} tokens generated in the last run)")
     print(f"{2 * args.n} x POST /v1/chat/completions {min(chats):7.2f} s  ({chat_tokens} tokens in the last run; "

@@ -90,7 +90,7 @@ def main() -> None:
                 print(f"ratio {name}/free: {ratio:.3f} ({'meets' if ratio >= 0.9 else 'misses'} the 0.9 target)")
             print(json.dumps({"tokenizer": args.tokenizer or "generated", "batch": args.batch,
                               **{k: statistics.median(v) for k, v in rates.items()}}))
-        host.engine.stop()
+        app.state.models.stop()
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING
 from mlxrt.records import Capabilities, FamilyProfile
 
 if TYPE_CHECKING:
-    from mlxrt.host import PluginHost
+    from mlxrt.registry import PluginHost
 
 __all__ = ["STRUCTURED_OUTPUTS", "declared", "capabilities", "capabilities_of"]
 
@@ -26,11 +26,11 @@ def declared(host: PluginHost) -> frozenset[str]:
     return frozenset(name for _plugin, name in host.collect("mlxrt_capabilities"))
 
 
-def capabilities(host: PluginHost, profile: FamilyProfile | None = None) -> Capabilities:
-    """The capabilities of the model ``profile`` describes (default: the one ``host.model``
-    serves; ``/v1/models`` asks for the served model's while another is swapped in), with the
-    plugins loaded."""
-    return capabilities_of(host.model.profile if profile is None else profile, declared(host))
+def capabilities(host: PluginHost, profile: FamilyProfile) -> Capabilities:
+    """The capabilities of the model ``profile`` describes (a served model's are
+    :attr:`mlxrt.serving.ServedModel.capabilities`; ``/v1/models`` asks for a model that is not
+    resident by its last profile), with the plugins loaded now."""
+    return capabilities_of(profile, declared(host))
 
 
 def capabilities_of(profile: FamilyProfile, names: frozenset[str]) -> Capabilities:

@@ -33,11 +33,14 @@ Rules every hook follows:
 * An exception raised by a hook is reported as :class:`mlxrt.errors.PluginError` naming the
   plugin and the hook. At load time it fails the load with that message; per request it
   fails only that request.
-* **Several models** (``--max-models``, ``--model-alias``): the ``host`` a family or request
-  hook receives is that model's view of the host (:class:`mlxrt.model_pool.ModelHost`):
-  ``host.model`` (a :class:`mlxrt.serving.ServedModel`) is the model being loaded or asked;
-  everything else, plugin state included, is the shared host's (key model-specific caches by
-  something of that model's, such as ``host.model.tokenizer``).
+* **The model is an argument.** ``host`` is the plugin registry (:class:`mlxrt.PluginHost`:
+  ``host.options``, ``host.plugin_state``), the same for every model the server holds. A hook
+  about one model (``mlxrt_vision`` and every per-request hook) is also given ``model``, a
+  :class:`mlxrt.serving.ServedModel`: the model being loaded or asked (with ``--max-models``
+  and ``--model-alias`` one process serves several; each hook call names its own). Key
+  model-specific caches kept in plugin state by something of that model's, such as
+  ``model.tokenizer``. Like every argument, ``model`` is passed only to implementations that
+  name it: a plugin written before it existed keeps working.
 """
 
 from __future__ import annotations
@@ -48,7 +51,6 @@ from typing import TYPE_CHECKING, Any
 import pluggy
 
 if TYPE_CHECKING:
-    from mlxrt.host import PluginHost
     from mlxrt.records import (
         ChatInput,
         FinishedTurn,
@@ -63,6 +65,8 @@ if TYPE_CHECKING:
         ToolStreamMode,
         VisionAdapter,
     )
+    from mlxrt.registry import PluginHost
+    from mlxrt.serving import ServedModel
 
 __all__ = ["hookspec", "PROJECT"]
 
@@ -178,16 +182,20 @@ def mlxrt_thinking_format(info: ModelInfo) -> ThinkingFormat | None:
 
 
 @hookspec(firstresult=True)
-def mlxrt_vision(info: ModelInfo, host: PluginHost) -> VisionAdapter | None:
+def mlxrt_vision(info: ModelInfo, host: PluginHost, model: ServedModel) -> VisionAdapter | None:
     """Give the model's vision adapter, which turns images into spliced prompt embeddings.
 
     :param info: The loaded model's description.
     :param host: The plugin host.
+    :param model: The model being loaded. Its weights are not there yet when the hook runs:
+        keep ``model`` and read ``model.loaded.model`` when the tower first runs (it is the
+        model this adapter serves, also when the server holds several).
     :returns: A :class:`mlxrt.VisionAdapter` whose ``splice(prompt_ids, images)`` runs per
         request, or ``None`` when the model has no vision input. The adapter should load its
         tower lazily, on the first image, so text-only sessions never pay for it.
 
-    ``splice`` runs on the engine thread with the templated prompt ids (one placeholder where
+    ``splice`` runs on the model's thread (:meth:`mlxrt.serving.ServedModel.render` hands it
+    there) with the templated prompt ids (one placeholder where
     the template put each image) and the request's images as RGB ``PIL.Image.Image`` objects (EXIF
     orientation applied, :mod:`mlxrt.loading.images`); it returns a :class:`mlxrt.SplicedPrompt` (the
     expanded ids and the prompt's input embeddings) or raises
@@ -205,16 +213,17 @@ def mlxrt_vision(info: ModelInfo, host: PluginHost) -> VisionAdapter | None:
 
 @hookspec(firstresult=True)
 def mlxrt_chat_template_kwargs(
-    info: ModelInfo, request: ChatInput, host: PluginHost
+    info: ModelInfo, request: ChatInput, host: PluginHost, model: ServedModel
 ) -> Mapping[str, Any] | None:
     """Give extra keyword arguments for the chat template of one request.
 
-    :param info: The served model's description.
+    :param info: The asked model's description (``model.info``).
     :param request: The chat input (messages, tools, the client's ``chat_template_kwargs``,
         ``reasoning_effort``).
     :param host: The plugin host; ``host.options`` holds the server defaults
         (``--chat-template-args``, ``--thinking``). :func:`mlxrt.templating.thinking_switch`
         resolves a thinking switch through the whole chain.
+    :param model: The model the request is rendered for (its ``tokenizer``, ``profile``).
     :returns: A mapping merged over the client's own ``chat_template_kwargs`` (the client's
         explicit keys win), or ``None``. Families use it to map ``reasoning_effort`` to their
         template's switch (``enable_thinking`` for Qwen3).
@@ -227,14 +236,15 @@ def mlxrt_chat_template_kwargs(
 
 @hookspec(firstresult=True)
 def mlxrt_prompt_canonicalize(
-    request: GenerationRequest, dialect: str, host: PluginHost
+    request: GenerationRequest, dialect: str, host: PluginHost, model: ServedModel
 ) -> GenerationRequest | None:
     """Rewrite a request before the prompt-cache lookup (strip volatile noise).
 
     :param request: The request as the dialect built it.
     :param dialect: The dialect's name (``openai``, ``anthropic``, ``responses``).
-    :param host: The plugin host; ``host.model.tokenizer`` decodes and re-encodes the prompt
-        for a rewrite made on text.
+    :param host: The plugin host (``host.options``).
+    :param model: The model the request runs on; ``model.tokenizer`` decodes and re-encodes
+        the prompt for a rewrite made on text.
     :returns: A replacement request, or ``None`` to leave it unchanged.
 
     Called per request, off the event loop. Stops at first non-None result.
@@ -244,17 +254,19 @@ def mlxrt_prompt_canonicalize(
 
 
 @hookspec
-def mlxrt_prepare_request(request: GenerationRequest, info: ModelInfo, host: PluginHost) -> None:
+def mlxrt_prepare_request(request: GenerationRequest, info: ModelInfo, host: PluginHost,
+                          model: ServedModel) -> None:
     """Do slow per-request preparation before the request queues (compile a grammar, say).
 
     :param request: The request as the dialect built it (after canonicalization).
-    :param info: The served model's description.
-    :param host: The plugin host (``host.model.tokenizer``, ``host.options``).
+    :param info: The asked model's description (``model.info``).
+    :param host: The plugin host (``host.options``, ``host.plugin_state``).
+    :param model: The model the request runs on (``model.tokenizer`` for a grammar).
     :returns: ``None``. Keep what you prepare in your own cache, keyed by the request's
         content, and pick it up in ``mlxrt_logits_processors``.
 
     Called per request, for every dialect, by the request pipeline
-    (:func:`mlxrt.api.pipeline.planned_chat`), on a worker thread: neither the event loop nor
+    (:meth:`mlxrt.serving.ServedModel.prepare`), on a worker thread: neither the event loop nor
     the engine thread waits for it. Raise
     :class:`mlxrt.errors.InvalidRequest` for a client error (a 400 before anything streams).
 
@@ -272,7 +284,7 @@ def mlxrt_capabilities() -> Sequence[str] | None:
 
     Capabilities are declared, never guessed from which hooks a plugin implements: a plugin
     that implements ``mlxrt_prepare_request`` for other reasons does not make the server accept
-    ``response_format``. Read them through ``host.model.capabilities``
+    ``response_format``. Read them through ``model.capabilities``
     (:attr:`mlxrt.serving.ServedModel.capabilities`). Collected once per served model, when it
     starts serving (not per request); results are collected.
 
@@ -282,13 +294,15 @@ def mlxrt_capabilities() -> Sequence[str] | None:
 
 @hookspec
 def mlxrt_logits_processors(
-    request: GenerationRequest, info: ModelInfo, host: PluginHost
+    request: GenerationRequest, info: ModelInfo, host: PluginHost, model: ServedModel | None
 ) -> Sequence[LogitsProcessor]:
     """Contribute logits processors for one request.
 
     :param request: The request about to be admitted.
-    :param info: The served model's description.
+    :param info: The asked model's description (``model.info``).
     :param host: The plugin host (server options in ``host.options``).
+    :param model: The model admitting the request (``model.tokenizer``); ``None`` only for an
+        engine run without a served model (unit tests of the engine).
     :returns: A list of ``(tokens, logits) -> logits`` callables (mlx-lm's protocol), applied
         in plugin call order before sampling; an empty list when not interested. Build them once
         here; they run per token.
@@ -299,16 +313,20 @@ def mlxrt_logits_processors(
 
     .. versionadded:: 0.1
     """
+    return ()  # a specification: pluggy never calls it
 
 
 @hookspec(firstresult=True)
-def mlxrt_sampler(request: GenerationRequest, info: ModelInfo, host: PluginHost) -> Sampler | None:
+def mlxrt_sampler(request: GenerationRequest, info: ModelInfo, host: PluginHost,
+                  model: ServedModel | None) -> Sampler | None:
     """Replace the sampler for one request.
 
     :param request: The request about to be admitted.
-    :param info: The served model's description.
+    :param info: The asked model's description (``model.info``).
     :param host: The plugin host (server options in ``host.options``, e.g. a plugin's own
         ``mlxrt_serve_options`` values).
+    :param model: The model admitting the request; ``None`` only for an engine run without a
+        served model (unit tests of the engine).
     :returns: A ``(logprobs) -> tokens`` callable (mlx-lm's protocol), or ``None`` for the
         default, ``mlx_lm.sample_utils.make_sampler`` over the request's sampling settings (its
         top-p filter the mlxrt-qmv kernel's where that is loaded: the same tokens).
@@ -321,11 +339,13 @@ def mlxrt_sampler(request: GenerationRequest, info: ModelInfo, host: PluginHost)
 
 
 @hookspec
-def mlxrt_turn_finished(turn: FinishedTurn, host: PluginHost) -> None:
+def mlxrt_turn_finished(turn: FinishedTurn, host: PluginHost, model: ServedModel) -> None:
     """Observe a chat turn that was answered in full (memory capture, audit logs).
 
     :param turn: The conversation and the answer (:class:`mlxrt.FinishedTurn`).
     :param host: The plugin host (``host.options`` holds your ``mlxrt_serve_options`` values).
+    :param model: The model that answered (``turn.model`` is its id); a plugin that asks a
+        model for more work (the memory plugin's editor) asks this one.
     :returns: ``None``.
 
     Called once per chat-style request (OpenAI chat, Anthropic Messages, Responses), streamed
@@ -348,8 +368,9 @@ def mlxrt_turn_finished(turn: FinishedTurn, host: PluginHost) -> None:
 def mlxrt_routes(host: PluginHost) -> Sequence[Any]:
     """Contribute HTTP routes: Litestar route handlers, controllers or routers.
 
-    :param host: The plugin host; ``host.model`` and ``host.options`` are available to
-        handlers through it.
+    :param host: The plugin host; ``host.options`` is available to handlers through it. A
+        handler that serves a model gets it from :func:`mlxrt.api.models.model_for` (the
+        request's ``model`` name; ``None``: the served model).
     :returns: A list of Litestar ``ControllerRouterHandler`` objects. Tag a handler with
         ``opt={"dialect": "<name>"}`` so errors it raises render in that dialect's shape.
         The edge checks (``mlxrt.api.edge``) treat a POST/PUT/PATCH as a JSON route (415
@@ -364,6 +385,7 @@ def mlxrt_routes(host: PluginHost) -> Sequence[Any]:
 
     .. versionadded:: 0.1
     """
+    return ()  # a specification: pluggy never calls it
 
 
 @hookspec
@@ -395,6 +417,7 @@ def mlxrt_serve_options() -> Sequence[Any]:
 
     .. versionadded:: 0.1
     """
+    return ()  # a specification: pluggy never calls it
 
 
 @hookspec
@@ -410,10 +433,11 @@ def mlxrt_register_commands(cli: Any) -> None:
 
 
 @hookspec
-def mlxrt_startup(host: PluginHost) -> Any:
+def mlxrt_startup(host: PluginHost, model: ServedModel) -> Any:
     """Run when the server starts, after the model loaded and before the first request.
 
     :param host: The plugin host.
+    :param model: The served model (the one ``mlxrt serve MODEL`` names), loaded.
     :returns: ``None`` or an awaitable, which the server awaits.
 
     Called once in the app's lifespan, on the event loop. A plugin that raises here (or whose
@@ -425,11 +449,12 @@ def mlxrt_startup(host: PluginHost) -> Any:
 
 
 @hookspec
-def mlxrt_shutdown(host: PluginHost) -> Any:
+def mlxrt_shutdown(host: PluginHost, model: ServedModel | None) -> Any:
     """Run when the server stops: flush and close what the plugin holds.
 
     :param host: The plugin host; the models are still loaded (they unload after every
         plugin's shutdown).
+    :param model: The served model, or ``None`` when it was unloaded (``--idle-unload``).
     :returns: ``None`` or an awaitable, which the server awaits.
 
     Called once in the app's lifespan, on the event loop, after the server stopped taking

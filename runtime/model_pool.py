@@ -16,8 +16,9 @@ for, and the log says it once per distinct name), or, on a strict server, is
 :class:`~mlxrt.errors.ModelNotFound` (404) unless ``--model-fallback`` asks for the fallback
 there too. A name that is no possible path (too long, a NUL byte) never reaches the filesystem.
 Each resident model has its own :class:`~mlxrt.engine.engine.Engine` (lane,
-prompt cache, adapters, family profile, self-test) built on a :class:`ModelHost` view of the
-plugin host, so hooks that read ``host.model`` see the model they serve.
+prompt cache, adapters, family profile, self-test) on the one shared plugin host, and its own
+:class:`~mlxrt.serving.ServedModel` (:func:`mlxrt.serving.serve`): what routes get from
+:meth:`ModelPool.model_for` and what every hook about that model is given as ``model``.
 
 At most ``--max-models`` are resident; loading another evicts the least recently used *idle*
 one (no request holds it, nothing queued or running). ``--idle-unload`` unloads models
@@ -50,13 +51,14 @@ from mlxrt.errors import (
     QueueFull,
 )
 from mlxrt.loading.resolve import ModelSource
+from mlxrt.serving import serve
 
 if TYPE_CHECKING:
-    from mlxrt.host import PluginHost
     from mlxrt.records import FamilyProfile, ModelInfo
+    from mlxrt.registry import PluginHost
     from mlxrt.serving import ServedModel, ServingEngine
 
-__all__ = ["ModelHost", "ModelPool", "PoolSettings", "LEASES_KEY", "FALLBACK_HEADER", "releasing_leases"]
+__all__ = ["ModelPool", "PoolSettings", "Slot", "LEASES_KEY", "FALLBACK_HEADER", "releasing_leases"]
 
 log = logging.getLogger("mlxrt.models")
 
@@ -78,38 +80,6 @@ SPELLINGS_KEPT = 16
 FOUND_KEPT = 64
 #: Seconds a request waits for a resident model to become idle (all --max-models busy).
 BUSY_WAIT = 60.0
-
-
-class ModelHost:
-    """The plugin host as one model sees it: everything is the shared host's but ``engine``
-    and ``model``.
-
-    Family hooks capture ``host.model`` (gemma4's vision tower reads ``host.model.loaded``)
-    and request hooks read ``host.model.tokenizer``; with several models each must see its own.
-    Plugin state stays the shared host's (a plugin keeps one service for the server's life).
-    """
-
-    def __init__(self, host: PluginHost, engine: ServingEngine | None = None) -> None:
-        self.__dict__.update(_host=host, engine=engine, _served=None)
-
-    @property
-    def model(self) -> ServedModel | None:
-        """This model as plugins see it (:class:`mlxrt.serving.ServedModel`), or ``None`` while
-        it is not resident."""
-        from mlxrt.serving import served_model
-
-        served = served_model(self, self.__dict__["engine"], self.__dict__["_served"])
-        self.__dict__["_served"] = served
-        return served
-
-    def __getattr__(self, name: str) -> Any:
-        return getattr(self.__dict__["_host"], name)
-
-    def __setattr__(self, name: str, value: Any) -> None:
-        if name == "engine":
-            self.__dict__["engine"] = value
-        else:
-            setattr(self.__dict__["_host"], name, value)
 
 
 @attrs.frozen
@@ -138,14 +108,15 @@ class PoolSettings:
 
 @attrs.define(eq=False)
 class Slot:
-    """One model the pool knows: resident (``engine`` set) or not."""
+    """One model the pool knows: resident (``engine`` and ``model`` set) or not."""
 
     source: ModelSource
-    view: ModelHost
     primary: bool = False
     named: bool = False  # named at start (served, --preload, an alias target)
     state: str = "unloaded"  # unloaded | loading | ready
     engine: ServingEngine | None = None
+    #: The resident model as routes and hooks see it (``None`` while unloaded).
+    model: ServedModel | None = None
     profile: FamilyProfile | None = None  # the family profile of its last load (kept while unloaded)
     loading: asyncio.Task[None] | None = None
     leases: int = 0
@@ -166,12 +137,7 @@ class Slot:
 
     @property
     def model_id(self) -> str:
-        return self.source.model_id
-
-    @property
-    def model(self) -> ServedModel | None:
-        """The resident model as plugins see it (``None`` while unloaded)."""
-        return self.view.model
+        return str(self.source.model_id)
 
     @property
     def lane(self) -> str | None:
@@ -200,8 +166,9 @@ class Lease:
             self.slot.last_used = time.monotonic()
 
 
-#: Starts the engine of a model and loads it (blocking): ``make_engine(view, info, primary)``.
-EngineFactory = Callable[[ModelHost, "ModelInfo", bool], "ServingEngine"]
+#: Starts the engine of a model and loads it (blocking): ``make_engine(host, info, primary)``;
+#: it calls :func:`mlxrt.serving.serve` before the load, so the load's hooks are given the model.
+EngineFactory = Callable[["PluginHost", "ModelInfo", bool], "ServingEngine"]
 #: Resolves a name to a local model (``mlxrt.loading.resolve.resolve_model`` without downloads).
 Resolver = Callable[[str], ModelSource]
 
@@ -209,9 +176,7 @@ Resolver = Callable[[str], ModelSource]
 class ModelPool:
     """The models a server may answer with, their engines, and on-demand loading.
 
-    :param host: The shared plugin host; ``host.engine`` is kept pointing at the served
-        model's engine while it is resident (else the most recently loaded one), for the
-        routes that describe "the" model (pages, ``/fit``, ``/health``).
+    :param host: The shared plugin host (the registry: every model's hooks are its plugins').
     :param primary: The served model. ``preload`` models are loaded at start, ``aliases``
         map names to models loaded on demand.
     """
@@ -241,7 +206,7 @@ class ModelPool:
         key = str(source.path)
         slot = self._slots.get(key)
         if slot is None:
-            slot = self._slots[key] = Slot(source, ModelHost(self.host), primary=primary, named=named)
+            slot = self._slots[key] = Slot(source, primary=primary, named=named)
             self._names.setdefault(source.model_id, slot)
             self._names.setdefault(key, slot)
         slot.named = slot.named or named
@@ -284,8 +249,8 @@ class ModelPool:
 
     # -- the request path (event loop) ---------------------------------------------------------
 
-    async def host_for(self, name: str | None, scope: MutableMapping[str, Any] | None = None) -> ModelHost:
-        """The host whose ``engine`` answers a request naming ``name``, loading it if needed.
+    async def model_for(self, name: str | None, scope: MutableMapping[str, Any] | None = None) -> ServedModel:
+        """The model that answers a request naming ``name``, loading it if needed.
 
         ``scope`` (the ASGI scope) holds the request's lease until :func:`releasing_leases`
         drops it after the response: a model is never evicted under a request.
@@ -310,7 +275,8 @@ class ModelPool:
             raise
         slot.last_used = time.monotonic()
         self._start_reaper()
-        return slot.view
+        assert slot.model is not None  # ready: _installed set it
+        return slot.model
 
     async def _find(self, name: str) -> Slot | None:
         """The local model ``name`` resolves to (not on a strict server), or ``None``."""
@@ -389,7 +355,7 @@ class ModelPool:
             if not isinstance(exc, Exception):
                 raise
             typed = isinstance(exc, MlxrtError) and (exc.status < 500 or isinstance(exc, ModelUnavailable))
-            error = exc if typed else self._unavailable(slot, exc)
+            error = exc if typed and isinstance(exc, MlxrtError) else self._unavailable(slot, exc)
             slot.last_error = error.message
             raise error from None
         self._installed(slot, engine)  # bookkeeping on the event loop, as every other change
@@ -434,7 +400,7 @@ class ModelPool:
             raise ModelUnavailable(
                 f"model {slot.model_id!r} cannot fit: its weights need {_size(needs)} but each of the "
                 f"--max-models {self.settings.max_models} resident models gets {_size(share)} of the "
-                f"{_size(self.settings.memory_budget)} --memory-budget (less a {MARGIN:.0%} margin); "
+                f"{_size(self.settings.memory_budget or 0)} --memory-budget (less a {MARGIN:.0%} margin); "
                 f"resident: {self._resident_text()}", code="model_over_budget")
 
     async def _make_room(self, slot: Slot) -> None:
@@ -461,39 +427,28 @@ class ModelPool:
 
         slot.load_started = slot.load_started or time.monotonic()
         log.info("loading model %s from %s", slot.model_id, slot.source.path)
-        return self._make_engine(slot.view, read_model_info(slot.source), slot.primary)
+        return self._make_engine(self.host, read_model_info(slot.source), slot.primary)
 
     def _installed(self, slot: Slot, engine: ServingEngine) -> None:
         now = time.monotonic()
-        slot.view.engine = slot.engine = engine
+        slot.engine, slot.model = engine, serve(self.host, engine)
         slot.profile = engine.profile
         slot.state, slot.loads = "ready", slot.loads + 1
         slot.load_seconds, slot.load_started = now - (slot.load_started or now), None
         slot.last_used, slot.last_error = now, None
-        self._repoint()
         log.info("loaded model %s in %.2f s (%d resident)", slot.model_id, slot.load_seconds,
                  sum(s.state == "ready" for s in self._slots.values()))
 
     async def _unload(self, slot: Slot, why: str) -> None:
         import anyio
 
-        engine, slot.engine, slot.view.engine = slot.engine, None, None
+        engine, slot.engine, slot.model = slot.engine, None, None
         slot.state, slot.keep = "unloaded", None  # a client's keep_alive lasts while it stays resident
         log.info("unloading model %s %s", slot.model_id, why)
-        self._repoint()
         if engine is not None:
             await anyio.to_thread.run_sync(engine.stop)
             del engine
             await anyio.to_thread.run_sync(_return_memory)
-
-    def _repoint(self) -> None:
-        """``host.engine``: the served model's engine when resident, else the latest loaded."""
-        if self.primary.engine is not None:
-            self.host.engine = self.primary.engine
-            return
-        ready = [s for s in self._slots.values() if s.engine is not None]
-        if ready:
-            self.host.engine = max(ready, key=lambda s: s.last_used).engine
 
     # -- idle unload ---------------------------------------------------------------------------
 
@@ -524,14 +479,14 @@ class ModelPool:
 
     # -- a client's say over residency (Ollama's keep_alive, `mlxrt stop`) --------------------
 
-    def slot_of(self, view: object) -> Slot | None:
-        """The slot whose model ``view`` (a host from :meth:`host_for`) serves."""
-        return next((s for s in self._slots.values() if s.view is view), None)
+    def slot_of(self, model: ServedModel) -> Slot | None:
+        """The slot of ``model`` (one :meth:`model_for` gave), or ``None`` once it was unloaded."""
+        return next((s for s in self._slots.values() if s.model is model), None)
 
-    def keep_alive(self, view: object, seconds: float | None) -> None:
-        """Keep the model ``view`` serves resident until it was unused for ``seconds`` (0: unload it
-        once idle; negative: never unload it; ``None``: back to ``--idle-unload``)."""
-        slot = self.slot_of(view)
+    def keep_alive(self, model: ServedModel, seconds: float | None) -> None:
+        """Keep ``model`` resident until it was unused for ``seconds`` (0: unload it once idle;
+        negative: never unload it; ``None``: back to ``--idle-unload``)."""
+        slot = self.slot_of(model)
         if slot is None:
             return
         slot.keep = None if seconds is None else math.inf if seconds < 0 else float(seconds)
@@ -572,6 +527,15 @@ class ModelPool:
 
     def resident(self) -> list[Slot]:
         return [s for s in self._slots.values() if s.engine is not None]
+
+    def current(self) -> Slot | None:
+        """The model the server describes where nothing names one (``/health``, ``/v1``,
+        ``/stats``, ``/metrics``, the start banner, the status pages): the served model while
+        it is resident, else the resident model used last; ``None`` when none is resident.
+        Never loads anything."""
+        if self.primary.engine is not None:
+            return self.primary
+        return max(self.resident(), key=lambda s: s.last_used, default=None)
 
     def names(self) -> dict[str, str]:
         """Alias → model id."""

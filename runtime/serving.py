@@ -1,13 +1,14 @@
 """The served model: the one typed seam between a loaded model and everything that asks it for work.
 
 A dialect route, a plugin's own route, a background job (the memory plugin's editor) and the
-status pages all see a model as a :class:`ServedModel` — ``host.model``, and the per-model view
-:meth:`mlxrt.model_pool.ModelPool.host_for` hands out — never the engine behind it:
+status pages all see a model as a :class:`ServedModel` — what :func:`mlxrt.api.models.model_for`
+(routes) and :class:`mlxrt.model_pool.ModelPool` hand out, and what every hook about one model is
+given as its ``model`` argument — never the engine behind it:
 
 - facts frozen at load: :attr:`~ServedModel.info`, :attr:`~ServedModel.profile`,
   :attr:`~ServedModel.tokenizer`, :attr:`~ServedModel.context_ceiling`,
   :attr:`~ServedModel.capabilities` (the plugins' ``mlxrt_capabilities``, collected once);
-- verbs: :meth:`~ServedModel.render` a chat (images spliced in), :meth:`~ServedModel.plan` a
+- verbs: :meth:`~ServedModel.render` a chat (its images spliced in here, on the model's thread), :meth:`~ServedModel.plan` a
   generation (the only builder of a :class:`~mlxrt.records.GenerationRequest`: ``--max-tokens``
   and admission, the sampling chain, logit-bias checks, ``tool_choice`` enforcement, adapters,
   ``mlxrt_prompt_canonicalize``), :meth:`~ServedModel.prepare` it (``mlxrt_prepare_request``),
@@ -15,15 +16,21 @@ status pages all see a model as a :class:`ServedModel` — ``host.model``, and t
   finished answer), :meth:`~ServedModel.count_tokens`, and :meth:`~ServedModel.call` to run a
   function on the model's thread.
 
-:class:`EngineModel` is the implementation over one engine; the HTTP pipeline
-(:mod:`mlxrt.api.pipeline`) adds only the wire: decoding, the client's connection, framing.
+:class:`EngineModel` is the implementation over one engine (:func:`serve` makes it and tells the
+engine, whose own hooks — the vision adapter at load, samplers and processors at admission —
+are then given it too); the HTTP pipeline (:mod:`mlxrt.api.pipeline`) adds only the wire:
+decoding, the client's connection, framing.
+
+Imports run one way: this module depends on the registry (:mod:`mlxrt.registry`), templating
+and the engine's types; the registry and the engine never import it (the engine holds its
+served model as an opaque ``served_model`` it hands to hooks).
 """
 
 from __future__ import annotations
 
 import uuid
 from collections.abc import Callable, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import attrs
 
@@ -50,14 +57,12 @@ if TYPE_CHECKING:
     from mlxrt.engine.bridge import Generation
     from mlxrt.engine.config import EngineConfig
     from mlxrt.engine.memory import MemoryPlan
-    from mlxrt.host import PluginHost
-    from mlxrt.model_pool import ModelHost
+    from mlxrt.engine.speculative import Speculator
+    from mlxrt.metrics import Histogram
+    from mlxrt.registry import PluginHost
 
-#: The host a model is served through: the plugin host, or the pool's view of it for one model
-#: (:class:`mlxrt.model_pool.ModelHost`, which forwards to it; no common base).
-ServingHost: TypeAlias = "PluginHost | ModelHost"
-
-__all__ = ["ServingHost", "ServingEngine", "ServedModel", "EngineModel", "Completion", "choice_requests", "forced_tool_call", "forced_openings"]
+__all__ = ["ServingEngine", "ServedModel", "EngineModel", "Completion", "serve", "choice_requests",
+           "forced_tool_call", "forced_openings"]
 
 
 @attrs.frozen
@@ -87,9 +92,28 @@ class ServingEngine(Protocol):
     loaded: LoadedModel | None
     memory: MemoryPlan | None
     adapters: AdapterRegistry
+    #: The draft model of ``--draft-model`` (the start banner names it), or ``None``.
+    speculator: Speculator | None
+    #: Time to first token and whole-generation latency (``/metrics``).
+    ttft: Histogram
+    latency: Histogram
+    #: The model this engine serves as hooks see it (:func:`serve` sets it before the load);
+    #: the engine only hands it to the hooks it runs, as their ``model`` argument.
+    served_model: object
 
     @property
     def profile(self) -> FamilyProfile: ...
+
+    @property
+    def lane(self) -> str:
+        """``batch`` or ``serial``: how the model decodes."""
+        ...
+
+    @property
+    def unhealthy(self) -> str | None:
+        """Why this engine cannot serve any more (a distributed rank was lost), else ``None``
+        (``/health`` answers 503 with it)."""
+        ...
 
     @property
     def info(self) -> ModelInfo: ...
@@ -246,16 +270,16 @@ class ServedModel(Protocol):
 
 
 class EngineModel:
-    """:class:`ServedModel` over one engine, seen from ``host`` (the plugin host, or the pool's
-    per-model view of it): hooks the verbs run are told ``host``, so they see this model.
+    """:class:`ServedModel` over one engine: the hooks its verbs run are given ``host`` (the
+    plugin registry) and ``model=self``.
 
     The engine is held privately: nothing outside the runtime reaches it through here.
     """
 
-    def __init__(self, host: ServingHost, engine: ServingEngine) -> None:
+    def __init__(self, host: PluginHost, engine: ServingEngine) -> None:
         self._host = host
         self._engine = engine
-        self._declared = declared(host)
+        self._declared: frozenset[str] = declared(host)
         self._capabilities: Capabilities | None = None
 
     # -- facts ----------------------------------------------------------------------------------
@@ -289,11 +313,14 @@ class EngineModel:
 
     @property
     def kind(self) -> EngineKind:
-        return self._engine.loaded.engine
+        return self.loaded.engine
 
     @property
     def loaded(self) -> LoadedModel:
-        return self._engine.loaded
+        loaded = self._engine.loaded
+        if loaded is None:  # served models are made for loaded engines; the vision hook reads it later
+            raise RuntimeError(f"model {self.info.model_id!r} is not loaded yet")
+        return loaded
 
     @property
     def settings(self) -> EngineConfig:
@@ -301,11 +328,11 @@ class EngineModel:
 
     @property
     def memory(self) -> MemoryPlan | None:
-        return getattr(self._engine, "memory", None)
+        return self._engine.memory
 
     @property
     def adapters(self) -> AdapterRegistry | None:
-        return getattr(self._engine, "adapters", None)
+        return self._engine.adapters
 
     def is_engine(self, engine: ServingEngine) -> bool:
         """Whether this view is over ``engine`` (the hosts' cache check)."""
@@ -314,9 +341,19 @@ class EngineModel:
     # -- verbs ----------------------------------------------------------------------------------
 
     def render(self, chat: ChatInput) -> RenderedPrompt:
+        """The template's prompt (:func:`mlxrt.templating.render_chat`), then the chat's images
+        fetched and decoded here (the caller's worker thread) and spliced in by the family's
+        vision adapter on this model's thread (:func:`mlxrt.loading.vision.splice_images`)."""
         from mlxrt.templating import render_chat
 
-        return render_chat(self._host, self.tokenizer, self.profile, chat, turn_boundary=self._engine.keeps_snapshots)
+        rendered = render_chat(self._host, self.tokenizer, self.profile, chat, model=self,
+                               turn_boundary=self._engine.keeps_snapshots)
+        if not chat.images:
+            return rendered
+        from mlxrt.loading.vision import splice_images
+
+        vision = splice_images(self._host, self.profile, rendered.ids, chat.images, on_model=self.call_blocking)
+        return attrs.evolve(rendered, ids=vision.ids, vision=vision)
 
     def encode(self, text: str) -> list[int]:
         """Raw text as token ids, with the tokenizer's own special-token handling (a BOS where
@@ -348,9 +385,8 @@ class EngineModel:
         default = option if option is not None else default_max_tokens
         ceiling = engine.context_ceiling
         if options.n > 1:
-            config = getattr(engine, "config", None)
-            check_choices(options.n, getattr(config, "batch", 1), getattr(config, "max_queue", 0))
-            ceiling = choice_ceiling(info.context_window, getattr(engine, "safe_context", None), options.n)
+            check_choices(options.n, engine.config.batch, engine.config.max_queue)
+            ceiling = choice_ceiling(info.context_window, engine.safe_context, options.n)
         max_tokens = plan_max_tokens(len(prompt_ids), options.max_tokens, default, ceiling, choices=options.n,
                                      window=info.context_window)
         sampling = resolve_sampling(options.sampling, host.options, info.generation_config, seed=options.seed,
@@ -366,10 +402,10 @@ class EngineModel:
             progress=options.progress,
         )
         host.check_request_fields(dialect, gen.extra)  # mlxrt_request_fields' checks: a bad value is a 400
-        return canonicalize(host, gen, dialect, declared=self._declared)
+        return canonicalize(host, gen, dialect, declared=self._declared, model=self)
 
     def prepare(self, request: GenerationRequest) -> None:
-        self._host.collect("mlxrt_prepare_request", request=request, info=self.info, host=self._host)
+        self._host.collect("mlxrt_prepare_request", request=request, info=self.info, host=self._host, model=self)
 
     @property
     def prepares(self) -> bool:
@@ -426,7 +462,7 @@ class EngineModel:
 
         rendered = self.render(chat)
         probe = GenerationRequest(request_id="count", prompt_ids=rendered.ids, max_tokens=1, dialect=dialect)
-        return len(canonicalize(self._host, probe, dialect, declared=self._declared).prompt_ids)
+        return len(canonicalize(self._host, probe, dialect, declared=self._declared, model=self).prompt_ids)
 
     async def call(self, fn: Callable[[LoadedModel], Any]) -> Any:
         return await self._engine.call(fn)
@@ -443,14 +479,17 @@ class EngineModel:
         return await self._engine.unmount_adapter(adapter_id, owner)
 
 
-def served_model(host: ServingHost, engine: ServingEngine | None, cached: EngineModel | None) -> EngineModel | None:
-    """The host's :class:`EngineModel` over ``engine``: ``cached`` while it is still over that
-    engine, else a new one (``None`` without an engine). How hosts keep their ``model``."""
-    if engine is None:
-        return None
-    if cached is not None and cached.is_engine(engine):
-        return cached
-    return EngineModel(host, engine)
+def serve(host: PluginHost, engine: ServingEngine) -> EngineModel:
+    """The :class:`EngineModel` over ``engine``, made once: the engine keeps it as ``served_model`` and
+    gives it to the hooks it runs (``mlxrt_vision`` at load, ``mlxrt_sampler`` and
+    ``mlxrt_logits_processors`` at admission). Call it before :meth:`ServingEngine.load`, so
+    the family hooks of the load are told the model too."""
+    served = engine.served_model
+    if isinstance(served, EngineModel) and served.is_engine(engine):
+        return served
+    model = EngineModel(host, engine)
+    engine.served_model = model
+    return model
 
 
 def choice_requests(generation: GenerationRequest, n: int) -> tuple[GenerationRequest, ...]:
@@ -478,7 +517,9 @@ def forced_openings(model: ServedModel, names: Sequence[str], prompt_ids: Sequen
     """
     from mlxrt.text.tool_calls import tool_choice_prefixes
 
-    return tool_choice_prefixes(model.profile, model.tokenizer, names, prompt_ids, param=param)
+    openings: tuple[tuple[int, ...], ...] = tool_choice_prefixes(model.profile, model.tokenizer, names, prompt_ids,
+                                                                 param=param)
+    return openings
 
 
 def forced_tool_call(model: ServedModel, names: Sequence[str], tools: Sequence[Mapping[str, Any]] | None,

@@ -16,7 +16,7 @@ from mlxrt.records import ChatInput, FamilyProfile, GenerationRequest
 from mlxrt.text.reasoning import prompt_opens_thinking
 
 if TYPE_CHECKING:
-    from mlxrt.host import PluginHost
+    from mlxrt.registry import PluginHost
 
 __all__ = ["RenderedPrompt", "render_chat", "canonicalize", "DEFAULT_CHAT_TEMPLATE",
            "thinking_switch", "thinking_kwargs", "rendered_request", "fold_system_messages",
@@ -34,15 +34,17 @@ class RenderedPrompt:
     text: str
     ids: tuple[int, ...]
     starts_in_thinking: bool
-    #: The prompt with its images spliced in (``ids`` are then ``vision.ids``), or ``None``.
+    #: The prompt with its images spliced in (``ids`` are then ``vision.ids``), or ``None``
+    #: (:meth:`mlxrt.serving.ServedModel.render` splices them).
     vision: Any = attrs.field(default=None, eq=False, repr=False)
     #: Tokens before the generation prompt (``GenerationRequest.turn_start``), or ``None``.
     turn_start: int | None = None
 
 
 def render_chat(host: PluginHost, tokenizer: Any, profile: FamilyProfile, chat: ChatInput, *,
-                turn_boundary: bool = False) -> RenderedPrompt:
-    """Render ``chat`` with the model's chat template and tokenize it.
+                model: object = None, turn_boundary: bool = False) -> RenderedPrompt:
+    """Render ``chat`` with the model's chat template and tokenize it (its images, if any, stay
+    placeholders: :meth:`mlxrt.serving.ServedModel.render` splices them in).
 
     A model whose template renders no tools has them rendered by its profile's
     :class:`~mlxrt.records.ToolPrompt` (:mod:`mlxrt.text.generic_tools`).
@@ -56,13 +58,15 @@ def render_chat(host: PluginHost, tokenizer: Any, profile: FamilyProfile, chat: 
     Template errors are the client's (a message shape the template rejects): 400
     ``prompt build failed: …``. ``turn_boundary``: also find where the last turn starts
     (``RenderedPrompt.turn_start``), for an engine whose prompt cache keeps snapshots
-    (:attr:`mlxrt.serving.ServingEngine.keeps_snapshots`).
+    (:attr:`mlxrt.serving.ServingEngine.keeps_snapshots`). ``model``: the
+    :class:`~mlxrt.serving.ServedModel` rendering, handed to ``mlxrt_chat_template_kwargs`` as
+    its ``model`` (``object`` here: templating sits below the serving layer and only passes it on).
     """
     if chat.images and profile.vision is None:
         where = chat.images[0].where
         raise InvalidRequest(f"{where}: the served model has no vision input", param=where)
     plugin, family_kwargs = host.first_answer(
-        "mlxrt_chat_template_kwargs", info=profile.info, request=chat, host=host
+        "mlxrt_chat_template_kwargs", info=profile.info, request=chat, host=host, model=model
     )
     if plugin is None and profile.thinking_format is not None:
         # A model that reasons gets the thinking on/off chain unless its family says otherwise.
@@ -86,27 +90,22 @@ def render_chat(host: PluginHost, tokenizer: Any, profile: FamilyProfile, chat: 
     if turn_boundary and not chat.images \
             and chat.add_generation_prompt and not chat.continue_final_message:  # else no generation prompt
         turn_start = _turn_start(tokenizer, messages, chat.tools, kwargs, text, ids)
-    rendered = RenderedPrompt(
+    return RenderedPrompt(
         text=text,
         ids=tuple(ids),
         starts_in_thinking=prompt_opens_thinking(text, profile.thinking_format),
         turn_start=turn_start,
     )
-    if chat.images:
-        from mlxrt.loading.vision import splice_images
-
-        vision = splice_images(host, profile, rendered.ids, chat.images)
-        rendered = attrs.evolve(rendered, ids=vision.ids, vision=vision)
-    return rendered
 
 
 def _apply(tokenizer: Any, messages: Sequence[Mapping[str, Any]], tools: Any, kwargs: Mapping[str, Any],
            add_generation_prompt: bool = True, continue_final_message: bool = False) -> str:
     # continue_final_message only when asked: a tokenizer without it (transformers') renders the rest.
     more = {"continue_final_message": True} if continue_final_message else {}
-    return tokenizer.apply_chat_template(
+    text: str = tokenizer.apply_chat_template(
         [dict(m) for m in messages], tools=[dict(t) for t in tools] if tools else None,
         add_generation_prompt=add_generation_prompt, tokenize=False, **more, **kwargs)
+    return text
 
 
 def _text_of(content: Any) -> str:
@@ -173,7 +172,8 @@ def name_tool_results(messages: Sequence[Mapping[str, Any]]) -> tuple[Mapping[st
                     if isinstance(call.get("id"), str):
                         names[call["id"]] = name
         elif role == "tool":
-            name = names.get(message.get("tool_call_id")) or (calls[at] if at < len(calls) else None)
+            answered = message.get("tool_call_id")
+            name = (names.get(answered) if isinstance(answered, str) else None) or (calls[at] if at < len(calls) else None)
             at += 1
             if name is not None and not message.get("name"):
                 message = {**message, "name": name}
@@ -297,13 +297,14 @@ def thinking_switch(chat: ChatInput, options: Mapping[str, Any] | None = None,
     the template's own default applies.
     """
     options = options or {}
-    if isinstance(chat.template_kwargs.get(key), bool):
-        return chat.template_kwargs[key]
+    client = chat.template_kwargs.get(key)
+    if isinstance(client, bool):
+        return client
     if chat.reasoning_effort is not None:
-        return chat.reasoning_effort != "none"
-    server = options.get("chat_template_args") or {}
-    if isinstance(server.get(key), bool):
-        return server[key]
+        return bool(chat.reasoning_effort != "none")
+    server = (options.get("chat_template_args") or {}).get(key)
+    if isinstance(server, bool):
+        return server
     default = options.get("thinking")
     return default if isinstance(default, bool) else None
 
@@ -318,16 +319,19 @@ def thinking_kwargs(chat: ChatInput, options: Mapping[str, Any] | None = None,
 
 def encode_text(tokenizer: Any, text: str) -> Sequence[int]:
     """Tokenize raw text with the tokenizer's own special-token handling (completions)."""
-    return tokenizer.encode(text)
+    ids: Sequence[int] = tokenizer.encode(text)
+    return ids
 
 
-def canonicalize(host: PluginHost, request: Any, dialect: str, *, declared: frozenset[str] | None = None) -> Any:
+def canonicalize(host: PluginHost, request: Any, dialect: str, *, declared: frozenset[str] | None = None,
+                 model: object = None) -> Any:
     """The request after ``mlxrt_prompt_canonicalize`` (unchanged when no plugin answers).
 
     A structured-output constraint (``response_format``, ``text.format``) that no installed
     plugin can enforce is refused here, for every dialect: never silently ignored.
     ``declared``: the capabilities the plugins declared (:attr:`mlxrt.serving.EngineModel.declared`,
-    collected once); by default they are asked now.
+    collected once); by default they are asked now. ``model``: the
+    :class:`~mlxrt.serving.ServedModel` the request runs on, handed to the hook as its ``model``.
     """
     structured = getattr(request, "structured", None)
     if structured is not None and STRUCTURED_OUTPUTS not in (declared_by(host) if declared is None else declared):
@@ -337,5 +341,5 @@ def canonicalize(host: PluginHost, request: Any, dialect: str, *, declared: froz
         raise InvalidRequest(f"{field} is not supported by this server yet", param=field,
                              code="unsupported_parameter")
     _plugin, replaced = host.first_answer("mlxrt_prompt_canonicalize", request=request, dialect=dialect,
-                                         host=host)
+                                         host=host, model=model)
     return replaced if replaced is not None else request

@@ -196,6 +196,7 @@ class AgentServer:
         # loopback server answers with the served model (docs/dialects.md, model names).
         app = build_server(self.host, str(model), {"host": "127.0.0.1", "port": 0, **(options or {})})
         self.recorder = Recorder(app)
+        self.models = app.state.models  # the app's model pool (mlxrt.model_pool.ModelPool)
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
         self.server = uvicorn.Server(uvicorn.Config(self.recorder, host="127.0.0.1", port=port,
@@ -215,7 +216,7 @@ class AgentServer:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=15)
-        self.host.engine.stop()
+        self.models.stop()
 
 
 def write_fixtures(folder: Path, exchanges: list[dict]) -> None:

@@ -24,9 +24,9 @@ class Recorder:
         self.texts: list[str] = []
 
     @hookimpl
-    def mlxrt_prepare_request(self, request, info, host):
+    def mlxrt_prepare_request(self, request, model):
         self.ids.append(tuple(request.prompt_ids))
-        self.texts.append(host.engine.tokenizer.decode(list(request.prompt_ids), skip_special_tokens=False))
+        self.texts.append(model.tokenizer.decode(list(request.prompt_ids), skip_special_tokens=False))
 
 
 @pytest.fixture

@@ -111,9 +111,9 @@ def test_chat_in_a_terminal(server):
         term.type("\x03")  # Ctrl-C: the answer stops, the chat goes on
         term.expect(">>> ", timeout=20)
         deadline = time.monotonic() + 20
-        while server.host.engine.stats()["requests_cancelled"] < 1 and time.monotonic() < deadline:
+        while server.models.primary.engine.stats()["requests_cancelled"] < 1 and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert server.host.engine.stats()["requests_cancelled"] >= 1  # the server stopped generating too
+        assert server.models.primary.engine.stats()["requests_cancelled"] >= 1  # the server stopped generating too
         term.type('"""line one\r')
         term.type('line two"""\r')
         term.expect("Hello from mlxrt.")

@@ -41,7 +41,7 @@ def replay_client(tmp_path_factory):
     app = build_server(host, str(model), {"host": "127.0.0.1", "port": 0})
     with TestClient(app, base_url="http://127.0.0.1") as client:
         yield client
-    host.models.stop()
+    app.state.models.stop()
 
 
 def test_fixtures_are_there():

@@ -313,7 +313,7 @@ def test_text_only_serving_never_loads_the_tower(mlxrt_tiny_checkpoint, mlxrt_se
     assert _chat(client, max_tokens=8).choices[0].message.content is not None
     model = openai_client(client).models.list().data[0]
     assert model.model_extra.get("vision") is True
-    assert client.app.state.host.engine.profile.vision._tower is None
+    assert client.app.state.models.primary.engine.profile.vision._tower is None
 
 
 # -- the denoising lane ----------------------------------------------------------------------------

@@ -135,7 +135,7 @@ def reference(model):
         with TestClient(app, base_url="http://127.0.0.1") as client:
             return _outputs(str(client.base_url), client)
     finally:
-        host.engine.stop()
+        app.state.models.stop()
 
 
 @pytest.fixture

@@ -72,7 +72,7 @@ def test_batch_equals_one_by_one(emb):
 def test_matches_an_unpadded_forward_of_the_last_token(emb):
     import mlx.core as mx
 
-    engine = emb.app.state.host.engine
+    engine = emb.app.state.models.primary.engine
     ids = encode_inputs(engine.tokenizer, TEXTS, engine.tokenizer.convert_tokens_to_ids("<|endoftext|>"), None)
     got = vectors(openai_client(emb).embeddings.create(model="m", input=TEXTS))
 
@@ -89,7 +89,7 @@ def test_matches_an_unpadded_forward_of_the_last_token(emb):
 
 
 def test_usage_counts_every_token_including_the_end_token(emb):
-    tok = emb.app.state.host.engine.tokenizer
+    tok = emb.app.state.models.primary.engine.tokenizer
     out = openai_client(emb).embeddings.create(model="m", input=TEXTS)
     eot = tok.convert_tokens_to_ids("<|endoftext|>")
     counts = [len(tok.encode(t, add_special_tokens=False)) + 1 for t in TEXTS]

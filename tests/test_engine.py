@@ -55,7 +55,7 @@ def test_a_failing_sampler_fails_one_request_and_the_engine_keeps_serving(mlxrt_
 
 @pytest.mark.anyio
 async def test_generate_yields_tokens_then_one_finish(mlxrt_client):
-    engine = mlxrt_client.app.state.host.engine
+    engine = mlxrt_client.app.state.models.primary.engine
     request = GenerationRequest(request_id="t1", prompt_ids=(1, 2, 3), max_tokens=5,
                                 sampling=SamplingParams(temperature=0.0))
     events = [e async for e in engine.generate(request)]
@@ -68,7 +68,7 @@ async def test_generate_yields_tokens_then_one_finish(mlxrt_client):
 async def test_call_runs_on_the_worker_and_raises_back(mlxrt_client):
     import threading
 
-    engine = mlxrt_client.app.state.host.engine
+    engine = mlxrt_client.app.state.models.primary.engine
     name = await engine.call(lambda loaded: threading.current_thread().name)
     assert name == "mlxrt-engine"
 
@@ -106,9 +106,9 @@ def test_a_process_that_forgets_to_stop_its_engine_still_exits_cleanly(mlxrt_tin
         "import asyncio\n"
         "from mlxrt.cli import build_server\nfrom mlxrt.host import make_host\n"
         "from mlxrt import GenerationRequest\n"
-        f"h = make_host(); build_server(h, {str(mlxrt_tiny_checkpoint('qwen3'))!r}, {{}})\n"
+        f"app = build_server(make_host(), {str(mlxrt_tiny_checkpoint('qwen3'))!r}, {{}})\n"
         "async def go():\n"
-        "    g = h.engine.generate(GenerationRequest(request_id='x', prompt_ids=(1, 2, 3), max_tokens=50))\n"
+        "    g = app.state.models.primary.model.generate(GenerationRequest(request_id='x', prompt_ids=(1, 2, 3), max_tokens=50))\n"
         "    async for _ in g:\n"
         "        break\n"
         "    await g.aclose()\n"

@@ -63,10 +63,10 @@ def test_generic_tier_serves_plain_chat(mlxrt_tiny_checkpoint, mlxrt_serve):
     out = openai_client(client).chat.completions.create(
         model="m", messages=[{"role": "user", "content": "hi"}], max_tokens=4, temperature=0)
     assert out.choices[0].message.role == "assistant"
-    profile = client.app.state.host.engine.profile
+    profile = client.app.state.models.primary.engine.profile
     # its template renders no tools: mlxrt's generic tool prompt, no family's answer
     assert profile.provenance == {"load_model": "mlx-lm", "tool_prompt": "default"} and profile.tier == "generic"
-    row = client.get("/v1/models/" + client.app.state.host.engine.info.model_id).json()
+    row = client.get("/v1/models/" + client.app.state.models.primary.engine.info.model_id).json()
     assert row["tier"] == "generic" and row["family"] == "mlx-lm" and row["reasoning"] is False
 
 

@@ -320,7 +320,7 @@ def test_qwen_low_ids_are_plain_text(mlxrt_tiny_checkpoint, mlxrt_serve, stream)
 def test_gemma_sentinel_ids_route(family_client):
     """On the Gemma tokenizer the same ids are the sentinels: 100…101 is reasoning."""
     client = family_client("gemma4")
-    tok = Tokenizer.from_file(str(client.app.state.host.engine.info.path / "tokenizer.json"))
+    tok = Tokenizer.from_file(str(client.app.state.models.primary.engine.info.path / "tokenizer.json"))
     ids = [100, *tok.encode("thought\nhmm", add_special_tokens=False).ids, 101,
            *tok.encode("ok", add_special_tokens=False).ids]
     out = openai_client(client).chat.completions.create(model="m", messages=MSG, max_tokens=20,

@@ -169,7 +169,7 @@ def test_hook_mlxrt_load_model(mlxrt_tiny_checkpoint, mlxrt_serve):
 
     client = mlxrt_serve(mlxrt_tiny_checkpoint("llama"), plugins=[("loader", Loader())])
     assert calls == ["llama"]
-    assert client.app.state.host.engine.profile.provenance["load_model"] == "loader"
+    assert client.app.state.models.primary.engine.profile.provenance["load_model"] == "loader"
     assert chat(client)["choices"][0]["message"]["role"] == "assistant"
 
 
@@ -275,9 +275,9 @@ def test_hook_mlxrt_startup(mlxrt_tiny_checkpoint):
 
     class Life:
         @hookimpl
-        def mlxrt_startup(self, host):
+        def mlxrt_startup(self, model):
             async def later():
-                events.append(("startup", host.engine.info.model_type))
+                events.append(("startup", model.info.model_type))
 
             return later()
 
@@ -308,7 +308,7 @@ def test_hook_mlxrt_startup(mlxrt_tiny_checkpoint):
         assert client.get("/broken/ping").status_code == 503  # the failed plugin's routes
         assert host.records["broken"].status == "failed" and "no database" in host.records["broken"].error
         assert client.get("/health").status_code == 200  # the server started without it
-    host.models.stop()
+    app.state.models.stop()
 
 
 def test_hook_mlxrt_shutdown(mlxrt_tiny_checkpoint):
@@ -316,9 +316,9 @@ def test_hook_mlxrt_shutdown(mlxrt_tiny_checkpoint):
 
     class Flush:
         @hookimpl
-        def mlxrt_shutdown(self, host):
+        def mlxrt_shutdown(self, model):
             async def later():
-                events.append(("flush", host.engine.info.model_type))  # the model is still there
+                events.append(("flush", model.info.model_type))  # the model is still there
 
             return later()
 
@@ -340,7 +340,7 @@ def test_hook_mlxrt_shutdown(mlxrt_tiny_checkpoint):
     # Last registered first; the one that raised does not keep the others from shutting down.
     assert events == [("broken", None), ("flush", "llama")]
     assert host.records["broken"].status == "failed" and "disk gone" in host.records["broken"].error
-    host.models.stop()
+    app.state.models.stop()
 
 
 def test_hook_mlxrt_serve_options(tmp_path):
@@ -423,7 +423,6 @@ def test_hook_mlxrt_prepare_request(mlxrt_tiny_checkpoint, mlxrt_serve):
 def test_hook_mlxrt_capabilities(mlxrt_tiny_checkpoint, mlxrt_serve):
     """Structured outputs are a declared capability: implementing ``mlxrt_prepare_request``
     (as the grammar plugin also does) does not make the server accept ``response_format``."""
-    from mlxrt.capabilities import capabilities
     from mlxrt.records import Capabilities
 
     class Gate:
@@ -447,9 +446,9 @@ def test_hook_mlxrt_capabilities(mlxrt_tiny_checkpoint, mlxrt_serve):
             "response_format": {"type": "json_object"}}
     model = mlxrt_tiny_checkpoint("llama")
     builtin = mlxrt_serve(model)
-    assert capabilities(builtin.app.state.host) == Capabilities(structured_outputs=True)
+    assert builtin.app.state.models.primary.model.capabilities == Capabilities(structured_outputs=True)
     undeclared = mlxrt_serve(model, plugins=[("gate", Gate())], disable=("structured",))
-    assert capabilities(undeclared.app.state.host) == Capabilities()
+    assert undeclared.app.state.models.primary.model.capabilities == Capabilities()
     refused = undeclared.post("/v1/chat/completions", json=body)
     assert refused.status_code == 400
     assert refused.json()["error"]["message"] == "response_format is not supported by this server yet"

@@ -220,7 +220,7 @@ def test_a_served_request_never_imports_transformers(checkpoints, tmp_path, kind
         heavy = sorted(m for m in ("transformers", "mlx_lm.generate", "mlx_lm.utils", "mlx_lm.convert",
                                    "huggingface_hub.hf_api", "numpy", "pydantic") if m in sys.modules)
         print("HEAVY", heavy)
-        host.models.stop()
+        app.state.models.stop()
     """)
     out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=300,
                          cwd=tmp_path)

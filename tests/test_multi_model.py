@@ -318,7 +318,7 @@ def test_a_stream_holds_its_model_until_it_ends(three):
     finally:
         server.should_exit = True
         thread.join(15)
-        host.models.stop()
+        app.state.models.stop()
 
 
 def httpx_get(port: int, path: str) -> dict:

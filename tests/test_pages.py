@@ -111,7 +111,7 @@ class LiveServer:
         from mlxrt.host import make_host
 
         self.host = make_host(extra=extra)
-        app = build_server(self.host, str(model), {"host": "127.0.0.1", "port": 0, **(options or {})})
+        app = self.app = build_server(self.host, str(model), {"host": "127.0.0.1", "port": 0, **(options or {})})
         port = free_port()
         self.url = f"http://127.0.0.1:{port}"
         self.server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning",
@@ -128,7 +128,7 @@ class LiveServer:
     def stop(self) -> None:
         self.server.should_exit = True
         self.thread.join(timeout=15)
-        self.host.engine.stop()
+        self.app.state.models.stop()
 
 
 @pytest.fixture

@@ -61,14 +61,14 @@ def clients(tmp_path_factory):
             app = build_server(host, str(path), {"host": "127.0.0.1", "port": 0, "model_fallback": True})
             client = TestClient(app, base_url="http://127.0.0.1")
             client.__enter__()
-            opened.append((client, host))
+            opened.append((client, app))
             made[family] = (client, path)
         return made[family]
 
     yield get
-    for client, host in opened:
+    for client, app in opened:
         client.__exit__(None, None, None)
-        host.models.stop()
+        app.state.models.stop()
 
 
 def script_tokens(path, script):

@@ -58,18 +58,18 @@ def servers(checkpoints):
                                {"host": "127.0.0.1", "port": 0, "model_fallback": True, **options})
             client = TestClient(app, base_url="http://127.0.0.1")  # a Host the loopback server serves
             client.__enter__()
-            made[key] = (client, host)
+            made[key] = (client, app)
         return made[key][0]
 
     yield start
-    for client, host in made.values():
+    for client, app in made.values():
         client.__exit__(None, None, None)
-        host.engine.stop()
+        app.state.models.stop()
 
 
 def forget(http) -> None:
     """Empty the server's prompt cache (on its worker), so the next request runs cold."""
-    engine = http.app.state.host.engine
+    engine = http.app.state.models.primary.engine
     engine.call_blocking(lambda _loaded: engine.prompt_cache.clear())
 
 
@@ -156,10 +156,11 @@ def test_entries_survive_a_restart(checkpoints, family, batch, tmp_path):
     answers = []
     for _run in range(2):
         host = make_host()
-        with TestClient(build_server(host, str(checkpoints[family]), options), base_url="http://127.0.0.1") as http:
+        app = build_server(host, str(checkpoints[family]), options)
+        with TestClient(app, base_url="http://127.0.0.1") as http:
             answers.append(chat(http, first))
             stats = http.get("/stats").json()["engine"]["prompt_cache"]
-        host.engine.stop()  # finishes the queued writes
+        app.state.models.stop()  # finishes the queued writes
     (cold, usage, _), (warm, usage2, header) = answers
     assert cached(usage) == 0 and warm == cold
     assert cached(usage2) == usage.prompt_tokens - 1, header
@@ -245,6 +246,6 @@ def test_snapshots_are_entries_counted_in_the_byte_cap(servers, family, stored):
             break
         time.sleep(0.05)
     assert stats["entries"] == stored
-    engine = http.app.state.host.engine
+    engine = http.app.state.models.primary.engine
     held = engine.call_blocking(lambda _loaded: [e.nbytes for e in engine.prompt_cache._entries])
     assert stats["bytes"] == sum(held) and min(held) > 0

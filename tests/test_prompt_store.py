@@ -157,7 +157,7 @@ def test_batch_lane_entries_are_persisted_and_restored(mlxrt_tiny_checkpoint, ml
     first = mlxrt_serve(mlxrt_tiny_checkpoint("qwen3"), options=options)
     prompt = "hello there " * 30
     cold = openai_client(first).completions.create(model="m", prompt=prompt, max_tokens=8, temperature=0)
-    first.app.state.host.engine.stop()  # finishes the write
+    first.app.state.models.primary.engine.stop()  # finishes the write
     second = mlxrt_serve(mlxrt_tiny_checkpoint("qwen3"), options=options)
     warm = openai_client(second).completions.create(model="m", prompt=prompt, max_tokens=8, temperature=0)
     assert second.get("/stats").json()["engine"]["lane"] == "batch"

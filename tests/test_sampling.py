@@ -263,7 +263,7 @@ def test_non_finite_logit_bias_is_refused():
 
 def test_top_k_at_or_past_the_vocabulary_keeps_every_token(mlxrt_client):
     """mlx-lm's sampler raises for top_k >= vocab; such a top_k filters nothing."""
-    vocab = mlxrt_client.app.state.host.engine.info.config_int("vocab_size")
+    vocab = mlxrt_client.app.state.models.primary.engine.info.config_int("vocab_size")
 
     def run(**kw):
         return _chat(mlxrt_client, temperature=1.0, seed=5, max_tokens=8, **kw).choices[0].message.content

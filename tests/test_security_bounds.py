@@ -49,7 +49,7 @@ def test_one_key_never_reuses_or_sees_another_keys_prompt(mlxrt_tiny_checkpoint,
     assert _ask(_client(server, "key-three"), wrong)[0] > 40
     if on_disk:
         # After a restart the files keep their partition: key two still gets nothing of key one's.
-        server.app.state.host.models.stop()
+        server.app.state.models.stop()
         again = mlxrt_serve(mlxrt_tiny_checkpoint("qwen3"), options=options)
         assert _ask(_client(again, "key-five"), SYSTEM, "Where?")[0] == 0
         assert _ask(_client(again, "key-one"), SYSTEM, "Why?")[0] > 40

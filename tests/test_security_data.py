@@ -358,7 +358,7 @@ def batch4(mlxrt_tiny_checkpoint, tmp_path_factory):
                                                            "prompt_cache_size": 0, "model_fallback": True})
     with TestClient(app, base_url="http://127.0.0.1") as client:  # a Host the loopback server serves
         yield client
-    host.engine.stop()
+    app.state.models.stop()
 
 
 def _complete(client, prompt, **kw):

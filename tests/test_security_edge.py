@@ -48,7 +48,7 @@ def app_client(llama):
     app = build_server(host, str(llama), {"host": "127.0.0.1", "port": 0, "model_fallback": True})
     with TestClient(app, base_url="http://127.0.0.1") as client:
         yield client
-    host.engine.stop()
+    app.state.models.stop()
 
 
 # -- item 2: drive-by from web pages -------------------------------------------------------------
@@ -226,14 +226,14 @@ def test_a_client_leaving_during_templating_queues_nothing(llama, monkeypatch):
                       + f"Content-Length: {len(body)}\r\n\r\n".encode() + body)
             assert entered.wait(10)
         time.sleep(3)  # the templating thread finishes meanwhile; its result must go nowhere
-        stats = host.engine.stats()
+        stats = app.state.models.primary.engine.stats()
         assert stats["requests_served"] == 0 and stats["requests_cancelled"] == 0, stats
         ok = httpx.post(f"http://127.0.0.1:{port}/v1/chat/completions", json=CHAT, timeout=30)
-        assert ok.status_code == 200 and host.engine.stats()["requests_served"] == 1
+        assert ok.status_code == 200 and app.state.models.primary.engine.stats()["requests_served"] == 1
     finally:
         server.should_exit = True
         thread.join(timeout=15)
-        host.engine.stop()
+        app.state.models.stop()
 
 # -- item 6: SIGTERM --------------------------------------------------------------------------
 

@@ -24,9 +24,9 @@ class Probe:
     def mlxrt_routes(self, host):
         @post("/probe", status_code=200, opt={"json_body": False})
         async def probe(request: Request) -> dict:
-            from mlxrt.api.models import host_for
+            from mlxrt.api.models import model_for
 
-            served = (await host_for(request, None)).model
+            served = await model_for(request, None)
             Probe.seen.append(served)
             chat = ChatInput(messages=tuple(ASK))
             import anyio
@@ -41,7 +41,7 @@ class Probe:
         return [probe]
 
 
-def test_plugin_counts_and_completes_through_host_model(mlxrt_tiny_checkpoint, mlxrt_serve):
+def test_plugin_counts_and_completes_through_model_for(mlxrt_tiny_checkpoint, mlxrt_serve):
     client = mlxrt_serve(mlxrt_tiny_checkpoint("llama"), plugins=[("probe", Probe())])
     got = client.post("/probe")
     assert got.status_code == 200, got.text
@@ -60,13 +60,13 @@ def test_plugin_counts_and_completes_through_host_model(mlxrt_tiny_checkpoint, m
     assert count.json() == {"input_tokens": body["count"]}
 
 
-def test_host_model_follows_the_engine(mlxrt_tiny_checkpoint, mlxrt_serve):
-    client = mlxrt_serve(mlxrt_tiny_checkpoint("llama"))
-    host = client.app.state.host
-    model = host.model
-    assert host.model is model  # facts frozen: one view per engine
-    assert model.info.model_id == host.models.primary.model.info.model_id
-    assert host.models.primary.view.model.tokenizer is model.tokenizer
+def test_one_served_model_per_engine_and_the_host_knows_none(mlxrt_tiny_checkpoint, mlxrt_serve):
+    client = mlxrt_serve(mlxrt_tiny_checkpoint("llama"), plugins=[("probe", Probe())])
+    assert client.post("/probe").status_code == 200 and client.post("/probe").status_code == 200
+    pool = client.app.state.models
+    assert Probe.seen[-1] is Probe.seen[-2] is pool.primary.model  # facts frozen: one per engine
+    host = client.app.state.host  # the registry: no model, no engine, no pool
+    assert not any(hasattr(host, name) for name in ("engine", "model", "models"))
 
 
 def _py(*dirs: str) -> list[Path]:
@@ -74,7 +74,7 @@ def _py(*dirs: str) -> list[Path]:
 
 
 def test_no_plugin_or_family_reaches_the_engine():
-    """Plugins and families see ``host.model`` (a ServedModel); the engine is the runtime's."""
+    """Plugins and families see a ServedModel (``model_for``, a hook's ``model``); the engine is the runtime's."""
     reach = re.compile(r"\.engine\b(?!\.)|getattr\([^)]*[\"']engine[\"']")
     offenders = [f"{p.relative_to(ROOT)}:{n}" for p in _py("plugins", "families")
                  for n, line in enumerate(p.read_text().splitlines(), 1)

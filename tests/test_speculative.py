@@ -121,7 +121,7 @@ def test_a_draft_model_works_with_the_prompt_cache_on_disk(mlxrt_tiny_checkpoint
     want = complete(openai_client(mlxrt_serve(model))).choices[0].text
     first = mlxrt_serve(model, options=options)
     assert complete(openai_client(first)).choices[0].text == want
-    first.app.state.host.engine.stop()  # finishes the write
+    first.app.state.models.primary.engine.stop()  # finishes the write
     second = mlxrt_serve(model, options=options)
     again = complete(openai_client(second))  # both models' KV come back from the file
     assert again.choices[0].text == want and cached(again) > 0

@@ -160,7 +160,7 @@ def _openai_chat(client, image_url: str | None, max_tokens: int = 8, **kw):
 
 
 def test_openai_image_chat_changes_the_output(gemma4):
-    ad = gemma4.app.state.host.engine.profile.vision
+    ad = gemma4.app.state.models.primary.engine.profile.vision
     text_only = _openai_chat(gemma4, None)
     assert not ad.loaded  # a text-only request never loads the tower
     one = _openai_chat(gemma4, data_url(gradient()))
@@ -371,7 +371,7 @@ def test_text_model_refuses_images(mlxrt_tiny_checkpoint, mlxrt_serve):
 
 def test_image_request_takes_the_serial_lane_beside_a_batch(gemma4_dir, mlxrt_serve):
     client = mlxrt_serve(gemma4_dir, options={"batch": 4})
-    engine = client.app.state.host.engine
+    engine = client.app.state.models.primary.engine
     assert engine.lane == "batch"
     # A lone text request decodes in the serial lane's loop (it would join the batch if another came).
     _openai_chat(client, None, max_tokens=2)
@@ -406,7 +406,7 @@ def test_embeddings_are_released_on_every_path(gemma4, monkeypatch):
 
     import openai
 
-    adapter = gemma4.app.state.host.engine.profile.vision
+    adapter = gemma4.app.state.models.primary.engine.profile.vision
     made = []
     splice = adapter.splice
 
@@ -447,7 +447,7 @@ def test_served_vision_bidirectional_prefill(tmp_path, mlxrt_serve):
     from make_gemma4_vision_golden import BIDIR
 
     client = mlxrt_serve(write_tiny_checkpoint(tmp_path / "bidir", "gemma4", config_overrides=BIDIR))
-    engine = client.app.state.host.engine
+    engine = client.app.state.models.primary.engine
     url = data_url(gradient())
     messages = [{"role": "user", "content": [{"type": "text", "text": "describe the picture"},
                                              {"type": "image_url", "image_url": {"url": url}}]}]

@@ -9,11 +9,14 @@ image. Model code is imported inside the hooks so ``mlxrt plugins`` stays fast.
 
 from __future__ import annotations
 
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlxrt import EngineKind, LoadedModel, ModelInfo, VisionAdapter, hookimpl
 from mlxrt.errors import ModelLoadError
 from mlxrt.host import PluginHost
+
+if TYPE_CHECKING:
+    from mlxrt.serving import ServedModel
 
 MLXRT_PLUGIN_KIND = "family"
 MODEL_TYPES = frozenset({"diffusion_gemma"})
@@ -48,7 +51,7 @@ def mlxrt_load_model(info: ModelInfo, host: PluginHost) -> LoadedModel | None:
 
 
 @hookimpl
-def mlxrt_vision(info: ModelInfo, host: PluginHost) -> VisionAdapter | None:
+def mlxrt_vision(info: ModelInfo, model: ServedModel) -> VisionAdapter | None:
     if info.model_type not in MODEL_TYPES:
         return None
     import json
@@ -61,4 +64,4 @@ def mlxrt_vision(info: ModelInfo, host: PluginHost) -> VisionAdapter | None:
         processor = json.loads(path.read_text(encoding="utf-8")).get("image_processor") or {}
     # Answered for every DiffusionGemma checkpoint: one without a tower refuses images with a
     # clear 400 ("this checkpoint has no vision tower") instead of "the model has no vision input".
-    return DiffusionVision(info.path, info.config, processor, model=lambda: host.model.loaded.model)
+    return DiffusionVision(info.path, info.config, processor, model=lambda: model.loaded.model)

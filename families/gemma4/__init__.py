@@ -13,7 +13,7 @@ vision adapter (:mod:`mlxrt.families.gemma4.splice`) whose tower loads on the fi
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlxrt import (
     ModelInfo,
@@ -24,7 +24,9 @@ from mlxrt import (
     VisionAdapter,
     hookimpl,
 )
-from mlxrt.host import PluginHost
+
+if TYPE_CHECKING:
+    from mlxrt.serving import ServedModel
 
 MLXRT_PLUGIN_KIND = "family"
 MODEL_TYPES = frozenset({"gemma4", "gemma4_text", "gemma4_unified"})
@@ -39,8 +41,9 @@ def _ours(info: ModelInfo) -> bool:
     return any(isinstance(a, str) and a.startswith("Gemma4") for a in archs)
 
 
-def _model_of(host: PluginHost) -> Callable[[], Any]:
-    return lambda: host.model.loaded.model
+def _model_of(model: ServedModel) -> Callable[[], Any]:
+    """The loaded MLX model, read when the tower first runs (the hook runs before the weights load)."""
+    return lambda: model.loaded.model
 
 
 def _sentinels(info: ModelInfo, pair: tuple[str, str]) -> bool:
@@ -72,7 +75,7 @@ def mlxrt_tool_stream_mode(info: ModelInfo, has_tools: bool) -> ToolStreamMode |
 
 
 @hookimpl
-def mlxrt_vision(info: ModelInfo, host: PluginHost) -> VisionAdapter | None:
+def mlxrt_vision(info: ModelInfo, model: ServedModel) -> VisionAdapter | None:
     vision = info.config.get("vision_config")
     if not _ours(info) or not isinstance(vision, dict) or vision.get("model_type", "gemma4_vision") != "gemma4_vision":
         return None
@@ -80,4 +83,4 @@ def mlxrt_vision(info: ModelInfo, host: PluginHost) -> VisionAdapter | None:
 
     if not tower_files(info.path):
         return None  # a text-only conversion of a multimodal repo
-    return Gemma4Vision(info, _model_of(host))
+    return Gemma4Vision(info, _model_of(model))

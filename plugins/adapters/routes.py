@@ -15,31 +15,32 @@ from litestar import Request, delete, get, post
 from litestar.params import PathParameter
 
 from mlxrt.api.auth import caller_of
+from mlxrt.api.models import model_for
 from mlxrt.errors import EngineError, InvalidRequest
 from mlxrt.serving import ServedModel
 
 if TYPE_CHECKING:
-    from mlxrt.engine.adapters import AdapterRegistry
+    pass
 
 __all__ = ["ROUTES", "list_adapters", "available_adapters", "mount_adapter", "unmount_adapter"]
 
 
-def _served(request: Request[Any, Any, Any]) -> tuple[ServedModel, AdapterRegistry]:
-    """The served model and its adapters (an error where no model with them is served)."""
-    model: ServedModel | None = request.app.state.host.model
-    adapters = model.adapters if model is not None else None
-    if model is None or adapters is None:
-        raise EngineError("no model is being served")
-    return model, adapters
+async def _model(request: Request[Any, Any, Any]) -> ServedModel:
+    """The served model (:func:`mlxrt.api.models.model_for`: loaded again if it was unloaded):
+    adapters are mounted on it."""
+    model = await model_for(request, None)
+    if model.adapters is None:
+        raise EngineError(f"model {model.info.model_id!r} cannot mount adapters")
+    return model
 
 
 @get("/v1/adapters", summary="Mounted LoRA adapters", tags=["adapters"])
 async def list_adapters(request: Request[Any, Any, Any]) -> dict[str, Any]:
     """Every adapter the caller may use (its own mounts and the server's: id, path, rank, scale,
     layers) and the server's default."""
-    _, adapters = _served(request)
-    return {"adapters": [a.describe() for a in adapters.list(caller_of(request))],
-            "default": "+".join(adapters.default) or None}
+    model = await _model(request)
+    return {"adapters": [a.describe() for a in model.adapters.list(caller_of(request))],
+            "default": "+".join(model.adapters.default) or None}
 
 
 @get("/v1/adapters/available", summary="Adapter folders found on disk", tags=["adapters"])
@@ -47,15 +48,15 @@ async def available_adapters(request: Request[Any, Any, Any]) -> dict[str, Any]:
     """Adapter folders (adapter_config.json + adapters.safetensors) directly under the
     ``--adapter-dir`` folders and beside the ``--adapter`` folder; ``mounted`` is the id a
     folder is mounted under, ``error`` why it cannot be mounted."""
-    _, adapters = _served(request)
-    found = await anyio.to_thread.run_sync(adapters.available, caller_of(request))
+    model = await _model(request)
+    found = await anyio.to_thread.run_sync(model.adapters.available, caller_of(request))
     return {"adapters": found}
 
 
 @post("/v1/adapters", summary="Mount a LoRA adapter", tags=["adapters"], status_code=200)
 async def mount_adapter(request: Request[Any, Any, Any]) -> dict[str, Any]:
     """Mount ``{"id", "path"}`` (an mlx-lm adapter folder); the base model never reloads."""
-    model, _ = _served(request)
+    model = await _model(request)
     try:
         body = json.loads(await request.body())
     except (ValueError, RecursionError):  # RecursionError: nested too deeply for the parser
@@ -79,8 +80,7 @@ async def mount_adapter(request: Request[Any, Any, Any]) -> dict[str, Any]:
 async def unmount_adapter(request: Request[Any, Any, Any], adapter_id: Annotated[str, PathParameter()]) -> dict[str, Any]:
     """Unmount the caller's own adapter; requests already running with it finish with it. 404
     if the caller has none mounted under that id."""
-    model, _ = _served(request)
-    return await model.unmount_adapter(adapter_id, caller_of(request))
+    return await (await _model(request)).unmount_adapter(adapter_id, caller_of(request))
 
 
 ROUTES = (list_adapters, available_adapters, mount_adapter, unmount_adapter)

@@ -10,10 +10,13 @@ when the app is built.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from mlxrt import GenerationRequest, hookimpl
 from mlxrt.host import PluginHost
+
+if TYPE_CHECKING:
+    from mlxrt.serving import ServedModel
 
 MLXRT_PLUGIN_KIND = "dialect"
 
@@ -26,9 +29,8 @@ def mlxrt_routes(host: PluginHost) -> Sequence[Any]:
 
 
 @hookimpl
-def mlxrt_prompt_canonicalize(request: GenerationRequest, dialect: str, host: PluginHost) -> GenerationRequest | None:
-    model = host.model
-    if dialect != "anthropic" or model is None:
+def mlxrt_prompt_canonicalize(request: GenerationRequest, dialect: str, model: ServedModel) -> GenerationRequest | None:
+    if dialect != "anthropic":
         return None
     from mlxrt.plugins.anthropic.canonical import canonical_request
 

@@ -13,7 +13,7 @@ from litestar import Request, Response, post
 
 from mlxrt.api.app import claimed_fields
 from mlxrt.api.disconnect import off_loop
-from mlxrt.api.models import host_for
+from mlxrt.api.models import model_for
 from mlxrt.api.pipeline import Answer, Framed, Turn, serve_chat
 from mlxrt.api.text_limits import refuse_overlong_text
 from mlxrt.api.wire import parse_json_object
@@ -27,6 +27,7 @@ from mlxrt.plugins.anthropic.encode import (
     message_body,
     message_id,
 )
+from mlxrt.plugins.anthropic.wire import COUNT_RULES, MESSAGES_RULES
 from mlxrt.records import CacheReport, RequestOptions
 
 __all__ = ["ROUTES", "MESSAGES"]
@@ -73,13 +74,13 @@ class Messages(Framed):
 MESSAGES = Messages()
 
 
-@post("/v1/messages", status_code=200, opt=ROUTE_OPT, summary="Create a message (Anthropic Messages)",
+@post("/v1/messages", status_code=200, opt={**ROUTE_OPT, "field_rules": MESSAGES_RULES}, summary="Create a message (Anthropic Messages)",
       tags=["anthropic"])
 async def messages(request: Request[Any, Any, Any]) -> Response[Any]:
     return await serve_chat(request, MESSAGES)
 
 
-@post("/v1/messages/count_tokens", status_code=200, opt=ROUTE_OPT,
+@post("/v1/messages/count_tokens", status_code=200, opt={**ROUTE_OPT, "field_rules": COUNT_RULES},
       summary="Count a message's input tokens (Anthropic Messages)", tags=["anthropic"])
 async def count_tokens(request: Request[Any, Any, Any]) -> dict[str, int]:
     """``{"input_tokens": N}``: the prompt the same body would run with, canonicalized."""
@@ -87,10 +88,8 @@ async def count_tokens(request: Request[Any, Any, Any]) -> dict[str, int]:
     body = parse_json_object(await request.body())
     decoded = decode_messages(body, claimed_fields(host, "anthropic"), strict=bool(host.options.get("strict")),
                               count_only=True)
-    host = await host_for(request, decoded.request.model)
-    await refuse_overlong_text(request, body, host)  # as /v1/messages: before anything templates it
-
-    model = host.model
+    model = await model_for(request, decoded.request.model)
+    await refuse_overlong_text(request, body, model)  # as /v1/messages: before anything templates it
     return {"input_tokens": await off_loop(request, lambda: model.count_tokens(decoded.chat, dialect="anthropic"))}
 
 

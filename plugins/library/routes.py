@@ -16,6 +16,7 @@ import anyio
 from litestar import Request, get
 from litestar.params import Parameter
 
+from mlxrt.api.models import pool_of
 from mlxrt.errors import InvalidRequest, ModelLoadError, NotFound
 from mlxrt.loading import blas
 from mlxrt.loading.dtype_choice import DTYPES, machine_facts
@@ -23,13 +24,22 @@ from mlxrt.loading.fit import FitReport, assess
 from mlxrt.loading.sizes import DEFAULT_CONTEXT
 
 if TYPE_CHECKING:
-    from mlxrt.host import PluginHost
+    from mlxrt.model_pool import ModelPool
+    from mlxrt.registry import PluginHost
+    from mlxrt.serving import ServedModel
 
 __all__ = ["ROUTES", "fit", "library", "downloads"]
 
 
-def _settings(host: PluginHost, budget_gb: float | None, dtype: str | None = None) -> dict[str, Any]:
-    cfg = host.model.settings if host.model is not None else None
+def _current(pool: ModelPool) -> ServedModel | None:
+    """The model the server describes (:meth:`mlxrt.model_pool.ModelPool.current`; none loads)."""
+    slot = pool.current()
+    return slot.model if slot is not None else None
+
+
+def _settings(host: PluginHost, pool: ModelPool, budget_gb: float | None, dtype: str | None = None) -> dict[str, Any]:
+    model = _current(pool)
+    cfg = model.settings if model is not None else None
     if dtype is not None and dtype not in DTYPES:
         raise InvalidRequest(f"dtype must be one of {', '.join(DTYPES)}, not {dtype!r}", param="dtype")
     budget: int | None
@@ -48,22 +58,21 @@ def _settings(host: PluginHost, budget_gb: float | None, dtype: str | None = Non
             "models": int(options.get("max_models") or 1), "lazy": bool(options.get("distributed"))}
 
 
-def _served(host: PluginHost) -> tuple[str, Path] | None:
-    model = host.model
+def _served(pool: ModelPool) -> tuple[str, Path] | None:
+    model = _current(pool)
     return (model.info.model_id, Path(model.info.path)) if model is not None else None
 
 
-def _resolve(host: PluginHost, query: str | None) -> tuple[str, Path]:
+def _resolve(host: PluginHost, pool: ModelPool, query: str | None) -> tuple[str, Path]:
     from mlxrt.loading.paths import local_repo_ids, match_local_repo
     from mlxrt.loading.resolve import resolve_model
 
-    served = _served(host)
+    served = _served(pool)
     if not query or (served is not None and query == served[0]):
         if served is None:
             raise InvalidRequest("no model is being served; name one with ?model=", param="model")
         return served
-    pool = host.models
-    if pool is not None and pool.settings.strict:  # only what it serves: nothing from the disk
+    if pool.settings.strict:  # only what it serves: nothing from the disk
         source = pool.known_source(query)
         if source is None:
             raise NotFound(f"model {query!r} is not served here; this server serves: "
@@ -105,21 +114,22 @@ async def fit(
 ) -> dict[str, Any]:
     """The static memory contract (``mlxrt fit``) in the dtype this server would serve the model
     in; for the served model also the engine's measured plan (``measured``)."""
-    host = request.app.state.host
-    name, path = await anyio.to_thread.run_sync(_resolve, host, model)
-    report = await anyio.to_thread.run_sync(_assess, name, path, ctx, _settings(host, memory_budget, dtype))
+    host, pool = request.app.state.host, pool_of(request)
+    name, path = await anyio.to_thread.run_sync(_resolve, host, pool, model)
+    report = await anyio.to_thread.run_sync(_assess, name, path, ctx, _settings(host, pool, memory_budget, dtype))
     body = report.describe()
-    served = _served(host)
-    plan = host.model.memory if host.model is not None else None
+    served = _served(pool)
+    current = _current(pool)
+    plan = current.memory if current is not None else None
     if served is not None and served[1] == path and plan is not None:
         body["measured"] = plan.describe()
     return body
 
 
-def _library_rows(host: PluginHost, ctx: int, settings: dict[str, Any]) -> list[dict[str, Any]]:
+def _library_rows(host: PluginHost, pool: ModelPool, ctx: int, settings: dict[str, Any]) -> list[dict[str, Any]]:
     from mlxrt.loading.library import describe_snapshot, scan_library
 
-    served = _served(host)
+    served = _served(pool)
     models = scan_library(host).models
     # a GGUF's row has the file as its path, the served model its converted folder: same name
     if served is not None and not any(m.path == served[1] or m.repo_id == served[0] for m in models):
@@ -127,8 +137,7 @@ def _library_rows(host: PluginHost, ctx: int, settings: dict[str, Any]) -> list[
         models.insert(0, describe_snapshot(served[0], served[1], host, revision=None, size_bytes=_du(served[1]),
                                            revisions=1))
     rows = []
-    pool = host.models  # with several models, every resident one is serving
-    resident = {Path(s.source.path) for s in pool.resident()} if pool is not None else set()
+    resident = {Path(s.source.path) for s in pool.resident()}  # with several models, each resident one serves
     for m in models:
         row = m.describe()
         row["serving"] = (served is not None and (m.path == served[1] or m.repo_id == served[0])) or m.path in resident
@@ -156,9 +165,9 @@ async def library(
 ) -> dict[str, Any]:
     """Every model of the local Hugging Face cache (and the served one), with its support
     tier, a fit assessment at ``ctx`` and whether it is the one being served."""
-    host = request.app.state.host
-    rows = await anyio.to_thread.run_sync(_library_rows, host, ctx, _settings(host, None))
-    served = _served(host)
+    host, pool = request.app.state.host, pool_of(request)
+    rows = await anyio.to_thread.run_sync(_library_rows, host, pool, ctx, _settings(host, pool, None))
+    served = _served(pool)
     return {"serving": served[0] if served else None, "models": rows}
 
 

@@ -46,8 +46,7 @@ async def _vectors(request: Request, body: dict[str, Any], texts: list[str]) -> 
     from mlxrt.engine.embedding import embed_ids, end_token_id, hidden_size
 
     check_fields(body, _RULES)
-    host, loaded = await chosen(request, pool_name(body.get("model")), keep_alive_seconds(body.get("keep_alive")))
-    model = host.model
+    model, loaded = await chosen(request, pool_name(body.get("model")), keep_alive_seconds(body.get("keep_alive")))
     info = model.info
     if not model.capabilities.embeddings:
         raise InvalidRequest(f'"{ollama_name(info.model_id)}" does not support embeddings: serve an embedding model '

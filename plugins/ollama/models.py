@@ -12,17 +12,22 @@ from __future__ import annotations
 import hashlib
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import anyio
 from litestar import Request, Response, get, post
 from litestar import delete as delete_route
 
+from mlxrt.api.models import pool_of
 from mlxrt.api.wire import parse_json_object
 from mlxrt.capabilities import capabilities
 from mlxrt.errors import InvalidRequest, ModelLoadError, NotFound
 from mlxrt.plugins.ollama.schemas import NAMED, opt
 from mlxrt.plugins.ollama.wire import VERSION, created_at, ollama_name, pool_name
+
+if TYPE_CHECKING:
+    from mlxrt.model_pool import ModelPool
+    from mlxrt.registry import PluginHost
 
 __all__ = ["list_tags", "show", "running", "version", "delete"]
 
@@ -66,13 +71,12 @@ def _tag(row: Any) -> dict[str, Any]:
             "size": row.weight_bytes or row.size_bytes, "digest": _digest(str(row.path)), "details": _details(row)}
 
 
-def _tag_rows(host: Any) -> list[dict[str, Any]]:
+def _tag_rows(host: PluginHost, pool: ModelPool) -> list[dict[str, Any]]:
     """Known models first (the served one leads), then the cache's servable repos (blocking)."""
     from mlxrt.loading.library import scan_library
 
-    pool = host.models
     rows, seen = [], set()
-    for slot in pool.known() if pool is not None else []:
+    for slot in pool.known():
         if slot.model_id not in seen:
             seen.add(slot.model_id)
             rows.append(_tag(_describe(slot.model_id, slot.source.path, host)))
@@ -85,8 +89,7 @@ def _tag_rows(host: Any) -> list[dict[str, Any]]:
 
 @get("/api/tags", opt=opt(), summary="List local models (Ollama)", tags=["ollama"])
 async def list_tags(request: Request) -> dict[str, Any]:
-    host = request.app.state.host
-    return {"models": await anyio.to_thread.run_sync(_tag_rows, host)}
+    return {"models": await anyio.to_thread.run_sync(_tag_rows, request.app.state.host, pool_of(request))}
 
 
 def _slot_for(pool: Any, name: str) -> Any:
@@ -132,9 +135,9 @@ async def show(request: Request) -> dict[str, Any]:
     name = body.get("model", body.get("name"))  # older clients send "name"
     if not isinstance(name, str) or not name:
         raise InvalidRequest("model is required", param="model")
-    pool = host.models
-    slot = _slot_for(pool, name) if pool is not None else None
-    if slot is None and pool is not None:
+    pool = pool_of(request)
+    slot = _slot_for(pool, name)
+    if slot is None:
         from mlxrt.loading.resolve import resolve_model
 
         try:
@@ -150,10 +153,6 @@ async def show(request: Request) -> dict[str, Any]:
 
         request.scope[FALLBACK_KEY] = name
         slot = pool.primary
-    if slot is None:  # an app around a bare engine
-        model = host.model
-        return await anyio.to_thread.run_sync(_show_body, host, model.info.model_id, model.info.path, model.profile,
-                                              None)
     model = slot.model
     template = getattr(model.tokenizer, "chat_template", None) if model is not None else None
     return await anyio.to_thread.run_sync(_show_body, host, slot.model_id, slot.source.path, slot.profile,
@@ -165,9 +164,9 @@ async def running(request: Request) -> dict[str, Any]:
     """Resident models: ``size`` is what the model holds in memory (its weights), ``expires_at``
     when it unloads if unused (``keep_alive``, else ``--idle-unload``; never: a far-future
     time); mlxrt adds ``lane`` (``serial`` or ``batch``) and ``in_use`` (requests holding it)."""
-    pool = request.app.state.host.models
+    pool = pool_of(request)
     out = []
-    for slot in pool.resident() if pool is not None else []:
+    for slot in pool.resident():
         served = slot.model
         if served is None:  # unloaded since resident() listed it
             continue
@@ -201,8 +200,7 @@ async def delete(request: Request) -> Response:
     name = pool_name(body.get("model", body.get("name")))
     if not name:
         raise InvalidRequest("model is required", param="model")
-    pool = request.app.state.host.models
-    if pool is not None and pool.is_loaded(name):
+    if pool_of(request).is_loaded(name):
         raise InvalidRequest(f"model '{name}' is loaded: unload it first (mlxrt stop {name})", param="model")
     from huggingface_hub.errors import CacheNotFound
 

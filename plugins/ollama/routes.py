@@ -20,6 +20,7 @@ import attrs
 from litestar import Request, Response, post
 from litestar.response import Stream
 
+from mlxrt.api.models import pool_of
 from mlxrt.api.pipeline import Answer, Framed, TextAnswer, TextTurn, Turn, serve_chat, serve_text
 from mlxrt.api.wire import check_fields, parse_json_object
 from mlxrt.plugins.ollama.decode import (
@@ -74,7 +75,7 @@ class Chat(Framed):
         return Turn(chat=d.chat, options=d.options, model=d.model, stream=d.stream, headers=d.headers, wire=d.wire)
 
     async def resolve(self, request: Request, turn: Turn) -> Turn:
-        _host, loaded = await chosen(request, turn.model, turn.wire.keep_alive)
+        _model, loaded = await chosen(request, turn.model, turn.wire.keep_alive)
         return attrs.evolve(turn, wire=attrs.evolve(turn.wire, load_ns=loaded))
 
     def new_id(self) -> str:
@@ -165,13 +166,13 @@ async def _load_only(request: Request, body: Mapping[str, Any], route: str) -> d
     check_fields(body, CHAT_RULES if route == "chat" else GENERATE_RULES)
     name = pool_name(body.get("model"))
     keep = keep_alive_seconds(body.get("keep_alive"))
-    pool = request.app.state.host.models
-    if keep == 0 and pool is not None:
+    pool = pool_of(request)
+    if keep == 0:
         await pool.unload(name or "")
         reason, shown = "unload", body.get("model") or ollama_name(pool.primary.model_id)
     else:
-        host, _ = await chosen(request, name, keep)
-        reason, shown = "load", ollama_name(host.model.info.model_id)
+        served, _ = await chosen(request, name, keep)
+        reason, shown = "load", ollama_name(served.info.model_id)
     answer = {"message": {"role": "assistant", "content": ""}} if route == "chat" else {"response": ""}
     return {"model": shown, "created_at": created_at(), **answer, "done": True, "done_reason": reason}
 
@@ -190,7 +191,7 @@ async def generate(request: Request) -> Response:
     if not body.get("prompt") and not body.get("images"):
         return Response(content=await _load_only(request, body, "generate"), status_code=200)
     if body.get("raw") is True:
-        _host, loaded = await chosen(request, pool_name(body.get("model")), keep_alive_seconds(body.get("keep_alive")))
+        _model, loaded = await chosen(request, pool_name(body.get("model")), keep_alive_seconds(body.get("keep_alive")))
         return _ndjson(await serve_text(request, RawGenerate(load_ns=loaded)))
     return _ndjson(await serve_chat(request, GENERATE))
 

@@ -27,11 +27,12 @@ from mlxrt.plugins.openai.encode import (
     UsageTally,
     choice_frames,
     error_frame,
-    system_fingerprint,
     text_completion_body,
     text_completion_chunk,
+    turn_fingerprint,
     with_choices,
 )
+from mlxrt.plugins.openai.wire import COMPLETION_RULES
 from mlxrt.records import FinishEvent, PromptProgress
 
 __all__ = ["completions", "COMPLETIONS", "COMPLETIONS_DEFAULT_MAX_TOKENS"]
@@ -56,7 +57,7 @@ class Completions:
         return f"cmpl-{uuid.uuid4()}"
 
     def body(self, answers: Sequence[TextAnswer], turn: TextTurn) -> dict[str, Any]:
-        fingerprint = system_fingerprint(turn.host)
+        fingerprint = turn_fingerprint(turn)
         bodies = [text_completion_body(id=a.id, created=a.created, model=a.model, text=a.text,
                                        finish_reason=str(a.finish.finish_reason), finish=a.finish,
                                        logprobs=a.logprobs, fingerprint=fingerprint, index=i)
@@ -65,7 +66,7 @@ class Completions:
 
     def stream(self, gens: Sequence[Any], *, id: str, model: str, created: int,
                turn: TextTurn) -> AsyncGenerator[bytes, None]:
-        fingerprint = system_fingerprint(turn.host)
+        fingerprint = turn_fingerprint(turn)
         tally = UsageTally(len(gens), turn.wire.options.include_usage)
         per_token = bool(turn.wire.request.timings_per_token)
         streams = [_stream(gen, id, model, created, index=i, tally=tally, fingerprint=fingerprint, per_token=per_token)
@@ -77,7 +78,7 @@ class Completions:
 COMPLETIONS = Completions()
 
 
-@post(["/v1/completions", "/completions"], status_code=200, opt=ROUTE_OPT,
+@post(["/v1/completions", "/completions"], status_code=200, opt={**ROUTE_OPT, "field_rules": COMPLETION_RULES},
       summary="Create a text completion", tags=["openai"])
 async def completions(request: Request[Any, Any, Any]) -> Response[Any]:
     return await serve_text(request, COMPLETIONS)

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from litestar import Request, Response, post
 
 from mlxrt.api.disconnect import off_loop, until_disconnect
-from mlxrt.api.models import host_for
+from mlxrt.api.models import model_for
 from mlxrt.api.text_limits import check_text_length
 from mlxrt.api.wire import FieldRule, check_fields, parse_json_object
 from mlxrt.engine.embedding import (
@@ -100,9 +100,7 @@ async def embeddings(request: Request[Any, Any, Any]) -> Response[Any]:
         body, unreadable = parse_json_object(await request.body()), None
     except InvalidRequest as exc:  # not JSON, nested too deeply...: said after the model check
         body, unreadable = {}, exc
-    model = body.get("model")
-    host = await host_for(request, model if isinstance(model, str) else None)
-    model = host.model
+    model = await model_for(request, body.get("model"))
     info = model.info
     if not model.capabilities.embeddings:  # before the body is checked, as mlx-bun: the route is the wrong one
         raise InvalidRequest(

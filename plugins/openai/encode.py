@@ -16,13 +16,15 @@ from mlxrt.errors import MlxrtError
 from mlxrt.records import FinishEvent, TokenEvent, ToolCall
 
 if TYPE_CHECKING:
-    from mlxrt.host import PluginHost
+    from mlxrt.api.pipeline import TextTurn, Turn
+    from mlxrt.registry import PluginHost
+    from mlxrt.serving import ServedModel
 
 __all__ = [
     "ROUTE_OPT", "CACHE_HEADER", "response_headers",
     "usage", "completion_body", "chunk", "UsageTally", "choice_frames", "closing_frames", "tool_calls_json", "with_choices",
     "logprob_entries", "logprobs_block", "text_completion_body", "text_completion_chunk",
-    "error_frame", "system_fingerprint", "GENERATION_FLAGS", "LogprobFrames"]
+    "error_frame", "system_fingerprint", "turn_fingerprint", "GENERATION_FLAGS", "LogprobFrames"]
 
 #: Route options every OpenAI handler carries: errors render as OpenAI error objects.
 ROUTE_OPT = {"dialect": "openai", "render_error": openai_error_body}
@@ -34,11 +36,12 @@ GENERATION_FLAGS = ("temp", "top_p", "top_k", "min_p", "max_tokens", "chat_templ
                     "quantized_kv_start", "draft_model", "num_draft_tokens", "adapter_path")
 
 
-def system_fingerprint(host: PluginHost) -> str:
+def system_fingerprint(host: PluginHost, model: ServedModel) -> str:
     """OpenAI's ``system_fingerprint``: ``fp_`` and 12 hex digits of a hash of what makes an
     answer reproducible here — the model (id, folder, type), the dtype its weights are served
     in, mlxrt's and MLX's versions and the generation flags (:data:`GENERATION_FLAGS`). The
-    same loaded model under the same configuration always says the same."""
+    same loaded model under the same configuration always says the same (``host`` holds the
+    flags, ``model`` is the model that answered)."""
     import hashlib
     import json
 
@@ -46,15 +49,22 @@ def system_fingerprint(host: PluginHost) -> str:
 
     from mlxrt import __version__
 
-    model = host.model
     info = model.info
-    dtype = getattr(model.loaded, "dtype", None)
+    dtype = model.loaded.dtype
     mlx_version = mx.__version__  # type: ignore[attr-defined]  # set at run time; mlx.core's stub omits it
     facts = {"model": [info.model_id, str(info.path), info.model_type],
              "dtype": getattr(dtype, "served", None), "mlxrt": __version__, "mlx": mlx_version,
              "flags": {k: host.options.get(k) for k in GENERATION_FLAGS}}
     digest = hashlib.sha256(json.dumps(facts, sort_keys=True, default=str).encode()).hexdigest()
     return f"fp_{digest[:12]}"
+
+
+def turn_fingerprint(turn: Turn | TextTurn) -> str:
+    """:func:`system_fingerprint` of the model a decoded turn was served by (the pipeline set
+    the turn's ``host`` and ``served`` before any encoder sees it)."""
+    if turn.host is None or turn.served is None:
+        raise RuntimeError("the turn was not served through the pipeline")
+    return system_fingerprint(turn.host, turn.served)
 
 def usage(finish: FinishEvent, *more: FinishEvent) -> dict[str, Any]:
     """OpenAI's usage of one answer, or of its choices (``finish`` the first's, ``more`` the

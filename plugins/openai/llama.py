@@ -22,15 +22,16 @@ from litestar import Request, post
 
 from mlxrt.api.app import claimed_fields
 from mlxrt.api.disconnect import off_loop
-from mlxrt.api.models import host_for
+from mlxrt.api.models import model_for
 from mlxrt.api.openapi import BODIES, with_rules
 from mlxrt.api.text_limits import refuse_overlong_ids, refuse_overlong_text
 from mlxrt.api.wire import FieldRule, check_fields, parse_json_object
 from mlxrt.errors import InvalidRequest
 from mlxrt.plugins.openai.decode import decode_chat
 from mlxrt.plugins.openai.encode import ROUTE_OPT
+from mlxrt.plugins.openai.wire import CHAT_RULES
 from mlxrt.records import ChatInput
-from mlxrt.serving import ServingHost
+from mlxrt.serving import ServedModel
 from mlxrt.templating import RenderedPrompt
 
 __all__ = ["LLAMA_ROUTES", "rendered_prompt"]
@@ -43,44 +44,44 @@ _TOKENIZE_OPT = {**ROUTE_OPT, "body_schema": with_rules({"type": "object", "requ
     "content": {"type": "string"}}}, _TOKENIZE_RULES)}
 _DETOKENIZE_OPT = {**ROUTE_OPT, "body_schema": with_rules({"type": "object", "required": ["tokens"], "properties": {
     "tokens": {"type": "array", "items": {"type": "integer", "minimum": 0}}}}, _DETOKENIZE_RULES)}
-_CHAT_BODY_OPT = {**ROUTE_OPT, "body_schema": BODIES["/v1/chat/completions"]}
+_CHAT_BODY_OPT = {**ROUTE_OPT, "body_schema": BODIES["/v1/chat/completions"], "field_rules": CHAT_RULES}
 
 
-def rendered_prompt(host: ServingHost, chat: ChatInput) -> RenderedPrompt:
-    """``chat`` as the served model's chat template renders and tokenizes it (call off the loop)."""
-    return host.model.render(chat)
+def rendered_prompt(model: ServedModel, chat: ChatInput) -> RenderedPrompt:
+    """``chat`` as ``model``'s chat template renders and tokenizes it (call off the loop)."""
+    return model.render(chat)
 
 
-async def _decoded_chat(request: Request[Any, Any, Any]) -> tuple[ServingHost, Any]:
+async def _decoded_chat(request: Request[Any, Any, Any]) -> tuple[ServedModel, Any]:
     host = request.app.state.host
     body = parse_json_object(await request.body())
     decoded = decode_chat(body, claimed_fields(host, "openai"), strict=bool(host.options.get("strict")))
-    host = await host_for(request, decoded.request.model)
-    await refuse_overlong_text(request, body, host)
-    return host, decoded
+    model = await model_for(request, decoded.request.model)
+    await refuse_overlong_text(request, body, model)
+    return model, decoded
 
 
-async def _helper_body(request: Request[Any, Any, Any], field: str, what: str,
-                       rules: tuple[FieldRule, ...]) -> tuple[Any, ServingHost]:
+async def _helper_body(request: Request[Any, Any, Any], field: str, what: str, rules: tuple[FieldRule, ...]
+                       ) -> tuple[Any, ServedModel]:
     """A helper endpoint's checked body (``field`` required, its text and ids within what the
-    model's context could hold) and the host of its ``model``."""
+    model's context could hold) and the model its ``model`` names."""
     body = parse_json_object(await request.body())
     if field not in body:
         raise InvalidRequest(f"{field} ({what}) is required", param=field)
     check_fields(body, rules)
-    host = await host_for(request, body.get("model"))
-    await refuse_overlong_text(request, body, host)
+    model = await model_for(request, body.get("model"))
+    await refuse_overlong_text(request, body, model)
     if isinstance(body.get("tokens"), list):
-        refuse_overlong_ids(len(body["tokens"]), host)
-    return body, host
+        refuse_overlong_ids(len(body["tokens"]), model)
+    return body, model
 
 
 @post("/tokenize", status_code=200, opt=_TOKENIZE_OPT, summary="Tokenize text (llama-server)", tags=["llama.cpp"])
 async def tokenize(request: Request[Any, Any, Any]) -> dict[str, Any]:
-    body, host = await _helper_body(request, "content", "the text to tokenize", _TOKENIZE_RULES)
+    body, model = await _helper_body(request, "content", "the text to tokenize", _TOKENIZE_RULES)
 
     def run() -> dict[str, Any]:
-        tokenizer = host.model.tokenizer
+        tokenizer = model.tokenizer
         ids = list(tokenizer.encode(body["content"], add_special_tokens=bool(body.get("add_special"))))
         if not body.get("with_pieces"):
             return {"tokens": ids}
@@ -91,29 +92,28 @@ async def tokenize(request: Request[Any, Any, Any]) -> dict[str, Any]:
 
 @post("/detokenize", status_code=200, opt=_DETOKENIZE_OPT, summary="Detokenize ids (llama-server)", tags=["llama.cpp"])
 async def detokenize(request: Request[Any, Any, Any]) -> dict[str, Any]:
-    body, host = await _helper_body(request, "tokens", "the ids to detokenize", _DETOKENIZE_RULES)
-    vocab = host.model.info.config_int("vocab_size")
+    body, model = await _helper_body(request, "tokens", "the ids to detokenize", _DETOKENIZE_RULES)
+    vocab = model.info.config_int("vocab_size")
     for i, token in enumerate(body["tokens"]):
         if isinstance(token, bool) or not isinstance(token, int) or token < 0 or (vocab is not None and token >= vocab):
             raise InvalidRequest(f"tokens[{i}] must be a token id (an integer from 0 to {vocab - 1 if vocab else '…'})",
                                  param="tokens")
-    return {"content": await off_loop(request, host.model.tokenizer.decode, list(body["tokens"]))}
+    return {"content": await off_loop(request, model.tokenizer.decode, list(body["tokens"]))}
 
 
 @post("/apply-template", status_code=200, opt=_CHAT_BODY_OPT, summary="Render a chat's prompt (llama-server)",
       tags=["llama.cpp"])
 async def apply_template(request: Request[Any, Any, Any]) -> dict[str, str]:
-    host, decoded = await _decoded_chat(request)
-    rendered = await off_loop(request, rendered_prompt, host, decoded.chat)
+    model, decoded = await _decoded_chat(request)
+    rendered = await off_loop(request, rendered_prompt, model, decoded.chat)
     return {"prompt": rendered.text}
 
 
 @post(["/v1/chat/completions/input_tokens", "/chat/completions/input_tokens"], status_code=200, opt=_CHAT_BODY_OPT,
       summary="Count a chat's input tokens", tags=["openai"])
 async def input_tokens(request: Request[Any, Any, Any]) -> dict[str, int]:
-    host, decoded = await _decoded_chat(request)
-
-    return {"input_tokens": await off_loop(request, lambda: host.model.count_tokens(decoded.chat, dialect="openai"))}
+    model, decoded = await _decoded_chat(request)
+    return {"input_tokens": await off_loop(request, lambda: model.count_tokens(decoded.chat, dialect="openai"))}
 
 
 LLAMA_ROUTES = [tokenize, detokenize, apply_template, input_tokens]

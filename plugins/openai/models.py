@@ -22,8 +22,9 @@ from typing import Any
 import anyio
 from litestar import Request, get
 
+from mlxrt.api.models import pool_of
 from mlxrt.capabilities import capabilities
-from mlxrt.errors import NotFound
+from mlxrt.errors import EngineError, NotFound
 from mlxrt.loading.paths import hf_cache_dir
 from mlxrt.plugins.openai.encode import ROUTE_OPT
 from mlxrt.records import ModelInfo
@@ -78,12 +79,14 @@ def cached_model_rows(cache_dir: Path | None = None) -> list[dict[str, Any]]:
 
 def _served_row(request: Request[Any, Any, Any]) -> dict[str, Any]:
     host = request.app.state.host
-    pool = host.models
+    pool = pool_of(request)
     # The served model's row, also while another model is swapped in (its profile outlives its engine).
-    profile = pool.primary.profile if pool is not None and pool.primary.profile is not None else host.model.profile
+    profile = pool.primary.profile
+    if profile is None:  # loaded at start (ModelPool.load_at_start): never the case while serving
+        raise EngineError("the served model was never loaded")
     info = profile.info
     caps = capabilities(host, profile)
-    model = pool.primary.model if pool is not None else host.model
+    model = pool.primary.model
     created = int(host.options.get("started_at") or time.time())
     return {
         "id": info.model_id,
@@ -120,10 +123,7 @@ def _limits(model: ServedModel | None, info: ModelInfo, options: Mapping[str, An
 def _pool_rows(request: Request[Any, Any, Any], served: dict[str, Any]) -> list[dict[str, Any]]:
     """The served model's ``loaded`` flag set; rows for the other models the server knows
     (resident, ``--preload``, ``--model-alias`` targets) and one per alias name."""
-    pool = getattr(request.app.state.host, "models", None)
-    if pool is None:
-        served["loaded"] = True
-        return []
+    pool = pool_of(request)
     served["loaded"] = pool.is_loaded(served["id"])
     rows: list[dict[str, Any]] = []
     created = served["created"]
@@ -145,8 +145,8 @@ def _pool_rows(request: Request[Any, Any, Any], served: dict[str, Any]) -> list[
 async def _model_rows(request: Request[Any, Any, Any]) -> list[dict[str, Any]]:
     served = _served_row(request)
     known = _pool_rows(request, served)
-    pool = request.app.state.host.models
-    if pool is not None and pool.settings.strict:
+    pool = pool_of(request)
+    if pool.settings.strict:
         cached = []  # a strict server names nothing from the disk: only what it serves
     else:
         cached = await anyio.to_thread.run_sync(cached_model_rows)  # stats every cached file: off the loop
@@ -169,8 +169,7 @@ async def get_model(request: Request[Any, Any, Any]) -> dict[str, Any]:
     for row in await _model_rows(request):
         if row["id"] == wanted:
             return row
-    pool = request.app.state.host.models
-    if pool is not None and pool.settings.fallback:
+    if pool_of(request).settings.fallback:
         # The served model answers this name in a request (docs/dialects.md, "Model names"):
         # its row, and the header that names what was asked for. Nothing is loaded here.
         from mlxrt.model_pool import FALLBACK_KEY
@@ -198,8 +197,7 @@ async def codex_catalog(request: Request[Any, Any, Any]) -> dict[str, Any]:
     from the server, and warns "Model metadata for `default` not found" for any other name. One
     entry per name that reaches the served model: ``default``, its id and the aliases of it."""
     served = _served_row(request)
-    pool = request.app.state.host.models
-    names = ["default", served["id"], *(a for a, m in (pool.names() if pool else {}).items() if m == served["id"])]
+    names = ["default", served["id"], *(a for a, m in pool_of(request).names().items() if m == served["id"])]
     window = served["max_input_tokens"]
     entry = {"display_name": served["id"], "description": f"{served['id']} served by mlxrt",
              **({"context_window": window, "max_context_window": window} if window else {}),

@@ -26,12 +26,13 @@ from mlxrt.plugins.openai.encode import (
     chunk,
     completion_body,
     error_frame,
-    system_fingerprint,
     tool_calls_json,
+    turn_fingerprint,
     with_choices,
 )
 from mlxrt.plugins.openai.llama import LLAMA_ROUTES, rendered_prompt
 from mlxrt.plugins.openai.models import codex_catalog, get_model, list_models
+from mlxrt.plugins.openai.wire import CHAT_RULES
 from mlxrt.records import CacheReport, FinishEvent, PromptProgress
 
 __all__ = ["ROUTES"]
@@ -58,7 +59,7 @@ class Chat:
         return f"chatcmpl-{uuid.uuid4()}"
 
     def body(self, answer: Answer) -> dict[str, Any]:
-        fingerprint = system_fingerprint(answer.turn.host)
+        fingerprint = turn_fingerprint(answer.turn)
         choices = answer.choices or (answer,)
         bodies = [completion_body(id=a.id, created=a.created, model=a.model, content=a.content, reasoning=a.reasoning,
                                   calls=a.calls, finish_reason=str(a.reason), finish=a.finish, logprobs=a.logprobs,
@@ -66,7 +67,9 @@ class Chat:
         body = bodies[0] if len(bodies) == 1 else with_choices(bodies, [a.finish for a in choices])
         if answer.turn.wire.request.verbose:
             # llama-server's debugging field; rendered again (it rendered fine moments ago), only when asked.
-            body["__verbose"] = {"prompt": rendered_prompt(answer.turn.host, answer.turn.chat).text}
+            served = answer.turn.served
+            if served is not None:  # the pipeline set it
+                body["__verbose"] = {"prompt": rendered_prompt(served, answer.turn.chat).text}
         return body
 
     def stream(self, gen: Any, assembler: ResponseAssembler, *, id: str, model: str, created: int,
@@ -77,7 +80,7 @@ class Chat:
     def stream_choices(self, gens: list[Any], assemblers: list[ResponseAssembler], *, id: str, model: str,
                        created: int, report: CacheReport, turn: Turn) -> AsyncGenerator[bytes, None]:
         return _stream(gens, id, assemblers, model, created, include_usage=turn.wire.options.include_usage,
-                       fingerprint=system_fingerprint(turn.host),
+                       fingerprint=turn_fingerprint(turn),
                        per_token=bool(turn.wire.request.timings_per_token))
 
     render_error = staticmethod(openai_error_body)
@@ -87,7 +90,7 @@ class Chat:
 CHAT = Chat()
 
 
-@post(["/v1/chat/completions", "/chat/completions"], status_code=200, opt=ROUTE_OPT,
+@post(["/v1/chat/completions", "/chat/completions"], status_code=200, opt={**ROUTE_OPT, "field_rules": CHAT_RULES},
       summary="Create a chat completion", tags=["openai"])
 async def chat_completions(request: Request[Any, Any, Any]) -> Response[Any]:
     return await serve_chat(request, CHAT)

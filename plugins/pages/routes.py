@@ -15,6 +15,7 @@ from typing import Any
 import anyio
 from litestar import Request, Response, get, post
 
+from mlxrt.api.models import model_for
 from mlxrt.api.wire import parse_json_object
 from mlxrt.errors import InvalidRequest, NotFound
 from mlxrt.records import LoadedModel
@@ -66,7 +67,7 @@ async def status(request: Request[Any, Any, Any]) -> dict[str, Any]:
     plugin the host saw (loaded, failed or disabled, with its kind and hooks), and the sampling
     settings the server was started with."""
     host = request.app.state.host
-    model = host.model
+    model = await model_for(request, None)  # the served model
     info, profile = model.info, model.profile
     caps = model.capabilities
     options = host.options
@@ -116,8 +117,7 @@ async def curve_sample(request: Request[Any, Any, Any]) -> dict[str, Any]:
     Runs as one raw job on the engine worker, between decode steps (never beside one)."""
     from mlxrt.plugins.pages.designer import DesignResult, parse_design, run_design
 
-    host = request.app.state.host
-    model = host.model
+    model = await model_for(request, None)  # the served model
     if model.kind != "autoregressive":
         raise InvalidRequest(f"the curve designer needs an autoregressive model; {model.info.model_id} "
                              f"is served by the {model.kind} engine")

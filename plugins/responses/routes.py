@@ -31,10 +31,11 @@ from mlxrt.plugins.responses.encode import (
     output_items,
 )
 from mlxrt.plugins.responses.store import DEFAULT_MAX_BYTES, DEFAULT_TTL_S, ResponseStore
+from mlxrt.plugins.responses.wire import RESPONSES_RULES
 from mlxrt.records import CacheReport, ChatInput, RequestOptions
 
 if TYPE_CHECKING:
-    from mlxrt.host import PluginHost
+    from mlxrt.registry import PluginHost
 
 __all__ = ["ROUTES", "RESPONSES", "store_of", "owner_of"]
 
@@ -96,7 +97,9 @@ class Exchange:
 
 
 def _reasoning_tokens(turn: Turn, reasoning: str) -> int:
-    return len(turn.host.model.tokenizer.encode(reasoning, add_special_tokens=False)) if reasoning else 0
+    if not reasoning or turn.served is None:
+        return 0
+    return len(turn.served.tokenizer.encode(reasoning, add_special_tokens=False))
 
 
 class Responses:
@@ -166,7 +169,7 @@ class Responses:
 RESPONSES = Responses()
 
 
-@post(["/v1/responses", "/responses"], status_code=200, opt=ROUTE_OPT,
+@post(["/v1/responses", "/responses"], status_code=200, opt={**ROUTE_OPT, "field_rules": RESPONSES_RULES},
       summary="Create a response (OpenAI Responses)", tags=["responses"])
 async def create_response(request: Request[Any, Any, Any]) -> Response[Any]:
     return await serve_chat(request, RESPONSES)

@@ -17,7 +17,8 @@ from mlxrt import hookimpl
 from mlxrt.records import GenerationRequest, LogitsProcessor, ModelInfo, StructuredOutput
 
 if TYPE_CHECKING:
-    from mlxrt.host import PluginHost
+    from mlxrt.registry import PluginHost
+    from mlxrt.serving import ServedModel
 
 __all__ = ["mlxrt_capabilities", "mlxrt_serve_options", "mlxrt_prepare_request", "mlxrt_logits_processors",
            "GrammarState"]
@@ -70,12 +71,12 @@ def _state(host: PluginHost) -> GrammarState:
     return state
 
 
-def _grammars(host: PluginHost) -> Any:
-    """The grammars of the model ``host.model`` serves."""
+def _grammars(host: PluginHost, model: ServedModel) -> Any:
+    """The grammars of ``model`` (one set per tokenizer: models that share one share them)."""
     from mlxrt.plugins.structured.grammar import Grammars
 
     state = _state(host)
-    tokenizer = host.model.tokenizer
+    tokenizer = model.tokenizer
     grammars = state.per_tokenizer.get(tokenizer)
     if grammars is None:
         grammars = state.per_tokenizer[tokenizer] = Grammars(tokenizer, state.cache)
@@ -102,28 +103,31 @@ def mlxrt_serve_options() -> Sequence[Any]:
 
 
 @hookimpl
-def mlxrt_prepare_request(request: GenerationRequest, host: PluginHost) -> None:
+def mlxrt_prepare_request(request: GenerationRequest, host: PluginHost, model: ServedModel) -> None:
     """Compile (or find cached) the request's grammar: its errors are the client's 400. The
     matcher is kept for the request's admission (:func:`mlxrt_logits_processors`)."""
     if request.structured is not None:
-        _state(host).keep_prepared(request.request_id, _grammars(host).matcher(request.structured))
+        _state(host).keep_prepared(request.request_id, _grammars(host, model).matcher(request.structured))
 
 
 @hookimpl
-def mlxrt_logits_processors(request: GenerationRequest, info: ModelInfo, host: PluginHost) -> Sequence[LogitsProcessor]:
+def mlxrt_logits_processors(request: GenerationRequest, info: ModelInfo, host: PluginHost,
+                            model: ServedModel | None) -> Sequence[LogitsProcessor]:
     if request.structured is None:
         return []
+    if model is None:  # an engine run without a served model (unit tests): nothing to compile for
+        raise RuntimeError("structured outputs need the served model")
     from mlxrt.plugins.structured.grammar import GrammarProcessor
 
-    grammars = _grammars(host)
+    grammars = _grammars(host, model)
     matcher = _state(host).take_prepared(request.request_id)
     if matcher is None:  # another choice of the request, or forgotten: a copy from the cache
         matcher = grammars.matcher(request.structured)
     return [GrammarProcessor(matcher, grammars.tokenizer.vocab_size,
-                             thinking=_thinking_window(request, request.structured, host))]
+                             thinking=_thinking_window(request, request.structured, model))]
 
 
-def _thinking_window(request: GenerationRequest, structured: StructuredOutput, host: PluginHost) -> Any:
+def _thinking_window(request: GenerationRequest, structured: StructuredOutput, model: ServedModel) -> Any:
     """The think block the prompt left open, free of the grammar until it closes (``None``: no
     open block, or a whole-answer grammar such as a forced tool call, which closes it itself).
     An answer that would open its own block (Qwen3) is held to the format from its first token:
@@ -131,7 +135,6 @@ def _thinking_window(request: GenerationRequest, structured: StructuredOutput, h
     from mlxrt.plugins.structured.grammar import ThinkingWindow
     from mlxrt.text.tool_calls import reasoning_lead
 
-    model = host.model
     fmt = model.profile.thinking_format
     if fmt is None or structured.kind == "lark" or not fmt.close:
         return None

@@ -15,7 +15,7 @@ import os
 import sys
 import time
 from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import click
@@ -24,6 +24,13 @@ import mlxrt
 from mlxrt.engine.config import ENGINE_DEFAULTS
 from mlxrt.host import PluginHost, make_host
 from mlxrt.loading.dtype_choice import DTYPES
+
+if TYPE_CHECKING:
+    from litestar import Litestar
+
+    from mlxrt.model_pool import EngineFactory, ModelPool
+    from mlxrt.records import ModelInfo
+    from mlxrt.serving import ServingEngine
 
 __all__ = ["main", "build_cli"]
 
@@ -135,8 +142,9 @@ def _serve(host: PluginHost, model: str | None, opts: dict[str, Any]) -> None:
         raise click.ClickException(exc.message) from exc
     import uvicorn
 
-    click.echo(_banner(host, opts["host"], listener.getsockname()[1]), err=True)
-    if (dtype := getattr(getattr(host.engine, "loaded", None), "dtype", None)) is not None:
+    pool: ModelPool = server.state.models
+    click.echo(_banner(pool, opts["host"], listener.getsockname()[1]), err=True)
+    if (dtype := _served_engine(pool).loaded.dtype) is not None:
         log.info("dtype: %s", dtype)  # the choice and why, in full (the banner names the dtype only)
     if not _is_loopback(opts["host"]) and not opts.get("api_keys"):
         click.echo(
@@ -164,9 +172,9 @@ def _serve(host: PluginHost, model: str | None, opts: dict[str, Any]) -> None:
         config = uvicorn.Config(server, host=opts["host"], port=opts["port"], log_level=opts["log_level"].lower(),
                                 log_config=None, access_log=False, http=protocol,
                                 timeout_graceful_shutdown=math.ceil(grace) + _FINAL_FRAME_SECONDS)
-        _GracefulServer(config, host.models, grace).run(sockets=[listener])
+        _GracefulServer(config, pool, grace).run(sockets=[listener])
     finally:
-        host.models.stop()
+        pool.stop()
     log.info("shut down cleanly")
 
 
@@ -189,26 +197,34 @@ def _listen(bind: str, port: int) -> Any:
     return sock
 
 
-def _banner(host: PluginHost, bind: str, port: int) -> str:
+def _served_engine(pool: ModelPool) -> ServingEngine:
+    """The engine of the model served at start (loaded by :meth:`ModelPool.load_at_start`)."""
+    current = pool.current()
+    if current is None or current.engine is None or current.engine.loaded is None:
+        raise RuntimeError("the server has no model loaded")  # load_at_start raised instead
+    return current.engine
+
+
+def _banner(pool: ModelPool, bind: str, port: int) -> str:
     """The start banner: what is served where on its first line, then one short line each for
     how (model, lane, dtype), the CPU path (BLAS, kernel) and which models requests may name.
     Why the dtype is what it is: ``GET /stats`` (``dtype.reason``) and the log."""
     from mlxrt.engine.qmv import status as qmv_status
     from mlxrt.loading.blas import current as current_blas
 
-    engine = host.engine
-    dtype = getattr(getattr(engine, "loaded", None), "dtype", None)
+    engine = _served_engine(pool)
+    dtype = engine.loaded.dtype if engine.loaded is not None else None
     draft = f", draft model {engine.speculator.info.model_id}" if engine.speculator is not None else ""
-    pool = host.models.settings
-    names = ("only those named at start (--strict-model)" if pool.strict
+    settings = pool.settings
+    names = ("only those named at start (--strict-model)" if settings.strict
              else "any local model loads on demand (--strict-model when exposed)")
     return "\n".join([
         f"mlxrt {mlxrt.__version__} serving {engine.info.model_id} on http://{bind}:{port}",
         f"  {engine.info.model_type}, family {engine.profile.family}, {engine.lane} lane{draft}"
         + (f"; dtype: {dtype.served} ({dtype.requested}; why: the log, GET /stats)" if dtype is not None else ""),
         f"  BLAS: {current_blas()}; quantized kernel: {qmv_status().text}",
-        f"  models: up to {pool.max_models} resident; {names}"
-        + ("; other names: the served model (x-mlxrt-model-fallback)" if pool.fallback else "; other names: 404"),
+        f"  models: up to {settings.max_models} resident; {names}"
+        + ("; other names: the served model (x-mlxrt-model-fallback)" if settings.fallback else "; other names: 404"),
     ])
 
 
@@ -284,13 +300,15 @@ def _setup_logging(level: str, fmt: str) -> None:
     root.setLevel(level.upper())
 
 
-def build_server(host: PluginHost, model: str | None, opts: dict[str, Any]) -> Any:
-    """Load the model, start the engine and build the app (also used by tests)."""
+def build_server(host: PluginHost, model: str | None, opts: dict[str, Any]) -> Litestar:
+    """Load the model, start the engine and build the app (also used by tests): its model pool
+    is ``app.state.models``."""
     from mlxrt.api.app import create_app
     from mlxrt.engine import new_engine
     from mlxrt.engine.config import EngineConfig
     from mlxrt.loading import Loader
     from mlxrt.loading.resolve import resolve_model
+    from mlxrt.serving import serve
     from mlxrt.templating import DEFAULT_CHAT_TEMPLATE
 
     host.options.update(opts)
@@ -305,7 +323,7 @@ def build_server(host: PluginHost, model: str | None, opts: dict[str, Any]) -> A
             raise click.BadParameter(str(exc), param_hint="--prompt-cache-bytes") from None
     loader = Loader()
 
-    def start_engine(view: Any, info: Any, primary: bool) -> Any:
+    def start_engine(host: PluginHost, info: ModelInfo, primary: bool) -> ServingEngine:
         config = EngineConfig.from_options(opts)
         # --adapter and --draft-model belong to the served model; the budget is shared.
         config = attrs.evolve(config, memory_budget=pool.settings.share,
@@ -313,9 +331,10 @@ def build_server(host: PluginHost, model: str | None, opts: dict[str, Any]) -> A
         if opts.get("distributed"):
             from mlxrt.distributed.serving import make_engine
 
-            engine = make_engine(view, config, opts, loader=loader)
+            engine: ServingEngine = make_engine(host, config, opts, loader=loader)
         else:
-            engine = new_engine(view, config, loader=loader)
+            engine = new_engine(host, config, loader=loader)
+        serve(host, engine)  # before the load: its hooks (mlxrt_vision) are given the model too
         engine.load(info)
         if opts.get("chat_template") and primary:
             from mlxrt.loading import with_replaced_template
@@ -328,16 +347,16 @@ def build_server(host: PluginHost, model: str | None, opts: dict[str, Any]) -> A
         return engine
 
     pool = _model_pool(host, model, source, opts, start_engine)
-    host.models = pool
     try:
         pool.load_at_start()
-        return create_app(host, cors_origins=_cors_origins(opts.get("allowed_origins")))
+        return create_app(host, pool, cors_origins=_cors_origins(opts.get("allowed_origins")))
     except BaseException:
         pool.stop()
         raise
 
 
-def _model_pool(host: PluginHost, model: str | None, source: Any, opts: dict[str, Any], start_engine: Any) -> Any:
+def _model_pool(host: PluginHost, model: str | None, source: Any, opts: dict[str, Any],
+                start_engine: EngineFactory) -> ModelPool:
     """The models this server may answer with (``--max-models``, ``--model-alias``,
     ``--preload``, ``--strict-model``, ``--idle-unload``); see :mod:`mlxrt.model_pool`."""
     from mlxrt.engine.config import EngineConfig

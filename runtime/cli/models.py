@@ -17,7 +17,7 @@ from mlxrt.engine.config import ENGINE_DEFAULTS
 from mlxrt.loading.dtype_choice import DTYPES
 
 if TYPE_CHECKING:
-    from mlxrt.host import PluginHost
+    from mlxrt.registry import PluginHost
 
 __all__ = ["register", "human_bytes", "human_count"]
 

@@ -34,8 +34,8 @@ from mlxrt.errors import InvalidRequest, MlxrtError
 
 if TYPE_CHECKING:
     from mlxrt.engine.loader import ModelLoader
-    from mlxrt.host import PluginHost
     from mlxrt.records import GenerationRequest, ModelInfo
+    from mlxrt.registry import PluginHost
 
 __all__ = ["DistributedSettings", "DistributedEngine", "refusals", "start", "shard_model", "follow", "make_engine"]
 

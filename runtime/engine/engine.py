@@ -47,7 +47,7 @@ from mlxrt.records import FamilyProfile, GenerationRequest, LoadedModel, ModelIn
 if TYPE_CHECKING:
     from mlxrt.engine.loader import ModelLoader
     from mlxrt.engine.peers import Peers
-    from mlxrt.host import PluginHost
+    from mlxrt.registry import PluginHost
 
 __all__ = ["Engine"]
 
@@ -93,6 +93,9 @@ class Engine:
         self.adapters = AdapterRegistry(dirs)
         self.kv: KVScheme | None = None
         self.speculator: Speculator | None = None
+        #: The model this engine serves as hooks see it (set by mlxrt.serving.serve before the
+        #: load); only handed to the hooks the engine runs, as their ``model``.
+        self.served_model: object = None
         from mlxrt.metrics import Histogram
 
         self.ttft = Histogram("mlxrt_time_to_first_token_seconds",
@@ -140,6 +143,11 @@ class Engine:
         """Whether requests keep prompt-cache snapshots (the model's cache cannot be rewound;
         see :mod:`mlxrt.cache.prompt_cache`): templating then also finds each chat's turn boundary."""
         return self._snapshots_from is not None and self.prompt_cache.enabled
+
+    @property
+    def unhealthy(self) -> str | None:
+        """Why this engine cannot serve any more, else ``None`` (a distributed one can lose a rank)."""
+        return None
 
     @property
     def lane(self) -> str:
@@ -337,7 +345,7 @@ class Engine:
         self._stream = stream
         with mx.stream(self._stream):
             try:
-                self.loaded, self.profile = self.loader.load(info, self.host)
+                self.loaded, self.profile = self.loader.load(info, self.host, self.served_model)
                 self._set_up()
                 if self.config.adapter:
                     path = self.config.adapter
@@ -367,6 +375,7 @@ class Engine:
         self.kv, self.speculator, self.memory = setup.kv, setup.speculator, setup.memory
         self._snapshots_from = setup.snapshots_from
         sched.equip(self.loaded, self.info, setup)
+        sched.served_model = self.served_model
 
 
 #: Engines with a model loaded, stopped at exit (weakly held: a dropped engine is not kept).

@@ -18,9 +18,10 @@ __all__ = ["ModelLoader"]
 class ModelLoader(Protocol):
     """Model loading as the engine uses it; each call runs on the engine's worker thread."""
 
-    def load(self, info: ModelInfo, host: Any) -> tuple[LoadedModel, FamilyProfile]:
+    def load(self, info: ModelInfo, host: Any, model: object = None) -> tuple[LoadedModel, FamilyProfile]:
         """The served model: weights through the family hooks, cast and on the kernel, and its
-        family profile (:func:`mlxrt.loading.load_model`)."""
+        family profile (:func:`mlxrt.loading.load_model`); ``model`` is the served model being
+        loaded, handed to the family hooks that declare it."""
         ...
 
     def load_draft(self, model: str, host: Any) -> tuple[LoadedModel, ModelInfo]:

@@ -17,7 +17,7 @@ import mlxrt.engine.qmv as qmv
 from mlxrt.records import GenerationRequest, LogitsProcessor, ModelInfo, Sampler, SamplingParams
 
 if TYPE_CHECKING:
-    from mlxrt.host import PluginHost
+    from mlxrt.registry import PluginHost
 
 __all__ = ["build_sampler", "build_logits_processors", "resolve_sampling", "xtc_special_tokens", "SeedSource",
            "choice_seed", "seeded", "is_stateless"]
@@ -123,12 +123,12 @@ def xtc_special_tokens(tokenizer: Any) -> list[int]:
 
 
 def build_sampler(host: PluginHost, request: GenerationRequest, info: ModelInfo,
-                  tokenizer: Any = None) -> Sampler:
+                  tokenizer: Any = None, *, model: object = None) -> Sampler:
     """A plugin's sampler for the request (``mlxrt_sampler``), else mlx-lm's ``make_sampler``.
 
     ``tokenizer`` supplies XTC's exempt ids; without one, XTC exempts nothing.
     """
-    _plugin, sampler = host.first_answer("mlxrt_sampler", request=request, info=info, host=host)
+    _plugin, sampler = host.first_answer("mlxrt_sampler", request=request, info=info, host=host, model=model)
     if sampler is not None:
         return sampler
     from mlx_lm.sample_utils import greedy_sampler, make_sampler
@@ -181,13 +181,14 @@ def builtin_logits_processors(s: SamplingParams) -> list[LogitsProcessor]:
 
 
 def build_logits_processors(
-    host: PluginHost, request: GenerationRequest, info: ModelInfo
+    host: PluginHost, request: GenerationRequest, info: ModelInfo, *, model: object = None
 ) -> list[LogitsProcessor]:
     """The built-in processors for the request's settings, the ``tool_choice`` constraint,
     then every plugin's, in call order."""
     from mlxrt.text.tool_calls import tool_choice_processors
 
-    plugins = [proc for _plugin, proc in host.collect("mlxrt_logits_processors", request=request, info=info, host=host)]
+    plugins = [proc for _plugin, proc in host.collect("mlxrt_logits_processors", request=request, info=info,
+                                                      host=host, model=model)]
     # tool_choice "required" / a named function (forced_prefixes), for every family alike.
     return builtin_logits_processors(request.sampling) + tool_choice_processors(request) + plugins
 

@@ -42,9 +42,9 @@ if TYPE_CHECKING:
     from mlxrt.engine.peers import Peers
     from mlxrt.engine.sampling import SeedSource
     from mlxrt.engine.worker_setup import WorkerSetup
-    from mlxrt.host import PluginHost
     from mlxrt.metrics import Histogram
     from mlxrt.records import LoadedModel, ModelInfo
+    from mlxrt.registry import PluginHost
 
 __all__ = ["Scheduler", "shutting_down"]
 
@@ -97,6 +97,7 @@ class Scheduler:
         # Worker-only state (set by equip, after the load).
         self.loaded: LoadedModel | None = None
         self.info: ModelInfo | None = None
+        self.served_model: object = None  # the served model, handed to the sampler and processor hooks
         self.prompt_cache = PromptCache(max_entries=0)
         self.serial: Any = None  # SerialLane or DenoisingLane
         self.batch: BatchLane | None = None
@@ -403,8 +404,8 @@ class Scheduler:
         try:
             # Resolved again here: the adapter may have been unmounted since the request was decoded.
             adapters = self.adapters.keys(request.adapters)
-            sampler = build_sampler(self.host, request, self.info, tokenizer)
-            processors = build_logits_processors(self.host, request, self.info)
+            sampler = build_sampler(self.host, request, self.info, tokenizer, model=self.served_model)
+            processors = build_logits_processors(self.host, request, self.info, model=self.served_model)
         except MlxrtError as exc:
             job.deliver(exc)
             return None

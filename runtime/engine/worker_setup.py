@@ -30,8 +30,8 @@ if TYPE_CHECKING:
     from mlxrt.engine.config import EngineConfig
     from mlxrt.engine.denoising_lane import DenoisingLane
     from mlxrt.engine.loader import ModelLoader
-    from mlxrt.host import PluginHost
     from mlxrt.records import LoadedModel, ModelInfo
+    from mlxrt.registry import PluginHost
 
 __all__ = ["WorkerSetup", "set_up", "new_batch_lane", "warm_up"]
 

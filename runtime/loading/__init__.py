@@ -23,7 +23,7 @@ from mlxrt.errors import ModelLoadError
 from mlxrt.records import FamilyProfile, LoadedModel, ModelInfo, ToolStreamMode
 
 if TYPE_CHECKING:
-    from mlxrt.host import PluginHost
+    from mlxrt.registry import PluginHost
 
 __all__ = [
     "Loader",
@@ -94,8 +94,9 @@ def cast_weights(model: Any, dtype: str, *, model_id: str = "model") -> None:
     log.info("weights of %s cast to %s", model_id, dtype)
 
 
-def resolve_profile(info: ModelInfo, host: PluginHost) -> FamilyProfile:
-    """Ask every family hook once and freeze the answers, with who gave each."""
+def resolve_profile(info: ModelInfo, host: PluginHost, model: object = None) -> FamilyProfile:
+    """Ask every family hook once and freeze the answers, with who gave each (``model``: the
+    served model being loaded, given to ``mlxrt_vision``)."""
     provenance: dict[str, str] = {}
 
     def ask(aspect: str, hook: str, **kwargs: Any) -> Any:
@@ -108,7 +109,7 @@ def resolve_profile(info: ModelInfo, host: PluginHost) -> FamilyProfile:
     parser = ask("tool_parser", "mlxrt_tool_parser", info=info)
     plain = ask("tool_stream_mode", "mlxrt_tool_stream_mode", info=info, has_tools=False)
     with_tools = ask("tool_stream_mode_with_tools", "mlxrt_tool_stream_mode", info=info, has_tools=True)
-    vision = ask("vision", "mlxrt_vision", info=info, host=host)
+    vision = ask("vision", "mlxrt_vision", info=info, host=host, model=model)
     return FamilyProfile(
         info=info,
         thinking_format=thinking,
@@ -204,10 +205,11 @@ def _choose_dtype(loaded: LoadedModel, info: ModelInfo, host: PluginHost, *, laz
                         models=int(host.options.get("max_models") or 1), kernel=qmv.status().module)
 
 
-def load_model(info: ModelInfo, host: PluginHost) -> tuple[LoadedModel, FamilyProfile]:
-    """Load the model through the family hooks (mlx-lm when none answers) and resolve its profile."""
+def load_model(info: ModelInfo, host: PluginHost, model: object = None) -> tuple[LoadedModel, FamilyProfile]:
+    """Load the model through the family hooks (mlx-lm when none answers) and resolve its
+    profile (``model``: the served model being loaded, for the hooks that are given it)."""
     loaded, plugin = load_weights(info, host)
-    profile = resolve_profile(info, host)
+    profile = resolve_profile(info, host, model)
     profile = attrs.evolve(profile, provenance={"load_model": plugin or "mlx-lm", **profile.provenance})
     profile = with_tool_prompt(profile, loaded.tokenizer, host)
     from mlxrt.loading.self_test import run_self_test
@@ -232,8 +234,8 @@ class Loader:
     """Model loading as an engine is handed it (:class:`mlxrt.engine.loader.ModelLoader`): the
     engine runs these on its worker thread without importing this package."""
 
-    def load(self, info: ModelInfo, host: PluginHost) -> tuple[LoadedModel, FamilyProfile]:
-        return load_model(info, host)
+    def load(self, info: ModelInfo, host: PluginHost, model: object = None) -> tuple[LoadedModel, FamilyProfile]:
+        return load_model(info, host, model)
 
     def load_draft(self, model: str, host: PluginHost) -> tuple[LoadedModel, ModelInfo]:
         return load_draft(model, host)

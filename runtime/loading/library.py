@@ -24,8 +24,8 @@ from mlxrt.loading.paths import hf_cache_dir, match_local_repo
 from mlxrt.loading.resolve import ModelSource, read_model_info
 
 if TYPE_CHECKING:
-    from mlxrt.host import PluginHost
     from mlxrt.loading.gguf_library import GGUFEntry
+    from mlxrt.registry import PluginHost
 
 __all__ = ["LocalModel", "scan_library", "embedded_model", "find_local", "support_tier", "delete_repo",
            "CacheScan", "describe_gguf"]

@@ -14,7 +14,7 @@ as the request does.
 from __future__ import annotations
 
 import logging
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from mlxrt.errors import EngineError, MlxrtError
@@ -28,16 +28,23 @@ from mlxrt.loading.images import (
 from mlxrt.records import FamilyProfile, SplicedPrompt
 
 if TYPE_CHECKING:
-    from mlxrt.host import PluginHost
+    from mlxrt.registry import PluginHost
 
 __all__ = ["splice_images", "pixel_budget"]
 
 log = logging.getLogger("mlxrt.loading.vision")
 
 
+#: Runs a function on the model's thread, between decode steps (``ServedModel.call_blocking``).
+OnModel = Callable[[Callable[[Any], SplicedPrompt]], SplicedPrompt]
+
+
 def splice_images(host: PluginHost, profile: FamilyProfile, prompt_ids: Sequence[int],
-                  refs: Sequence[ImageRef]) -> SplicedPrompt:
+                  refs: Sequence[ImageRef], *, on_model: OnModel | None = None) -> SplicedPrompt:
     """The prompt with ``refs`` decoded, run through the model's tower and spliced in.
+
+    ``on_model`` runs the tower on the model's thread (the served model's ``call_blocking``);
+    without it the tower runs here (tests of an adapter alone).
 
     :raises InvalidRequest: an image is malformed, oversize, unreachable or undecodable
         (naming its request part), or the adapter refuses the prompt.
@@ -46,7 +53,7 @@ def splice_images(host: PluginHost, profile: FamilyProfile, prompt_ids: Sequence
     """
     limits = ImageLimits.from_options(host.options)
     with pixel_budget(host, limits).lease() as lease:  # held until the pixels are dropped
-        return _splice(host, profile, prompt_ids, load_images(refs, limits, lease))
+        return _splice(profile, prompt_ids, load_images(refs, limits, lease), on_model)
 
 
 def pixel_budget(host: PluginHost, limits: ImageLimits) -> PixelBudget:
@@ -56,7 +63,8 @@ def pixel_budget(host: PluginHost, limits: ImageLimits) -> PixelBudget:
     return host.plugin_state("images", lambda: PixelBudget(max(int(wanted), limits.max_total_pixels)))
 
 
-def _splice(host: PluginHost, profile: FamilyProfile, prompt_ids: Sequence[int], images: list[Any]) -> SplicedPrompt:
+def _splice(profile: FamilyProfile, prompt_ids: Sequence[int], images: list[Any],
+            on_model: OnModel | None) -> SplicedPrompt:
     adapter = profile.vision
 
     def run(_loaded: Any = None) -> SplicedPrompt:
@@ -75,8 +83,7 @@ def _splice(host: PluginHost, profile: FamilyProfile, prompt_ids: Sequence[int],
         return spliced
 
     try:
-        engine = getattr(host, "engine", None)
-        return engine.call_blocking(run) if engine is not None else run()
+        return on_model(run) if on_model is not None else run()
     finally:
         images.clear()  # the pixels are not needed past the tower
 

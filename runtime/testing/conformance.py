@@ -62,7 +62,7 @@ def served(model: str | Path, *, plugins: Sequence[object] = (), options: Mappin
         with TestClient(app, base_url="http://127.0.0.1") as client:  # a Host the loopback server serves
             yield client
     finally:
-        host.models.stop()
+        app.state.models.stop()
 
 
 def check_family(model_type: str, *, plugins: Sequence[object] = (), checkpoint: str | Path | None = None,

@@ -1,6 +1,6 @@
 """The editor: the model calls of a synthesis run, each answered as JSON under a schema.
 
-:class:`EngineEditor` asks the served model (``host.model.complete``), with the
+:class:`EngineEditor` asks the served model (``model.complete``), with the
 structured-outputs constraint (docs/structured-outputs.md), so every answer parses. A run's
 stages only see the :class:`Editor` protocol; tests give them a scripted one.
 """
@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 import attrs
 
 if TYPE_CHECKING:
-    from mlxrt.host import PluginHost
+    from mlxrt.serving import ServedModel
 
 __all__ = ["Editor", "EngineEditor", "Entity", "Outline", "EXTRACT_SCHEMA", "OUTLINE_SCHEMA", "section_schema"]
 
@@ -99,8 +99,8 @@ class EngineEditor:
     OUTLINE_TOKENS = 192
     SECTION_TOKENS = 32
 
-    def __init__(self, host: PluginHost) -> None:
-        self.host = host
+    def __init__(self, model: ServedModel) -> None:
+        self.model = model
 
     def extract(self, text: str) -> list[Entity]:
         system = ("You keep a personal wiki. List the named people, projects, places, organizations "
@@ -143,7 +143,7 @@ class EngineEditor:
         from mlxrt.api.output_format import json_schema_output
         from mlxrt.records import ChatInput, RequestOptions
 
-        model = self.host.model
+        model = self.model
         chat = ChatInput(messages=({"role": "system", "content": system}, {"role": "user", "content": prompt}),
                          template_kwargs={"enable_thinking": False})
         options = RequestOptions(sampling={"temperature": 0.0}, max_tokens=max_tokens,

@@ -17,6 +17,7 @@ from litestar import Request, get, route
 from litestar.response import Stream
 
 from mlxrt.api.auth import caller_of
+from mlxrt.api.models import model_for
 from mlxrt.api.sse import sse_data, sse_response
 from mlxrt.errors import InvalidRequest, NotFound
 from mlxrt_memory.editor import EngineEditor
@@ -48,7 +49,7 @@ async def synthesize(request: Request) -> Stream:
     if raw.lower() not in _FLAGS:
         raise InvalidRequest(f"dry must be 0 or 1, got {raw!r}", param="dry")
     dry = _FLAGS[raw.lower()]
-    host = request.app.state.host
+    model = await model_for(request, None)  # the served model edits (held until the stream ends)
     service = await anyio.to_thread.run_sync(service_of, request)  # a first use opens SQLite and git
     if not service.lock.acquire(blocking=False):
         raise RunBusy()
@@ -70,7 +71,7 @@ async def synthesize(request: Request) -> Stream:
     def job() -> None:
         final: dict[str, Any] | None = None
         try:
-            final = run_synthesis(service, EngineEditor(host), dry=dry, emit=emit, stopped=stop.is_set)
+            final = run_synthesis(service, EngineEditor(model), dry=dry, emit=emit, stopped=stop.is_set)
         except Exception as exc:  # noqa: BLE001 - reported to the client as the stream's error event
             final = {"type": "error", "stage": stage[0], "message": f"{type(exc).__name__}: {exc}"}
         finally:
