@@ -9,6 +9,7 @@ the route's dialect.
 
 from __future__ import annotations
 
+from collections.abc import MutableMapping
 from typing import TYPE_CHECKING, Any
 
 from litestar import Request
@@ -30,4 +31,5 @@ async def model_for(request: Request[Any, Any, Any], name: Any) -> ServedModel:
     """The model that answers ``name`` (a body's ``model``, any JSON value: ``None``,
     ``default`` or not a string: the served model), loaded if it is not resident. The model is
     held (never evicted) until the response has been sent."""
-    return await pool_of(request).model_for(name if isinstance(name, str) else None, request.scope)
+    scope: MutableMapping[str, Any] = request.scope  # type: ignore[assignment]  # an ASGI scope: extensions' keys too
+    return await pool_of(request).model_for(name if isinstance(name, str) else None, scope)

@@ -386,10 +386,14 @@ class TextAnswer:
 
 @runtime_checkable
 class TextDialect(Protocol):
-    """A raw-prompt completion API's wire shapes; :func:`serve_text` does the rest."""
+    """A raw-prompt completion API's wire shapes; :func:`serve_text` does the rest. ``name`` and
+    ``default_max_tokens`` are read only (a frozen record's fields satisfy them)."""
 
-    name: str
-    default_max_tokens: int
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def default_max_tokens(self) -> int: ...
 
     def decode(self, body: Mapping[str, Any], claimed: Mapping[str, type], *, strict: bool) -> TextTurn:
         """Validate ``body`` into a :class:`TextTurn` (:class:`~mlxrt.errors.InvalidRequest` if bad)."""

@@ -13,7 +13,14 @@ from typing import Any
 
 import attrs
 
-from mlxrt.records import FamilyProfile, FinishEvent, FinishReason, TokenEvent, ToolCall
+from mlxrt.records import (
+    FamilyProfile,
+    FinishEvent,
+    FinishReason,
+    PromptProgress,
+    TokenEvent,
+    ToolCall,
+)
 from mlxrt.text.reasoning import ReasoningSplitter
 from mlxrt.text.tool_calls import ToolRouter
 
@@ -145,17 +152,20 @@ class LogprobTrail:
         return out
 
 
-async def drain(events: AsyncIterable[TokenEvent | FinishEvent],
+async def drain(events: AsyncIterable[TokenEvent | FinishEvent | PromptProgress],
                 on_text: Callable[[str], Any]) -> tuple[FinishEvent, list[TokenEvent]]:
     """Run a whole generation for a non-streaming response.
 
     Each token's text goes to ``on_text`` (the finish event's held text does not: the caller's
     assembler flushes it); returns the finish event and the logprob events, in order (empty
-    when none were asked for).
+    when none were asked for). Prompt progress (a request that asked for it) has no place in
+    a whole answer: it is skipped.
     """
     trail = LogprobTrail()
     logprobs: list[TokenEvent] = []
     async for event in events:
+        if isinstance(event, PromptProgress):
+            continue
         if isinstance(event, FinishEvent):
             return event, logprobs + trail.finish(event)
         on_text(event.text)

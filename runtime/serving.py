@@ -402,7 +402,8 @@ class EngineModel:
             progress=options.progress,
         )
         host.check_request_fields(dialect, gen.extra)  # mlxrt_request_fields' checks: a bad value is a 400
-        return canonicalize(host, gen, dialect, declared=self._declared, model=self)
+        planned: GenerationRequest = canonicalize(host, gen, dialect, declared=self._declared, model=self)
+        return planned
 
     def prepare(self, request: GenerationRequest) -> None:
         self._host.collect("mlxrt_prepare_request", request=request, info=self.info, host=self._host, model=self)

@@ -20,27 +20,28 @@ from mlxrt.errors import EngineError, InvalidRequest
 from mlxrt.serving import ServedModel
 
 if TYPE_CHECKING:
-    pass
+    from mlxrt.engine.adapters import AdapterRegistry
 
 __all__ = ["ROUTES", "list_adapters", "available_adapters", "mount_adapter", "unmount_adapter"]
 
 
-async def _model(request: Request[Any, Any, Any]) -> ServedModel:
-    """The served model (:func:`mlxrt.api.models.model_for`: loaded again if it was unloaded):
-    adapters are mounted on it."""
+async def _served(request: Request[Any, Any, Any]) -> tuple[ServedModel, AdapterRegistry]:
+    """The served model (:func:`mlxrt.api.models.model_for`: loaded again if it was unloaded)
+    and its adapters, which are mounted on it."""
     model = await model_for(request, None)
-    if model.adapters is None:
+    adapters = model.adapters
+    if adapters is None:
         raise EngineError(f"model {model.info.model_id!r} cannot mount adapters")
-    return model
+    return model, adapters
 
 
 @get("/v1/adapters", summary="Mounted LoRA adapters", tags=["adapters"])
 async def list_adapters(request: Request[Any, Any, Any]) -> dict[str, Any]:
     """Every adapter the caller may use (its own mounts and the server's: id, path, rank, scale,
     layers) and the server's default."""
-    model = await _model(request)
-    return {"adapters": [a.describe() for a in model.adapters.list(caller_of(request))],
-            "default": "+".join(model.adapters.default) or None}
+    _, adapters = await _served(request)
+    return {"adapters": [a.describe() for a in adapters.list(caller_of(request))],
+            "default": "+".join(adapters.default) or None}
 
 
 @get("/v1/adapters/available", summary="Adapter folders found on disk", tags=["adapters"])
@@ -48,15 +49,15 @@ async def available_adapters(request: Request[Any, Any, Any]) -> dict[str, Any]:
     """Adapter folders (adapter_config.json + adapters.safetensors) directly under the
     ``--adapter-dir`` folders and beside the ``--adapter`` folder; ``mounted`` is the id a
     folder is mounted under, ``error`` why it cannot be mounted."""
-    model = await _model(request)
-    found = await anyio.to_thread.run_sync(model.adapters.available, caller_of(request))
+    _, adapters = await _served(request)
+    found = await anyio.to_thread.run_sync(adapters.available, caller_of(request))
     return {"adapters": found}
 
 
 @post("/v1/adapters", summary="Mount a LoRA adapter", tags=["adapters"], status_code=200)
 async def mount_adapter(request: Request[Any, Any, Any]) -> dict[str, Any]:
     """Mount ``{"id", "path"}`` (an mlx-lm adapter folder); the base model never reloads."""
-    model = await _model(request)
+    model, _ = await _served(request)
     try:
         body = json.loads(await request.body())
     except (ValueError, RecursionError):  # RecursionError: nested too deeply for the parser
@@ -80,7 +81,8 @@ async def mount_adapter(request: Request[Any, Any, Any]) -> dict[str, Any]:
 async def unmount_adapter(request: Request[Any, Any, Any], adapter_id: Annotated[str, PathParameter()]) -> dict[str, Any]:
     """Unmount the caller's own adapter; requests already running with it finish with it. 404
     if the caller has none mounted under that id."""
-    return await (await _model(request)).unmount_adapter(adapter_id, caller_of(request))
+    model, _ = await _served(request)
+    return await model.unmount_adapter(adapter_id, caller_of(request))
 
 
 ROUTES = (list_adapters, available_adapters, mount_adapter, unmount_adapter)

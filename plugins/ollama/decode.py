@@ -161,7 +161,7 @@ def _effort(think: Any) -> str | None:
         return None
     if isinstance(think, bool):
         return "medium" if think else "none"
-    if think not in _EFFORTS:
+    if not isinstance(think, str) or think not in _EFFORTS:
         raise _bad('think: must be true, false, "low", "medium" or "high"', "think")
     return think
 

@@ -41,7 +41,7 @@ def _ids(tokenizer: Any, texts: list[str], end_id: int, context: int | None, tru
     return ended_inputs(ids, end_id, context)
 
 
-async def _vectors(request: Request, body: dict[str, Any], texts: list[str]) -> tuple[Any, list[Any], int, int]:
+async def _vectors(request: Request[Any, Any, Any], body: dict[str, Any], texts: list[str]) -> tuple[Any, list[Any], int, int]:
     """``(model, vectors, prompt tokens, load nanoseconds)`` for ``texts``."""
     from mlxrt.engine.embedding import embed_ids, end_token_id, hidden_size
 
@@ -63,7 +63,7 @@ async def _vectors(request: Request, body: dict[str, Any], texts: list[str]) -> 
 
 
 @post("/api/embed", status_code=200, opt=opt(EMBED), summary="Embed inputs (Ollama)", tags=["ollama"])
-async def embed(request: Request) -> Response:
+async def embed(request: Request[Any, Any, Any]) -> Response[Any]:
     started = time.monotonic_ns()
     body = parse_json_object(await request.body())
     value = body.get("input")
@@ -77,7 +77,7 @@ async def embed(request: Request) -> Response:
 
 
 @post("/api/embeddings", status_code=200, opt=opt(EMBEDDINGS), summary="Embed a prompt (Ollama, older)", tags=["ollama"])
-async def embeddings(request: Request) -> Response:
+async def embeddings(request: Request[Any, Any, Any]) -> Response[Any]:
     body = parse_json_object(await request.body())
     prompt = body.get("prompt")
     if prompt is not None and not isinstance(prompt, str):

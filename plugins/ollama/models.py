@@ -88,7 +88,7 @@ def _tag_rows(host: PluginHost, pool: ModelPool) -> list[dict[str, Any]]:
 
 
 @get("/api/tags", opt=opt(), summary="List local models (Ollama)", tags=["ollama"])
-async def list_tags(request: Request) -> dict[str, Any]:
+async def list_tags(request: Request[Any, Any, Any]) -> dict[str, Any]:
     return {"models": await anyio.to_thread.run_sync(_tag_rows, request.app.state.host, pool_of(request))}
 
 
@@ -126,7 +126,7 @@ def _show_body(host: Any, model_id: str, path: Path, profile: Any, template: str
 
 
 @post("/api/show", status_code=200, opt=opt(NAMED), summary="Show a model (Ollama)", tags=["ollama"])
-async def show(request: Request) -> dict[str, Any]:
+async def show(request: Request[Any, Any, Any]) -> dict[str, Any]:
     """A model's details, capabilities and chat template, from its files (nothing loads). A
     name nothing here serves is the served model's, as in a chat request, unless the server
     does not fall back (then 404)."""
@@ -151,7 +151,8 @@ async def show(request: Request) -> dict[str, Any]:
             raise NotFound(f"model '{name}' not found", param="model", code="model_not_found")
         from mlxrt.model_pool import FALLBACK_KEY
 
-        request.scope[FALLBACK_KEY] = name
+        # an ASGI scope carries extensions' keys; Litestar's TypedDict names the spec's only
+        request.scope[FALLBACK_KEY] = name  # type: ignore[literal-required]
         slot = pool.primary
     model = slot.model
     template = getattr(model.tokenizer, "chat_template", None) if model is not None else None
@@ -160,7 +161,7 @@ async def show(request: Request) -> dict[str, Any]:
 
 
 @get("/api/ps", opt=opt(), summary="Resident models (Ollama)", tags=["ollama"])
-async def running(request: Request) -> dict[str, Any]:
+async def running(request: Request[Any, Any, Any]) -> dict[str, Any]:
     """Resident models: ``size`` is what the model holds in memory (its weights), ``expires_at``
     when it unloads if unused (``keep_alive``, else ``--idle-unload``; never: a far-future
     time); mlxrt adds ``lane`` (``serial`` or ``batch``) and ``in_use`` (requests holding it)."""
@@ -191,7 +192,7 @@ async def version() -> dict[str, str]:
 
 
 @delete_route("/api/delete", status_code=200, opt=opt(NAMED), summary="Delete a model (Ollama)", tags=["ollama"])
-async def delete(request: Request) -> Response:
+async def delete(request: Request[Any, Any, Any]) -> Response[Any]:
     """Delete a model's repo from the Hugging Face cache (``mlxrt rm``); a resident model is
     refused (400): unload it first (``mlxrt stop``)."""
     from mlxrt.loading.library import delete_repo

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import asyncio
 import json
-from collections.abc import AsyncIterator
+from collections.abc import AsyncGenerator
 from typing import Any
 
 from litestar import Request, Response, post
@@ -50,9 +50,10 @@ def _progress(repo: str) -> dict[str, Any] | None:
     from mlxrt.loading.downloads import downloads_dir
 
     try:
-        return json.loads((downloads_dir() / (repo.replace("/", "--") + ".json")).read_text(encoding="utf-8"))
+        state = json.loads((downloads_dir() / (repo.replace("/", "--") + ".json")).read_text(encoding="utf-8"))
     except (OSError, ValueError):
         return None
+    return state if isinstance(state, dict) else None
 
 
 def _failed(exc: BaseException) -> MlxrtError:
@@ -61,7 +62,7 @@ def _failed(exc: BaseException) -> MlxrtError:
     return ModelLoadError(f"pull failed: {type(exc).__name__}: {exc}", code="download_failed")
 
 
-async def _lines(repo: str, done: asyncio.Future[Any]) -> AsyncIterator[bytes]:
+async def _lines(repo: str, done: asyncio.Future[Any]) -> AsyncGenerator[bytes, None]:
     yield ndjson({"status": "pulling manifest"})
     last = None
     while not done.done():
@@ -80,7 +81,7 @@ async def _lines(repo: str, done: asyncio.Future[Any]) -> AsyncIterator[bytes]:
 
 
 @post("/api/pull", status_code=200, opt=opt(PULL), summary="Pull a model (Ollama)", tags=["ollama"])
-async def pull(request: Request) -> Response:
+async def pull(request: Request[Any, Any, Any]) -> Response[Any]:
     from mlxrt.loading.downloads import download
 
     body = parse_json_object(await request.body())

@@ -12,9 +12,9 @@ loads the model, or with ``keep_alive: 0`` unloads it, as Ollama does (``done_re
 from __future__ import annotations
 
 import uuid
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncGenerator, Mapping, Sequence
 from contextlib import aclosing
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 from litestar import Request, Response, post
@@ -54,10 +54,14 @@ from mlxrt.plugins.ollama.wire import (
 )
 from mlxrt.records import CacheReport, FinishEvent, PromptProgress
 
+if TYPE_CHECKING:
+    from mlxrt.engine.bridge import Generation
+
+
 __all__ = ["ROUTES", "CHAT", "GENERATE"]
 
 
-def _ndjson(response: Response) -> Response:
+def _ndjson(response: Response[Any]) -> Response[Any]:
     """A stream the pipeline made (as SSE) sent as Ollama's NDJSON."""
     if isinstance(response, Stream):
         response.media_type = NDJSON
@@ -74,7 +78,7 @@ class Chat(Framed):
         d = decode_chat(body, claimed, strict=strict)
         return Turn(chat=d.chat, options=d.options, model=d.model, stream=d.stream, headers=d.headers, wire=d.wire)
 
-    async def resolve(self, request: Request, turn: Turn) -> Turn:
+    async def resolve(self, request: Request[Any, Any, Any], turn: Turn) -> Turn:
         _model, loaded = await chosen(request, turn.model, turn.wire.keep_alive)
         return attrs.evolve(turn, wire=attrs.evolve(turn.wire, load_ns=loaded))
 
@@ -85,7 +89,7 @@ class Chat(Framed):
         return chat_body(model=answer.model, content=answer.content, reasoning=answer.reasoning, calls=answer.calls,
                          reason=answer.reason, finish=answer.finish, wire=_wire(answer.turn))
 
-    def frames(self, *, id: str, model: str, report: CacheReport, turn: Turn) -> ChatLines:
+    def frames(self, *, id: str, model: str, report: CacheReport, turn: Turn) -> ChatLines | GenerateLines:
         return ChatLines(model=model, wire=turn.wire)
 
     render_error = staticmethod(error_body)
@@ -134,8 +138,8 @@ class RawGenerate:
         return generate_body(model=first.model, content=first.text, reasoning="", reason=first.finish.finish_reason,
                              finish=first.finish, wire=turn.wire)
 
-    async def stream(self, gens: Sequence[Any], *, id: str, model: str, created: int, turn: TextTurn
-                     ) -> AsyncIterator[bytes]:
+    async def stream(self, gens: Sequence[Generation], *, id: str, model: str, created: int, turn: TextTurn
+                     ) -> AsyncGenerator[bytes, None]:
         lines = GenerateLines(model=model, wire=turn.wire)
         async with aclosing(gens[0]) as gen:
             async for run in gen.batches():
@@ -160,7 +164,7 @@ CHAT = Chat()
 GENERATE = Generate()
 
 
-async def _load_only(request: Request, body: Mapping[str, Any], route: str) -> dict[str, Any]:
+async def _load_only(request: Request[Any, Any, Any], body: Mapping[str, Any], route: str) -> dict[str, Any]:
     """A body with nothing to answer: load the model (``done_reason`` ``load``), or with
     ``keep_alive: 0`` unload it now (``unload``; a model that is not resident is left so)."""
     check_fields(body, CHAT_RULES if route == "chat" else GENERATE_RULES)
@@ -178,7 +182,7 @@ async def _load_only(request: Request, body: Mapping[str, Any], route: str) -> d
 
 
 @post("/api/chat", status_code=200, opt=opt(CHAT_SCHEMA), summary="Chat (Ollama)", tags=["ollama"])
-async def chat(request: Request) -> Response:
+async def chat(request: Request[Any, Any, Any]) -> Response[Any]:
     body = parse_json_object(await request.body())
     if not body.get("messages"):
         return Response(content=await _load_only(request, body, "chat"), status_code=200)
@@ -186,7 +190,7 @@ async def chat(request: Request) -> Response:
 
 
 @post("/api/generate", status_code=200, opt=opt(GENERATE_SCHEMA), summary="Generate (Ollama)", tags=["ollama"])
-async def generate(request: Request) -> Response:
+async def generate(request: Request[Any, Any, Any]) -> Response[Any]:
     body = parse_json_object(await request.body())
     if not body.get("prompt") and not body.get("images"):
         return Response(content=await _load_only(request, body, "generate"), status_code=200)

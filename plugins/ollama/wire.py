@@ -40,11 +40,11 @@ def pool_name(name: Any) -> str | None:
     so a name nothing serves is reported as a fallback."""
     if not isinstance(name, str) or not name:
         return None
-    name = name[: -len(LATEST)] if name.endswith(LATEST) else name
+    text: str = name[: -len(LATEST)] if name.endswith(LATEST) else name
     for prefix in ("hf.co/", "huggingface.co/"):
-        if name.startswith(prefix) and name.count("/") == 2:
-            return name[len(prefix):]
-    return name
+        if text.startswith(prefix) and text.count("/") == 2:
+            return text[len(prefix):]
+    return text
 
 
 def keep_alive_seconds(value: Any) -> float | None:
