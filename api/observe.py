@@ -165,7 +165,7 @@ class TextFormatter(logging.Formatter):
     def __init__(self) -> None:
         super().__init__("%(levelname)s %(name)s [%(request_id)s]: %(message)s")
 
-    def formatMessage(self, record: logging.LogRecord) -> str:  # noqa: N802 (logging's name)
+    def formatMessage(self, record: logging.LogRecord) -> str:
         return escape_controls(super().formatMessage(record))
 
 

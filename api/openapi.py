@@ -229,7 +229,7 @@ def _operation_class(handler: HTTPRouteHandler) -> type[Operation]:
         body = with_rules(body, rules)
     wants_body = bool(_WITH_BODY & set(handler.http_methods))
 
-    def __init__(self: Operation, *args: Any, **kwargs: Any) -> None:  # noqa: N807
+    def __init__(self: Operation, *args: Any, **kwargs: Any) -> None:
         Operation.__init__(self, *args, **kwargs)
         if wants_body and self.request_body is None:
             self.request_body = RequestBody(content=_json(body), required=True)

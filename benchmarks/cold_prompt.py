@@ -20,7 +20,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import serving  # noqa: E402  (this folder's harness)
+import serving
 
 
 def main() -> None:

@@ -31,8 +31,8 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serving import free_port  # noqa: E402
-from slow_clients import wait_healthy  # noqa: E402
+from serving import free_port
+from slow_clients import wait_healthy
 
 BIN = str(Path(sys.executable).with_name("mlxrt"))
 HI = [{"role": "user", "content": "hi"}]
@@ -44,7 +44,7 @@ class Server:
         self.port = free_port()
         self.url = f"http://127.0.0.1:{self.port}"
         self.log = log
-        out = open(log, "w") if log else subprocess.DEVNULL  # noqa: SIM115 (closed with the process)
+        out = open(log, "w") if log else subprocess.DEVNULL
         self.proc = subprocess.Popen([BIN, "serve", str(model), "--port", str(self.port), *args],
                                      stdout=out, stderr=subprocess.STDOUT, cwd="/")
         wait_healthy(self.url, self.proc)

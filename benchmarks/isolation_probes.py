@@ -23,7 +23,7 @@ from typing import Any
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serving import free_port, start_server  # noqa: E402
+from serving import free_port, start_server
 
 MLXRT = str(Path(sys.executable).with_name("mlxrt"))
 codes: list[int] = []

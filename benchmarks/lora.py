@@ -33,7 +33,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serving import _stop, first_completion, free_port, server_command  # noqa: E402
+from serving import _stop, first_completion, free_port, server_command
 
 ADAPTERS = ("a", "b", "c", "d")
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serving import free_port, start_server  # noqa: E402
+from serving import free_port, start_server
 
 
 def snapshot(pid: int) -> tuple[int, float]:

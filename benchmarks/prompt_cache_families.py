@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serving import (  # noqa: E402
+from serving import (
     Prompts,
     _loadavg,
     _stop,

@@ -200,7 +200,7 @@ def _first_difference(a: str, b: str) -> int:
     return next((i for i in range(min(len(a), len(b))) if a[i] != b[i]), min(len(a), len(b)))
 
 
-def measure(mx, module, n: int, k: int, bits: int, use_kernel: bool, args) -> tuple[float, float, int]:  # noqa: ANN001
+def measure(mx, module, n: int, k: int, bits: int, use_kernel: bool, args) -> tuple[float, float, int]:
     """Median wall µs and process CPU µs (all threads) of one product, and the bytes it reads."""
     gs = args.group_size
     w = mx.random.normal((n, k)) / k**0.5
@@ -218,7 +218,7 @@ def measure(mx, module, n: int, k: int, bits: int, use_kernel: bool, args) -> tu
     x = mx.random.normal((args.rows, k))
     mx.eval(x)
 
-    def one(wt):  # noqa: ANN001, ANN202
+    def one(wt):
         if not bits:
             return x @ wt.T
         if use_kernel:

@@ -75,7 +75,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from plot import concurrency_png  # noqa: E402
+from plot import concurrency_png
 
 LEVELS = (1, 2, 4, 8)
 SERVERS = ("mlxrt", "mlx_lm.server")
@@ -700,7 +700,7 @@ def side_round(name: str, model: str, extra: Sequence[str], plan: SidePlan, prom
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = server_command(name, model, port, extra)
-    sink = open(log, "ab") if log is not None else subprocess.DEVNULL  # noqa: SIM115 - closed below
+    sink = open(log, "ab") if log is not None else subprocess.DEVNULL
     t_spawn = time.perf_counter()
     llama = name == "llama-server"
     proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT if log is not None else sink,

@@ -38,7 +38,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).parent))
-from blas import BIN, free_port, start  # noqa: E402
+from blas import BIN, free_port, start
 
 STORY = "Once upon a time, in a small village by the sea, there lived an old fisherman who"
 

@@ -35,7 +35,7 @@ from pathlib import Path
 import httpx
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from serving import _loadavg, _stop, compile_sources, free_port  # noqa: E402
+from serving import _loadavg, _stop, compile_sources, free_port
 
 
 def _cpu_and_hwm(pid: int) -> tuple[float, float]:

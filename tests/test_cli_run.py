@@ -196,7 +196,7 @@ def test_a_keyed_server_counts_as_running():
     from mlxrt.cli.remote import Remote, RemoteError
 
     class Keyed(BaseHTTPRequestHandler):
-        def do_GET(self):  # noqa: N802
+        def do_GET(self):
             self.send_response(401)
             self.send_header("content-type", "application/json")
             self.end_headers()

@@ -114,7 +114,7 @@ def image_server():
         def log_message(self, *args):
             pass
 
-        def do_GET(self):  # noqa: N802
+        def do_GET(self):
             if self.path == "/ok.png":
                 self.send_response(200)
                 self.send_header("Content-Length", str(len(body)))

@@ -20,11 +20,11 @@ from support import MLXRT_BIN, anthropic_client, openai_client
 pytest.importorskip("mlxrt_memory", reason="needs the memory plugin: pip install ./plugins/mlxrt-memory "
                     "(scripts/setup installs it)")
 
-from mlxrt_memory.editor import Entity, Outline  # noqa: E402
-from mlxrt_memory.stages import STAGE_NAMES  # noqa: E402
-from mlxrt_memory.synthesis import MemoryService, run_synthesis  # noqa: E402
+from mlxrt_memory.editor import Entity, Outline
+from mlxrt_memory.stages import STAGE_NAMES
+from mlxrt_memory.synthesis import MemoryService, run_synthesis
 
-from mlxrt.loading.embedded import embedded_gguf_path  # noqa: E402
+from mlxrt.loading.embedded import embedded_gguf_path
 
 
 def events_of(text: str) -> list[dict | str]:

@@ -117,7 +117,7 @@ def web():
         def log_message(self, *args):
             pass
 
-        def do_GET(self):  # noqa: N802
+        def do_GET(self):
             hits.append(self.path)
             hosts.append(self.headers.get("Host"))
             self.send_response(200)
@@ -126,7 +126,7 @@ def web():
             self.wfile.write(body)
 
     class Site(Victim):
-        def do_GET(self):  # noqa: N802
+        def do_GET(self):
             if self.path.startswith("/go?to="):
                 self.send_response(302)
                 self.send_header("Location", urllib.parse.unquote(self.path[len("/go?to="):]))

@@ -131,7 +131,7 @@ def _host_class() -> type:
 _LORA_HOST: type | None = None
 
 
-def LoRAHost(base: Any, slot: _Slot, selection: Selection) -> Any:  # noqa: N802 - a class, made lazily
+def LoRAHost(base: Any, slot: _Slot, selection: Selection) -> Any:
     """Wrap ``base`` (``nn.Linear`` or ``nn.QuantizedLinear``); MLX imports on first use."""
     global _LORA_HOST
     if _LORA_HOST is None:

@@ -97,7 +97,7 @@ def _timed_range(*args: int) -> _TimedRange:
 class _TimedSandbox(ImmutableSandboxedEnvironment):
     """transformers' sandbox, with the clock checked on every call and lookup."""
 
-    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:  # noqa: N805 (Jinja's names)
+    def call(__self, __context: Any, __obj: Any, *args: Any, **kwargs: Any) -> Any:
         _check_clock()
         return super().call(__context, __obj, *args, **kwargs)
 
@@ -153,7 +153,7 @@ def _tojson(x: Any, ensure_ascii: bool = False, indent: Any = None, separators: 
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
-def _strftime_now(format: str) -> str:  # noqa: A002 - the name templates pass
+def _strftime_now(format: str) -> str:
     return datetime.now().strftime(format)
 
 
@@ -170,7 +170,7 @@ class _TemplateDict:
 class _TemplateNamespace(jinja2.utils.Namespace):
     """``namespace`` that refuses underscore-prefixed names (a sandbox escape route)."""
 
-    def __init__(*args: Any, **kwargs: Any) -> None:  # noqa: N805 - Jinja's signature trick
+    def __init__(*args: Any, **kwargs: Any) -> None:
         self, args = args[0], args[1:]
         values = dict(*args, **kwargs)
         for name in values:

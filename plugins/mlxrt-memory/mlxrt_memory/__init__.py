@@ -75,7 +75,7 @@ async def mlxrt_shutdown(host: PluginHost) -> None:
             stop.set()
             try:
                 await asyncio.wait_for(asyncio.shield(task), SHUTDOWN_WAIT_S)
-            except (TimeoutError, Exception):  # noqa: BLE001 - shutting down regardless
+            except (TimeoutError, Exception):
                 log.warning("memory: the synthesis run did not stop in %d s", SHUTDOWN_WAIT_S)
     memory.close()
 
@@ -104,7 +104,7 @@ def _capture(service: Any, turn: Any) -> Any:
 def _capture_first(memory: Any, caller: str, turn: Any) -> None:
     try:
         _capture(memory.partition(caller), turn).result()
-    except Exception as exc:  # noqa: BLE001 - logged as any failed capture
+    except Exception as exc:
         log.error("memory: a turn was not captured: %s", exc)
 
 

@@ -72,7 +72,7 @@ async def synthesize(request: Request) -> Stream:
         final: dict[str, Any] | None = None
         try:
             final = run_synthesis(service, EngineEditor(model), dry=dry, emit=emit, stopped=stop.is_set)
-        except Exception as exc:  # noqa: BLE001 - reported to the client as the stream's error event
+        except Exception as exc:
             final = {"type": "error", "stage": stage[0], "message": f"{type(exc).__name__}: {exc}"}
         finally:
             if final is not None:

@@ -114,7 +114,7 @@ class MemoryStore:
                 try:
                     with conn:  # one transaction: committed on return, rolled back on error
                         result = fn(conn)
-                except BaseException as exc:  # noqa: BLE001 - handed to the submitter
+                except BaseException as exc:
                     done.set_exception(exc)
                 else:
                     done.set_result(result)
