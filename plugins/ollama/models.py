@@ -22,6 +22,7 @@ from mlxrt.api.models import pool_of
 from mlxrt.api.wire import parse_json_object
 from mlxrt.capabilities import capabilities
 from mlxrt.errors import InvalidRequest, ModelLoadError, NotFound
+from mlxrt.loading.library import parameter_size
 from mlxrt.plugins.ollama.schemas import NAMED, opt
 from mlxrt.plugins.ollama.wire import VERSION, created_at, ollama_name, pool_name
 
@@ -40,21 +41,12 @@ def _digest(key: str) -> str:
     return hashlib.sha256(key.encode()).hexdigest()
 
 
-def _human(n: int | None) -> str:
-    if not n:
-        return ""
-    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if n >= size:
-            return f"{n / size:.1f}{unit}"
-    return str(n)
-
-
 def _details(row: Any) -> dict[str, Any]:
     """Ollama's ``details`` from a library row (:class:`mlxrt.loading.library.LocalModel`)."""
     family = row.model_type or ""
     quant = f"Q{row.quant_bits}" if row.quant_bits else "F16"
     return {"parent_model": "", "format": "safetensors", "family": family, "families": [family] if family else None,
-            "parameter_size": _human(row.params), "quantization_level": quant}
+            "parameter_size": parameter_size(row.params), "quantization_level": quant}
 
 
 def _describe(model_id: str, path: Path, host: Any) -> Any:

@@ -15,11 +15,12 @@ import click
 
 from mlxrt.engine.config import ENGINE_DEFAULTS
 from mlxrt.loading.dtype_choice import DTYPES
+from mlxrt.loading.library import parameter_size
 
 if TYPE_CHECKING:
     from mlxrt.registry import PluginHost
 
-__all__ = ["register", "human_bytes", "human_count"]
+__all__ = ["register", "human_bytes"]
 
 
 def human_bytes(n: int | None) -> str:
@@ -29,15 +30,6 @@ def human_bytes(n: int | None) -> str:
         if n >= size:
             return f"{n / size:.1f} {unit}"
     return f"{n} B"
-
-
-def human_count(n: int | None) -> str:
-    if not n:
-        return "-"
-    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
-        if n >= size:
-            return f"{n / size:.1f}{unit}"
-    return str(n)
 
 
 def _table(rows: list[tuple[str, ...]]) -> str:
@@ -90,7 +82,7 @@ def register(cli: click.Group, host: PluginHost) -> None:
             tier = m.support_tier if m.problem is None else "broken"
             name = {"embedded": f"{m.repo_id} (embedded: the default)", "ollama": f"{m.repo_id} (ollama)",
                     "lmstudio": f"{m.repo_id} (lm studio)"}.get(m.source, m.repo_id)
-            rows.append((name, human_bytes(m.size_bytes), human_count(m.params),
+            rows.append((name, human_bytes(m.size_bytes), parameter_size(m.params) or "-",
                          str(m.quant_bits) if m.quant_bits else "-", m.model_type or "-", m.family or "-",
                          tier or "-", "yes" if m.vision else "no"))
         click.echo(_table(rows))
@@ -185,7 +177,7 @@ def _fit_text(d: dict[str, Any]) -> str:
         f"model            {d['model']}",
         f"memory budget    {budget}",
         f"dtype            {d['dtype']['text']}",
-        f"weights          {human_bytes(d['weight_bytes'])} ({human_count(d['params'])} parameters"
+        f"weights          {human_bytes(d['weight_bytes'])} ({parameter_size(d['params']) or '-'} parameters"
         + (f"; {human_bytes(d['stored_weight_bytes'])} as stored)" if d["dtype"]["cast"] else ")"),
         f"KV per token     {d['kv_bytes_per_token']} bytes ({d['kv_dtype']})",
         f"fixed per req.   {human_bytes(d['fixed_bytes_per_request'])} (sliding windows, recurrent state)",

@@ -28,13 +28,24 @@ if TYPE_CHECKING:
     from mlxrt.registry import PluginHost
 
 __all__ = ["LocalModel", "scan_library", "embedded_model", "find_local", "support_tier", "delete_repo",
-           "CacheScan", "describe_gguf"]
+           "CacheScan", "describe_gguf", "parameter_size"]
 
 log = logging.getLogger("mlxrt.loading.library")
 
 #: Support tiers: a family plugin answers for the model; mlx-lm alone runs it (plain chat);
 #: nothing installed can load it.
 TIERS = ("family", "generic", "unsupported")
+
+
+def parameter_size(n: int | None) -> str:
+    """A parameter count as a model's size is spoken of (``135.0M``, ``1.5B``; ``""`` unknown):
+    ``mlxrt ls``/``fit`` and Ollama's ``parameter_size`` say the same."""
+    if not n:
+        return ""
+    for unit, size in (("T", 1e12), ("B", 1e9), ("M", 1e6), ("K", 1e3)):
+        if n >= size:
+            return f"{n / size:.1f}{unit}"
+    return str(n)
 
 
 @attrs.frozen
