@@ -231,6 +231,14 @@ def main() -> None:
     timers.wrap(engine_mod.Engine, "generate", "Engine.generate (submit)")
     timers.wrap(scheduler.Scheduler, "_prepare", "Scheduler._prepare (sampler chain, cache lookup)")
     timers.wrap(lanes.SerialLane, "run", "SerialLane.run")
+    progress: list[tuple[int, int, float]] = []  # (processed, prompt tokens, when): the prefill's steps
+    reported = lanes.Row.report_progress
+
+    def report_progress(row: Any, processed: int) -> None:
+        progress.append((processed, len(row.request.prompt_ids), time.perf_counter()))
+        reported(row, processed)
+
+    lanes.Row.report_progress = report_progress
     from mlxrt.engine import batch_steps
 
     timers.wrap(lanes.BatchLane, "step", "BatchLane.step (all)")
@@ -281,6 +289,7 @@ def main() -> None:
         ttft, phases = [], []
         for run in range(args.ttft_runs if args.only in ("all", "ttft") else 0):
             timers.reset()
+            progress.clear()
             msg = [{"role": "user", "content": " ".join(words[(run + i) % 12] for i in range(14)) + f" {run}"}]
             t0 = time.perf_counter()
             first = None
@@ -296,6 +305,14 @@ def main() -> None:
             marks = {f"{label} {edge}": 1e3 * (at - t0) for label, pair in timers.first.items()
                      for edge, at in zip(("entry", "exit"), pair, strict=True)}
             marks["first content frame at client"] = 1e3 * ((first or t0) - t0)
+            # the serial lane reports the reused tokens, then each prefill chunk run (all the
+            # prompt but its last token), then the whole prompt once the first token is known
+            for processed, total, at in progress:
+                label = ("prefill: prompt-cache hit reported" if processed < total - 1 else
+                         "prefill: chunk evaluated (all but the last token)" if processed == total - 1 else
+                         "prefill: first token known")
+                marks.setdefault(label, 1e3 * (at - t0))
+            marks["tokens reused from the prompt cache"] = float(progress[0][0]) if progress else 0.0
             phases.append(marks)
         results["ttft"] = {} if not phases else {"median_ms": statistics.median(t["ttft_ms"] for t in ttft),
                            "prompt_tokens": ttft[0]["prompt_tokens"],
