@@ -80,9 +80,11 @@ def test_token_steps_equal_mlx_lm_generate_step(checkpoints, model_type):
         assert our_offsets == their_offsets
 
 
-def test_token_steps_stopped_early_leave_the_last_token_fed(checkpoints):
+@pytest.mark.parametrize("stop_after", [1, 3])
+def test_token_steps_stopped_early_leave_the_last_token_fed(checkpoints, stop_after):
     """A caller that stops after token k finds token k in the cache (the lone-stream hand-over
-    to the batch trims exactly one token)."""
+    to the batch trims exactly one token), the first token included (handed out before the
+    step that feeds it is queued)."""
     from mlx_lm.models.cache import make_prompt_cache
     from mlx_lm.utils import load_model
 
@@ -92,10 +94,14 @@ def test_token_steps_stopped_early_leave_the_last_token_fed(checkpoints):
     cache = make_prompt_cache(model)
     steps = token_steps(mx.array(PROMPT), model, cache=cache, stream=mx.default_stream(mx.default_device()),
                         max_tokens=10)
-    got = [next(steps) for _ in range(3)]
+    got = [next(steps) for _ in range(stop_after)]
     steps.close()
-    assert len(got) == 3
-    assert cache[0].offset == len(PROMPT) + 3
+    assert len(got) == stop_after
+    assert cache[0].offset == len(PROMPT) + stop_after
+    # the fed token's keys are the ones a fresh prefill of the prompt and the tokens gives
+    fresh = make_prompt_cache(model)
+    model(mx.array([*PROMPT, *(int(t) for t, _ in got)])[None], cache=fresh)
+    assert mx.allclose(cache[0].state[0], fresh[0].state[0], atol=1e-4).item()
 
 
 def _parameters(model):

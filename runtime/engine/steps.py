@@ -6,10 +6,12 @@ equal token for token, tests/test_lean_start.py), but its module imports transfo
 
 * all prompt tokens but the last are run in chunks of ``prefill_step_size`` (the cache state
   evaluated after each chunk, and MLX's buffer cache released when there are several);
-* the last prompt token gives the first sample; every later step is queued (``async_eval``)
-  before the current token is handed out, so the model computes token n+1 while the caller
-  handles token n (after the last token too: the cache then holds every token handed out, and
-  a caller that stops early finds the token it stopped at fed, as with mlx-lm).
+* the last prompt token gives the first sample, handed out as soon as it is known (the next
+  step's graph already built, queued when the caller asks for more or stops); every later step
+  is queued (``async_eval``) before the current token is handed out, so the model computes
+  token n+1 while the caller handles token n (after the last token too: the cache then holds
+  every token handed out, and a caller that stops early finds the token it stopped at fed, as
+  with mlx-lm).
 """
 
 from __future__ import annotations
@@ -92,15 +94,26 @@ def token_steps(prompt: Any, model: Any, *, cache: list[Any], stream: Any, max_t
 
         token, logprobs = step(prompt, embeddings)
         mx.async_eval(token, logprobs)
-        made = 0
+        if max_tokens <= 0:
+            return
+        # The first token goes out before the next step is queued: MLX's async_eval returns only
+        # once the stream has nearly caught up (it throttles at a few dozen queued operations, and
+        # a decode step is ~900), so queueing first would hold the first token back by a whole
+        # decode step. The next step's graph is built while the prompt's last operations run.
+        following = step(token)
+        mx.eval(token)
+        report(total, total)
+        try:
+            yield token.item(), logprobs
+        finally:  # queued even when the caller stops here: the cache holds every token handed out
+            mx.async_eval(*following)
+        made = 1
+        token, logprobs = following
         while made < max_tokens:
             # queue the next step before handing this token out; after the last one too, so the
             # cache ends holding every generated token (the next turn's prompt starts with them)
             following = step(token)
             mx.async_eval(*following)
-            if made == 0:
-                mx.eval(token)
-                report(total, total)
             yield token.item(), logprobs
             made += 1
             if made % CLEAR_EVERY == 0:
