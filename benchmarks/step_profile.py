@@ -164,7 +164,8 @@ def concurrent(client: Any, body: dict[str, Any], clients: int, runs: int, timer
 @contextlib.contextmanager
 def serving(model: str) -> Iterator[tuple[Any, Any]]:
     """The whole app for ``model`` under uvicorn on a thread of this process (so the engine's
-    functions can be timed in place and streams arrive frame by frame), and an httpx client."""
+    functions can be timed in place and streams arrive frame by frame): an httpx client and the
+    app's model pool."""
     import asyncio
     import socket
 
@@ -193,11 +194,11 @@ def serving(model: str) -> Iterator[tuple[Any, Any]]:
         time.sleep(0.05)
     try:
         with httpx.Client(base_url=f"http://127.0.0.1:{port}", timeout=120) as client:
-            yield client, host
+            yield client, app.state.models
     finally:
         server.should_exit = True
         thread.join()
-        host.models.stop()
+        app.state.models.stop()
 
 
 def main() -> None:
@@ -213,7 +214,7 @@ def main() -> None:
     os.environ.setdefault("MLXRT_QMV_EXACT", "0")
 
     from mlxrt.engine import bridge, lanes
-    from mlxrt.sources.embedded import embedded_gguf_path
+    from mlxrt.loading.embedded import embedded_gguf_path
 
     model = args.model or str(Path.home() / ".cache/mlxrt/models/SmolLM2-135M-Instruct-Q4_1")
     if not Path(model).exists():
@@ -249,8 +250,9 @@ def main() -> None:
     timers.wrap(batch_steps.BatchSteps, "_hand_out", "BatchSteps._hand_out")
 
     results: dict[str, Any] = {"kernel_env": {k: v for k, v in os.environ.items() if k.startswith("MLXRT_QMV")}}
-    with serving(model) as (client, host):
-        engine_model, stream = host.model, host.engine._stream
+    with serving(model) as (client, pool):
+        slot = pool.current()
+        engine_model, stream = slot.model, slot.engine._stream
         words = "one two three four five six seven eight nine ten eleven twelve".split()
         body = {"messages": [{"role": "user", "content": "Write a long story about the sea and a lighthouse."}],
                 "max_tokens": args.tokens, "temperature": 0.0, "stream": True,
