@@ -26,11 +26,11 @@ class RecordingLoader:
         self.fail = fail
         self.calls: list[tuple[str, str]] = []
 
-    def load(self, info, host):
+    def load(self, info, host, model=None):
         self.calls.append(("load", threading.current_thread().name))
         if self.fail:
             raise ModelLoadError(f"refused {info.model_id}")
-        return self.inner.load(info, host)
+        return self.inner.load(info, host, model)
 
     def load_draft(self, model, host):
         self.calls.append(("load_draft", threading.current_thread().name))
