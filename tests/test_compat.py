@@ -395,3 +395,13 @@ def test_mlx_lm_attention_is_routed_where_its_model_modules_call_it():
         assert calls == [1]  # one layer, one call
     finally:
         llama.scaled_dot_product_attention = saved
+
+
+@pytest.mark.parametrize("name", sorted(compat.ONE_TOKEN_ATTENTIONS))
+def test_mlx_lm_attention_forward_is_the_one_one_token_recomputes(name):
+    # mlxrt.engine.one_token recomputes this forward for one token; an mlx-lm that changed it
+    # fails here by name (and the model's layers are then left as mlx-lm's)
+    attention = importlib.import_module(f"mlx_lm.models.{name}").Attention
+    assert compat.mlx_lm_one_token_attention(attention), f"mlx_lm.models.{name}.Attention.__call__ changed"
+    assert not compat.mlx_lm_one_token_attention(type("Attention", (attention,), {"__module__": attention.__module__,
+                                                                                   "__call__": lambda self: None}))

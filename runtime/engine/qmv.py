@@ -206,8 +206,10 @@ def _trainable_as(new: _Layer, layer: Any) -> _Layer:
 def install_fused(model: Any, st: QmvStatus | None = None) -> int:
     """Make ``model``'s ``nn.RMSNorm`` and ``nn.RoPE`` layers, and the attention and gated-MLP
     activation of the mlx-lm model modules it is built from (:func:`mlxrt.compat.route_attention`,
-    :func:`mlxrt.compat.route_swiglu`), run the kernel's fused primitives; return how many layers
-    were swapped (0 without the kernel)."""
+    :func:`mlxrt.compat.route_swiglu`), run the kernel's fused primitives, and its known mlx-lm
+    attention layers skip a decode step's layout ops (:mod:`mlxrt.engine.one_token`: with the
+    fused primitives those are a quarter of the step's); return how many layers were swapped (0
+    without the kernel)."""
     st = st if st is not None else load()
     if not st.active:
         return 0
@@ -215,9 +217,11 @@ def install_fused(model: Any, st: QmvStatus | None = None) -> int:
     count = _replace_layers(model, lambda layer: classes[type(layer)].of(layer) if type(layer) in classes else None)
     if count:
         from mlxrt import compat
+        from mlxrt.engine import one_token
 
         compat.route_attention(model, _attention(st.module))
         compat.route_swiglu(model, _swiglu(st.module))
+        count += one_token.install(model)
     return count
 
 
