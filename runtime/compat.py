@@ -45,7 +45,7 @@ __all__ = [
     "lean_mlx_lm",
     "masks_overridden",
     "mlx_lm_has_architecture",
-    "mlx_lm_one_token_attention",
+    "mlx_lm_forward_known",
     "mlx_lm_remappings",
     "mlx_lm_sets_tokenizer_defaults",
     "route_attention",
@@ -149,37 +149,44 @@ def _route_global(model: Any, attr: str, original: Any, route: Callable[[Callabl
     return routed
 
 
-#: mlx-lm's attention classes whose forward :mod:`mlxrt.engine.one_token` recomputes for one
-#: token without the layout ops, by model module, with the first 16 hex digits of the SHA-256 of
-#: the forward's source (``inspect.getsource(Attention.__call__)``) it was written against
-#: (mlx-lm 0.32.2): reshape, transpose, (per-head norms), rope, ``cache.update_and_fetch``, the
-#: module's ``scaled_dot_product_attention``, transpose, reshape, ``o_proj``.
-ONE_TOKEN_ATTENTIONS = {
-    "llama": "3b9b8774b647f7a4",
-    "qwen2": "0d02f6cbda3a89f1",
-    "qwen3": "789af9d8868081c1",
-    "gemma3_text": "a293df9f54178d8a",
+#: mlx-lm layer classes whose forward mlxrt recomputes with fewer primitives, by (model module,
+#: class), with the first 16 hex digits of the SHA-256 of the forward's source
+#: (``inspect.getsource(cls.__call__)``) it was written against (mlx-lm 0.32.2):
+#: the ``Attention`` forwards that :mod:`mlxrt.engine.one_token` takes for one token (reshape,
+#: transpose, per-head norms for qwen3 and gemma3_text, rope, ``cache.update_and_fetch``, the
+#: module's ``scaled_dot_product_attention``, transpose, reshape, ``o_proj``), and the Gemma
+#: ``RMSNorm`` (``mx.fast.rms_norm(x, 1.0 + self.weight, self.eps)``) that the kernel's fused norm
+#: computes (:func:`mlxrt.engine.qmv.install_fused`).
+KNOWN_FORWARDS = {
+    ("llama", "Attention"): "3b9b8774b647f7a4",
+    ("qwen2", "Attention"): "0d02f6cbda3a89f1",
+    ("qwen3", "Attention"): "789af9d8868081c1",
+    ("gemma3_text", "Attention"): "a293df9f54178d8a",
+    ("gemma", "RMSNorm"): "a459ce2c95139b11",
+    ("gemma2", "RMSNorm"): "a459ce2c95139b11",
+    ("gemma3_text", "RMSNorm"): "a459ce2c95139b11",
 }
 
 
 @functools.cache
-def mlx_lm_one_token_attention(cls: type) -> bool:
-    """Whether ``cls`` is the ``Attention`` class of one of mlx-lm's model modules in
-    :data:`ONE_TOKEN_ATTENTIONS` with its forward's source still the one listed (an mlx-lm that
-    changed it leaves that model's layers as they are, and ``test_compat.py`` says which). Those
-    forwards are undocumented code that mlxrt recomputes, hence the fence; the swap itself goes
-    through MLX's public ``Module.update_modules``."""
+def mlx_lm_forward_known(cls: type) -> bool:
+    """Whether ``cls`` is a class of mlx-lm's model modules in :data:`KNOWN_FORWARDS` with its
+    forward's source still the one listed (an mlx-lm that changed it leaves that model's layers
+    as they are, and ``test_compat.py`` says which). Those forwards are undocumented code that
+    mlxrt recomputes, hence the fence; the swaps themselves go through MLX's public
+    ``Module.update_modules``."""
     import hashlib
     import inspect
 
     package, _, name = cls.__module__.rpartition(".")
-    if package != "mlx_lm.models" or cls.__name__ != "Attention" or name not in ONE_TOKEN_ATTENTIONS:
+    digest = KNOWN_FORWARDS.get((name, cls.__name__)) if package == "mlx_lm.models" else None
+    if digest is None:
         return False
     try:
         source = inspect.getsource(cls.__call__)
     except (OSError, TypeError):  # no source to compare (a frozen or compiled build)
         return False
-    return hashlib.sha256(source.encode()).hexdigest()[:16] == ONE_TOKEN_ATTENTIONS[name]
+    return hashlib.sha256(source.encode()).hexdigest()[:16] == digest
 
 
 def lean_mlx_lm() -> None:

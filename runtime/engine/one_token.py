@@ -13,7 +13,7 @@ the same primitives in the same order).
 :func:`install` swaps each such layer for an instance of a subclass whose forward takes that path
 for one token with a cache and is mlx-lm's own otherwise (prefill, the batch lane's prefill
 chunks, no cache), through MLX's public ``Module.update_modules``. The subclass computes what
-mlx-lm's forward does: :func:`mlxrt.compat.mlx_lm_one_token_attention` accepts only the classes
+mlx-lm's forward does: :func:`mlxrt.compat.mlx_lm_forward_known` accepts only the classes
 whose forward is the one this was written against (its source's digest), so an mlx-lm that
 changes one leaves that layer as it is, and tests/test_compat.py fails by name.
 """
@@ -39,7 +39,8 @@ def install(model: Any) -> int:
         parent_path, _, key = path.rpartition(".")
         parent = modules.get(parent_path) if parent_path else model
         # a layer held in a list (no attribute name) is left alone: none of the known models does
-        if not compat.mlx_lm_one_token_attention(type(layer)) or parent is None or key.isdigit():
+        known = type(layer).__name__ == "Attention" and compat.mlx_lm_forward_known(type(layer))
+        if not known or parent is None or key.isdigit():
             continue
         parent.update_modules({key: _one_token(layer, _subclass(type(layer)))})
         swapped += 1

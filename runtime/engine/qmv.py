@@ -213,8 +213,11 @@ def install_fused(model: Any, st: QmvStatus | None = None) -> int:
     st = st if st is not None else load()
     if not st.active:
         return 0
-    classes = _fused_classes(st.module)
-    count = _replace_layers(model, lambda layer: classes[type(layer)].of(layer) if type(layer) in classes else None)
+    def fused(layer: Any) -> Any:
+        cls = _fused_class(st.module, type(layer))
+        return cls.of(layer) if cls is not None else None
+
+    count = _replace_layers(model, fused)
     if count:
         from mlxrt import compat
         from mlxrt.engine import one_token
@@ -321,6 +324,37 @@ def _fused_classes(module: Any) -> dict[type, type]:
 
     _FUSED.update({nn.RMSNorm: FusedRMSNorm, nn.RoPE: FusedRoPE})
     return _FUSED
+
+
+def _fused_class(module: Any, kind: type) -> type | None:
+    """The fused-primitive subclass for layers of class ``kind`` (None: none), Gemma's norms
+    among them where :func:`mlxrt.compat.mlx_lm_forward_known` knows their forward."""
+    classes = _fused_classes(module)
+    if kind not in classes and kind.__name__ == "RMSNorm":
+        from mlxrt import compat
+
+        if compat.mlx_lm_forward_known(kind):
+            classes[kind] = _offset_norm_class(module, kind)
+    return classes.get(kind)
+
+
+def _offset_norm_class(module: Any, base: type) -> type:
+    """The subclass of mlx-lm's Gemma ``RMSNorm`` ``base`` (its weight stored less one:
+    ``mx.fast.rms_norm(x, 1.0 + weight, eps)``) that computes through the kernel's norm. MLX's CPU
+    backend runs ``mx.fast.rms_norm`` as its fallback graph, ~11 primitives a norm: ~1,200 of a
+    Gemma 3 270M decode step's ~2,000 (docs/performance.md, "Between the kernel calls")."""
+    import mlx.core as mx
+
+    rms_norm = module.rms_norm
+
+    def of(cls: type, layer: Any) -> Any:
+        return _trainable_as(cls(layer["weight"].shape[-1], layer.eps), layer)
+
+    def __call__(self: Any, x: mx.array) -> mx.array:
+        return rms_norm(x, 1.0 + self["weight"], self.eps)
+
+    return type("FusedOffsetRMSNorm", (base,), {"of": classmethod(of), "__call__": __call__, "__module__": __name__,
+                                                "__doc__": f"{base.__module__}.RMSNorm as the kernel's norm and an add."})
 
 
 def _attention(module: Any) -> Any:
