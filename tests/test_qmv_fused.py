@@ -358,3 +358,9 @@ def test_install_fused_computes_gemma_s_norms_through_the_kernel():
     ops = _ops(got)
     assert _rel(got, ref) < 1e-4
     assert ops["MlxrtRmsNorm"] == norms and not {"Rsqrt", "Square"} & set(ops) and {"Rsqrt"} <= set(ops_before)
+    # 1 + weight is computed once, not in each forward, and again when a weight array is replaced
+    assert _ops(model(prompt))["Add"] == ops["Add"] - norms
+    norm, x = model.model.norm, mx.random.normal((3, 128))
+    assert _rel(norm(x), mx.fast.rms_norm(x, 1.0 + norm.weight, norm.eps)) < 1e-6
+    norm.weight = norm.weight * 3.0
+    assert _rel(norm(x), mx.fast.rms_norm(x, 1.0 + norm.weight, norm.eps)) < 1e-6
