@@ -110,7 +110,10 @@ def masks_overridden(text_model: Any, make: Callable[[Callable[[Any, Any], Any]]
 # call them are mlx-lm's own classes (``Attention``, ``MLP``), which mlxrt does not rebuild.
 # mlxrt's other changes to a loaded model go through public seams: samplers and logits
 # processors are passed to mlx-lm's loop (``make_sampler``, ``make_logits_processors``), and the
-# kernel's layers replace MLX's through ``Module.update_modules`` (:mod:`mlxrt.engine.qmv`).
+# kernel's layers replace MLX's through ``Module.update_modules`` (:mod:`mlxrt.engine.qmv`), and so
+# do the subclasses of mlx-lm's ``Attention`` and Gemma ``RMSNorm`` classes that recompute their
+# forwards with fewer primitives (:data:`KNOWN_FORWARDS` below: subclassing, not patching, so the
+# routed globals stay the only replaced names; the digest is what fences the copied forward).
 
 
 def route_attention(model: Any, route: Callable[[Callable[..., Any]], Callable[..., Any]]) -> int:
