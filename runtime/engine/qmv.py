@@ -503,5 +503,27 @@ def _classes(module: Any) -> dict[type, type]:
         def as_linear(self, x: mx.array) -> mx.array:
             return product(self, x)
 
+        def __call__(self, x: mx.array) -> mx.array:
+            if self.bits not in (4, 8):  # 3, 5, 6 bits cross the words: MLX's own unpacking
+                return super().__call__(x)
+            return lookup(self, x)
+
+    # The nibbles of a word, lowest first (MLX's packing), for the 4-bit lookup.
+    nibble_shifts = mx.arange(0, 32, 4, dtype=mx.uint32)
+    mx.eval(nibble_shifts)
+
+    def lookup(layer: Any, ids: mx.array) -> mx.array:
+        """``mx.dequantize`` of the rows ``ids`` picks, in ~17 primitives (8 bits) or ~23 (4 bits)
+        where MLX's CPU graph for it is 36 or 56 (a decode step's embedding): the same unpacking
+        and the same float multiply, then add, so the same bits."""
+        flat = ids.reshape(-1)
+        packed, scales, biases = (mx.take(layer[key], flat, axis=0) for key in ("weight", "scales", "biases"))
+        if layer.bits == 8:
+            q = packed.view(mx.uint8)  # little-endian: byte j of a word is its element j
+        else:
+            q = (packed[..., None] >> nibble_shifts) & 15
+        q = q.reshape(flat.shape[0], scales.shape[-1], layer.group_size).astype(scales.dtype)
+        return (q * scales[..., None] + biases[..., None]).reshape(*ids.shape, -1)
+
     _CLASSES.update({nn.QuantizedLinear: KernelQuantizedLinear, nn.QuantizedEmbedding: KernelQuantizedEmbedding})
     return _CLASSES
