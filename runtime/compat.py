@@ -45,6 +45,7 @@ __all__ = [
     "lean_mlx_lm",
     "masks_overridden",
     "mlx_lm_has_architecture",
+    "mlx_lm_forward_known",
     "mlx_lm_remappings",
     "mlx_lm_sets_tokenizer_defaults",
     "route_attention",
@@ -109,7 +110,10 @@ def masks_overridden(text_model: Any, make: Callable[[Callable[[Any, Any], Any]]
 # call them are mlx-lm's own classes (``Attention``, ``MLP``), which mlxrt does not rebuild.
 # mlxrt's other changes to a loaded model go through public seams: samplers and logits
 # processors are passed to mlx-lm's loop (``make_sampler``, ``make_logits_processors``), and the
-# kernel's layers replace MLX's through ``Module.update_modules`` (:mod:`mlxrt.engine.qmv`).
+# kernel's layers replace MLX's through ``Module.update_modules`` (:mod:`mlxrt.engine.qmv`), and so
+# do the subclasses of mlx-lm's ``Attention`` and Gemma ``RMSNorm`` classes that recompute their
+# forwards with fewer primitives (:data:`KNOWN_FORWARDS` below: subclassing, not patching, so the
+# routed globals stay the only replaced names; the digest is what fences the copied forward).
 
 
 def route_attention(model: Any, route: Callable[[Callable[..., Any]], Callable[..., Any]]) -> int:
@@ -146,6 +150,46 @@ def _route_global(model: Any, attr: str, original: Any, route: Callable[[Callabl
         elif getattr(current, "__wrapped__", None) is original:
             routed += 1
     return routed
+
+
+#: mlx-lm layer classes whose forward mlxrt recomputes with fewer primitives, by (model module,
+#: class), with the first 16 hex digits of the SHA-256 of the forward's source
+#: (``inspect.getsource(cls.__call__)``) it was written against (mlx-lm 0.32.2):
+#: the ``Attention`` forwards that :mod:`mlxrt.engine.one_token` takes for one token (reshape,
+#: transpose, per-head norms for qwen3 and gemma3_text, rope, ``cache.update_and_fetch``, the
+#: module's ``scaled_dot_product_attention``, transpose, reshape, ``o_proj``), and the Gemma
+#: ``RMSNorm`` (``mx.fast.rms_norm(x, 1.0 + self.weight, self.eps)``) that the kernel's fused norm
+#: computes (:func:`mlxrt.engine.qmv.install_fused`).
+KNOWN_FORWARDS = {
+    ("llama", "Attention"): "3b9b8774b647f7a4",
+    ("qwen2", "Attention"): "0d02f6cbda3a89f1",
+    ("qwen3", "Attention"): "789af9d8868081c1",
+    ("gemma3_text", "Attention"): "a293df9f54178d8a",
+    ("gemma", "RMSNorm"): "a459ce2c95139b11",
+    ("gemma2", "RMSNorm"): "a459ce2c95139b11",
+    ("gemma3_text", "RMSNorm"): "a459ce2c95139b11",
+}
+
+
+@functools.cache
+def mlx_lm_forward_known(cls: type) -> bool:
+    """Whether ``cls`` is a class of mlx-lm's model modules in :data:`KNOWN_FORWARDS` with its
+    forward's source still the one listed (an mlx-lm that changed it leaves that model's layers
+    as they are, and ``test_compat.py`` says which). Those forwards are undocumented code that
+    mlxrt recomputes, hence the fence; the swaps themselves go through MLX's public
+    ``Module.update_modules``."""
+    import hashlib
+    import inspect
+
+    package, _, name = cls.__module__.rpartition(".")
+    digest = KNOWN_FORWARDS.get((name, cls.__name__)) if package == "mlx_lm.models" else None
+    if digest is None:
+        return False
+    try:
+        source = inspect.getsource(cls.__call__)
+    except (OSError, TypeError):  # no source to compare (a frozen or compiled build)
+        return False
+    return hashlib.sha256(source.encode()).hexdigest()[:16] == digest
 
 
 def lean_mlx_lm() -> None:

@@ -395,3 +395,13 @@ def test_mlx_lm_attention_is_routed_where_its_model_modules_call_it():
         assert calls == [1]  # one layer, one call
     finally:
         llama.scaled_dot_product_attention = saved
+
+
+@pytest.mark.parametrize(("module", "name"), sorted(compat.KNOWN_FORWARDS))
+def test_mlx_lm_forward_is_the_one_mlxrt_recomputes(module, name):
+    # mlxrt.engine.one_token and qmv.install_fused recompute this forward with fewer primitives;
+    # an mlx-lm that changed it fails here by name (and the model's layers are left as mlx-lm's)
+    cls = getattr(importlib.import_module(f"mlx_lm.models.{module}"), name)
+    assert compat.mlx_lm_forward_known(cls), f"mlx_lm.models.{module}.{name}.__call__ changed"
+    assert not compat.mlx_lm_forward_known(type(name, (cls,), {"__module__": cls.__module__,
+                                                               "__call__": lambda self: None}))

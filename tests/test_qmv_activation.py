@@ -67,6 +67,17 @@ def _labels(*outputs: mx.array) -> str:
     return " ".join(re.findall(r'label ="([A-Za-z_]+)', f.getvalue()))
 
 
+def test_swiglu_is_one_primitive_and_reads_strided_inputs_itself():
+    # no Contiguous beside it: a gated MLP would set up and dispatch two more primitives a layer
+    g, y = mx.random.normal((4, 64)), mx.random.normal((4, 64))
+    mx.eval(g, y)
+    assert _labels(ext.swiglu(g, y)) == "MlxrtSwiglu"
+    wide, row = mx.random.normal((4, 65)), mx.random.normal((1, 64))
+    tall = mx.random.normal((8, 64))
+    for gv, yv in [(wide[:, 1:], y), (mx.broadcast_to(row, (4, 64)), g), (tall[::2], tall[1::2]), (g, wide[:, :64])]:
+        assert _same_bits(ext.swiglu(gv, yv), _reference(gv, yv))
+
+
 def test_install_fused_routes_a_llama_mlp_s_swiglu_and_leaves_its_logits_as_they_were():
     from mlx_lm.models import activations, llama
 

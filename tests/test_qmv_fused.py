@@ -276,14 +276,14 @@ def test_install_fused_keeps_greedy_tokens_and_cuts_a_decode_step_s_ops(model_ty
     batch_before = _batched(model, prompts, 6)
     swapped = qmv.install_fused(model)
     norms = 2 * (2 + (2 if model_type == "qwen3" else 0)) + 1  # per block 2 (+ q/k norms), the final norm
-    assert swapped == norms + 2  # and one RoPE per block
+    assert swapped == norms + 2 + 2  # and one RoPE and one attention (mlxrt.engine.one_token) per block
     kinds = {type(m).__name__ for _, m in model.named_modules()}
     assert {"FusedRMSNorm", "FusedRoPE"} <= kinds and "RMSNorm" not in kinds
     after, ops_after = _greedy(model, prompt, 10)
     assert after == before
     assert _batched(model, prompts, 6) == batch_before
     assert ops_after["MlxrtAttention"] == 2 and ops_after["MlxrtRope"] == 4 and ops_after["MlxrtRmsNorm"] == norms
-    assert not {"Sin", "Cos", "Rsqrt", "Softmax"} & set(ops_after)
+    assert not {"Sin", "Cos", "Rsqrt", "Softmax", "Transpose", "Contiguous"} & set(ops_after)
     assert sum(ops_after.values()) * 2 < sum(ops_before.values()), (ops_before, ops_after)
     # a second install finds nothing left to swap and routes attention once
     assert qmv.install_fused(model) == 0
@@ -332,3 +332,35 @@ def test_route_attention_replaces_mlx_lm_s_attention_once_and_falls_back_for_qua
     cache = [QuantizedKVCache(group_size=32, bits=8) for _ in model.layers]
     logits = model(mx.array([[1, 2, 3]]), cache=cache)
     assert logits.shape == (1, 3, 512) and mx.isfinite(logits).all().item()
+
+
+def test_install_fused_computes_gemma_s_norms_through_the_kernel():
+    # mlx-lm's Gemma RMSNorm (its weight stored less one) is its own class: without the swap each
+    # of its norms is MLX's ~11-op fallback graph on the CPU
+    from mlx_lm.models import gemma3_text as arch
+
+    args = arch.ModelArgs(model_type="gemma3_text", hidden_size=128, num_hidden_layers=2, intermediate_size=256,
+                          num_attention_heads=4, num_key_value_heads=2, head_dim=32, vocab_size=512,
+                          sliding_window=8, sliding_window_pattern=2, query_pre_attn_scalar=32)
+    mx.random.seed(4)
+    model = arch.Model(args)
+    nn.quantize(model, group_size=32, bits=4)
+    for _, layer in model.named_modules():  # weights away from zero, so that the stored offset shows
+        if isinstance(layer, arch.RMSNorm):
+            layer.weight = mx.random.normal(layer.weight.shape) * 0.5
+    mx.eval(model.parameters())
+    prompt = mx.array([[5, 9, 17, 3, 44, 2, 8, 9, 10, 11]])
+    ref, ops_before = model(prompt), _ops(model(prompt))
+    norms = sum(isinstance(layer, arch.RMSNorm) for _, layer in model.named_modules())
+    qmv.install_fused(model)
+    assert sum(type(layer).__name__ == "FusedOffsetRMSNorm" for _, layer in model.named_modules()) == norms
+    got = model(prompt)
+    ops = _ops(got)
+    assert _rel(got, ref) < 1e-4
+    assert ops["MlxrtRmsNorm"] == norms and not {"Rsqrt", "Square"} & set(ops) and {"Rsqrt"} <= set(ops_before)
+    # 1 + weight is computed once, not in each forward, and again when a weight array is replaced
+    assert _ops(model(prompt))["Add"] == ops["Add"] - norms
+    norm, x = model.model.norm, mx.random.normal((3, 128))
+    assert _rel(norm(x), mx.fast.rms_norm(x, 1.0 + norm.weight, norm.eps)) < 1e-6
+    norm.weight = norm.weight * 3.0
+    assert _rel(norm(x), mx.fast.rms_norm(x, 1.0 + norm.weight, norm.eps)) < 1e-6

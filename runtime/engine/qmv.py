@@ -206,18 +206,25 @@ def _trainable_as(new: _Layer, layer: Any) -> _Layer:
 def install_fused(model: Any, st: QmvStatus | None = None) -> int:
     """Make ``model``'s ``nn.RMSNorm`` and ``nn.RoPE`` layers, and the attention and gated-MLP
     activation of the mlx-lm model modules it is built from (:func:`mlxrt.compat.route_attention`,
-    :func:`mlxrt.compat.route_swiglu`), run the kernel's fused primitives; return how many layers
-    were swapped (0 without the kernel)."""
+    :func:`mlxrt.compat.route_swiglu`), run the kernel's fused primitives, and its known mlx-lm
+    attention layers skip a decode step's layout ops (:mod:`mlxrt.engine.one_token`: with the
+    fused primitives those are a quarter of the step's); return how many layers were swapped (0
+    without the kernel)."""
     st = st if st is not None else load()
     if not st.active:
         return 0
-    classes = _fused_classes(st.module)
-    count = _replace_layers(model, lambda layer: classes[type(layer)].of(layer) if type(layer) in classes else None)
+    def fused(layer: Any) -> Any:
+        cls = _fused_class(st.module, type(layer))
+        return cls.of(layer) if cls is not None else None
+
+    count = _replace_layers(model, fused)
     if count:
         from mlxrt import compat
+        from mlxrt.engine import one_token
 
         compat.route_attention(model, _attention(st.module))
         compat.route_swiglu(model, _swiglu(st.module))
+        count += one_token.install(model)
     return count
 
 
@@ -317,6 +324,45 @@ def _fused_classes(module: Any) -> dict[type, type]:
 
     _FUSED.update({nn.RMSNorm: FusedRMSNorm, nn.RoPE: FusedRoPE})
     return _FUSED
+
+
+def _fused_class(module: Any, kind: type) -> type | None:
+    """The fused-primitive subclass for layers of class ``kind`` (None: none), Gemma's norms
+    among them where :func:`mlxrt.compat.mlx_lm_forward_known` knows their forward."""
+    classes = _fused_classes(module)
+    if kind not in classes and kind.__name__ == "RMSNorm":
+        from mlxrt import compat
+
+        if compat.mlx_lm_forward_known(kind):
+            classes[kind] = _offset_norm_class(module, kind)
+    return classes.get(kind)
+
+
+def _offset_norm_class(module: Any, base: type) -> type:
+    """The subclass of mlx-lm's Gemma ``RMSNorm`` ``base`` (its weight stored less one:
+    ``mx.fast.rms_norm(x, 1.0 + weight, eps)``) that computes through the kernel's norm. MLX's CPU
+    backend runs ``mx.fast.rms_norm`` as its fallback graph, ~11 primitives a norm: ~1,200 of a
+    Gemma 3 270M decode step's ~2,000 (docs/performance.md, "Between the kernel calls")."""
+    import mlx.core as mx
+
+    rms_norm = module.rms_norm
+
+    def of(cls: type, layer: Any) -> Any:
+        return _trainable_as(cls(layer["weight"].shape[-1], layer.eps), layer)
+
+    def __call__(self: Any, x: mx.array) -> mx.array:
+        weight = self["weight"]
+        # 1 + weight once per weight array, not a Broadcast and an Add in every step's graph (218
+        # of a Gemma 3 270M step's primitives); the same float add, so the same bits. Kept beside
+        # the parameters, not among them; recomputed when the weight array is replaced.
+        held = self.__dict__.get("_mlxrt_offset_weight")
+        if held is None or held[0] is not weight:
+            held = (weight, 1.0 + weight)
+            object.__setattr__(self, "_mlxrt_offset_weight", held)
+        return rms_norm(x, held[1], self.eps)
+
+    return type("FusedOffsetRMSNorm", (base,), {"of": classmethod(of), "__call__": __call__, "__module__": __name__,
+                                                "__doc__": f"{base.__module__}.RMSNorm as the kernel's norm and an add."})
 
 
 def _attention(module: Any) -> Any:
@@ -456,6 +502,28 @@ def _classes(module: Any) -> dict[type, type]:
 
         def as_linear(self, x: mx.array) -> mx.array:
             return product(self, x)
+
+        def __call__(self, x: mx.array) -> mx.array:
+            if self.bits not in (4, 8):  # 3, 5, 6 bits cross the words: MLX's own unpacking
+                return super().__call__(x)
+            return lookup(self, x)
+
+    # The nibbles of a word, lowest first (MLX's packing), for the 4-bit lookup.
+    nibble_shifts = mx.arange(0, 32, 4, dtype=mx.uint32)
+    mx.eval(nibble_shifts)
+
+    def lookup(layer: Any, ids: mx.array) -> mx.array:
+        """``mx.dequantize`` of the rows ``ids`` picks, in ~17 primitives (8 bits) or ~23 (4 bits)
+        where MLX's CPU graph for it is 36 or 56 (a decode step's embedding): the same unpacking
+        and the same float multiply, then add, so the same bits."""
+        flat = ids.reshape(-1)
+        packed, scales, biases = (mx.take(layer[key], flat, axis=0) for key in ("weight", "scales", "biases"))
+        if layer.bits == 8:
+            q = packed.view(mx.uint8)  # little-endian: byte j of a word is its element j
+        else:
+            q = (packed[..., None] >> nibble_shifts) & 15
+        q = q.reshape(flat.shape[0], scales.shape[-1], layer.group_size).astype(scales.dtype)
+        return (q * scales[..., None] + biases[..., None]).reshape(*ids.shape, -1)
 
     _CLASSES.update({nn.QuantizedLinear: KernelQuantizedLinear, nn.QuantizedEmbedding: KernelQuantizedEmbedding})
     return _CLASSES

@@ -7,7 +7,9 @@
 #include <cstdint>
 #include <cstring>
 #include <limits>
+#include <vector>
 
+#include "mlx/backend/common/utils.h"
 #include "mlx/utils.h"
 #include "qmv.h"
 
@@ -66,17 +68,35 @@ mx::array swiglu(const mx::array& gate, const mx::array& x, mx::StreamOrDevice s
   const bool ok = mx::to_stream(s).device == mx::Device::cpu && gate.dtype() == mx::float32 &&
       x.dtype() == mx::float32 && gate.shape() == x.shape() && gate.size() > 0;
   if (!ok) return mx::multiply(mx::multiply(gate, mx::sigmoid(gate, s), s), x, s);
-  // The loop reads both inputs in place: contiguous() is a no-op copy for what already is.
-  return mx::array(gate.shape(), mx::float32, std::make_shared<Swiglu>(mx::to_stream(s)),
-                   {mx::contiguous(gate, false, s), mx::contiguous(x, false, s)});
+  // The inputs as they are: a contiguous() here would be a primitive of its own in every gated MLP
+  // (two a layer, 60 of a SmolLM2 decode step's ~900, each set up and dispatched though it copies
+  // nothing for the products' fresh rows); eval_cpu gathers the rare strided input itself.
+  return mx::array(gate.shape(), mx::float32, std::make_shared<Swiglu>(mx::to_stream(s)), {gate, x});
 }
+
+namespace {
+
+// ``a``'s elements in row-major order: its own buffer where it is dense and row-major, else a
+// gathered copy in ``scratch``.
+const float* row_major(const mx::array& a, std::vector<float>& scratch) {
+  if (a.flags().row_contiguous && a.data_size() == a.size()) return a.data<float>();
+  scratch.resize(a.size());
+  const float* p = a.data<float>();
+  for (size_t i = 0; i < a.size(); ++i) scratch[i] = p[mx::elem_to_loc(static_cast<int64_t>(i), a.shape(), a.strides())];
+  return scratch.data();
+}
+
+} // namespace
 
 void Swiglu::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
   const auto& g = inputs[0];
   const auto& x = inputs[1];
   auto& out = outputs[0];
   auto& encoder = begin_eval(inputs, out, stream());
-  encoder.dispatch([gp = g.data<float>(), xp = x.data<float>(), op = out.data<float>(), n = static_cast<int64_t>(out.size())]() {
+  encoder.dispatch([g, x, op = out.data<float>(), n = static_cast<int64_t>(out.size())]() {
+    std::vector<float> gs, xs;
+    const float* gp = row_major(g, gs);
+    const float* xp = row_major(x, xs);
     const auto run = MLXRT_LOOP(swiglu);
     // Split over the kernel's threads once there is enough work to pay for waking them.
     constexpr int64_t piece = 4096;
