@@ -16,6 +16,7 @@
 // chunks, so it is the same loop.
 #include <immintrin.h>
 
+#include <cstring>
 #include <vector>
 
 #include "kernels.h"
@@ -242,6 +243,47 @@ void rows_vnni(const Problem& p, int r0, int r1) {
 }
 
 } // namespace
+
+// quantize_x_int8 in AVX-512, the same bits: the block's max |x| (NaNs skipped, as std::max skips
+// them), d and 1 / d as there, x * (1 / d) rounded to nearest even by vcvtps2dq (MXCSR's mode, as
+// nearbyint) and truncated to a byte (as the cast), the integer sum exact in any order, the group
+// sums in block order. The scalar loop took ~1.1 µs a row of 576 (nearbyint a call per element):
+// ~15% of a row's products in a prefill chunk of SmolLM2, on the calling thread alone.
+void quantize_x_int8_avx512(const float* x, int K, int group_size, int bits, int layout, int padded, int8_t* xq,
+                            float* xd, float* xsum, float* xoff) {
+  const int nb = K / 32, per = group_size / 32;
+  for (int g = 0; g < K / group_size; ++g) xsum[g] = xoff[g] = 0.f;
+  const int from = layout == 4 && bits == 4 ? nb / 4 * 128 : K;
+  if (from < padded) std::memset(xq + from, 0, static_cast<size_t>(padded - from));
+  const __m512i even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+  const __m512i odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
+  for (int b = 0; b < nb; ++b) {
+    __m512 a = _mm512_loadu_ps(x + b * 32), c = _mm512_loadu_ps(x + b * 32 + 16);
+    const __m512 aa = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(a, a, _CMP_ORD_Q), _mm512_abs_ps(a));
+    const __m512 ca = _mm512_maskz_mov_ps(_mm512_cmp_ps_mask(c, c, _CMP_ORD_Q), _mm512_abs_ps(c));
+    const float am = _mm512_reduce_max_ps(_mm512_max_ps(aa, ca));
+    const float d = am / 127.f;
+    const float id = am > 0.f ? 127.f / am : 0.f;
+    const bool split = layout == 4 && bits == 4;
+    if (split) { // [even elements | odd elements]
+      const __m512 e = _mm512_permutex2var_ps(a, even, c), o = _mm512_permutex2var_ps(a, odd, c);
+      a = e;
+      c = o;
+    }
+    const __m512i q0 = _mm512_cvtps_epi32(_mm512_mul_ps(a, _mm512_set1_ps(id)));
+    const __m512i q1 = _mm512_cvtps_epi32(_mm512_mul_ps(c, _mm512_set1_ps(id)));
+    int8_t* at0 = split ? xq + (b / 4) * 128 + (b % 4) * 16 : xq + b * 32;
+    int8_t* at1 = split ? at0 + 64 : at0 + 16;
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(at0), _mm512_cvtepi32_epi8(q0));
+    _mm_storeu_si128(reinterpret_cast<__m128i*>(at1), _mm512_cvtepi32_epi8(q1));
+    const int qsum = _mm512_reduce_add_epi32(_mm512_add_epi32(q0, q1));
+    xd[b] = d;
+    // a multiply, then an add (this file is built with FMA, which would fuse them: not the
+    // portable loop's rounding where a group holds several blocks)
+    const __m128 t = _mm_mul_ss(_mm_set_ss(d), _mm_set_ss(static_cast<float>(qsum)));
+    xsum[b / per] = _mm_cvtss_f32(_mm_add_ss(_mm_set_ss(xsum[b / per]), t));
+  }
+}
 
 void rows_avx512_vnni(const Problem& p, int r0, int r1) {
   if (p.bits == 4)
