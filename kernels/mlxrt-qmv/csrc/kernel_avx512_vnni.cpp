@@ -5,7 +5,8 @@
 // scaled in float once (scale of the weights' group times x's block scale) and added into the
 // row's float accumulator in block order. Every output element is that one sequence of operations
 // whatever rows of x or weights run beside it (the variants below only interleave independent
-// chains), so a row's result is its own bit for bit, alone or in a batch of any size.
+// chains; from PRE_ROWS rows of x, tile_pre() takes the same vectors made once a band), so a
+// row's result is its own bit for bit, alone or in a batch of any size.
 //
 // 4-bit weights: a 64-byte chunk holds four blocks (128 elements); its low nibbles are the even
 // elements of the four blocks, 16 each, its high nibbles the odd ones, so x is laid out per chunk
