@@ -61,6 +61,74 @@ inline __m512 bias_term(const WRow& r, const float* xs, const float* xo, int G) 
   return a;
 }
 
+// out[k] = _mm512_reduce_add_ps(v[k]) for 16 vectors, bit for bit, in 45 operations instead of
+// 16 serial trees: the same additions (lanes l and l + 8, then l and l + 4, l and l + 2, l and
+// l + 1; a sum's operands in either order are the same float), four vectors' lanes at a time.
+// out[4 * j + t] is v[4 * t + j]'s sum.
+inline void reduce16(const __m512* v, float* out) {
+  __m512 a[8], b[4], c[2];
+  for (int k = 0; k < 8; ++k) // [lo 256 of v2k | lo 256 of v2k+1] + [hi 256 | hi 256]
+    a[k] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], 0x44),
+                         _mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], 0xEE));
+  for (int k = 0; k < 4; ++k) // 128-bit lane j: v[4k + j]'s lanes l + (l + 4)
+    b[k] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * k], a[2 * k + 1], 0x88),
+                         _mm512_shuffle_f32x4(a[2 * k], a[2 * k + 1], 0xDD));
+  for (int k = 0; k < 2; ++k) // lane j: [v[8k + j]: 0 + 2, 1 + 3 | v[8k + 4 + j]: 0 + 2, 1 + 3]
+    c[k] = _mm512_add_ps(_mm512_shuffle_ps(b[2 * k], b[2 * k + 1], 0x44),
+                         _mm512_shuffle_ps(b[2 * k], b[2 * k + 1], 0xEE));
+  _mm512_storeu_ps(out, _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], 0x88), _mm512_shuffle_ps(c[0], c[1], 0xDD)));
+}
+
+// The end of a tile: res[m][i] = the sum of the lanes of acc[i][m] + the pair's bias term (sum_g
+// bias[g] * xsum[g] + scale[g] * xoff[g], 16 groups a step, two fused multiply-adds from zero,
+// the last G % 16 masked), the sum's tree _mm512_reduce_add_ps's. Each row's and x row's groups
+// are loaded once for the tile and the pairs' sums reduced together (reduce16): per pair, the
+// bias term and a serial sum tree had cost about as much as the products at K = 576.
+template <int R, int MM>
+inline void finish(const Problem& p, const WRow* rows, int m0, const __m512 (&acc)[R][MM], float (*res)[4]) {
+  if constexpr (MM == 1) { // a decode step: each row's term and tree (measured ~5% faster there)
+    const float* xs = p.xsum + static_cast<size_t>(m0) * p.G;
+    const float* xo = p.xoff + static_cast<size_t>(m0) * p.G;
+    for (int i = 0; i < R; ++i) res[0][i] = _mm512_reduce_add_ps(_mm512_add_ps(acc[i][0], bias_term(rows[i], xs, xo, p.G)));
+    return;
+  }
+  __m512 v[16];
+  for (int k = 0; k < 16; ++k) v[k] = _mm512_setzero_ps();
+  const float* xs[MM];
+  const float* xo[MM];
+  for (int m = 0; m < MM; ++m) {
+    xs[m] = p.xsum + static_cast<size_t>(m0 + m) * p.G;
+    xo[m] = p.xoff + static_cast<size_t>(m0 + m) * p.G;
+  }
+  for (int g = 0; g < p.G; g += 16) {
+    const __mmask16 mk = p.G - g >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (p.G - g)) - 1);
+    __m512 bs[MM], os[MM];
+    for (int m = 0; m < MM; ++m) {
+      bs[m] = _mm512_maskz_loadu_ps(mk, xs[m] + g);
+      os[m] = _mm512_maskz_loadu_ps(mk, xo[m] + g);
+    }
+    for (int i = 0; i < R; ++i) {
+      const __m512 bi = _mm512_maskz_loadu_ps(mk, rows[i].bi + g);
+      const __m512 sc = _mm512_maskz_loadu_ps(mk, rows[i].sc + g);
+      for (int m = 0; m < MM; ++m) {
+        v[4 * i + m] = _mm512_fmadd_ps(bi, bs[m], v[4 * i + m]);
+        v[4 * i + m] = _mm512_fmadd_ps(sc, os[m], v[4 * i + m]);
+      }
+    }
+  }
+  for (int i = 0; i < R; ++i)
+    for (int m = 0; m < MM; ++m) v[4 * i + m] = _mm512_add_ps(acc[i][m], v[4 * i + m]);
+  if constexpr (R * MM < 8) { // 2 x 2: four trees, not reduce16 on 12 zeros
+    for (int i = 0; i < R; ++i)
+      for (int m = 0; m < MM; ++m) res[m][i] = _mm512_reduce_add_ps(v[4 * i + m]);
+    return;
+  }
+  alignas(64) float sums[16];
+  reduce16(v, sums);
+  for (int i = 0; i < R; ++i)
+    for (int m = 0; m < MM; ++m) res[m][i] = sums[4 * m + i]; // v[4i + m]'s sum is at 4m + i
+}
+
 // R weight rows against MM rows of x (m0 ..): out[m][i] = row i . x row m.
 template <int BITS, int R, int MM>
 void tile(const Problem& p, const WRow* rows, int m0, float (*res)[4]) {
@@ -105,12 +173,7 @@ void tile(const Problem& p, const WRow* rows, int m0, float (*res)[4]) {
       }
     }
   }
-  for (int m = 0; m < MM; ++m) {
-    const float* xs = p.xsum + static_cast<size_t>(m0 + m) * p.G;
-    const float* xo = p.xoff + static_cast<size_t>(m0 + m) * p.G;
-    for (int i = 0; i < R; ++i)
-      res[m][i] = _mm512_reduce_add_ps(_mm512_add_ps(acc[i][m], bias_term(rows[i], xs, xo, p.G)));
-  }
+  finish<R, MM>(p, rows, m0, acc, res);
 }
 
 using TileFn = void (*)(const Problem&, const WRow*, int, float (*)[4]);
@@ -174,24 +237,6 @@ void prepare_x(const Problem& p, int chunks, float* out) {
     }
 }
 
-// out[k] = _mm512_reduce_add_ps(v[k]) for 16 vectors, bit for bit, in 45 operations instead of
-// 16 serial trees: the same additions (lanes l and l + 8, then l and l + 4, l and l + 2, l and
-// l + 1; a sum's operands in either order are the same float), four vectors' lanes at a time.
-// out[4 * j + t] is v[4 * t + j]'s sum.
-inline void reduce16(const __m512* v, float* out) {
-  __m512 a[8], b[4], c[2];
-  for (int k = 0; k < 8; ++k) // [lo 256 of v2k | lo 256 of v2k+1] + [hi 256 | hi 256]
-    a[k] = _mm512_add_ps(_mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], 0x44),
-                         _mm512_shuffle_f32x4(v[2 * k], v[2 * k + 1], 0xEE));
-  for (int k = 0; k < 4; ++k) // 128-bit lane j: v[4k + j]'s lanes l + (l + 4)
-    b[k] = _mm512_add_ps(_mm512_shuffle_f32x4(a[2 * k], a[2 * k + 1], 0x88),
-                         _mm512_shuffle_f32x4(a[2 * k], a[2 * k + 1], 0xDD));
-  for (int k = 0; k < 2; ++k) // lane j: [v[8k + j]: 0 + 2, 1 + 3 | v[8k + 4 + j]: 0 + 2, 1 + 3]
-    c[k] = _mm512_add_ps(_mm512_shuffle_ps(b[2 * k], b[2 * k + 1], 0x44),
-                         _mm512_shuffle_ps(b[2 * k], b[2 * k + 1], 0xEE));
-  _mm512_storeu_ps(out, _mm512_add_ps(_mm512_shuffle_ps(c[0], c[1], 0x88), _mm512_shuffle_ps(c[0], c[1], 0xDD)));
-}
-
 // R weight rows (from band row j0) against MM rows of x (from m0): tile()'s chain for each pair.
 template <int BITS, int R, int MM>
 void tile_pre(const Problem& p, const Pre& pre, const WRow* rows, int j0, int m0, float (*res)[4]) {
@@ -230,39 +275,7 @@ void tile_pre(const Problem& p, const Pre& pre, const WRow* rows, int j0, int m0
       }
     }
   }
-  // bias_term() of each pair (the same fused multiply-adds in the same order), each row's and each
-  // x row's groups loaded once for the tile; then the 16 sums together (reduce16): one pair's
-  // bias term and sum cost about as much as its products at K = 576.
-  __m512 v[16];
-  for (int k = 0; k < 16; ++k) v[k] = _mm512_setzero_ps();
-  const float* xs[MM];
-  const float* xo[MM];
-  for (int m = 0; m < MM; ++m) {
-    xs[m] = p.xsum + static_cast<size_t>(m0 + m) * p.G;
-    xo[m] = p.xoff + static_cast<size_t>(m0 + m) * p.G;
-  }
-  for (int g = 0; g < p.G; g += 16) {
-    const __mmask16 mk = p.G - g >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (p.G - g)) - 1);
-    __m512 bs[MM], os[MM];
-    for (int m = 0; m < MM; ++m) {
-      bs[m] = _mm512_maskz_loadu_ps(mk, xs[m] + g);
-      os[m] = _mm512_maskz_loadu_ps(mk, xo[m] + g);
-    }
-    for (int i = 0; i < R; ++i) {
-      const __m512 bi = _mm512_maskz_loadu_ps(mk, rows[j0 + i].bi + g);
-      const __m512 sc = _mm512_maskz_loadu_ps(mk, rows[j0 + i].sc + g);
-      for (int m = 0; m < MM; ++m) {
-        v[4 * i + m] = _mm512_fmadd_ps(bi, bs[m], v[4 * i + m]);
-        v[4 * i + m] = _mm512_fmadd_ps(sc, os[m], v[4 * i + m]);
-      }
-    }
-  }
-  for (int i = 0; i < R; ++i)
-    for (int m = 0; m < MM; ++m) v[4 * i + m] = _mm512_add_ps(acc[i][m], v[4 * i + m]);
-  alignas(64) float sums[16];
-  reduce16(v, sums);
-  for (int i = 0; i < R; ++i)
-    for (int m = 0; m < MM; ++m) res[m][i] = sums[4 * m + i]; // v[4i + m]'s sum at 4 * m + i
+  finish<R, MM>(p, rows + j0, m0, acc, res);
 }
 
 using PreFn = void (*)(const Problem&, const Pre&, const WRow*, int, int, float (*)[4]);
