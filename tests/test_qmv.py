@@ -547,3 +547,29 @@ def test_k_quant_widths_equal_mlx_quantized_matmul_to_the_rounding_of_x(bits):
             ideal = _rounded_x(x) @ dq.T
             scale = np.abs(x.astype(np.float64) @ dq.T).max()
             assert np.abs(got - ideal).max() <= 1e-4 * scale, (k, rows, np.abs(got - ideal).max() / scale)
+
+
+# --- several rows' products: each band's operands made once (issue 48, prefill chunks) -------------
+
+
+@needs_kernel
+@pytest.mark.skipif(not INT8, reason="the float kernels' bits depend on the rows beside them")
+@pytest.mark.parametrize("bits, gs, n, k", [(4, 32, 1536, 576), (4, 64, 43, 192), (8, 32, 2050, 576),
+                                            (8, 128, 37, 384), (5, 32, 21, 160)])
+def test_every_row_count_gives_each_row_its_bits_alone(bits, gs, n, k):
+    # From 8 rows of x the AVX-512 loops make each band's unpacked weights and spread scales once
+    # for all the rows (below that they make them in each tile), in tiles of up to 4 x 4; a row's
+    # product must be its product alone at every row count, across both loops, the tile edges
+    # (odd counts, a weight band of 43 rows), a last partial chunk (K = 192 at 4 bits and 160 at 5:
+    # six and five blocks) and an 8-bit head shape, with x's scale varying by row.
+    import numpy as np
+
+    if bits not in qmv_ext.BITS:
+        pytest.skip(f"{bits}-bit weights are MLX's own op with {KERNEL!r}")
+    w, s, b = _quantized(n, k, gs, bits, seed=n + bits)
+    rng = np.random.default_rng(n)
+    x = mx.array((rng.standard_normal((33, k)) * rng.uniform(0.1, 8.0, (33, 1))).astype(np.float32))
+    alone = mx.concatenate([qmv_ext.quantized_matmul(x[i:i + 1], w, s, b, gs, bits) for i in range(33)])
+    for rows in (r for r in (2, 4, 7, 8, 9, 16, 33) if r <= qmv_ext.MAX_ROWS):  # the exact path: 32 at most
+        got = qmv_ext.quantized_matmul(x[:rows], w, s, b, gs, bits)
+        assert mx.array_equal(got, alone[:rows]).item(), rows

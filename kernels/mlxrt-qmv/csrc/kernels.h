@@ -63,6 +63,9 @@ struct Kernel {
   // weights (8-bit weights: in order), each row padded with zeros to a multiple of x_pad bytes.
   int int8_layout = -1;
   int x_pad = 32;
+  // The quantizer for int8_layout >= 0: quantize_x_int8 or a vector loop with its bits.
+  void (*quantize_int8)(const float* x, int K, int group_size, int bits, int layout, int padded, int8_t* xq, float* xd,
+                        float* xsum, float* xoff) = nullptr;
 };
 
 // Quantizes one row of x (K floats, K a multiple of 32) to 8 bits in blocks of 32, for the
@@ -112,6 +115,9 @@ void rows_avx2_q15(const Problem& p, int r0, int r1);
 // The AVX-512 (F, BW, VL, VNNI) integer kernel: x from quantize_x_int8, layout 4, padded to 128.
 // 3-, 5- and 6-bit weights: each band of rows unpacked to bytes (unpack_row), then the 8-bit loops.
 void rows_avx512_vnni(const Problem& p, int r0, int r1);
+// quantize_x_int8 in AVX-512 (F, BW, VL), bit for bit: the VNNI kernel's quantize_int8.
+void quantize_x_int8_avx512(const float* x, int K, int group_size, int bits, int layout, int padded, int8_t* xq,
+                            float* xd, float* xsum, float* xoff);
 #endif
 
 // Lays out one row of x (K floats) as a kernel of x_width W expects (see Kernel::x_width).

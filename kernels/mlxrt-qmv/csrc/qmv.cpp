@@ -188,6 +188,7 @@ const Kernel& kernel() {
         Kernel vnni{"avx512 vnni", rows_avx512_vnni, 0, dequant_avx2, true};
         vnni.int8_layout = 4;
         vnni.x_pad = 128;
+        vnni.quantize_int8 = quantize_x_int8_avx512;
         return vnni;
       }
       return avx2_int8;
@@ -339,7 +340,7 @@ void run_typed(
   for (int m = 0; m < M; ++m) {
     const float* xr = xf + static_cast<size_t>(m) * K;
     if (kern.int8_layout >= 0) {
-      quantize_x_int8(xr, K, group_size, bits, kern.int8_layout, xstride, qbuf.data() + static_cast<size_t>(m) * xstride,
+      (kern.quantize_int8 != nullptr ? kern.quantize_int8 : quantize_x_int8)(xr, K, group_size, bits, kern.int8_layout, xstride, qbuf.data() + static_cast<size_t>(m) * xstride,
                       xd + static_cast<size_t>(m) * K / 32, xsum + static_cast<size_t>(m) * G,
                       xoff + static_cast<size_t>(m) * G);
       continue;
