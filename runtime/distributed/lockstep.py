@@ -154,6 +154,11 @@ class LockstepSerialLane(SerialLane):
     """The serial lane, with each generation announced to the other ranks and every token
     shared with them (see :class:`Lockstep`)."""
 
+    #: The other ranks run mlx-lm's ``generate_step``, which queues the next step (its
+    #: collectives) before handing a token out and agreeing on a stop: rank 0 does the same from
+    #: the first token, or the ranks would meet each other's collectives out of order.
+    first_at_once = False
+
     def __init__(self, lockstep: Lockstep, ranks: Any, **kwargs: Any) -> None:
         super().__init__(**kwargs)
         self.lockstep = lockstep

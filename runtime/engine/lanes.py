@@ -296,6 +296,8 @@ class SerialLane:
     """One request at a time, through :func:`mlxrt.engine.steps.token_steps`."""
 
     name = "serial"
+    #: ``token_steps``' ``first_at_once``: the first token handed out before the next step is queued.
+    first_at_once = True
 
     def __init__(self, model: Any, *, stream: Any, prefill_step_size: int, done: Done,
                  tick: Callable[[int], None], speculator: Any = None) -> None:
@@ -367,7 +369,7 @@ class SerialLane:
                         cache=cache if spec is None else cache[:spec.main_layers],
                         prefill_step_size=step_size, stream=self.stream,
                         embeddings=vision.embeddings if vision is not None else None,
-                        progress=progress,
+                        progress=progress, first_at_once=self.first_at_once,
                     )
                 for token, logprobs in steps:
                     stop = self.agree(row.on_token(int(token), logprobs))

@@ -31,7 +31,8 @@ def token_steps(prompt: Any, model: Any, *, cache: list[Any], stream: Any, max_t
                 sampler: Callable[[Any], Any] | None = None,
                 processors: Sequence[Callable[[Any, Any], Any]] | None = None,
                 prefill_step_size: int = 2048, embeddings: Any = None,
-                progress: Callable[[int, int], None] | None = None) -> Iterator[tuple[int, Any]]:
+                progress: Callable[[int, int], None] | None = None,
+                first_at_once: bool = True) -> Iterator[tuple[int, Any]]:
     """Yield ``(token, logprobs)`` for up to ``max_tokens`` tokens following ``prompt``.
 
     :param prompt: The token ids to feed (an ``mx.array``), after what ``cache`` already holds.
@@ -44,6 +45,10 @@ def token_steps(prompt: Any, model: Any, *, cache: list[Any], stream: Any, max_t
         per prompt token.
     :param progress: Called ``(done, total)`` with prompt tokens run: at the start, after each
         prefill chunk, and once the first token is known.
+    :param first_at_once: Hand the first token out before the next step is queued (the
+        default). ``False`` queues it first, as every later step is and as mlx-lm's
+        ``generate_step`` does: the order a lockstep rank 0 needs, whose other ranks run
+        ``generate_step`` and must meet its collectives in the same order.
     """
     import mlx.core as mx
     from mlx_lm.sample_utils import greedy_sampler
@@ -96,19 +101,25 @@ def token_steps(prompt: Any, model: Any, *, cache: list[Any], stream: Any, max_t
         mx.async_eval(token, logprobs)
         if max_tokens <= 0:
             return
-        # The first token goes out before the next step is queued: MLX's async_eval returns only
-        # once the stream has nearly caught up (it throttles at a few dozen queued operations, and
-        # a decode step is ~900), so queueing first would hold the first token back by a whole
-        # decode step. The next step's graph is built while the prompt's last operations run.
-        following = step(token)
-        mx.eval(token)
-        report(total, total)
-        try:
-            yield token.item(), logprobs
-        finally:  # queued even when the caller stops here: the cache holds every token handed out
-            mx.async_eval(*following)
-        made = 1
-        token, logprobs = following
+        made = 0
+        if not first_at_once:  # the lockstep order (see first_at_once): the loop queues first
+            mx.eval(token)
+            report(total, total)
+        else:
+            # The first token goes out before the next step is queued: MLX's async_eval returns
+            # only once the stream has nearly caught up (it throttles at a few dozen queued
+            # operations, and a decode step is ~900), so queueing first would hold the first token
+            # back by a whole decode step. The next step's graph is built while the prompt's last
+            # operations run.
+            following = step(token)
+            mx.eval(token)
+            report(total, total)
+            try:
+                yield token.item(), logprobs
+            finally:  # queued even when the caller stops here: the cache holds every token handed out
+                mx.async_eval(*following)
+            made = 1
+            token, logprobs = following
         while made < max_tokens:
             # queue the next step before handing this token out; after the last one too, so the
             # cache ends holding every generated token (the next turn's prompt starts with them)
