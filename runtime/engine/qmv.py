@@ -219,8 +219,8 @@ def install_fused(model: Any, st: QmvStatus | None = None) -> int:
 
     count = _replace_layers(model, fused)
     if count:
+        import mlxrt.engine.one_token as one_token
         from mlxrt import compat
-        from mlxrt.engine import one_token
 
         compat.route_attention(model, _attention(st.module))
         compat.route_swiglu(model, _swiglu(st.module))
