@@ -126,6 +126,20 @@ def test_byte_fallback_text_is_exact_streamed_and_not(served, tokenizer, name):
 
 
 @pytest.mark.parametrize("tokenizer", ["gemma3", "gemma4"])
+def test_tokenize_pieces_are_bytes_where_a_token_is_part_of_a_character(served, tokenizer):
+    # llama-server's /tokenize with_pieces: a piece is the token's text, or its bytes as integers
+    # where they are not whole UTF-8 (they were one U+FFFD each, and the text was lost)
+    client, tok, _extra = served(tokenizer)
+    text = " ".join(TEXTS.values())
+    pieces = client.post("/tokenize", json={"content": text, "with_pieces": True}).json()["tokens"]
+    assert [p["id"] for p in pieces] == tok.encode(text, add_special_tokens=False).ids
+    assert any(isinstance(p["piece"], list) for p in pieces)  # the texts spell characters in <0xNN> bytes
+    assert all(isinstance(p["piece"], str) or all(0 <= b < 256 for b in p["piece"]) for p in pieces)
+    joined = b"".join(p["piece"].encode() if isinstance(p["piece"], str) else bytes(p["piece"]) for p in pieces)
+    assert joined.decode() == _expected(tok, text)
+
+
+@pytest.mark.parametrize("tokenizer", ["gemma3", "gemma4"])
 def test_byte_fallback_text_is_exact_in_anthropic_and_responses(served, tokenizer):
     client, tok, extra = served(tokenizer)
     text = " ".join(TEXTS.values())

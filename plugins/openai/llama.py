@@ -1,7 +1,8 @@
 """llama-server's helper endpoints beside OpenAI's, which its clients and test suite call
 (docs/dialects.md, "llama.cpp and vLLM fields"):
 
-- ``POST /tokenize`` ``{"content", "add_special", "with_pieces"}`` → ``{"tokens": [...]}``;
+- ``POST /tokenize`` ``{"content", "add_special", "with_pieces"}`` → ``{"tokens": [...]}`` (a piece
+  is the token's text, or its bytes as integers where they are not whole UTF-8);
 - ``POST /detokenize`` ``{"tokens": [...]}`` → ``{"content": "..."}``;
 - ``POST /apply-template``: a chat-completions body → ``{"prompt": "..."}``, the prompt its
   chat template renders (what ``verbose: true`` returns in ``__verbose.prompt``);
@@ -85,7 +86,20 @@ async def tokenize(request: Request[Any, Any, Any]) -> dict[str, Any]:
         ids = list(tokenizer.encode(body["content"], add_special_tokens=bool(body.get("add_special"))))
         if not body.get("with_pieces"):
             return {"tokens": ids}
-        return {"tokens": [{"id": i, "piece": tokenizer.decode([i])} for i in ids]}
+        from mlxrt.text.token_bytes import token_bytes
+
+        table = token_bytes(tokenizer)  # the bytes each token adds (a reason string where unreadable)
+
+        def piece(token: int) -> str | list[int]:
+            # llama-server's shape: a token's text, or its bytes where they are not whole UTF-8
+            # (one byte of a character spelled <0xNN>, half of a byte-level BPE character)
+            data = table.piece(token, first=False) if not isinstance(table, str) else tokenizer.decode([token]).encode()
+            try:
+                return data.decode("utf-8")
+            except UnicodeDecodeError:
+                return list(data)
+
+        return {"tokens": [{"id": i, "piece": piece(i)} for i in ids]}
 
     return await off_loop(request, run)
 
