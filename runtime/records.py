@@ -546,6 +546,9 @@ class RequestOptions:
         request, seeded from ``seed`` (:func:`mlxrt.engine.sampling.choice_seed`).
     :ivar progress: Stream :class:`PromptProgress` events while the prompt is prefilled
         (:attr:`GenerationRequest.progress`).
+    :ivar ignore_eos: Generation goes on past the end-of-sequence tokens (llama-server's and
+        vLLM's ``ignore_eos``): the model's end-of-sequence ids are banned by a logit bias, so
+        it ends at ``max_tokens`` or a stop string.
     """
 
     sampling: Mapping[str, Any] = attrs.field(factory=dict)
@@ -563,6 +566,7 @@ class RequestOptions:
     extra: Mapping[str, Any] = attrs.field(factory=dict)
     n: int = 1
     progress: bool = False
+    ignore_eos: bool = False
 
 
 @attrs.frozen

@@ -269,6 +269,11 @@ class ServedModel(Protocol):
         ...
 
 
+#: The logit bias that bans a token (``ignore_eos``): far below any logit, finite so that a
+#: log-probability stays a number JSON can carry.
+EOS_BAN = -1e9
+
+
 class EngineModel:
     """:class:`ServedModel` over one engine: the hooks its verbs run are given ``host`` (the
     plugin registry) and ``model=self``.
@@ -389,8 +394,11 @@ class EngineModel:
             ceiling = choice_ceiling(info.context_window, engine.safe_context, options.n)
         max_tokens = plan_max_tokens(len(prompt_ids), options.max_tokens, default, ceiling, choices=options.n,
                                      window=info.context_window)
+        bias = options.logit_bias
+        if options.ignore_eos:  # banned, as llama-server does: the answer ends at max_tokens or a stop
+            bias = {**bias, **dict.fromkeys(self.tokenizer.eos_token_ids or (), EOS_BAN)}
         sampling = resolve_sampling(options.sampling, host.options, info.generation_config, seed=options.seed,
-                                    logit_bias=options.logit_bias)
+                                    logit_bias=bias)
         forced, structured = forced_tool_call(self, options.forced_tools, options.tools, prompt_ids,
                                               structured=options.structured, several=options.parallel_tool_calls)
         registry = self.adapters

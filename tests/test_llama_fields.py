@@ -146,3 +146,22 @@ def test_a_chat_template_that_renders_tools_takes_over_from_the_generic_tool_pro
     client = mlxrt_serve(mlxrt_tiny_checkpoint("llama"), options={"chat_template": CHAT_TEMPLATES["qwen3"]})
     prompt = _prompt(client, messages=loop, tools=tools)
     assert "<tools>" in prompt and "<think>\nCheck the tree first.\n</think>" in prompt
+
+
+def test_ignore_eos_generates_past_the_end_of_sequence_to_max_tokens(client):
+    # llama-server's and vLLM's ignore_eos: the end-of-sequence ids are banned, so an answer runs
+    # to max_tokens (a benchmark's fixed length). A logit bias makes the model end at once first.
+    oai = openai_client(client)
+    (eos_id,) = client.post("/tokenize", json={"content": "<|im_end|>"}).json()["tokens"]
+    ends = oai.completions.create(model="m", prompt="Once upon", max_tokens=12, temperature=0,
+                                  logit_bias={str(eos_id): 100})
+    assert ends.choices[0].finish_reason == "stop" and ends.usage.completion_tokens <= 1
+    goes_on = oai.completions.create(model="m", prompt="Once upon", max_tokens=12, temperature=0,
+                                     logit_bias={str(eos_id): 100}, extra_body={"ignore_eos": True})
+    assert goes_on.choices[0].finish_reason == "length" and goes_on.usage.completion_tokens == 12
+    chat = _chat(client, max_tokens=12, logit_bias={str(eos_id): 100}, ignore_eos=True)
+    assert chat.choices[0].finish_reason == "length" and chat.usage.completion_tokens == 12
+    assert "x-mlxrt-ignored" not in client.post("/v1/completions", json={
+        "prompt": "Once upon", "max_tokens": 1, "ignore_eos": True}).headers
+    bad = client.post("/v1/completions", json={"prompt": "Once upon", "ignore_eos": "yes"})
+    assert bad.status_code == 400 and bad.json()["error"]["param"] == "ignore_eos"

@@ -279,7 +279,7 @@ def decode_options(body: Mapping[str, Any], claimed: Mapping[str, type] | None, 
         seed=request.seed, stop=stop, logit_bias=logit_bias, logprobs=request.logprob_count,
         adapter=adapter_field(body), structured=request_structured(body),
         num_draft_tokens=request.num_draft_tokens, extra=extra, n=request.n or 1,
-        progress=bool(request.return_progress and request.stream),
+        progress=bool(request.return_progress and request.stream), ignore_eos=bool(request.ignore_eos),
     )
     options = DecodedOptions(request=request, run=run, include_usage=include_usage, ignored=ignored)
     return request, options

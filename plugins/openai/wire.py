@@ -56,6 +56,8 @@ GENERATION_RULES = (
     # llama-server's telemetry switches (mlxrt.api.timings)
     FieldRule("timings_per_token", (bool,)),
     FieldRule("return_progress", (bool,)),
+    # llama-server's and vLLM's: generate past the end-of-sequence tokens (they are banned)
+    FieldRule("ignore_eos", (bool,)),
 )
 
 CHAT_RULES = (
@@ -109,6 +111,8 @@ class GenerationFields:
     timings_per_token: bool | None = None
     #: llama-server's: a stream carries ``prompt_progress`` chunks while the prompt is prefilled.
     return_progress: bool | None = None
+    #: llama-server's and vLLM's: the end-of-sequence tokens are banned (a benchmark's fixed length).
+    ignore_eos: bool | None = None
 
     @property
     def requested_max_tokens(self) -> int | None:
