@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "kernels.h"
+#include "prefetch_x86.h"
 
 namespace mlxrt_qmv {
 
@@ -288,22 +289,10 @@ constexpr PreFn pre_tiles[4][4] = {
     {tile_pre<BITS, 1, 3>, tile_pre<BITS, 2, 3>, tile_pre<BITS, 3, 3>, tile_pre<BITS, 4, 3>},
     {tile_pre<BITS, 1, 4>, tile_pre<BITS, 2, 4>, tile_pre<BITS, 3, 4>, tile_pre<BITS, 4, 4>}};
 
-constexpr int PREFETCH_ROWS = 4;
-
 // Rows of x from which the band's operands are made first (Pre): below it tile() is as fast or
 // faster (the 28 MB head at 2 rows: 1.33 against 0.76 ms a row, at 8: 0.55 against 0.61).
 constexpr int PRE_ROWS = 8;
 
-__attribute__((always_inline)) inline void prefetch_rows(const Problem& p, int r, int n, size_t row_bytes) {
-  const char* w = reinterpret_cast<const char*>(p.w) + static_cast<size_t>(r) * row_bytes;
-  for (size_t o = 0; o < n * row_bytes; o += 64) _mm_prefetch(w + o, _MM_HINT_T0);
-  const size_t each = p.stype == ScaleType::f32 ? 4 : 2;
-  const size_t at = static_cast<size_t>(r) * p.G * each, len = static_cast<size_t>(n) * p.G * each;
-  for (size_t o = 0; o < len; o += 64) {
-    _mm_prefetch(static_cast<const char*>(p.scales) + at + o, _MM_HINT_T0);
-    _mm_prefetch(static_cast<const char*>(p.biases) + at + o, _MM_HINT_T0);
-  }
-}
 
 // Rows of x taken against one band of weight rows before the next band: the band's weights stay
 // in L1 while every row of x in the block meets them.
