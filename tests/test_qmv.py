@@ -208,7 +208,7 @@ def test_the_other_loops_keep_within_their_rounding_bound_row_by_row(forced):
         pytest.skip(f"{forced!r} is {name!r} here, the default or not this CPU's")
     run = subprocess.run([str(Path(sys.executable).parent / "pytest"), "-q", "-p", "no:cacheprovider", __file__,
                           "-k", "equal_mlx_quantized_matmul or row_s_product_alone or half_precision or leading_dimensions "
-                                "or greedy_tokens"],
+                                "or greedy_tokens or half_scales or tokens_alike"],
                          env=env, capture_output=True, text=True, timeout=600)
     assert run.returncode == 0 and " passed" in run.stdout, run.stdout[-3000:]
 
@@ -240,6 +240,51 @@ def _greedy(model: nn.Module, prompt: list[int], n: int) -> list[int]:
         out.append(nxt)
         tokens = mx.array([[nxt]])
     return out
+
+
+@needs_kernel
+@pytest.mark.parametrize("half", [mx.float16, mx.bfloat16])
+@pytest.mark.parametrize("bits, gs", [(4, 32), (8, 32), (4, 64), (8, 128)])
+@pytest.mark.parametrize("rows", [1, 3, 9])
+def test_half_scales_beside_float32_x_are_the_float32_scales_bits(half, bits, gs, rows):
+    # A GGUF's block scales are float16: install() keeps a layer's scales and biases in 16 bits
+    # where every value is exact there (a third of a 4-bit layer's bytes at group 32), and the
+    # kernel reads them beside float32 x (API 7): a float32 product, the same bits as with the
+    # values widened to float32 first, for a decode step's one row (read in place), a few and a
+    # prefill's many. K = 608: 19 blocks, so the last chunk of a 4-bit row is partial.
+    for k in (576, 608) if gs == 32 else (640,):
+        w, s, b = mx.quantize(mx.random.normal((37, k), key=mx.random.key(bits + gs)), group_size=gs, bits=bits)
+        s, b = s.astype(half), b.astype(half)
+        x = mx.random.normal((rows, k), key=mx.random.key(rows))
+        got = qmv_ext.quantized_matmul(x, w, s, b, gs, bits)
+        want = qmv_ext.quantized_matmul(x, w, s.astype(mx.float32), b.astype(mx.float32), gs, bits)
+        assert got.dtype == mx.float32
+        assert mx.array_equal(got, want).item(), (k, mx.abs(got - want).max().item())
+
+
+@needs_kernel
+def test_install_keeps_scales_in_16_bits_where_they_are_exact_and_the_tokens_alike():
+    model = _tiny_quantized_model()
+    layers = dict(model.named_modules())
+    # as a GGUF's Q4_1/Q8_0 blocks store them: float16 values (held as float32 after the load)
+    exact = ["model.embed_tokens", "model.layers.0.self_attn.q_proj", "model.layers.1.mlp.down_proj"]
+    for name in exact:
+        layer = layers[name]
+        layer.update({key: layer[key].astype(mx.float16).astype(mx.float32) for key in ("scales", "biases")})
+    mx.eval(model.parameters())
+    prompt = list(range(5, 45))
+    before, long_before = _greedy(model, prompt, 12), _greedy(model, list(range(5, 85)), 4)
+    embedded = model.model.embed_tokens(mx.array([[3, 7]]))
+    qmv.install(model)
+    layers = dict(model.named_modules())
+    for name, layer in layers.items():
+        if "scales" in layer:
+            assert layer["scales"].dtype == (mx.float16 if name in exact else mx.float32), name
+            assert layer["biases"].dtype == layer["scales"].dtype
+    # the embedding's rows (looked up, not multiplied) stay float32, the same values
+    looked_up = model.model.embed_tokens(mx.array([[3, 7]]))
+    assert looked_up.dtype == mx.float32 and mx.array_equal(looked_up, embedded).item()
+    assert _greedy(model, prompt, 12) == before and _greedy(model, list(range(5, 85)), 4) == long_before
 
 
 @needs_kernel
@@ -335,7 +380,7 @@ def test_version_reports_the_kernel_and_mlxrt_qmv_0_turns_it_off():
         assert run.returncode == 0, run.stderr
         return run.stdout
 
-    assert f"quantized kernel: mlxrt-qmv 0.5.2 ({qmv_ext.kernel_name()}, " in version()
+    assert f"quantized kernel: mlxrt-qmv 0.6.0 ({qmv_ext.kernel_name()}, " in version()
     assert "quantized kernel: none (MLXRT_QMV=0)" in version(MLXRT_QMV="0")
 
 

@@ -44,7 +44,7 @@ log = logging.getLogger("mlxrt.engine.qmv")
 #: primitive and attribute below is there at exactly this version, so nothing probes for names.
 #: ``scripts/setup`` builds the kernel from the same checkout; another version (an older wheel
 #: left in the environment) is not used, with one warning saying to rebuild it.
-API = 6
+API = 7
 
 
 @attrs.frozen
@@ -148,6 +148,7 @@ def install(model: Any, st: QmvStatus | None = None) -> int:
     import mlx.core as mx
 
     classes, bits = _classes(st.module), st.module.BITS
+    compacting = os.environ.get("MLXRT_QMV_COMPACT", "1") != "0"  # off: the A/B measurement's other side
 
     def kernel_layer(layer: Any) -> Any:
         if type(layer) not in classes or not eligible(layer, bits):
@@ -156,12 +157,38 @@ def install(model: Any, st: QmvStatus | None = None) -> int:
         # The primitive reads rows in place: make sure they are (a no-op copy otherwise).
         for key in ("weight", "scales", "biases"):
             new[key] = mx.contiguous(new[key])
+        compact = compact_scales(new["scales"], new["biases"]) if compacting else {"scales": new["scales"]}
+        if compact["scales"] is not new["scales"]:
+            new.update(compact)
+            new.float_scales = True  # its scales stand for float32 ones: what it makes is float32
         return new
 
     count = _replace_layers(model, kernel_layer)
     if count:
         mx.eval(model.parameters())
     return count
+
+
+def compact_scales(scales: Any, biases: Any) -> dict[str, Any]:
+    """A kernel layer's float32 ``scales`` and ``biases`` in 16 bits where every value is exact
+    there (float16 first, else bfloat16), else as they are: ``{"scales": …, "biases": …}``.
+
+    A decode step reads every weight once, and float32 scales and biases of group 32 are a third
+    of a 4-bit layer's bytes (SmolLM2 Q4_1: 32 of 110 MiB); a GGUF's Q4_0/Q4_1/Q5_x/Q8_0 blocks
+    store theirs as float16, so they round-trip exactly. The kernel reads 16-bit scales beside
+    float32 activations (mlxrt-qmv API 7) and widens each row's to float32 itself, so every
+    product is the same bits; only the bytes read change."""
+    import mlx.core as mx
+
+    if scales.dtype != mx.float32 or biases.dtype != mx.float32:
+        return {"scales": scales, "biases": biases}
+    for narrow in (mx.float16, mx.bfloat16):
+        s, b = scales.astype(narrow), biases.astype(narrow)
+        exact = mx.logical_and(mx.array_equal(s.astype(mx.float32), scales),
+                               mx.array_equal(b.astype(mx.float32), biases))
+        if exact.item():
+            return {"scales": mx.contiguous(s), "biases": mx.contiguous(b)}
+    return {"scales": scales, "biases": biases}
 
 
 def _replace_layers(model: Any, replace: Any) -> int:
@@ -474,6 +501,8 @@ def _classes(module: Any) -> dict[type, type]:
             flat = x.reshape(rows, width)
             pieces = [qmm(flat[i:i + max_rows], w, scales, biases, gs, bits) for i in range(0, rows, max_rows)]
             return mx.concatenate(pieces).reshape(*x.shape[:-1], -1)
+        if scales.dtype != x.dtype:  # compact scales (compact_scales): the weights at x's width
+            scales, biases = scales.astype(x.dtype), biases.astype(x.dtype)
         return x @ dequantize(w, scales, biases, gs, bits).T
 
     class KernelQuantizedLinear(nn.QuantizedLinear):
@@ -505,6 +534,9 @@ def _classes(module: Any) -> dict[type, type]:
 
         def __call__(self, x: mx.array) -> mx.array:
             if self.bits not in (4, 8):  # 3, 5, 6 bits cross the words: MLX's own unpacking
+                if getattr(self, "float_scales", False):  # compact scales, widened exactly
+                    return mx.dequantize(self["weight"][x], self["scales"][x].astype(mx.float32),
+                                         self["biases"][x].astype(mx.float32), self.group_size, self.bits)
                 return super().__call__(x)
             return lookup(self, x)
 
@@ -522,6 +554,8 @@ def _classes(module: Any) -> dict[type, type]:
             q = packed.view(mx.uint8)  # little-endian: byte j of a word is its element j
         else:
             q = (packed[..., None] >> nibble_shifts) & 15
+        if getattr(layer, "float_scales", False):  # compact scales, widened exactly
+            scales, biases = scales.astype(mx.float32), biases.astype(mx.float32)
         q = q.reshape(flat.shape[0], scales.shape[-1], layer.group_size).astype(scales.dtype)
         return (q * scales[..., None] + biases[..., None]).reshape(*ids.shape, -1)
 

@@ -27,7 +27,8 @@ NB_MODULE(_ext, m) {
       "x"_a, "w"_a, "scales"_a, "biases"_a, "group_size"_a, "bits"_a,
       "x @ dequantize(w, scales, biases).T (mx.quantized_matmul, transpose=True, affine mode); the primitive "
       "for bits 4/8, group sizes 32/64/128 and at most MAX_ROWS rows of x on the CPU, mx.quantized_matmul "
-      "otherwise.");
+      "otherwise. float32 x with float16 or bfloat16 scales and biases (API 7): a float32 result, the scales "
+      "read as stored (not copied to float32 per call).");
   m.def(
       "dequantize",
       [](const mx::array& w, const mx::array& scales, const mx::array& biases, int group_size, int bits) {
@@ -117,7 +118,7 @@ NB_MODULE(_ext, m) {
   // function, attribute or behaviour mlxrt relies on is added, removed or changed, so that mlxrt
   // checks one number instead of probing for names, and refuses a stale build with a message
   // that says to rebuild it (./scripts/setup).
-  m.attr("API") = 6;
+  m.attr("API") = 7;
   m.attr("MLX_VERSION") =
       MLXRT_QMV_STR(MLX_VERSION_MAJOR) "." MLXRT_QMV_STR(MLX_VERSION_MINOR) "." MLXRT_QMV_STR(MLX_VERSION_PATCH);
 }

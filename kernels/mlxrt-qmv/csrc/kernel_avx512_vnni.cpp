@@ -35,29 +35,60 @@ inline __m512i block_index(int bits) {
 
 // Per-block floats (n of them from f, the rest 0) spread over the lanes of their blocks.
 inline __m512 spread(const float* f, int n, __m512i idx) {
-  const __m128 v = _mm_maskz_loadu_ps(static_cast<__mmask8>((1u << n) - 1), f);
+  // whole chunks (4 blocks at 4 bits, 2 at 8) unmasked: a masked load cost far more here (Zen 4)
+  const __m128 v = n == 4 ? _mm_loadu_ps(f)
+      : n == 2 ? _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(f)))
+               : _mm_maskz_loadu_ps(static_cast<__mmask8>((1u << n) - 1), f);
   return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(v));
 }
 
-struct WRow {
+// One weight row: its bytes and its scales and biases, float32 (S = float) or float16 as stored
+// (S = uint16_t: a lone row of x reads them in place, widened in registers, the same values).
+template <typename S>
+struct WRowT {
   const uint8_t* w;
-  const float* scb; // the weights' scale of each block of 32
-  const float* sc;
-  const float* bi;
+  const S* scb; // the weights' scale of each block of 32
+  const S* sc;
+  const S* bi;
 };
+using WRow = WRowT<float>;
+
+// Up to 16 scales or biases from p (the lanes past mask zero) as float32.
+inline __m512 load16(const float* p, __mmask16 m) {
+  return m == 0xFFFF ? _mm512_loadu_ps(p) : _mm512_maskz_loadu_ps(m, p);
+}
+inline __m512 load16(const uint16_t* p, __mmask16 m) {
+  if (m == 0xFFFF) return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
+  return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
+}
+
+inline int first_two(const uint16_t* f) {
+  int v;
+  std::memcpy(&v, f, sizeof v);
+  return v;
+}
+
+// Per-block float16 scales (n of them from f, the rest 0) widened and spread over their blocks' lanes.
+inline __m512 spread(const uint16_t* f, int n, __m512i idx) {
+  const __m128i h = n == 4 ? _mm_loadl_epi64(reinterpret_cast<const __m128i*>(f))
+      : n == 2 ? _mm_cvtsi32_si128(first_two(f))
+               : _mm_maskz_loadu_epi16(static_cast<__mmask8>((1u << n) - 1), f);
+  return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(_mm_cvtph_ps(h)));
+}
 
 // sum_g bias[g] * xsum[g] + scale[g] * xoff[g], spread over 16 lanes, the last G % 16 masked.
-inline __m512 bias_term(const WRow& r, const float* xs, const float* xo, int G) {
+template <typename S>
+inline __m512 bias_term(const WRowT<S>& r, const float* xs, const float* xo, int G) {
   __m512 a = _mm512_setzero_ps();
   int g = 0;
   for (; g + 16 <= G; g += 16) {
-    a = _mm512_fmadd_ps(_mm512_loadu_ps(r.bi + g), _mm512_loadu_ps(xs + g), a);
-    a = _mm512_fmadd_ps(_mm512_loadu_ps(r.sc + g), _mm512_loadu_ps(xo + g), a);
+    a = _mm512_fmadd_ps(load16(r.bi + g, 0xFFFF), _mm512_loadu_ps(xs + g), a);
+    a = _mm512_fmadd_ps(load16(r.sc + g, 0xFFFF), _mm512_loadu_ps(xo + g), a);
   }
   if (g < G) {
     const __mmask16 m = static_cast<__mmask16>((1u << (G - g)) - 1);
-    a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, r.bi + g), _mm512_maskz_loadu_ps(m, xs + g), a);
-    a = _mm512_fmadd_ps(_mm512_maskz_loadu_ps(m, r.sc + g), _mm512_maskz_loadu_ps(m, xo + g), a);
+    a = _mm512_fmadd_ps(load16(r.bi + g, m), _mm512_maskz_loadu_ps(m, xs + g), a);
+    a = _mm512_fmadd_ps(load16(r.sc + g, m), _mm512_maskz_loadu_ps(m, xo + g), a);
   }
   return a;
 }
@@ -86,13 +117,7 @@ inline void reduce16(const __m512* v, float* out) {
 // are loaded once for the tile and the pairs' sums reduced together (reduce16): per pair, the
 // bias term and a serial sum tree had cost about as much as the products at K = 576.
 template <int R, int MM>
-inline void finish(const Problem& p, const WRow* rows, int m0, const __m512 (&acc)[R][MM], float (*res)[4]) {
-  if constexpr (MM == 1) { // a decode step: each row's term and tree (measured ~5% faster there)
-    const float* xs = p.xsum + static_cast<size_t>(m0) * p.G;
-    const float* xo = p.xoff + static_cast<size_t>(m0) * p.G;
-    for (int i = 0; i < R; ++i) res[0][i] = _mm512_reduce_add_ps(_mm512_add_ps(acc[i][0], bias_term(rows[i], xs, xo, p.G)));
-    return;
-  }
+inline void finish_rows(const Problem& p, const WRow* rows, int m0, const __m512 (&acc)[R][MM], float (*res)[4]) {
   __m512 v[16];
   for (int k = 0; k < 16; ++k) v[k] = _mm512_setzero_ps();
   const float* xs[MM];
@@ -105,12 +130,12 @@ inline void finish(const Problem& p, const WRow* rows, int m0, const __m512 (&ac
     const __mmask16 mk = p.G - g >= 16 ? static_cast<__mmask16>(0xFFFF) : static_cast<__mmask16>((1u << (p.G - g)) - 1);
     __m512 bs[MM], os[MM];
     for (int m = 0; m < MM; ++m) {
-      bs[m] = _mm512_maskz_loadu_ps(mk, xs[m] + g);
-      os[m] = _mm512_maskz_loadu_ps(mk, xo[m] + g);
+      bs[m] = load16(xs[m] + g, mk);
+      os[m] = load16(xo[m] + g, mk);
     }
     for (int i = 0; i < R; ++i) {
-      const __m512 bi = _mm512_maskz_loadu_ps(mk, rows[i].bi + g);
-      const __m512 sc = _mm512_maskz_loadu_ps(mk, rows[i].sc + g);
+      const __m512 bi = load16(rows[i].bi + g, mk);
+      const __m512 sc = load16(rows[i].sc + g, mk);
       for (int m = 0; m < MM; ++m) {
         v[4 * i + m] = _mm512_fmadd_ps(bi, bs[m], v[4 * i + m]);
         v[4 * i + m] = _mm512_fmadd_ps(sc, os[m], v[4 * i + m]);
@@ -130,9 +155,21 @@ inline void finish(const Problem& p, const WRow* rows, int m0, const __m512 (&ac
     for (int m = 0; m < MM; ++m) res[m][i] = sums[4 * m + i]; // v[4i + m]'s sum is at 4m + i
 }
 
-// R weight rows against MM rows of x (m0 ..): out[m][i] = row i . x row m.
-template <int BITS, int R, int MM>
-void tile(const Problem& p, const WRow* rows, int m0, float (*res)[4]) {
+template <int R, int MM, typename S = float>
+inline void finish(const Problem& p, const WRowT<S>* rows, int m0, const __m512 (&acc)[R][MM], float (*res)[4]) {
+  if constexpr (MM == 1) { // a decode step: each row's term and tree (measured ~5% faster there)
+    const float* xs = p.xsum + static_cast<size_t>(m0) * p.G;
+    const float* xo = p.xoff + static_cast<size_t>(m0) * p.G;
+    for (int i = 0; i < R; ++i) res[0][i] = _mm512_reduce_add_ps(_mm512_add_ps(acc[i][0], bias_term(rows[i], xs, xo, p.G)));
+  } else {
+    finish_rows<R, MM>(p, rows, m0, acc, res);
+  }
+}
+
+// R weight rows against MM rows of x (m0 ..): out[m][i] = row i . x row m. S: the scales' type
+// (float16 as stored only for one row of x, MM == 1).
+template <int BITS, int R, int MM, typename S = float>
+void tile(const Problem& p, const WRowT<S>* rows, int m0, float (*res)[4]) {
   constexpr int BPC = BITS == 4 ? 4 : 2; // blocks a chunk
   const int nb = p.K / 32;
   const int chunks = (nb + BPC - 1) / BPC;
@@ -153,7 +190,8 @@ void tile(const Problem& p, const WRow* rows, int m0, float (*res)[4]) {
     __m512i lo[R], hi[R];
     __m512 ws[R];
     for (int i = 0; i < R; ++i) {
-      const __m512i v = _mm512_maskz_loadu_epi8(bytes, rows[i].w + static_cast<size_t>(c) * 64);
+      const uint8_t* src = rows[i].w + static_cast<size_t>(c) * 64;
+      const __m512i v = nbc == BPC ? _mm512_loadu_si512(src) : _mm512_maskz_loadu_epi8(bytes, src);
       if constexpr (BITS == 4) {
         lo[i] = _mm512_and_si512(v, mask);
         hi[i] = _mm512_and_si512(_mm512_srli_epi16(v, 4), mask);
@@ -174,10 +212,11 @@ void tile(const Problem& p, const WRow* rows, int m0, float (*res)[4]) {
       }
     }
   }
-  finish<R, MM>(p, rows, m0, acc, res);
+  finish<R, MM, S>(p, rows, m0, acc, res);
 }
 
 using TileFn = void (*)(const Problem&, const WRow*, int, float (*)[4]);
+using TileHFn = void (*)(const Problem&, const WRowT<uint16_t>*, int, float (*)[4]);
 
 // Weights rows taken together: four for one row of x (a decode step: four independent chains,
 // one x load for four rows), two for two to four rows of x (eight accumulators).
@@ -186,6 +225,9 @@ constexpr TileFn tiles[4][2] = {{tile<BITS, 1, 1>, tile<BITS, 4, 1>},
                                 {tile<BITS, 1, 2>, tile<BITS, 2, 2>},
                                 {tile<BITS, 1, 3>, tile<BITS, 2, 3>},
                                 {tile<BITS, 1, 4>, tile<BITS, 2, 4>}};
+// One row of x with float16 scales read in place: one weight row, four.
+template <int BITS>
+constexpr TileHFn tiles_h[2] = {tile<BITS, 1, 1, uint16_t>, tile<BITS, 4, 1, uint16_t>};
 
 // Several rows of x (a prefill chunk, a batch's step): each band's operands made once, before any
 // row of x meets them, and each row of x's block scales spread once a call, so that the tile
@@ -362,6 +404,27 @@ void rows_vnni(const Problem& p, int r0, int r1) {
     pre.resize(W_BAND * pre_row);
     xspread.resize(static_cast<size_t>(p.M) * chunks * 16);
     prepare_x<LOOP>(p, chunks, xspread.data());
+  }
+  if constexpr (LOOP == BITS) {
+    // A lone row of x (a decode step) with float16 scales, one per block: the tiles read them as
+    // stored, so a row's scales and biases are half the bytes and no pass widens them first.
+    if (p.M == 1 && per == 1 && p.stype == ScaleType::f16) {
+      const uint16_t* sc = static_cast<const uint16_t*>(p.scales);
+      const uint16_t* bi = static_cast<const uint16_t*>(p.biases);
+      WRowT<uint16_t> rows[4];
+      for (int r = r0; r < r1;) {
+        const int n = r1 - r >= 4 ? 4 : 1;
+        for (int i = 0; i < n; ++i) {
+          const size_t off = static_cast<size_t>(r + i) * p.G;
+          rows[i] = {wbase + static_cast<size_t>(r + i) * row_bytes, sc + off, sc + off, bi + off};
+        }
+        if (r + PREFETCH_ROWS + n <= p.N) prefetch_rows(p, r + PREFETCH_ROWS, n, row_bytes);
+        tiles_h<LOOP>[n > 1 ? 1 : 0](p, rows, 0, res);
+        for (int i = 0; i < n; ++i) p.out[r + i] = res[0][i];
+        r += n;
+      }
+      return;
+    }
   }
   for (int rb = r0; rb < r1; rb += W_BAND) {
     const int re = r1 - rb < W_BAND ? r1 : rb + W_BAND;

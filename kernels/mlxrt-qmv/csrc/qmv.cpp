@@ -296,15 +296,17 @@ void run_dequant(const uint32_t* w, const T* scales, const T* biases, T* out, in
   }
 }
 
-template <typename T>
+// T: x's and the output's type; S: the scales' and biases' (T, or float16/bfloat16 beside float32
+// x: a model whose scales are exact in 16 bits reads half the bytes for them, the same values).
+template <typename T, typename S>
 void run_typed(
     const T* x,
     const mx::Shape& xshape,
     const mx::Strides& xstrides,
     bool x_contiguous,
     const uint32_t* w,
-    const T* scales,
-    const T* biases,
+    const S* scales,
+    const S* biases,
     T* out,
     int M,
     int N,
@@ -360,8 +362,8 @@ void run_typed(
     permute_x(xr, xp + static_cast<size_t>(m) * K, K, bits == 4 ? kern.x_width : 0);
   }
   ScaleType st = ScaleType::f32;
-  if constexpr (std::is_same_v<T, mx::float16_t>) st = ScaleType::f16;
-  if constexpr (std::is_same_v<T, mx::bfloat16_t>) st = ScaleType::bf16;
+  if constexpr (std::is_same_v<S, mx::float16_t>) st = ScaleType::f16;
+  if constexpr (std::is_same_v<S, mx::bfloat16_t>) st = ScaleType::bf16;
   Problem p{xp, xsum, kern.int8_x ? qbuf.data() : nullptr, kern.q15 ? qbuf.data() + MK : nullptr, x16, xd, xoff, xstride, w, scales, biases, st, M, N, K, G,
             group_size, bits, outf};
 
@@ -441,11 +443,16 @@ mx::array quantized_matmul(
     return mx::quantized_matmul(x, w, scales, biases, true, group_size, bits, "affine", s);
   auto out_shape = x.shape();
   out_shape.back() = w.shape(0);
+  // float32 x with 16-bit scales and biases: the kernels read those as stored (converted to
+  // float32 per row, exactly), so no float32 copy of them is made per call.
+  const bool half_scales = dtype == mx::float32 && biases.dtype() == scales.dtype() &&
+      (scales.dtype() == mx::float16 || scales.dtype() == mx::bfloat16);
+  const auto sdtype = half_scales ? scales.dtype() : dtype;
   return mx::array(
       std::move(out_shape),
       dtype,
       std::make_shared<QuantizedMatvec>(mx::to_stream(s), group_size, bits),
-      {mx::astype(x, dtype, s), w, mx::astype(scales, dtype, s), mx::astype(biases, dtype, s)});
+      {mx::astype(x, dtype, s), w, mx::astype(scales, sdtype, s), mx::astype(biases, sdtype, s)});
 }
 
 mx::array dequantize(const mx::array& w, const mx::array& scales, const mx::array& biases, int group_size, int bits,
@@ -520,16 +527,21 @@ void QuantizedMatvec::eval_cpu(const std::vector<mx::array>& inputs, std::vector
   const int N = w.shape(0);
   const bool xc = x.flags().row_contiguous;
   const int gs = group_size_, bits = bits_;
-  auto launch = [&](auto tag) {
+  auto launch = [&](auto tag, auto stag) {
     using T = decltype(tag);
+    using S = decltype(stag);
     encoder.dispatch([xp = x.data<T>(), xshape = x.shape(), xstrides = x.strides(), xc, wp = w.data<uint32_t>(),
-                      sp = scales.data<T>(), bp = biases.data<T>(), op = out.data<T>(), M, N, K, gs, bits]() {
-      run_typed<T>(xp, xshape, xstrides, xc, wp, sp, bp, op, M, N, K, gs, bits);
+                      sp = scales.data<S>(), bp = biases.data<S>(), op = out.data<T>(), M, N, K, gs, bits]() {
+      run_typed<T, S>(xp, xshape, xstrides, xc, wp, sp, bp, op, M, N, K, gs, bits);
     });
   };
-  if (out.dtype() == mx::float32) return launch(float{});
-  if (out.dtype() == mx::float16) return launch(mx::float16_t{});
-  if (out.dtype() == mx::bfloat16) return launch(mx::bfloat16_t{});
+  if (out.dtype() == mx::float32 && scales.dtype() == mx::float16) return launch(float{}, mx::float16_t{});
+  if (out.dtype() == mx::float32 && scales.dtype() == mx::bfloat16) return launch(float{}, mx::bfloat16_t{});
+  if (scales.dtype() != out.dtype() || biases.dtype() != out.dtype())
+    throw std::runtime_error("[MlxrtQuantizedMatvec] scales and biases of the output's type, or 16-bit beside float32");
+  if (out.dtype() == mx::float32) return launch(float{}, float{});
+  if (out.dtype() == mx::float16) return launch(mx::float16_t{}, mx::float16_t{});
+  if (out.dtype() == mx::bfloat16) return launch(mx::bfloat16_t{}, mx::bfloat16_t{});
   throw std::runtime_error("[MlxrtQuantizedMatvec] floating point inputs only");
 }
 
