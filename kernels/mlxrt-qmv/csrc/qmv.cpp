@@ -209,9 +209,13 @@ constexpr size_t SINGLE_THREAD_BYTES = 64 * 1024;
 // decode step took 14.5-15.3 ms with both threads in the products against 13.2 ms with one,
 // while a batch of 8 rows took 36 ms with both against 55-61 ms with one (quiet machine).
 // MLXRT_QMV_LONE_THREADS sets the threads a lone row uses (default: one fewer than the pool).
-int threads_for(const std::shared_ptr<Pool>& pl, bool lone) {
+// MLXRT_QMV_LONE_SPLIT_MB (A/B): a lone row's product of at least that many megabytes of weights
+// takes every thread of the pool.
+int threads_for(const std::shared_ptr<Pool>& pl, bool lone, size_t bytes = 0) {
   const int n = pl ? pl->size() : 1;
   if (!lone || n <= 1) return n;
+  static const size_t split = static_cast<size_t>(env_int("MLXRT_QMV_LONE_SPLIT_MB", 0)) << 20;
+  if (split > 0 && bytes >= split) return n;
   static const int lone_threads = env_int("MLXRT_QMV_LONE_THREADS", 0);
   return lone_threads > 0 ? std::min(n, lone_threads) : n - 1;
 }
@@ -254,7 +258,7 @@ void split_rows(RowsFn fn, const Problem& p) {
   const int N = p.N;
   const size_t wbytes = static_cast<size_t>(N) * p.K * p.bits / 8;
   auto pl = wbytes >= SINGLE_THREAD_BYTES ? pool() : nullptr;
-  const int threads = threads_for(pl, p.M == 1);
+  const int threads = threads_for(pl, p.M == 1, wbytes);
   run_chunks(pl, threads, N, std::max(1, std::min(64, N / (threads * 8))), [&](int r0, int r1) { fn(p, r0, r1); });
 }
 
