@@ -1,0 +1,158 @@
+// The decode attention primitive (decode_attention.h): the step's rotations (rope.h, as the Rope
+// primitive), its key and value written into the cache's buffers (as MLX's slice update writes
+// them, in place where MLX would donate the buffer), and the attention over the buffers' first
+// offset + 1 rows (run_attention, as the Attention primitive over MLX's slice views of them).
+#include "decode_attention.h"
+
+#include <cstring>
+#include <optional>
+#include <stdexcept>
+#include <vector>
+
+#include "mlx/backend/common/utils.h"
+#include "attention.h"
+#include "rope.h"
+
+namespace mlxrt_qmv {
+
+namespace {
+
+// A float32 input read in its logical (row-major) order: in place when row-contiguous, else
+// gathered element by element (the projections' rows always are contiguous; a caller's view may
+// not be).
+struct Values {
+  const float* data;
+  bool contiguous;
+  mx::Shape shape;
+  mx::Strides strides;
+  int64_t size;
+
+  explicit Values(const mx::array& a)
+      : data(a.data<float>()), contiguous(a.flags().row_contiguous), shape(a.shape()), strides(a.strides()),
+        size(static_cast<int64_t>(a.size())) {}
+
+  // The values in order: the data itself, or copied into buf.
+  const float* read(std::vector<float>& buf) const {
+    if (contiguous) return data;
+    buf.resize(size);
+    for (int64_t i = 0; i < size; ++i) buf[i] = data[mx::elem_to_loc(static_cast<int>(i), shape, strides)];
+    return buf.data();
+  }
+};
+
+// MLX's rule for an array written into (its slice update's): out takes in's buffer when MLX would
+// donate it (nothing else holds in: not the caller, nor a view of it, nor a graph still to run)
+// and in is laid out as out must be; otherwise out has a buffer of its own, which the step fills
+// with in's values first (copy_into).
+bool take_buffer(const mx::array& in, mx::array& out) {
+  if (in.flags().row_contiguous && in.data_size() == in.size() && mx::is_donatable(in, out)) {
+    out.copy_shared_buffer(in);
+    return true;
+  }
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  return false;
+}
+
+void copy_into(const Values& in, float* out) {
+  if (in.contiguous) {
+    std::memcpy(out, in.data, static_cast<size_t>(in.size) * sizeof(float));
+    return;
+  }
+  for (int64_t i = 0; i < in.size; ++i) out[i] = in.data[mx::elem_to_loc(static_cast<int>(i), in.shape, in.strides)];
+}
+
+// The first offset + 1 rows of a cache buffer (1, H, S, D) written as out: the view MLX's slice
+// of them is (the same data and strides).
+View4 cache_view(const mx::array& out, int rows) {
+  View4 v{out.data<float>(), {1, out.shape(1), rows, out.shape(3)}, {0, 0, 0, 0}};
+  for (int i = 0; i < 4; ++i) v.stride[i] = out.strides()[i];
+  return v;
+}
+
+} // namespace
+
+bool decode_attention_supported(const mx::array& q, const mx::array& k, const mx::array& v, const mx::array& k_cache,
+                                const mx::array& v_cache, int offset, int dims, mx::StreamOrDevice s) {
+  const auto f32 = [](const mx::array& a) { return a.dtype() == mx::float32; };
+  if (mx::to_stream(s).device != mx::Device::cpu || !f32(q) || !f32(k) || !f32(v) || !f32(k_cache) ||
+      !f32(v_cache) || k_cache.ndim() != 4 || v_cache.ndim() != 4) {
+    return false;
+  }
+  const int64_t Hk = k_cache.shape(1), S = k_cache.shape(2), D = k_cache.shape(3), Dv = v_cache.shape(3);
+  const int64_t qn = static_cast<int64_t>(q.size());
+  return k_cache.shape(0) == 1 && v_cache.shape(0) == 1 && v_cache.shape(1) == Hk && v_cache.shape(2) == S &&
+      Hk > 0 && D > 0 && Dv > 0 && offset >= 0 && offset < S && static_cast<int64_t>(k.size()) == Hk * D &&
+      static_cast<int64_t>(v.size()) == Hk * Dv && qn > 0 && qn % D == 0 && (qn / D) % Hk == 0 && dims > 0 &&
+      dims % 2 == 0 && dims <= D;
+}
+
+std::vector<mx::array> decode_attention(const mx::array& q, const mx::array& k, const mx::array& v,
+                                        const mx::array& k_cache, const mx::array& v_cache, int offset, float scale,
+                                        int dims, bool traditional, float base, float rope_scale,
+                                        mx::StreamOrDevice s) {
+  if (!decode_attention_supported(q, k, v, k_cache, v_cache, offset, dims, s)) {
+    throw std::invalid_argument(
+        "[decode_attention] takes float32 on the CPU: one token's q (Hq·D values), k (Hk·D), v (Hk·Dv), the "
+        "caches (1, Hk, S, D) and (1, Hk, S, Dv) with 0 <= offset < S, and an even rope dims <= D");
+  }
+  const int Hq = static_cast<int>(q.size() / k_cache.shape(3));
+  return mx::array::make_arrays(
+      {{1, 1, Hq * v_cache.shape(3)}, k_cache.shape(), v_cache.shape()}, {mx::float32, mx::float32, mx::float32},
+      std::make_shared<DecodeAttention>(mx::to_stream(s), offset, scale, dims, traditional, base, rope_scale),
+      {q, k, v, k_cache, v_cache});
+}
+
+bool DecodeAttention::is_equivalent(const mx::Primitive& other) const {
+  const auto& o = static_cast<const DecodeAttention&>(other);
+  return offset_ == o.offset_ && scale_ == o.scale_ && dims_ == o.dims_ && traditional_ == o.traditional_ &&
+      base_ == o.base_ && rope_scale_ == o.rope_scale_;
+}
+
+std::vector<mx::Shape> DecodeAttention::output_shapes(const std::vector<mx::array>& inputs) {
+  const int Hq = static_cast<int>(inputs[0].size() / inputs[3].shape(3));
+  return {{1, 1, Hq * inputs[4].shape(3)}, inputs[3].shape(), inputs[4].shape()};
+}
+
+void DecodeAttention::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  const auto &kc = inputs[3], &vc = inputs[4];
+  auto &out = outputs[0], &nk = outputs[1], &nv = outputs[2];
+  out.set_data(mx::allocator::malloc(out.nbytes()));
+  const bool k_kept = take_buffer(kc, nk), v_kept = take_buffer(vc, nv);
+  const int64_t Hk = kc.shape(1), D = kc.shape(3), Dv = vc.shape(3);
+  const int64_t Hq = static_cast<int64_t>(inputs[0].size()) / D;
+  const View4 kv = cache_view(nk, offset_ + 1), vv = cache_view(nv, offset_ + 1);
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  encoder.dispatch([q = Values(inputs[0]), k = Values(inputs[1]), v = Values(inputs[2]),
+                    k_old = k_kept ? std::nullopt : std::optional<Values>(Values(kc)),
+                    v_old = v_kept ? std::nullopt : std::optional<Values>(Values(vc)), kv, vv,
+                    kd = nk.data<float>(), vd = nv.data<float>(), Hq, Hk, D, Dv,
+                    op = out.data<float>(), offset = offset_, scale = scale_, dims = dims_, traditional = traditional_,
+                    base = base_, rope_scale = rope_scale_]() {
+    // a cache buffer someone else still holds: the step writes into a copy of it, as MLX's does
+    if (k_old) copy_into(*k_old, kd);
+    if (v_old) copy_into(*v_old, vd);
+    thread_local std::vector<float> qbuf, kbuf, vbuf, inv_freq, cs, sn, qs; // kept between calls
+    const float* qp = q.read(qbuf);
+    const float* kp = k.read(kbuf);
+    const float* vp = v.read(vbuf);
+    // the rotation at position offset, as the Rope primitive computes it for one position
+    const int half = dims / 2;
+    inv_freq.resize(half);
+    cs.resize(half);
+    sn.resize(half);
+    rope_inv_freq(inv_freq.data(), half, base);
+    rope_angles(inv_freq.data(), half, 0.f, static_cast<float>(offset), rope_scale, cs.data(), sn.data());
+    qs.resize(static_cast<size_t>(Hq * D));
+    for (int64_t h = 0; h < Hq; ++h) rope_row(qp + h * D, 1, qs.data() + h * D, cs.data(), sn.data(), dims, D, traditional);
+    // the key and value rows at offset (the buffers' last axis is contiguous: they are row-contiguous)
+    for (int64_t h = 0; h < Hk; ++h) {
+      rope_row(kp + h * D, 1, kd + h * kv.stride[1] + offset * kv.stride[2], cs.data(), sn.data(), dims, D, traditional);
+      std::memcpy(vd + h * vv.stride[1] + offset * vv.stride[2], vp + h * Dv, static_cast<size_t>(Dv) * sizeof(float));
+    }
+    // the rotated queries as the Rope primitive lays them out, (1, Hq, 1, D)
+    const View4 qv{qs.data(), {1, Hq, 1, D}, {Hq * D, D, D, 1}};
+    run_attention(AttnProblem{qv, kv, vv, MaskView{}, scale, 0, op});
+  });
+}
+
+} // namespace mlxrt_qmv
