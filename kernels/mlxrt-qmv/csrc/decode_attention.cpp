@@ -1,7 +1,8 @@
-// The decode attention primitive (decode_attention.h): the step's rotations (rope.h, as the Rope
-// primitive), its key and value written into the cache's buffers (as MLX's slice update writes
-// them, in place where MLX would donate the buffer), and the attention over the buffers' first
-// offset + 1 rows (run_attention, as the Attention primitive over MLX's slice views of them).
+// The decode attention primitives (decode_attention.h): the step's key and value written into
+// the cache's buffers (CacheWrite: as MLX's slice update writes them, in place where MLX would
+// donate the buffer; the key rotated as the Rope primitive rotates it, rope.h), and the attention
+// over the buffers' first offset + 1 rows (DecodeAttention: the query rotated likewise, then
+// run_attention, as the Attention primitive runs over MLX's slice views of them).
 #include "decode_attention.h"
 
 #include <cstring>
@@ -61,11 +62,11 @@ void copy_into(const Values& in, float* out) {
   for (int64_t i = 0; i < in.size; ++i) out[i] = in.data[mx::elem_to_loc(static_cast<int>(i), in.shape, in.strides)];
 }
 
-// The first offset + 1 rows of a cache buffer (1, H, S, D) written as out: the view MLX's slice
-// of them is (the same data and strides).
-View4 cache_view(const mx::array& out, int rows) {
-  View4 v{out.data<float>(), {1, out.shape(1), rows, out.shape(3)}, {0, 0, 0, 0}};
-  for (int i = 0; i < 4; ++i) v.stride[i] = out.strides()[i];
+// The first rows of a written cache buffer (1, H, S, D): the view MLX's slice of them is (the
+// same data and strides).
+View4 cache_view(const mx::array& cache, int rows) {
+  View4 v{cache.data<float>(), {1, cache.shape(1), rows, cache.shape(3)}, {0, 0, 0, 0}};
+  for (int i = 0; i < 4; ++i) v.stride[i] = cache.strides()[i];
   return v;
 }
 
@@ -95,61 +96,77 @@ std::vector<mx::array> decode_attention(const mx::array& q, const mx::array& k, 
         "[decode_attention] takes float32 on the CPU: one token's q (Hq·D values), k (Hk·D), v (Hk·Dv), the "
         "caches (1, Hk, S, D) and (1, Hk, S, Dv) with 0 <= offset < S, and an even rope dims <= D");
   }
+  const auto stream = mx::to_stream(s);
+  const RopeAt rope{offset, dims, traditional, base, rope_scale};
+  auto keys = mx::array(k_cache.shape(), mx::float32, std::make_shared<CacheWrite>(stream, rope), {k, k_cache});
+  auto values = mx::array(v_cache.shape(), mx::float32, std::make_shared<CacheWrite>(stream, RopeAt{offset, 0, false, 0.f, 0.f}),
+                          {v, v_cache});
   const int Hq = static_cast<int>(q.size() / k_cache.shape(3));
-  return mx::array::make_arrays(
-      {{1, 1, Hq * v_cache.shape(3)}, k_cache.shape(), v_cache.shape()}, {mx::float32, mx::float32, mx::float32},
-      std::make_shared<DecodeAttention>(mx::to_stream(s), offset, scale, dims, traditional, base, rope_scale),
-      {q, k, v, k_cache, v_cache});
+  auto out = mx::array({1, 1, Hq * v_cache.shape(3)}, mx::float32, std::make_shared<DecodeAttention>(stream, scale, rope),
+                       {q, keys, values});
+  return {out, keys, values};
+}
+
+bool CacheWrite::is_equivalent(const mx::Primitive& other) const {
+  return rope_ == static_cast<const CacheWrite&>(other).rope_;
+}
+
+void CacheWrite::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  const auto& cache = inputs[1];
+  auto& out = outputs[0];
+  const bool kept = take_buffer(cache, out);
+  const int64_t H = cache.shape(1), D = cache.shape(3);
+  auto& encoder = mx::cpu::get_command_encoder(stream());
+  encoder.dispatch([x = Values(inputs[0]), old = kept ? std::nullopt : std::optional<Values>(Values(cache)),
+                    op = out.data<float>(), s1 = out.strides()[1], s2 = out.strides()[2], H, D, rope = rope_]() {
+    // a cache buffer something else still holds: the step writes into a copy of it, as MLX's does
+    if (old) copy_into(*old, op);
+    thread_local std::vector<float> buf, inv_freq, cs, sn; // kept between calls
+    const float* xp = x.read(buf);
+    float* const row = op + rope.offset * s2;
+    if (rope.dims == 0) {
+      for (int64_t h = 0; h < H; ++h) std::memcpy(row + h * s1, xp + h * D, static_cast<size_t>(D) * sizeof(float));
+      return;
+    }
+    // the rotation at position offset, as the Rope primitive computes it for one position
+    const int half = rope.dims / 2;
+    inv_freq.resize(half);
+    cs.resize(half);
+    sn.resize(half);
+    rope_inv_freq(inv_freq.data(), half, rope.base);
+    rope_angles(inv_freq.data(), half, 0.f, static_cast<float>(rope.offset), rope.scale, cs.data(), sn.data());
+    for (int64_t h = 0; h < H; ++h) rope_row(xp + h * D, 1, row + h * s1, cs.data(), sn.data(), rope.dims, D, rope.traditional);
+  });
 }
 
 bool DecodeAttention::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const DecodeAttention&>(other);
-  return offset_ == o.offset_ && scale_ == o.scale_ && dims_ == o.dims_ && traditional_ == o.traditional_ &&
-      base_ == o.base_ && rope_scale_ == o.rope_scale_;
+  return scale_ == o.scale_ && rope_ == o.rope_;
 }
 
 std::vector<mx::Shape> DecodeAttention::output_shapes(const std::vector<mx::array>& inputs) {
-  const int Hq = static_cast<int>(inputs[0].size() / inputs[3].shape(3));
-  return {{1, 1, Hq * inputs[4].shape(3)}, inputs[3].shape(), inputs[4].shape()};
+  const int Hq = static_cast<int>(inputs[0].size() / inputs[1].shape(3));
+  return {{1, 1, Hq * inputs[2].shape(3)}};
 }
 
 void DecodeAttention::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
-  const auto &kc = inputs[3], &vc = inputs[4];
-  auto &out = outputs[0], &nk = outputs[1], &nv = outputs[2];
-  out.set_data(mx::allocator::malloc(out.nbytes()));
-  const bool k_kept = take_buffer(kc, nk), v_kept = take_buffer(vc, nv);
-  const int64_t Hk = kc.shape(1), D = kc.shape(3), Dv = vc.shape(3);
+  auto& out = outputs[0];
+  auto& encoder = begin_eval(inputs, out, stream());
+  const int64_t D = inputs[1].shape(3);
   const int64_t Hq = static_cast<int64_t>(inputs[0].size()) / D;
-  const View4 kv = cache_view(nk, offset_ + 1), vv = cache_view(nv, offset_ + 1);
-  auto& encoder = mx::cpu::get_command_encoder(stream());
-  encoder.dispatch([q = Values(inputs[0]), k = Values(inputs[1]), v = Values(inputs[2]),
-                    k_old = k_kept ? std::nullopt : std::optional<Values>(Values(kc)),
-                    v_old = v_kept ? std::nullopt : std::optional<Values>(Values(vc)), kv, vv,
-                    kd = nk.data<float>(), vd = nv.data<float>(), Hq, Hk, D, Dv,
-                    op = out.data<float>(), offset = offset_, scale = scale_, dims = dims_, traditional = traditional_,
-                    base = base_, rope_scale = rope_scale_]() {
-    // a cache buffer someone else still holds: the step writes into a copy of it, as MLX's does
-    if (k_old) copy_into(*k_old, kd);
-    if (v_old) copy_into(*v_old, vd);
-    thread_local std::vector<float> qbuf, kbuf, vbuf, inv_freq, cs, sn, qs; // kept between calls
-    const float* qp = q.read(qbuf);
-    const float* kp = k.read(kbuf);
-    const float* vp = v.read(vbuf);
-    // the rotation at position offset, as the Rope primitive computes it for one position
-    const int half = dims / 2;
+  const View4 kv = cache_view(inputs[1], rope_.offset + 1), vv = cache_view(inputs[2], rope_.offset + 1);
+  encoder.dispatch([q = Values(inputs[0]), kv, vv, Hq, D, op = out.data<float>(), scale = scale_, rope = rope_]() {
+    thread_local std::vector<float> buf, inv_freq, cs, sn, qs; // kept between calls
+    const float* qp = q.read(buf);
+    const int half = rope.dims / 2;
     inv_freq.resize(half);
     cs.resize(half);
     sn.resize(half);
-    rope_inv_freq(inv_freq.data(), half, base);
-    rope_angles(inv_freq.data(), half, 0.f, static_cast<float>(offset), rope_scale, cs.data(), sn.data());
-    qs.resize(static_cast<size_t>(Hq * D));
-    for (int64_t h = 0; h < Hq; ++h) rope_row(qp + h * D, 1, qs.data() + h * D, cs.data(), sn.data(), dims, D, traditional);
-    // the key and value rows at offset (the buffers' last axis is contiguous: they are row-contiguous)
-    for (int64_t h = 0; h < Hk; ++h) {
-      rope_row(kp + h * D, 1, kd + h * kv.stride[1] + offset * kv.stride[2], cs.data(), sn.data(), dims, D, traditional);
-      std::memcpy(vd + h * vv.stride[1] + offset * vv.stride[2], vp + h * Dv, static_cast<size_t>(Dv) * sizeof(float));
-    }
+    rope_inv_freq(inv_freq.data(), half, rope.base);
+    rope_angles(inv_freq.data(), half, 0.f, static_cast<float>(rope.offset), rope.scale, cs.data(), sn.data());
     // the rotated queries as the Rope primitive lays them out, (1, Hq, 1, D)
+    qs.resize(static_cast<size_t>(Hq * D));
+    for (int64_t h = 0; h < Hq; ++h) rope_row(qp + h * D, 1, qs.data() + h * D, cs.data(), sn.data(), rope.dims, D, rope.traditional);
     const View4 qv{qs.data(), {1, Hq, 1, D}, {Hq * D, D, D, 1}};
     run_attention(AttnProblem{qv, kv, vv, MaskView{}, scale, 0, op});
   });

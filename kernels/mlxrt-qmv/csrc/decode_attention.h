@@ -1,10 +1,15 @@
-// One sequence's decode-step attention over mlx-lm's KVCache as one primitive. mlx-lm's layer
+// One sequence's decode-step attention over mlx-lm's KVCache in three primitives. mlx-lm's layer
 // runs, per layer and step, a reshape of each of q, k and v into heads, the rotary embedding of q
 // and k, two slice updates (the step's key and value written into the cache's buffer at its
 // offset) and two slices (the buffer's first offset + 1 rows), the attention and a reshape back:
-// eleven primitives, each set up by MLX on the calling thread and dispatched on its stream. This
-// one computes the same values with the same code (rope.h, run_attention in attention.h), so
-// its results are those primitives' bits.
+// eleven primitives, each set up by MLX on the calling thread and dispatched on its stream. Here
+// a CacheWrite each for the key (rotated) and the value, and a DecodeAttention (the query
+// rotated, the attention over the written buffers' first offset + 1 rows) compute the same values
+// with the same code (rope.h, run_attention in attention.h), so their results are those
+// primitives' bits. The writes are primitives of one output each: MLX donates an input's buffer
+// to an output only where the input's array is held by nothing but the one primitive that reads
+// it (array::is_donatable), which the several outputs of one primitive would not be (each holds
+// its inputs).
 #pragma once
 
 #include <vector>
@@ -34,11 +39,37 @@ std::vector<mx::array> decode_attention(const mx::array& q, const mx::array& k, 
 bool decode_attention_supported(const mx::array& q, const mx::array& k, const mx::array& v, const mx::array& k_cache,
                                 const mx::array& v_cache, int offset, int dims, mx::StreamOrDevice s = {});
 
+// The rotation at a position and its parameters (dims 0: none, the row is copied as it is).
+struct RopeAt {
+  int offset;
+  int dims;
+  bool traditional;
+  float base;
+  float scale;
+  bool operator==(const RopeAt&) const = default;
+};
+
+// cache (1, H, S, D) with row offset set to x's H·D values, rotated by rope when rope.dims > 0.
+class CacheWrite : public CpuPrimitive {
+ public:
+  CacheWrite(mx::Stream stream, RopeAt rope) : CpuPrimitive(stream), rope_(rope) {}
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  bool is_equivalent(const mx::Primitive& other) const override;
+  std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override {
+    return {inputs[1].shape()};
+  }
+  const char* name() const override {
+    return "MlxrtCacheWrite";
+  }
+
+ private:
+  RopeAt rope_;
+};
+
+// The attention of rope(q) over the first rope.offset + 1 rows of the written caches.
 class DecodeAttention : public CpuPrimitive {
  public:
-  DecodeAttention(mx::Stream stream, int offset, float scale, int dims, bool traditional, float base, float rope_scale)
-      : CpuPrimitive(stream), offset_(offset), scale_(scale), dims_(dims), traditional_(traditional), base_(base),
-        rope_scale_(rope_scale) {}
+  DecodeAttention(mx::Stream stream, float scale, RopeAt rope) : CpuPrimitive(stream), scale_(scale), rope_(rope) {}
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   bool is_equivalent(const mx::Primitive& other) const override;
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override;
@@ -47,12 +78,8 @@ class DecodeAttention : public CpuPrimitive {
   }
 
  private:
-  int offset_;
   float scale_;
-  int dims_;
-  bool traditional_;
-  float base_;
-  float rope_scale_;
+  RopeAt rope_;
 };
 
 } // namespace mlxrt_qmv
