@@ -20,8 +20,9 @@ changes one leaves that layer as it is, and tests/test_compat.py fails by name.
 With the mlxrt-qmv kernel (:func:`mlxrt.engine.qmv.install_fused` passes a :class:`FusedDecode`),
 one sequence's step over mlx-lm's plain ``KVCache`` goes further: the per-head reshapes, the two
 rotations, the cache's two slice updates and two slices, the attention and the output reshape
-(eleven primitives a layer) are the kernel's one ``decode_attention`` primitive, which computes
-them with the same code, so the same bits (docs/performance.md, "Between the kernel calls").
+(eleven primitives a layer) are the kernel's ``decode_attention``: three primitives (the key's
+and the value's writes, the attention) that compute them with the same code, so the same bits
+(docs/performance.md, "Between the kernel calls").
 It writes the step's key and value into the cache's buffers in place where MLX would (nothing
 else holds them), as MLX's slice update does, and updates the cache's arrays and offset as
 ``update_and_fetch`` does. Everything else keeps the path above: a batch (the batch lane's
@@ -107,7 +108,7 @@ def _subclass(base: type) -> type:
         if (fused is not None and batch == 1 and mask is None and type(cache) is KVCache
                 and type(self.rope) is fused.rope and cache.keys is not None and cache.offset < cache.keys.shape[2]
                 and queries.dtype == keys.dtype == values.dtype == cache.keys.dtype == cache.values.dtype == mx.float32):
-            # rotations, the cache's writes and views and the attention as one primitive; the
+            # rotations, the cache's writes and views and the attention as three primitives; the
             # cache's arrays are updated in place by it, as update_and_fetch's item assignment does
             rope = self.rope
             output = fused.attend(queries, keys, values, cache.keys, cache.values, cache.offset, self.scale, rope.dims,

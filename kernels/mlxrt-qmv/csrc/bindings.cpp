@@ -116,8 +116,8 @@ NB_MODULE(_ext, m) {
       },
       "q"_a, "k"_a, "v"_a, "k_cache"_a, "v_cache"_a, "offset"_a, "scale"_a, "dims"_a, "traditional"_a, "base"_a,
       "rope_scale"_a,
-      "One token's attention step over mlx-lm's KVCache buffers, one primitive (float32, CPU, batch 1): rotates q "
-      "(Hq*D values) and k (Hk*D) at position offset as rope(x, dims, traditional, base, rope_scale, offset) does, "
+      "One token's attention step over mlx-lm's KVCache buffers in three primitives (float32, CPU, batch 1): "
+      "rotates q (Hq*D values) and k (Hk*D) at position offset as rope(x, dims, traditional, base, rope_scale, offset) does, "
       "writes k and v (Hk*Dv) into row offset of k_cache (1, Hk, S, D) and v_cache (1, Hk, S, Dv) (those arrays "
       "are updated in place, as item assignment updates an array), and returns attention(q, k_cache[:, :, :offset "
       "+ 1], v_cache[:, :, :offset + 1], scale) as (1, 1, Hq*Dv): those primitives' bits. ValueError for other "
