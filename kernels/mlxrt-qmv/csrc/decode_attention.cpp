@@ -70,6 +70,24 @@ View4 cache_view(const mx::array& cache, int rows) {
   return v;
 }
 
+// The cosines and sines of rope's position (its offset) for each of its dims / 2 pairs, as the
+// Rope primitive computes them for one position, in this thread's buffers.
+struct Angles {
+  const float* cs;
+  const float* sn;
+};
+
+Angles angles_at(const RopeAt& rope) {
+  thread_local std::vector<float> inv_freq, cs, sn; // kept between calls: no allocation per step
+  const int half = rope.dims / 2;
+  inv_freq.resize(half);
+  cs.resize(half);
+  sn.resize(half);
+  rope_inv_freq(inv_freq.data(), half, rope.base);
+  rope_angles(inv_freq.data(), half, 0.f, static_cast<float>(rope.offset), rope.scale, cs.data(), sn.data());
+  return {cs.data(), sn.data()};
+}
+
 } // namespace
 
 bool decode_attention_supported(const mx::array& q, const mx::array& k, const mx::array& v, const mx::array& k_cache,
@@ -121,21 +139,15 @@ void CacheWrite::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::
                     op = out.data<float>(), s1 = out.strides()[1], s2 = out.strides()[2], H, D, rope = rope_]() {
     // a cache buffer something else still holds: the step writes into a copy of it, as MLX's does
     if (old) copy_into(*old, op);
-    thread_local std::vector<float> buf, inv_freq, cs, sn; // kept between calls
+    thread_local std::vector<float> buf; // kept between calls
     const float* xp = x.read(buf);
     float* const row = op + rope.offset * s2;
     if (rope.dims == 0) {
       for (int64_t h = 0; h < H; ++h) std::memcpy(row + h * s1, xp + h * D, static_cast<size_t>(D) * sizeof(float));
       return;
     }
-    // the rotation at position offset, as the Rope primitive computes it for one position
-    const int half = rope.dims / 2;
-    inv_freq.resize(half);
-    cs.resize(half);
-    sn.resize(half);
-    rope_inv_freq(inv_freq.data(), half, rope.base);
-    rope_angles(inv_freq.data(), half, 0.f, static_cast<float>(rope.offset), rope.scale, cs.data(), sn.data());
-    for (int64_t h = 0; h < H; ++h) rope_row(xp + h * D, 1, row + h * s1, cs.data(), sn.data(), rope.dims, D, rope.traditional);
+    const Angles a = angles_at(rope);
+    for (int64_t h = 0; h < H; ++h) rope_row(xp + h * D, 1, row + h * s1, a.cs, a.sn, rope.dims, D, rope.traditional);
   });
 }
 
@@ -156,17 +168,12 @@ void DecodeAttention::eval_cpu(const std::vector<mx::array>& inputs, std::vector
   const int64_t Hq = static_cast<int64_t>(inputs[0].size()) / D;
   const View4 kv = cache_view(inputs[1], rope_.offset + 1), vv = cache_view(inputs[2], rope_.offset + 1);
   encoder.dispatch([q = Values(inputs[0]), kv, vv, Hq, D, op = out.data<float>(), scale = scale_, rope = rope_]() {
-    thread_local std::vector<float> buf, inv_freq, cs, sn, qs; // kept between calls
+    thread_local std::vector<float> buf, qs; // kept between calls
     const float* qp = q.read(buf);
-    const int half = rope.dims / 2;
-    inv_freq.resize(half);
-    cs.resize(half);
-    sn.resize(half);
-    rope_inv_freq(inv_freq.data(), half, rope.base);
-    rope_angles(inv_freq.data(), half, 0.f, static_cast<float>(rope.offset), rope.scale, cs.data(), sn.data());
+    const Angles a = angles_at(rope);
     // the rotated queries as the Rope primitive lays them out, (1, Hq, 1, D)
     qs.resize(static_cast<size_t>(Hq * D));
-    for (int64_t h = 0; h < Hq; ++h) rope_row(qp + h * D, 1, qs.data() + h * D, cs.data(), sn.data(), rope.dims, D, rope.traditional);
+    for (int64_t h = 0; h < Hq; ++h) rope_row(qp + h * D, 1, qs.data() + h * D, a.cs, a.sn, rope.dims, D, rope.traditional);
     const View4 qv{qs.data(), {1, Hq, 1, D}, {Hq * D, D, D, 1}};
     run_attention(AttnProblem{qv, kv, vv, MaskView{}, scale, 0, op});
   });
