@@ -8,9 +8,12 @@ loops. Skipped where the kernel is not built."""
 
 from __future__ import annotations
 
+import io
 import os
+import re
 import subprocess
 import sys
+from collections import Counter
 from pathlib import Path
 
 import mlx.core as mx
@@ -105,10 +108,11 @@ def _tiny(model_type: str) -> nn.Module:
 
     arch = importlib.import_module(f"mlx_lm.models.{model_type}")
     args = {"model_type": model_type, "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
-            "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "vocab_size": 512,
-            "tie_word_embeddings": True}
+            "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "vocab_size": 512}
     if model_type == "qwen3":
-        args.update(head_dim=16, max_position_embeddings=4096, rope_theta=1e6)
+        args.update(head_dim=16, max_position_embeddings=4096, rope_theta=1e6, tie_word_embeddings=True)
+    if model_type == "gemma3_text":  # a sliding layer (a rotating cache: mlx-lm's path) and a global one
+        args.update(head_dim=16, sliding_window=4, sliding_window_pattern=2, query_pre_attn_scalar=16)
     mx.random.seed(4)
     model = arch.Model(arch.ModelArgs(**args))
     nn.quantize(model, group_size=32, bits=4)
@@ -116,21 +120,24 @@ def _tiny(model_type: str) -> nn.Module:
     return model
 
 
-def _steps(model: nn.Module, prompt: list[int], n: int) -> tuple[list[int], list[np.ndarray]]:
-    """Greedy tokens and each step's logits, the prompt's first."""
+def _steps(model: nn.Module, prompt: list[int], n: int) -> tuple[list[int], list[np.ndarray], Counter]:
+    """Greedy tokens and each step's logits, the prompt's first, and the last step's primitives."""
     from mlx_lm.models.cache import make_prompt_cache
 
     cache = make_prompt_cache(model)
     logits = model(mx.array([prompt]), cache=cache)[:, -1, :]
-    tokens, rows = [], []
+    tokens, rows, ops = [], [], Counter()
     for _ in range(n):
         rows.append(np.array(logits))
         tokens.append(int(mx.argmax(logits, axis=-1).item()))
         logits = model(mx.array([[tokens[-1]]]), cache=cache)[:, -1, :]
-    return tokens, rows
+        dot = io.StringIO()
+        mx.export_to_dot(dot, logits)
+        ops = Counter(re.findall(r'label ="([A-Za-z_]+)', dot.getvalue()))
+    return tokens, rows, ops
 
 
-@pytest.mark.parametrize("model_type", ["llama", "qwen3"])
+@pytest.mark.parametrize("model_type", ["llama", "qwen3", "gemma3_text"])
 def test_a_model_s_decode_is_bit_identical_with_and_without_the_fused_step(model_type, monkeypatch):
     # 250 prompt tokens and 12 steps: the cache's buffer (256 rows) fills, update_and_fetch grows
     # it on that step, and the fused step resumes on the grown buffer
@@ -140,10 +147,14 @@ def test_a_model_s_decode_is_bit_identical_with_and_without_the_fused_step(model
     monkeypatch.setenv("MLXRT_FUSED_DECODE", "0")
     qmv.install_fused(plain)
     assert plain.layers[0].self_attn._mlxrt_fused is None and fused.layers[0].self_attn._mlxrt_fused is not None
-    tokens, logits = _steps(fused, prompt, 12)
-    want_tokens, want_logits = _steps(plain, prompt, 12)
+    tokens, logits, ops = _steps(fused, prompt, 12)
+    want_tokens, want_logits, want_ops = _steps(plain, prompt, 12)
     assert tokens == want_tokens
     assert all(np.array_equal(a, b) for a, b in zip(logits, want_logits, strict=True))
+    # two layers; Gemma's sliding one (a rotating cache) keeps mlx-lm's path
+    fused_layers = 1 if model_type == "gemma3_text" else 2
+    assert ops["MlxrtDecodeAttention"] == fused_layers and ops["MlxrtCacheWrite"] == 2 * fused_layers
+    assert ops["MlxrtAttention"] == 2 - fused_layers and "MlxrtDecodeAttention" not in want_ops
 
 
 def test_the_portable_loops_give_the_same_bits():
