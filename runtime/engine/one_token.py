@@ -22,8 +22,7 @@ one sequence's step over mlx-lm's plain ``KVCache`` goes further: the per-head r
 rotations, the cache's two slice updates and two slices, the attention and the output reshape
 (eleven primitives a layer) are the kernel's ``decode_attention``: three primitives (the key's
 and the value's writes, the attention) that compute them with the same code, so the same bits
-(docs/performance.md, "Between the kernel calls").
-It writes the step's key and value into the cache's buffers in place where MLX would (nothing
+(docs/performance.md, "Between the kernel calls"). It writes the step's key and value into the cache's buffers in place where MLX would (nothing
 else holds them), as MLX's slice update does, and updates the cache's arrays and offset as
 ``update_and_fetch`` does. Everything else keeps the path above: a batch (the batch lane's
 caches), rotating or quantized caches (Gemma's sliding layers), a mask, another rotation class
@@ -44,7 +43,7 @@ __all__ = ["FusedDecode", "install"]
 
 @attrs.frozen
 class FusedDecode:
-    """The kernel's one-primitive decode step for :func:`install`: ``attend`` is
+    """The kernel's decode attention (three primitives a layer) for :func:`install`: ``attend`` is
     ``mlxrt_qmv.decode_attention``, ``rope`` the rotation layer class whose computation it
     repeats (the kernel's ``nn.RoPE``: a layer of another class keeps its own path)."""
 
@@ -57,7 +56,7 @@ _SUBCLASSES: dict[type, type] = {}
 def install(model: Any, fused: FusedDecode | None = None) -> int:
     """Swap ``model``'s known mlx-lm attention layers for their one-token subclasses; return how
     many (0 where none is known: another architecture, or an mlx-lm whose forward changed).
-    ``fused``: their lone decode steps over a plain ``KVCache`` run that kernel primitive."""
+    ``fused``: their lone decode steps over a plain ``KVCache`` run the kernel's decode attention."""
     from mlxrt import compat
 
     modules = dict(model.named_modules())
