@@ -22,9 +22,9 @@ one sequence's step over mlx-lm's plain ``KVCache`` goes further: the per-head r
 rotations, the cache's two slice updates and two slices, the attention and the output reshape
 (eleven primitives a layer) are the kernel's ``decode_attention``: three primitives (the key's
 and the value's writes, the attention) that compute them with the same code, so the same bits
-(docs/performance.md, "Between the kernel calls"). It writes the step's key and value into the cache's buffers in place where MLX would (nothing
-else holds them), as MLX's slice update does, and updates the cache's arrays and offset as
-``update_and_fetch`` does. Everything else keeps the path above: a batch (the batch lane's
+(docs/performance.md, "Between the kernel calls"). It writes the step's key and value into the
+cache's buffers in place where MLX would (nothing else holds them), as MLX's slice update does,
+and updates the cache's arrays and offset as ``update_and_fetch`` does. Everything else keeps the path above: a batch (the batch lane's
 caches), rotating or quantized caches (Gemma's sliding layers), a mask, another rotation class
 (Llama 3's, YaRN), other dtypes, a full buffer (``update_and_fetch`` grows it), prefill.
 ``MLXRT_FUSED_DECODE=0`` turns it off (for comparisons).
