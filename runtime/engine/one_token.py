@@ -16,21 +16,47 @@ chunks, no cache), through MLX's public ``Module.update_modules``. The subclass 
 mlx-lm's forward does: :func:`mlxrt.compat.mlx_lm_forward_known` accepts only the classes
 whose forward is the one this was written against (its source's digest), so an mlx-lm that
 changes one leaves that layer as it is, and tests/test_compat.py fails by name.
+
+With the mlxrt-qmv kernel (:func:`mlxrt.engine.qmv.install_fused` passes a :class:`FusedDecode`),
+one sequence's step over mlx-lm's plain ``KVCache`` goes further: the per-head reshapes, the two
+rotations, the cache's two slice updates and two slices, the attention and the output reshape
+(eleven primitives a layer) are the kernel's ``decode_attention``: three primitives (the key's
+and the value's writes, the attention) that compute them with the same code, so the same bits
+(docs/performance.md, "Between the kernel calls"). It writes the step's key and value into the
+cache's buffers in place where MLX would (nothing else holds them), as MLX's slice update does,
+and updates the cache's arrays and offset as ``update_and_fetch`` does. Everything else keeps the path above: a batch (the batch lane's
+caches), rotating or quantized caches (Gemma's sliding layers), a mask, another rotation class
+(Llama 3's, YaRN), other dtypes, a full buffer (``update_and_fetch`` grows it), prefill.
+``MLXRT_FUSED_DECODE=0`` turns it off (for comparisons).
 """
 
 from __future__ import annotations
 
 import sys
+from collections.abc import Callable
 from typing import Any
 
-__all__ = ["install"]
+import attrs
+
+__all__ = ["FusedDecode", "install"]
+
+
+@attrs.frozen
+class FusedDecode:
+    """The kernel's decode attention (three primitives a layer) for :func:`install`: ``attend`` is
+    ``mlxrt_qmv.decode_attention``, ``rope`` the rotation layer class whose computation it
+    repeats (the kernel's ``nn.RoPE``: a layer of another class keeps its own path)."""
+
+    attend: Callable[..., Any]
+    rope: type
 
 _SUBCLASSES: dict[type, type] = {}
 
 
-def install(model: Any) -> int:
+def install(model: Any, fused: FusedDecode | None = None) -> int:
     """Swap ``model``'s known mlx-lm attention layers for their one-token subclasses; return how
-    many (0 where none is known: another architecture, or an mlx-lm whose forward changed)."""
+    many (0 where none is known: another architecture, or an mlx-lm whose forward changed).
+    ``fused``: their lone decode steps over a plain ``KVCache`` run the kernel's decode attention."""
     from mlxrt import compat
 
     modules = dict(model.named_modules())
@@ -42,7 +68,9 @@ def install(model: Any) -> int:
         known = type(layer).__name__ == "Attention" and compat.mlx_lm_forward_known(type(layer))
         if not known or parent is None or key.isdigit():
             continue
-        parent.update_modules({key: _one_token(layer, _subclass(type(layer)))})
+        new = _one_token(layer, _subclass(type(layer)))
+        new.__dict__["_mlxrt_fused"] = fused
+        parent.update_modules({key: new})
         swapped += 1
     return swapped
 
@@ -61,6 +89,7 @@ def _subclass(base: type) -> type:
     if base in _SUBCLASSES:
         return _SUBCLASSES[base]
     import mlx.core as mx
+    from mlx_lm.models.cache import KVCache
 
     # the module's global, looked up at each call: mlxrt.compat.route_attention may route it
     module = sys.modules[base.__module__]
@@ -70,19 +99,33 @@ def _subclass(base: type) -> type:
         batch, length, _ = x.shape
         if length != 1 or cache is None:
             return base.__call__(self, x, mask=mask, cache=cache)
-        # (B, 1, heads·dim) read as (B, heads, 1, dim): mlx-lm's reshape-then-transpose, one view
-        queries = self.q_proj(x).reshape(batch, self.n_heads, 1, -1)
-        keys = self.k_proj(x).reshape(batch, self.n_kv_heads, 1, -1)
-        values = self.v_proj(x).reshape(batch, self.n_kv_heads, 1, -1)
+        queries, keys, values = self.q_proj(x), self.k_proj(x), self.v_proj(x)
+        fused: FusedDecode | None = self._mlxrt_fused
         if norms:  # per head over its last axis: where mlx-lm applies it, before or after the transpose, alike
-            queries, keys = self.q_norm(queries), self.k_norm(keys)
+            queries = self.q_norm(queries.reshape(batch, self.n_heads, 1, -1))
+            keys = self.k_norm(keys.reshape(batch, self.n_kv_heads, 1, -1))
+        if (fused is not None and batch == 1 and mask is None and type(cache) is KVCache
+                and type(self.rope) is fused.rope and cache.keys is not None and cache.offset < cache.keys.shape[2]
+                and queries.dtype == keys.dtype == values.dtype == cache.keys.dtype == cache.values.dtype == mx.float32):
+            # rotations, the cache's writes and views and the attention as three primitives; the
+            # cache's arrays are updated in place by it, as update_and_fetch's item assignment does
+            rope = self.rope
+            output = fused.attend(queries, keys, values, cache.keys, cache.values, cache.offset, self.scale, rope.dims,
+                                  rope.traditional, rope.base, rope.scale)
+            cache.offset += 1
+            return self.o_proj(output)
+        # (B, 1, heads·dim) read as (B, heads, 1, dim): mlx-lm's reshape-then-transpose, one view
+        if not norms:
+            queries = queries.reshape(batch, self.n_heads, 1, -1)
+            keys = keys.reshape(batch, self.n_kv_heads, 1, -1)
+        values = values.reshape(batch, self.n_kv_heads, 1, -1)
         queries = self.rope(queries, offset=cache.offset)
         keys = self.rope(keys, offset=cache.offset)
         keys, values = cache.update_and_fetch(keys, values)
         output = module.scaled_dot_product_attention(queries, keys, values, cache=cache, scale=self.scale, mask=mask)
         return self.o_proj(output.reshape(batch, 1, -1))
 
-    cls = type(f"OneToken{base.__name__}", (base,), {"__call__": __call__, "__module__": __name__,
+    cls = type(f"OneToken{base.__name__}", (base,), {"__call__": __call__, "__module__": __name__, "_mlxrt_fused": None,
                                          "__doc__": f"{base.__module__}.{base.__name__}, one token without layout ops."})
     _SUBCLASSES[base] = cls
     return cls

@@ -235,8 +235,9 @@ def install_fused(model: Any, st: QmvStatus | None = None) -> int:
     activation of the mlx-lm model modules it is built from (:func:`mlxrt.compat.route_attention`,
     :func:`mlxrt.compat.route_swiglu`), run the kernel's fused primitives, and its known mlx-lm
     attention layers skip a decode step's layout ops (:mod:`mlxrt.engine.one_token`: with the
-    fused primitives those are a quarter of the step's); return how many layers were swapped (0
-    without the kernel)."""
+    fused primitives those are a quarter of the step's), a lone decode step's attention over a plain
+    cache being the kernel's ``decode_attention`` (3 primitives a layer for 11; ``MLXRT_FUSED_DECODE=0``: not);
+    return how many layers were swapped (0 without the kernel)."""
     st = st if st is not None else load()
     if not st.active:
         return 0
@@ -246,12 +247,17 @@ def install_fused(model: Any, st: QmvStatus | None = None) -> int:
 
     count = _replace_layers(model, fused)
     if count:
+        import mlx.nn as nn
+
         import mlxrt.engine.one_token as one_token
         from mlxrt import compat
 
         compat.route_attention(model, _attention(st.module))
         compat.route_swiglu(model, _swiglu(st.module))
-        count += one_token.install(model)
+        # MLXRT_FUSED_DECODE=0: the lone decode step's eleven primitives a layer, as before (A/B runs)
+        off = os.environ.get("MLXRT_FUSED_DECODE", "") in ("0", "off", "false")
+        fused_decode = None if off else one_token.FusedDecode(st.module.decode_attention, _fused_classes(st.module)[nn.RoPE])
+        count += one_token.install(model, fused_decode)
     return count
 
 

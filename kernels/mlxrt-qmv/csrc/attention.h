@@ -1,5 +1,6 @@
-// What the attention primitive's CPU loops share (fused.cpp evaluates, kernel_avx2_attn.cpp holds
-// the AVX2 loop): the views of q, k, v and the mask, and one task's work.
+// What the attention primitives' CPU loops share (fused.cpp evaluates, kernel_avx2_attn.cpp holds
+// the AVX2 loop, decode_attention.cpp runs them over a decode step's cache): the views of q, k, v
+// and the mask, and one task's work.
 #pragma once
 
 #include <cstdint>
@@ -30,6 +31,12 @@ struct AttnProblem {
   int mode;
   float* out;
 };
+
+// Computes p on the calling thread (a primitive's dispatched work), over the kernel's threads
+// where it pays: the AVX2 loop where attention_avx2_ok(p) and the portable loops are not forced
+// (MLXRT_QMV_KERNEL=portable), the portable loop otherwise. The Attention and DecodeAttention
+// primitives both run it, so their results are the same bits for the same q, k and v.
+void run_attention(const AttnProblem& p);
 
 // Whether attention_group_avx2 can take p: an x86-64 CPU with AVX2 and FMA, keys and values
 // contiguous along their last axis, D and Dv multiples of 8 (at most 256).

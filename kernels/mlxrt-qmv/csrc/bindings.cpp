@@ -8,6 +8,7 @@
 
 #include "mlx/version.h"
 #include "activation.h"
+#include "decode_attention.h"
 #include "sort.h"
 #include "fused.h"
 #include "qmv.h"
@@ -103,6 +104,33 @@ NB_MODULE(_ext, m) {
       "attention_supported",
       [](const mx::array& q, const mx::array& k, const mx::array& v) { return mlxrt_qmv::attention_supported(q, k, v); },
       "q"_a, "k"_a, "v"_a, "Whether attention runs the primitive for these arguments (masks aside).");
+  m.def(
+      "decode_attention",
+      [](const mx::array& q, const mx::array& k, const mx::array& v, mx::array& k_cache, mx::array& v_cache,
+         int offset, float scale, int dims, bool traditional, float base, float rope_scale) {
+        auto outs = mlxrt_qmv::decode_attention(q, k, v, k_cache, v_cache, offset, scale, dims, traditional, base,
+                                                rope_scale);
+        // the caches updated as `k_cache[..., offset, :] = ...` updates an array (mlx's __setitem__)
+        k_cache.overwrite_descriptor(outs[1]);
+        v_cache.overwrite_descriptor(outs[2]);
+        return outs[0];
+      },
+      "q"_a, "k"_a, "v"_a, "k_cache"_a, "v_cache"_a, "offset"_a, "scale"_a, "dims"_a, "traditional"_a, "base"_a,
+      "rope_scale"_a,
+      "One token's attention step over mlx-lm's KVCache buffers in three primitives (float32, CPU, batch 1): "
+      "rotates q (Hq*D values) and k (Hk*D) at position offset as rope(x, dims, traditional, base, rope_scale, offset) does, "
+      "writes k and v (Hk*Dv) into row offset of k_cache (1, Hk, S, D) and v_cache (1, Hk, S, Dv) (those arrays "
+      "are updated in place, as item assignment updates an array), and returns attention(q, k_cache[:, :, :offset "
+      "+ 1], v_cache[:, :, :offset + 1], scale) as (1, 1, Hq*Dv): those primitives' bits. ValueError for other "
+      "arguments (decode_attention_supported).");
+  m.def(
+      "decode_attention_supported",
+      [](const mx::array& q, const mx::array& k, const mx::array& v, const mx::array& k_cache,
+         const mx::array& v_cache, int offset, int dims) {
+        return mlxrt_qmv::decode_attention_supported(q, k, v, k_cache, v_cache, offset, dims);
+      },
+      "q"_a, "k"_a, "v"_a, "k_cache"_a, "v_cache"_a, "offset"_a, "dims"_a,
+      "Whether decode_attention takes these arguments.");
   m.attr("MAX_QUERIES") = mlxrt_qmv::MAX_QUERIES;
   m.def("kernel_name", &mlxrt_qmv::kernel_name,
         "The kernel this process runs: 'avx512 vnni', 'avx2 int8' or 'portable int8' (x in 8 bits, the default for "

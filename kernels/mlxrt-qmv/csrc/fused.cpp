@@ -15,6 +15,7 @@
 #include "activation.h"
 #include "attention.h"
 #include "qmv.h"
+#include "rope.h"
 
 namespace mlxrt_qmv {
 
@@ -136,39 +137,22 @@ void Rope::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>
                     traditional = traditional_, base = base_, scale = scale_]() {
     const int64_t B = xv.shape[0], H = xv.shape[1], T = xv.shape[2], D = xv.shape[3];
     const int half = dims / 2;
-    // inv_freq[i] = exp(-i · log(base) / half), as MLX's fallback computes it
     thread_local std::vector<float> inv_freq, cs, sn; // kept between calls: no allocation per op
     inv_freq.resize(half);
     cs.resize(static_cast<size_t>(T) * half);
     sn.resize(static_cast<size_t>(T) * half);
-    const float step = static_cast<float>(std::log(base) / half);
-    for (int i = 0; i < half; ++i) inv_freq[i] = std::exp(static_cast<float>(-i) * step);
+    rope_inv_freq(inv_freq.data(), half, base);
     for (int64_t b = 0; b < B; ++b) {
       if (b == 0 || n_offsets > 1) {  // positions (t + offset) · scale, their cosines and sines
         const float off = static_cast<float>(offp[n_offsets > 1 ? b : 0]);
-        for (int64_t t = 0; t < T; ++t) {
-          const float pos = (static_cast<float>(t) + off) * scale;
-          for (int i = 0; i < half; ++i) {
-            const float theta = pos * inv_freq[i];
-            cs[t * half + i] = std::cos(theta);
-            sn[t * half + i] = std::sin(theta);
-          }
-        }
+        for (int64_t t = 0; t < T; ++t)
+          rope_angles(inv_freq.data(), half, static_cast<float>(t), off, scale, cs.data() + t * half, sn.data() + t * half);
       }
       for (int64_t h = 0; h < H; ++h) {
         for (int64_t t = 0; t < T; ++t) {
           const float* xr = xv.data + b * xv.stride[0] + h * xv.stride[1] + t * xv.stride[2];
-          const int64_t sd = xv.stride[3];
-          float* o = op + ((b * H + h) * T + t) * D;
-          const float* c = cs.data() + t * half;
-          const float* sv = sn.data() + t * half;
-          for (int i = 0; i < half; ++i) {
-            const int64_t i1 = traditional ? 2 * i : i, i2 = traditional ? 2 * i + 1 : i + half;
-            const float x1 = xr[i1 * sd], x2 = xr[i2 * sd];
-            o[i1] = x1 * c[i] - x2 * sv[i];
-            o[i2] = x1 * sv[i] + x2 * c[i];
-          }
-          for (int64_t i = dims; i < D; ++i) o[i] = xr[i * sd];
+          rope_row(xr, xv.stride[3], op + ((b * H + h) * T + t) * D, cs.data() + t * half, sn.data() + t * half, dims, D,
+                   traditional);
         }
       }
     }
@@ -312,70 +296,76 @@ void Attention::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::a
     else mv.f = m.data<float>();
     for (int i = 0; i < 4; ++i) mv.stride[i] = m.strides()[i];
   }
-#if defined(__x86_64__) || defined(_M_X64)
   const AttnProblem ap{qv, kv, vv, mv, scale_, mask_, out.data<float>()};
+  encoder.dispatch([ap]() { run_attention(ap); });
+}
+
+void run_attention(const AttnProblem& ap) {
+#if defined(__x86_64__) || defined(_M_X64)
   if (!portable_forced() && attention_avx2_ok(ap)) {  // MLXRT_QMV_KERNEL=portable: the portable loop
-    encoder.dispatch([ap]() {
-      const int64_t B = ap.q.shape[0], L = ap.q.shape[2], Hk = ap.k.shape[1], S = ap.k.shape[2];
-      const int64_t n = B * Hk * L;
-      // each task reads its key head's keys and values once: S·(D + Dv) floats
-      const size_t bytes = static_cast<size_t>(n) * S * (ap.q.shape[3] + ap.v.shape[3]) * sizeof(float);
-      // a lone query (one sequence's decode step) keeps one CPU free, as a lone row's products
-      // do, until its keys are many (LONE_ATTENTION_BYTES): then the step is the attention's
-      parallel_for(static_cast<int>(n), bytes, [&](int t0, int t1) {
-        for (int64_t t = t0; t < t1; ++t) attention_group_avx2(ap, t);
-      }, B * L == 1 && bytes < LONE_ATTENTION_BYTES);
-    });
+    const int64_t B = ap.q.shape[0], L = ap.q.shape[2], Hk = ap.k.shape[1], S = ap.k.shape[2];
+    const int64_t n = B * Hk * L;
+    // each task reads its key head's keys and values once: S·(D + Dv) floats
+    const size_t bytes = static_cast<size_t>(n) * S * (ap.q.shape[3] + ap.v.shape[3]) * sizeof(float);
+    // a lone query (one sequence's decode step) keeps one CPU free, as a lone row's products
+    // do, until its keys are many (LONE_ATTENTION_BYTES): then the step is the attention's
+    parallel_for(static_cast<int>(n), bytes, [&](int t0, int t1) {
+      for (int64_t t = t0; t < t1; ++t) attention_group_avx2(ap, t);
+    }, B * L == 1 && bytes < LONE_ATTENTION_BYTES);
     return;
   }
 #endif
-  encoder.dispatch([qv, kv, vv, mv, op = out.data<float>(), scale = scale_, mode = mask_]() {
-    const int64_t B = qv.shape[0], Hq = qv.shape[1], L = qv.shape[2], D = qv.shape[3];
-    const int64_t Hk = kv.shape[1], S = kv.shape[2], Dv = vv.shape[3];
-    const int64_t groups = Hq / Hk;
-    const float lowest = std::numeric_limits<float>::lowest(); // MLX's where(mask, s, finfo.min)
-    const int64_t n = B * Hq * L;
-    // work per query row: S·(D + Dv) multiply-adds; spread rows over the pool when it pays
-    const size_t bytes = static_cast<size_t>(n) * S * (D + Dv) * sizeof(float);
-    parallel_for(static_cast<int>(n), bytes, [&](int r0, int r1) {
-      thread_local std::vector<float> qs, sc, acc; // each thread's own, kept between calls
-      qs.resize(D);
-      sc.resize(S);
-      acc.resize(Dv);
-      for (int64_t r = r0; r < r1; ++r) {
-        const int64_t b = r / (Hq * L), h = (r / L) % Hq, l = r % L;
-        const int64_t hk = h / groups;
-        const float* qr = qv.data + b * qv.stride[0] + h * qv.stride[1] + l * qv.stride[2];
-        for (int64_t d = 0; d < D; ++d) qs[d] = qr[d * qv.stride[3]] * scale;
-        const float* kb = kv.data + b * kv.stride[0] + hk * kv.stride[1];
-        const float* vb = vv.data + b * vv.stride[0] + hk * vv.stride[1];
-        // keys this query may see: all, or with "causal" those up to its own position (queries
-        // are the last L of the S positions)
-        const int64_t visible = mode == 1 ? S - L + l + 1 : S;
-        float mx_ = -std::numeric_limits<float>::infinity();
-        for (int64_t s = 0; s < visible; ++s) {
-          float v = dot(qs.data(), kb + s * kv.stride[2], static_cast<int>(D), kv.stride[3]);
-          if (mode == 2) {
-            const uint8_t keep = mv.b[b * mv.stride[0] + h * mv.stride[1] + l * mv.stride[2] + s * mv.stride[3]];
-            if (!keep) v = lowest;
-          } else if (mode == 3) {
-            v += mv.f[b * mv.stride[0] + h * mv.stride[1] + l * mv.stride[2] + s * mv.stride[3]];
-          }
-          sc[s] = v;
-          mx_ = std::max(mx_, v);
+  // the portable loop: one query head's row at a time
+  const View4 &qv = ap.q, &kv = ap.k, &vv = ap.v;
+  const MaskView& mv = ap.mask;
+  float* const op = ap.out;
+  const float scale = ap.scale;
+  const int mode = ap.mode;
+  const int64_t B = qv.shape[0], Hq = qv.shape[1], L = qv.shape[2], D = qv.shape[3];
+  const int64_t Hk = kv.shape[1], S = kv.shape[2], Dv = vv.shape[3];
+  const int64_t groups = Hq / Hk;
+  const float lowest = std::numeric_limits<float>::lowest(); // MLX's where(mask, s, finfo.min)
+  const int64_t n = B * Hq * L;
+  // work per query row: S·(D + Dv) multiply-adds; spread rows over the pool when it pays
+  const size_t bytes = static_cast<size_t>(n) * S * (D + Dv) * sizeof(float);
+  parallel_for(static_cast<int>(n), bytes, [&](int r0, int r1) {
+    thread_local std::vector<float> qs, sc, acc; // each thread's own, kept between calls
+    qs.resize(D);
+    sc.resize(S);
+    acc.resize(Dv);
+    for (int64_t r = r0; r < r1; ++r) {
+      const int64_t b = r / (Hq * L), h = (r / L) % Hq, l = r % L;
+      const int64_t hk = h / groups;
+      const float* qr = qv.data + b * qv.stride[0] + h * qv.stride[1] + l * qv.stride[2];
+      for (int64_t d = 0; d < D; ++d) qs[d] = qr[d * qv.stride[3]] * scale;
+      const float* kb = kv.data + b * kv.stride[0] + hk * kv.stride[1];
+      const float* vb = vv.data + b * vv.stride[0] + hk * vv.stride[1];
+      // keys this query may see: all, or with "causal" those up to its own position (queries
+      // are the last L of the S positions)
+      const int64_t visible = mode == 1 ? S - L + l + 1 : S;
+      float mx_ = -std::numeric_limits<float>::infinity();
+      for (int64_t s = 0; s < visible; ++s) {
+        float v = dot(qs.data(), kb + s * kv.stride[2], static_cast<int>(D), kv.stride[3]);
+        if (mode == 2) {
+          const uint8_t keep = mv.b[b * mv.stride[0] + h * mv.stride[1] + l * mv.stride[2] + s * mv.stride[3]];
+          if (!keep) v = lowest;
+        } else if (mode == 3) {
+          v += mv.f[b * mv.stride[0] + h * mv.stride[1] + l * mv.stride[2] + s * mv.stride[3]];
         }
-        float total = 0.f;
-        for (int64_t s = 0; s < visible; ++s) {
-          sc[s] = std::exp(sc[s] - mx_);
-          total += sc[s];
-        }
-        const float inv = 1.0f / total;
-        std::fill(acc.begin(), acc.end(), 0.f);
-        for (int64_t s = 0; s < visible; ++s) axpy(acc.data(), sc[s] * inv, vb + s * vv.stride[2], static_cast<int>(Dv), vv.stride[3]);
-        std::memcpy(op + r * Dv, acc.data(), Dv * sizeof(float));
+        sc[s] = v;
+        mx_ = std::max(mx_, v);
       }
-    }, B * L == 1);
-  });
+      float total = 0.f;
+      for (int64_t s = 0; s < visible; ++s) {
+        sc[s] = std::exp(sc[s] - mx_);
+        total += sc[s];
+      }
+      const float inv = 1.0f / total;
+      std::fill(acc.begin(), acc.end(), 0.f);
+      for (int64_t s = 0; s < visible; ++s) axpy(acc.data(), sc[s] * inv, vb + s * vv.stride[2], static_cast<int>(Dv), vv.stride[3]);
+      std::memcpy(op + r * Dv, acc.data(), Dv * sizeof(float));
+    }
+  }, B * L == 1);
 }
 
 } // namespace mlxrt_qmv

@@ -28,6 +28,12 @@ one element at a time through a software fma on x86-64). ``log_softmax(x)`` is `
 mx.logsumexp(x, axis=-1, keepdims=True)`` as one op, MLX's float32 bits: a decode step's
 log-probabilities over the vocabulary. ``exp(x)`` and ``sort(x)`` are ``mx.exp`` and ``mx.sort(x,
 axis=-1)`` with MLX's float32 results, for a sampler's nucleus (top-p) filter.
+``decode_attention(q, k, v, k_cache, v_cache, offset, scale, dims, traditional, base, rope_scale)``
+is one token's attention step over mlx-lm's ``KVCache`` buffers in three ops: k (rotated by
+``rope`` at ``offset``) and v written into row ``offset`` of the caches (the arrays updated in
+place, as ``k_cache[..., offset, :] = k`` updates one; the buffer reused where MLX would donate
+it), and ``attention`` of the rotated q over their first ``offset + 1`` rows, the same bits as
+those ops.
 
 Importing this package raises ``ImportError`` when the installed MLX is not the one the
 extension was built against (:data:`BUILT_FOR_MLX`): the primitive is C++ against MLX's ABI.
@@ -40,7 +46,7 @@ import mlx.core as mx
 from mlxrt_qmv import _ext
 
 __all__ = ["quantized_matmul", "dequantize", "supported", "rms_norm", "rope", "attention", "swiglu", "softmax", "log_softmax", "exp", "sort",
-           "attention_supported",
+           "attention_supported", "decode_attention", "decode_attention_supported",
            "kernel_name", "threads", "set_threads", "MAX_ROWS", "MAX_QUERIES", "BITS", "BUILT_FOR_MLX", "API"]
 
 #: The interface version mlxrt requires exactly (``mlxrt.engine.qmv.API``): every function and
@@ -75,3 +81,5 @@ log_softmax = _ext.log_softmax
 exp = _ext.exp
 sort = _ext.sort
 attention_supported = _ext.attention_supported
+decode_attention = _ext.decode_attention
+decode_attention_supported = _ext.decode_attention_supported

@@ -1,0 +1,170 @@
+"""The mlxrt-qmv kernel's ``decode_attention`` (one sequence's decode step over mlx-lm's
+``KVCache`` as one primitive): the same bits as the rotations, the cache's slice updates and
+slices and the attention it stands for, the cache's arrays updated as item assignment updates
+them (the buffer reused only where nothing else holds it), and through
+``mlxrt.engine.one_token`` a model's greedy tokens and logits step for step equal to the path
+without it (``MLXRT_FUSED_DECODE=0``), past the cache's growth, for the AVX2 and the portable
+loops. Skipped where the kernel is not built."""
+
+from __future__ import annotations
+
+import io
+import os
+import re
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+import pytest
+
+from mlxrt.engine import qmv
+
+try:
+    import mlxrt_qmv as ext
+except ImportError:
+    ext = None
+pytestmark = pytest.mark.skipif(ext is None, reason="mlxrt-qmv is not built (scripts/setup builds it with a compiler)")
+
+
+def _reference(q, k, v, k_cache, v_cache, offset, scale, dims, traditional, base, rope_scale):
+    """mlx-lm's step with the kernel's own primitives: reshape into heads, rope, the cache's
+    slice updates (``update_and_fetch``), its slices, attention, reshape back."""
+    heads, kv_heads, dim, dim_v = q.size // k_cache.shape[3], k_cache.shape[1], k_cache.shape[3], v_cache.shape[3]
+    queries = ext.rope(q.reshape(1, heads, 1, dim), dims, traditional, base, rope_scale, offset)
+    keys = ext.rope(k.reshape(1, kv_heads, 1, dim), dims, traditional, base, rope_scale, offset)
+    k_cache[..., offset:offset + 1, :] = keys
+    v_cache[..., offset:offset + 1, :] = v.reshape(1, kv_heads, 1, dim_v)
+    out = ext.attention(queries, k_cache[..., :offset + 1, :], v_cache[..., :offset + 1, :], scale, None)
+    return out.reshape(1, 1, -1)
+
+
+@pytest.mark.parametrize(("heads", "kv_heads", "dim", "dims", "traditional"), [
+    (9, 3, 64, 64, False),  # SmolLM2's shapes
+    (4, 4, 16, 8, True),  # rotating part of each head only, adjacent pairs
+    (6, 2, 12, 12, False),  # a head dimension not a multiple of 8: the portable loop
+])
+def test_decode_attention_gives_the_bits_of_the_primitives_it_stands_for(heads, kv_heads, dim, dims, traditional):
+    mx.random.seed(1)
+    size, offset = 40, 23
+    caches = [mx.random.normal((1, kv_heads, size, dim)) for _ in range(2)]
+    q, k, v = (mx.random.normal((1, 1, n * dim)) for n in (heads, kv_heads, kv_heads))
+    mx.eval(caches, q, k, v)
+    ref_k, ref_v, k_cache, v_cache = mx.array(caches[0]), mx.array(caches[1]), mx.array(caches[0]), mx.array(caches[1])
+    args = (offset, 0.3, dims, traditional, 1e4, 0.5)
+    ref = _reference(q, k, v, ref_k, ref_v, *args)
+    held = k_cache
+    out = ext.decode_attention(q, k, v, k_cache, v_cache, *args)
+    assert held is k_cache  # the caller's arrays are updated, as item assignment updates them
+    assert out.shape == (1, 1, heads * dim)
+    for got, want in ((out, ref), (k_cache, ref_k), (v_cache, ref_v)):
+        assert mx.array_equal(got, want).item()
+    # the query's heads as a per-head norm leaves them, (1, heads, 1, dim), here a strided view: alike
+    strided = mx.random.normal((1, 1, dim, heads)).transpose(0, 3, 1, 2)
+    mx.eval(strided)
+    again, again_ref = [mx.array(c) for c in caches], [mx.array(c) for c in caches]
+    out_t = ext.decode_attention(strided, k, v, again[0], again[1], *args)
+    assert mx.array_equal(out_t, _reference(mx.contiguous(strided), k, v, again_ref[0], again_ref[1], *args)).item()
+
+
+def test_decode_attention_writes_in_place_only_what_nothing_else_holds():
+    kv_heads, size, dim = 4, 2048, 128  # 4 MiB a cache
+    k_cache, v_cache = mx.zeros((1, kv_heads, size, dim)) + 1, mx.zeros((1, kv_heads, size, dim)) + 2
+    q, k, v = (mx.ones((1, 1, kv_heads * dim)) for _ in range(3))
+    mx.eval(k_cache, v_cache, q, k, v)
+    mx.clear_cache()
+    before = mx.get_active_memory()
+    mx.reset_peak_memory()
+    for offset in range(4):
+        mx.eval(ext.decode_attention(q, k, v, k_cache, v_cache, offset, 0.1, dim, False, 1e4, 1.0))
+    # the caches' buffers written in place: a copy would hold old and new at once
+    assert mx.get_peak_memory() - before < 1 << 20
+    # a view of the cache still held (a prompt-cache snapshot, say): the step writes a copy
+    view = k_cache[:, :, :8]
+    mx.eval(view)
+    mx.eval(ext.decode_attention(q, k, v, k_cache, v_cache, 4, 0.1, dim, False, 1e4, 1.0))
+    assert mx.get_peak_memory() - before >= size * kv_heads * dim * 4
+    assert view[0, 0, 4, 0].item() == 1.0 and k_cache[0, 0, 4, 0].item() != 1.0
+
+
+def test_decode_attention_refuses_what_it_does_not_compute():
+    q, k, v = mx.zeros((1, 1, 64)), mx.zeros((1, 1, 64)), mx.zeros((1, 1, 64))
+    k_cache, v_cache = mx.zeros((1, 1, 8, 64)), mx.zeros((1, 1, 8, 64))
+    assert ext.decode_attention_supported(q, k, v, k_cache, v_cache, 7, 64)
+    for bad in ((q, k, v, k_cache, v_cache, 8, 64),  # the buffer is full
+                (q.astype(mx.float16), k, v, k_cache, v_cache, 0, 64),
+                (q, k, v, mx.zeros((2, 1, 8, 64)), mx.zeros((2, 1, 8, 64)), 0, 64),  # a batch
+                (q, k, v, k_cache, v_cache, 0, 65)):
+        assert not ext.decode_attention_supported(*bad)
+        with pytest.raises(ValueError, match="decode_attention"):
+            ext.decode_attention(*bad[:6], 1.0, bad[6], False, 1e4, 1.0)
+
+
+def _tiny(model_type: str) -> nn.Module:
+    import importlib
+
+    arch = importlib.import_module(f"mlx_lm.models.{model_type}")
+    args = {"model_type": model_type, "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "vocab_size": 512}
+    if model_type == "qwen3":
+        args.update(head_dim=16, max_position_embeddings=4096, rope_theta=1e6, tie_word_embeddings=True)
+    if model_type == "gemma3_text":  # a sliding layer (a rotating cache: mlx-lm's path) and a global one
+        args.update(head_dim=16, sliding_window=4, sliding_window_pattern=2, query_pre_attn_scalar=16)
+    mx.random.seed(4)
+    model = arch.Model(arch.ModelArgs(**args))
+    nn.quantize(model, group_size=32, bits=4)
+    mx.eval(model.parameters())
+    return model
+
+
+def _steps(model: nn.Module, prompt: list[int], n: int) -> tuple[list[int], list[np.ndarray], Counter]:
+    """Greedy tokens and each step's logits, the prompt's first, and the last step's primitives."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache = make_prompt_cache(model)
+    logits = model(mx.array([prompt]), cache=cache)[:, -1, :]
+    tokens, rows, ops = [], [], Counter()
+    for _ in range(n):
+        rows.append(np.array(logits))
+        tokens.append(int(mx.argmax(logits, axis=-1).item()))
+        logits = model(mx.array([[tokens[-1]]]), cache=cache)[:, -1, :]
+        dot = io.StringIO()
+        mx.export_to_dot(dot, logits)
+        ops = Counter(re.findall(r'label ="([A-Za-z_]+)', dot.getvalue()))
+    return tokens, rows, ops
+
+
+@pytest.mark.parametrize("model_type", ["llama", "qwen3", "gemma3_text"])
+def test_a_model_s_decode_is_bit_identical_with_and_without_the_fused_step(model_type, monkeypatch):
+    # 250 prompt tokens and 12 steps: the cache's buffer (256 rows) fills, update_and_fetch grows
+    # it on that step, and the fused step resumes on the grown buffer
+    prompt = [(i * 37) % 500 + 3 for i in range(250)]
+    fused, plain = _tiny(model_type), _tiny(model_type)
+    qmv.install_fused(fused)
+    monkeypatch.setenv("MLXRT_FUSED_DECODE", "0")
+    qmv.install_fused(plain)
+    assert plain.layers[0].self_attn._mlxrt_fused is None and fused.layers[0].self_attn._mlxrt_fused is not None
+    tokens, logits, ops = _steps(fused, prompt, 12)
+    want_tokens, want_logits, want_ops = _steps(plain, prompt, 12)
+    assert tokens == want_tokens
+    assert all(np.array_equal(a, b) for a, b in zip(logits, want_logits, strict=True))
+    # two layers; Gemma's sliding one (a rotating cache) keeps mlx-lm's path
+    fused_layers = 1 if model_type == "gemma3_text" else 2
+    assert ops["MlxrtDecodeAttention"] == fused_layers and ops["MlxrtCacheWrite"] == 2 * fused_layers
+    assert ops["MlxrtAttention"] == 2 - fused_layers and "MlxrtDecodeAttention" not in want_ops
+
+
+def test_the_portable_loops_give_the_same_bits():
+    # MLXRT_QMV_KERNEL=portable (as on a CPU without AVX2): this file's tests in a process that runs them
+    env = {**os.environ, "MLXRT_QMV_KERNEL": "portable"}
+    code = "import mlxrt_qmv; print(mlxrt_qmv.kernel_name())"
+    if os.environ.get("MLXRT_QMV_KERNEL") == "portable":
+        pytest.skip("this process already runs the portable loops")
+    name = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=120)
+    assert name.stdout.strip().startswith("portable"), name.stderr[-2000:]
+    run = subprocess.run([str(Path(sys.executable).parent / "pytest"), "-q", "-p", "no:cacheprovider", __file__,
+                          "-k", "not portable_loops"], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stdout[-3000:] + run.stderr[-2000:]
