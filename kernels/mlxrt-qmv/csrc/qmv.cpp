@@ -209,12 +209,15 @@ constexpr size_t SINGLE_THREAD_BYTES = 64 * 1024;
 // decode step took 14.5-15.3 ms with both threads in the products against 13.2 ms with one,
 // while a batch of 8 rows took 36 ms with both against 55-61 ms with one (quiet machine).
 // MLXRT_QMV_LONE_THREADS sets the threads a lone row uses (default: one fewer than the pool).
-// MLXRT_QMV_LONE_SPLIT_MB (A/B): a lone row's product of at least that many megabytes of weights
-// takes every thread of the pool.
+// A lone row's product of at least MLXRT_QMV_LONE_SPLIT_MB megabytes of weights (default 64: a
+// tied output head of a large vocabulary, Gemma 3's 262K rows, 160 MB) takes every thread of the
+// pool even so: one product that long amortizes the worker's wake-up, and the Python thread beside
+// it has time to spare. Gemma 3 270M's bare decode loop 14.02 -> 13.26 ms a token; SmolLM2's 28 MB
+// head on both threads was slower (5.61 -> 5.70 ms), so smaller products keep one thread.
 int threads_for(const std::shared_ptr<Pool>& pl, bool lone, size_t bytes = 0) {
   const int n = pl ? pl->size() : 1;
   if (!lone || n <= 1) return n;
-  static const size_t split = static_cast<size_t>(env_int("MLXRT_QMV_LONE_SPLIT_MB", 0)) << 20;
+  static const size_t split = static_cast<size_t>(env_int("MLXRT_QMV_LONE_SPLIT_MB", 64)) << 20;
   if (split > 0 && bytes >= split) return n;
   static const int lone_threads = env_int("MLXRT_QMV_LONE_THREADS", 0);
   return lone_threads > 0 ? std::min(n, lone_threads) : n - 1;
