@@ -260,6 +260,10 @@ def test_half_scales_beside_float32_x_are_the_float32_scales_bits(half, bits, gs
         want = qmv_ext.quantized_matmul(x, w, s.astype(mx.float32), b.astype(mx.float32), gs, bits)
         assert got.dtype == mx.float32
         assert mx.array_equal(got, want).item(), (k, mx.abs(got - want).max().item())
+        # a symmetric format's biases (-centre * scales): the lone row's loops compute them
+        b = (s.astype(mx.float32) * -16.0).astype(half)
+        assert mx.array_equal(qmv_ext.quantized_matmul(x, w, s, b, gs, bits, 16.0),
+                              qmv_ext.quantized_matmul(x, w, s, b, gs, bits)).item()
 
 
 @needs_kernel
@@ -271,6 +275,9 @@ def test_install_keeps_scales_in_16_bits_where_they_are_exact_and_the_tokens_ali
     for name in exact:
         layer = layers[name]
         layer.update({key: layer[key].astype(mx.float16).astype(mx.float32) for key in ("scales", "biases")})
+    # and one symmetric, as a Q5_0 layer widened to 8 bits: biases -16 times the scales
+    symmetric = layers["model.layers.1.mlp.down_proj"]
+    symmetric.update({"biases": symmetric["scales"] * -16.0})
     mx.eval(model.parameters())
     prompt = list(range(5, 45))
     before, long_before = _greedy(model, prompt, 12), _greedy(model, list(range(5, 85)), 4)
@@ -281,6 +288,7 @@ def test_install_keeps_scales_in_16_bits_where_they_are_exact_and_the_tokens_ali
         if "scales" in layer:
             assert layer["scales"].dtype == (mx.float16 if name in exact else mx.float32), name
             assert layer["biases"].dtype == layer["scales"].dtype
+            assert getattr(layer, "bias_centre", 0.0) == (16.0 if name == "model.layers.1.mlp.down_proj" else 0.0), name
     # the embedding's rows (looked up, not multiplied) stay float32, the same values
     looked_up = model.model.embed_tokens(mx.array([[3, 7]]))
     assert looked_up.dtype == mx.float32 and mx.array_equal(looked_up, embedded).item()

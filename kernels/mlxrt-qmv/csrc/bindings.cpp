@@ -24,12 +24,14 @@ NB_MODULE(_ext, m) {
   m.def(
       "quantized_matmul",
       [](const mx::array& x, const mx::array& w, const mx::array& scales, const mx::array& biases, int group_size,
-         int bits) { return mlxrt_qmv::quantized_matmul(x, w, scales, biases, group_size, bits); },
-      "x"_a, "w"_a, "scales"_a, "biases"_a, "group_size"_a, "bits"_a,
+         int bits, float centre) { return mlxrt_qmv::quantized_matmul(x, w, scales, biases, group_size, bits, centre); },
+      "x"_a, "w"_a, "scales"_a, "biases"_a, "group_size"_a, "bits"_a, "centre"_a = 0.f,
       "x @ dequantize(w, scales, biases).T (mx.quantized_matmul, transpose=True, affine mode); the primitive "
       "for bits 4/8, group sizes 32/64/128 and at most MAX_ROWS rows of x on the CPU, mx.quantized_matmul "
       "otherwise. float32 x with float16 or bfloat16 scales and biases (API 7): a float32 result, the scales "
-      "read as stored (not copied to float32 per call).");
+      "read as stored (not copied to float32 per call). centre > 0 (API 7) promises biases == -centre * scales "
+      "exactly (a symmetric block format): a lone row's AVX-512 loops then compute the biases instead of "
+      "reading them; the result is the same.");
   m.def(
       "dequantize",
       [](const mx::array& w, const mx::array& scales, const mx::array& biases, int group_size, int bits) {

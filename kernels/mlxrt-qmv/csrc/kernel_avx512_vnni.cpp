@@ -76,18 +76,27 @@ inline __m512 spread(const uint16_t* f, int n, __m512i idx) {
   return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(_mm_cvtph_ps(h)));
 }
 
+// Up to 16 biases of row r: read, or (r.bi null: Problem::centre) -centre times the scales, which
+// is exactly the stored biases (checked when the layer was installed; a power of two times a
+// float16 scale is exact in float32).
+template <typename S>
+inline __m512 biases16(const WRowT<S>& r, int g, __mmask16 m, __m512 neg_centre) {
+  return r.bi != nullptr ? load16(r.bi + g, m) : _mm512_mul_ps(load16(r.sc + g, m), neg_centre);
+}
+
 // sum_g bias[g] * xsum[g] + scale[g] * xoff[g], spread over 16 lanes, the last G % 16 masked.
 template <typename S>
-inline __m512 bias_term(const WRowT<S>& r, const float* xs, const float* xo, int G) {
+inline __m512 bias_term(const WRowT<S>& r, const float* xs, const float* xo, int G, float centre = 0.f) {
+  const __m512 neg = _mm512_set1_ps(-centre);
   __m512 a = _mm512_setzero_ps();
   int g = 0;
   for (; g + 16 <= G; g += 16) {
-    a = _mm512_fmadd_ps(load16(r.bi + g, 0xFFFF), _mm512_loadu_ps(xs + g), a);
+    a = _mm512_fmadd_ps(biases16(r, g, 0xFFFF, neg), _mm512_loadu_ps(xs + g), a);
     a = _mm512_fmadd_ps(load16(r.sc + g, 0xFFFF), _mm512_loadu_ps(xo + g), a);
   }
   if (g < G) {
     const __mmask16 m = static_cast<__mmask16>((1u << (G - g)) - 1);
-    a = _mm512_fmadd_ps(load16(r.bi + g, m), _mm512_maskz_loadu_ps(m, xs + g), a);
+    a = _mm512_fmadd_ps(biases16(r, g, m, neg), _mm512_maskz_loadu_ps(m, xs + g), a);
     a = _mm512_fmadd_ps(load16(r.sc + g, m), _mm512_maskz_loadu_ps(m, xo + g), a);
   }
   return a;
@@ -160,7 +169,8 @@ inline void finish(const Problem& p, const WRowT<S>* rows, int m0, const __m512 
   if constexpr (MM == 1) { // a decode step: each row's term and tree (measured ~5% faster there)
     const float* xs = p.xsum + static_cast<size_t>(m0) * p.G;
     const float* xo = p.xoff + static_cast<size_t>(m0) * p.G;
-    for (int i = 0; i < R; ++i) res[0][i] = _mm512_reduce_add_ps(_mm512_add_ps(acc[i][0], bias_term(rows[i], xs, xo, p.G)));
+    for (int i = 0; i < R; ++i)
+      res[0][i] = _mm512_reduce_add_ps(_mm512_add_ps(acc[i][0], bias_term(rows[i], xs, xo, p.G, p.centre)));
   } else {
     finish_rows<R, MM>(p, rows, m0, acc, res);
   }
@@ -410,13 +420,13 @@ void rows_vnni(const Problem& p, int r0, int r1) {
     // stored, so a row's scales and biases are half the bytes and no pass widens them first.
     if (p.M == 1 && per == 1 && p.stype == ScaleType::f16) {
       const uint16_t* sc = static_cast<const uint16_t*>(p.scales);
-      const uint16_t* bi = static_cast<const uint16_t*>(p.biases);
+      const uint16_t* bi = p.centre > 0.f ? nullptr : static_cast<const uint16_t*>(p.biases);
       WRowT<uint16_t> rows[4];
       for (int r = r0; r < r1;) {
         const int n = r1 - r >= 4 ? 4 : 1;
         for (int i = 0; i < n; ++i) {
           const size_t off = static_cast<size_t>(r + i) * p.G;
-          rows[i] = {wbase + static_cast<size_t>(r + i) * row_bytes, sc + off, sc + off, bi + off};
+          rows[i] = {wbase + static_cast<size_t>(r + i) * row_bytes, sc + off, sc + off, bi ? bi + off : nullptr};
         }
         if (r + PREFETCH_ROWS + n <= p.N) prefetch_rows(p, r + PREFETCH_ROWS, n, row_bytes);
         tiles_h<LOOP>[n > 1 ? 1 : 0](p, rows, 0, res);

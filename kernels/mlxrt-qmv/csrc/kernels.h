@@ -34,6 +34,10 @@ struct Problem {
   ScaleType stype;
   int M, N, K, G, group_size, bits;
   float* out; // M rows of N
+  // > 0: every bias is -centre * its scale exactly (a symmetric block format: Q8_0, Q4_0, Q5_0 as
+  // converted), so a lone row's AVX-512 tiles compute the biases from the scales instead of
+  // reading them (the same values); the other loops read biases as ever.
+  float centre = 0.f;
 };
 
 // Row r's scales and biases as float32 into sc and bi (G each); float16 converted with F16C.

@@ -24,7 +24,7 @@ __attribute__((always_inline)) inline void prefetch_rows(const Problem& p, int r
   const size_t at = static_cast<size_t>(r) * p.G * each, len = static_cast<size_t>(n) * p.G * each;
   for (size_t o = 0; o < len; o += 64) {
     _mm_prefetch(static_cast<const char*>(p.scales) + at + o, _MM_HINT_T0);
-    _mm_prefetch(static_cast<const char*>(p.biases) + at + o, _MM_HINT_T0);
+    if (p.centre == 0.f) _mm_prefetch(static_cast<const char*>(p.biases) + at + o, _MM_HINT_T0);
   }
 }
 

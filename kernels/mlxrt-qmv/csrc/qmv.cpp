@@ -319,7 +319,8 @@ void run_typed(
     int N,
     int K,
     int group_size,
-    int bits) {
+    int bits,
+    float centre) {
   const Kernel& kern = kernel();
   const int G = K / group_size;
   const size_t MK = static_cast<size_t>(M) * K, MG = static_cast<size_t>(M) * G;
@@ -372,7 +373,7 @@ void run_typed(
   if constexpr (std::is_same_v<S, mx::float16_t>) st = ScaleType::f16;
   if constexpr (std::is_same_v<S, mx::bfloat16_t>) st = ScaleType::bf16;
   Problem p{xp, xsum, kern.int8_x ? qbuf.data() : nullptr, kern.q15 ? qbuf.data() + MK : nullptr, x16, xd, xoff, xstride, w, scales, biases, st, M, N, K, G,
-            group_size, bits, outf};
+            group_size, bits, outf, centre};
 
   split_rows(kern.rows, p);
   if constexpr (!std::is_same_v<T, float>) {
@@ -441,6 +442,7 @@ mx::array quantized_matmul(
     const mx::array& biases,
     int group_size,
     int bits,
+    float centre,
     mx::StreamOrDevice s) {
   if (!supported(x, w, group_size, bits, s) || scales.ndim() != 2 || biases.shape() != scales.shape() ||
       scales.shape(0) != w.shape(0) || scales.shape(1) * group_size != x.shape(-1))
@@ -458,7 +460,7 @@ mx::array quantized_matmul(
   return mx::array(
       std::move(out_shape),
       dtype,
-      std::make_shared<QuantizedMatvec>(mx::to_stream(s), group_size, bits),
+      std::make_shared<QuantizedMatvec>(mx::to_stream(s), group_size, bits, centre > 0.f ? centre : 0.f),
       {mx::astype(x, dtype, s), w, mx::astype(scales, sdtype, s), mx::astype(biases, sdtype, s)});
 }
 
@@ -510,6 +512,10 @@ bool QuantizedPrimitive::is_equivalent(const mx::Primitive& other) const {
   return group_size_ == o.group_size_ && bits_ == o.bits_;
 }
 
+bool QuantizedMatvec::is_equivalent(const mx::Primitive& other) const {
+  return QuantizedPrimitive::is_equivalent(other) && centre_ == static_cast<const QuantizedMatvec&>(other).centre_;
+}
+
 void CpuPrimitive::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
   throw std::runtime_error(std::string("[") + name() + "] runs on the CPU only");
 }
@@ -538,8 +544,9 @@ void QuantizedMatvec::eval_cpu(const std::vector<mx::array>& inputs, std::vector
     using T = decltype(tag);
     using S = decltype(stag);
     encoder.dispatch([xp = x.data<T>(), xshape = x.shape(), xstrides = x.strides(), xc, wp = w.data<uint32_t>(),
-                      sp = scales.data<S>(), bp = biases.data<S>(), op = out.data<T>(), M, N, K, gs, bits]() {
-      run_typed<T, S>(xp, xshape, xstrides, xc, wp, sp, bp, op, M, N, K, gs, bits);
+                      sp = scales.data<S>(), bp = biases.data<S>(), op = out.data<T>(), M, N, K, gs, bits,
+                      centre = centre_]() {
+      run_typed<T, S>(xp, xshape, xstrides, xc, wp, sp, bp, op, M, N, K, gs, bits, centre);
     });
   };
   if (out.dtype() == mx::float32 && scales.dtype() == mx::float16) return launch(float{}, mx::float16_t{});

@@ -28,7 +28,8 @@ std::vector<int> bits_supported();
 // x @ dequantize(w, scales, biases).T, as mx::quantized_matmul(x, w, scales, biases,
 // transpose=true, group_size, bits) in affine mode computes it. Runs the primitive on the CPU
 // for bits 4 or 8, group sizes 32/64/128 and at most MAX_ROWS rows of x; anything else (a GPU
-// stream, more rows, other bits) is mx::quantized_matmul itself.
+// stream, more rows, other bits) is mx::quantized_matmul itself. centre > 0 promises that
+// biases == -centre * scales exactly (Problem::centre); it changes no result.
 mx::array quantized_matmul(
     const mx::array& x,
     const mx::array& w,
@@ -36,6 +37,7 @@ mx::array quantized_matmul(
     const mx::array& biases,
     int group_size,
     int bits,
+    float centre = 0.f,
     mx::StreamOrDevice s = {});
 
 // dequantize(w, scales, biases) as mx::dequantize computes it (affine mode), in the dtype of the
@@ -110,12 +112,17 @@ class QuantizedPrimitive : public CpuPrimitive {
 
 class QuantizedMatvec : public QuantizedPrimitive {
  public:
-  using QuantizedPrimitive::QuantizedPrimitive;
+  QuantizedMatvec(mx::Stream stream, int group_size, int bits, float centre = 0.f)
+      : QuantizedPrimitive(stream, group_size, bits), centre_(centre) {}
+  bool is_equivalent(const mx::Primitive& other) const override;
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override;
   const char* name() const override {
     return "MlxrtQuantizedMatvec";
   }
+
+ private:
+  float centre_; // Problem::centre
 };
 
 class Dequantize : public QuantizedPrimitive {
