@@ -392,6 +392,45 @@ def test_what_schemathesis_found_is_a_400_or_escaped(llama, mlxrt_serve):
     assert "x-evil" not in resp.headers and header.endswith("more)")
 
 
+def test_null_for_a_nullable_field_means_its_default(llama, mlxrt_serve):
+    # ``--checks all`` (positive_data_acceptance): OpenAI's spec, and mlxrt's own schema, let
+    # stream, store and parallel_tool_calls be null; a null was a 400 ("expected bool @ $.stream").
+    server = mlxrt_serve(llama)
+    client = _client(server, "unused")
+    chat = client.chat.completions.create(model="m", messages=HI, max_tokens=2, stream=None, n=None)
+    assert chat.choices[0].message.content is not None
+    text = client.completions.create(model="m", prompt="hi", max_tokens=2, stream=None)
+    assert text.choices[0].finish_reason in ("stop", "length")
+    answer = client.responses.create(model="m", input="hi", max_output_tokens=16, stream=None, store=None,
+                                     parallel_tool_calls=None)
+    assert answer.status in ("completed", "incomplete")
+    from support import anthropic_client
+
+    assert anthropic_client(server).messages.create(model="m", max_tokens=2, messages=HI, stream=None).content is not None
+
+
+def test_what_schemathesis_all_checks_found_invalid_is_a_400(llama, mlxrt_serve):
+    # ``--checks all`` (negative_data_rejection): these were 200s that ignored the bad field.
+    server = mlxrt_serve(llama)
+    with pytest.raises(openai.BadRequestError, match="echo must be of type bool"):
+        _client(server, "unused").completions.create(model="m", prompt="hi", max_tokens=2, extra_body={"echo": 0})
+    # Ollama's load-only bodies (no messages / prompt) and the empty-prompt embedding were
+    # answered without checking the rest of the body.
+    bad = {"/api/chat": {"model": "m", "messages": [], "options": {"top_k": {}}},
+           "/api/generate": {"model": "m", "options": {"top_p": 2}},
+           "/api/embeddings": {"model": {}, "prompt": ""}}
+    for path, body in bad.items():
+        resp = server.post(path, json=body)
+        assert resp.status_code == 400 and resp.json()["error"], (path, resp.text)
+    resp = server.post("/api/chat", json={"model": "m", "messages": [], "tools": [{"type": "function", "function": 3}]})
+    assert resp.status_code == 400 and "tools" in resp.json()["error"], resp.text
+    resp = server.post("/api/embeddings", json={"model": "m", "prompt": "", "keep_alive": ""})
+    assert resp.status_code == 400 and "keep_alive" in resp.json()["error"], resp.text
+    # ...while the well-formed ones still load, and still answer an empty prompt.
+    assert server.post("/api/chat", json={"model": "m", "messages": []}).json()["done_reason"] == "load"
+    assert server.post("/api/embeddings", json={"model": "m", "prompt": ""}).json() == {"embedding": []}
+
+
 # -- finding 18: the OpenAPI schema describes the bodies; schemathesis finds no 5xx -------------
 
 
