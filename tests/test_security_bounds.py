@@ -483,14 +483,16 @@ def test_kept_alive_answers_are_not_held_for_the_clients_delayed_ack(llama, serv
 
 
 def test_schemathesis_finds_no_server_error_in_the_post_bodies(tmp_path, server_process):
-    """Schema-driven fuzzing of every POST body (24 operations, loopback, ~4,800 requests, ~4,500
+    """Schema-driven fuzzing of every POST body (24 operations, loopback, ~5,000 requests, ~4,500
     of them the coverage phase's: ~20 s on a busy 2-core machine): no 5xx, no response slower
     than 10 s, every body as the schema says; the server still answers. It found a dict
-    ``role`` in count_tokens (the coverage phase sends each message field of each wrong type)
-    and non-Latin-1 ignored field names in ``x-mlxrt-ignored`` (the fuzzing phase adds unknown
-    properties with such names to bodies answered 200) answering 500; ``--generation-deterministic``
-    sends those same cases every run. It took ~230 s while every kept-alive answer waited ~40 ms
-    for the client's delayed ACK (see the test above)."""
+    ``role`` in count_tokens (the coverage phase sends each message field of each wrong type:
+    role as a dict, list, int and bool on every chat-shaped route) and non-Latin-1 ignored field
+    names in ``x-mlxrt-ignored`` (the fuzzing phase adds unknown properties with such names;
+    with 12 examples an operation, 4 such bodies are answered 200 on 3 routes, with 6 only 1)
+    answering 500; ``--generation-deterministic`` sends those same cases every run. It took
+    ~230 s while every kept-alive answer waited ~40 ms for the client's delayed ACK (the test
+    above)."""
     import subprocess
     import sys
     from pathlib import Path
@@ -507,7 +509,7 @@ def test_schemathesis_finds_no_server_error_in_the_post_bodies(tmp_path, server_
     run = subprocess.run(
         [str(Path(sys.executable).with_name("schemathesis")), "run", f"{server.url}/schema/openapi.json",
          "--include-method", "POST", "--checks", "not_a_server_error,response_schema_conformance",
-         "--max-examples", "6", "--request-timeout", "10", "--max-response-time", "10", "--workers", "1",
+         "--max-examples", "12", "--request-timeout", "10", "--max-response-time", "10", "--workers", "1",
          "--phases", "examples,coverage,fuzzing", "--generation-deterministic"],
         capture_output=True, text=True, timeout=150, cwd=tmp_path)
     assert run.returncode == 0, run.stdout[-6000:]
