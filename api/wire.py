@@ -25,7 +25,7 @@ from mlxrt.errors import InvalidRequest
 from mlxrt.records import ToolCall
 
 __all__ = ["tool_input", "FieldRule", "check_fields", "parse_json_object", "strict_converter", "structure",
-           "claimed_values", "ignored_fields", "ignored_headers", "IGNORED_HEADER", "HINT_FIELDS",
+           "declared_fields", "claimed_values", "ignored_fields", "ignored_headers", "IGNORED_HEADER", "HINT_FIELDS",
            "SATISFIED_INCLUDES"]
 
 T = TypeVar("T")
@@ -168,6 +168,14 @@ def strict_converter() -> cattrs.Converter:
     )
     configure_union_passthrough(int | float | str | bool | None, conv)
     return conv
+
+
+def declared_fields(body: Mapping[str, Any], cls: type) -> dict[str, Any]:
+    """The body's fields the attrs class ``cls`` declares, those sent as ``null`` left out: a
+    null is "not given" (the OpenAI spec's nullable fields, such as ``stream``, mean their
+    default), and a rule with ``nullable=False`` has refused it already where it is not."""
+    fields = {f.name for f in attrs.fields(cls)}
+    return {k: v for k, v in body.items() if k in fields and v is not None}
 
 
 def structure(conv: cattrs.Converter, value: Any, cls: type[T], *, where: str = "") -> T:

@@ -78,15 +78,25 @@ def test_pathological_grammars_are_400s_within_a_second_while_a_stream_finishes(
     first = next(chunks)  # the stream runs
     answers = {}
     for name, body in PATHOLOGICAL.items():
-        start = time.monotonic()
-        resp = http.post("/v1/chat/completions", json=body)
-        answers[name] = (resp.status_code, time.monotonic() - start, resp.json()["error"]["message"])
+        tries = []
+        # Refused before any work, each takes ~5-30 ms; one try past a second is retried once,
+        # since a loaded machine's stall (once 1.03 s in CI) does not repeat but the work a
+        # refusal did does: refusals are never cached, so a compile or conversion run before it
+        # runs again. Every try stays under 4 s, below the compile thread's 5 s deadline, so a
+        # refusal by that deadline fails on its first try.
+        while len(tries) < 2 and (not tries or tries[-1][1] >= 1.0):
+            start = time.monotonic()
+            resp = http.post("/v1/chat/completions", json=body)
+            tries.append((resp.status_code, time.monotonic() - start, resp.json()["error"]["message"]))
+        answers[name] = tries
     finish = [c.choices[0].finish_reason for c in [first, *chunks] if c.choices and c.choices[0].finish_reason]
     assert finish and finish[-1] in ("stop", "length")
-    for name, (status, seconds, message) in answers.items():
-        assert status == 400, (name, message)
-        assert seconds < 1.0, (name, seconds)
-        assert "panicked" not in message and "backtrace" not in message.lower(), message
+    for name, tries in answers.items():
+        for status, seconds, message in tries:
+            assert status == 400, (name, message)
+            assert seconds < 4.0, (name, tries)
+            assert "panicked" not in message and "backtrace" not in message.lower(), message
+        assert min(seconds for _, seconds, _ in tries) < 1.0, (name, tries)
     _alive(server)
 
 

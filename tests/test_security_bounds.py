@@ -392,6 +392,45 @@ def test_what_schemathesis_found_is_a_400_or_escaped(llama, mlxrt_serve):
     assert "x-evil" not in resp.headers and header.endswith("more)")
 
 
+def test_null_for_a_nullable_field_means_its_default(llama, mlxrt_serve):
+    # ``--checks all`` (positive_data_acceptance): OpenAI's spec, and mlxrt's own schema, let
+    # stream, store and parallel_tool_calls be null; a null was a 400 ("expected bool @ $.stream").
+    server = mlxrt_serve(llama)
+    client = _client(server, "unused")
+    chat = client.chat.completions.create(model="m", messages=HI, max_tokens=2, stream=None, n=None)
+    assert chat.choices[0].message.content is not None
+    text = client.completions.create(model="m", prompt="hi", max_tokens=2, stream=None)
+    assert text.choices[0].finish_reason in ("stop", "length")
+    answer = client.responses.create(model="m", input="hi", max_output_tokens=16, stream=None, store=None,
+                                     parallel_tool_calls=None)
+    assert answer.status in ("completed", "incomplete")
+    from support import anthropic_client
+
+    assert anthropic_client(server).messages.create(model="m", max_tokens=2, messages=HI, stream=None).content is not None
+
+
+def test_what_schemathesis_all_checks_found_invalid_is_a_400(llama, mlxrt_serve):
+    # ``--checks all`` (negative_data_rejection): these were 200s that ignored the bad field.
+    server = mlxrt_serve(llama)
+    with pytest.raises(openai.BadRequestError, match="echo must be of type bool"):
+        _client(server, "unused").completions.create(model="m", prompt="hi", max_tokens=2, extra_body={"echo": 0})
+    # Ollama's load-only bodies (no messages / prompt) and the empty-prompt embedding were
+    # answered without checking the rest of the body.
+    bad = {"/api/chat": {"model": "m", "messages": [], "options": {"top_k": {}}},
+           "/api/generate": {"model": "m", "options": {"top_p": 2}},
+           "/api/embeddings": {"model": {}, "prompt": ""}}
+    for path, body in bad.items():
+        resp = server.post(path, json=body)
+        assert resp.status_code == 400 and resp.json()["error"], (path, resp.text)
+    resp = server.post("/api/chat", json={"model": "m", "messages": [], "tools": [{"type": "function", "function": 3}]})
+    assert resp.status_code == 400 and "tools" in resp.json()["error"], resp.text
+    resp = server.post("/api/embeddings", json={"model": "m", "prompt": "", "keep_alive": ""})
+    assert resp.status_code == 400 and "keep_alive" in resp.json()["error"], resp.text
+    # ...while the well-formed ones still load, and still answer an empty prompt.
+    assert server.post("/api/chat", json={"model": "m", "messages": []}).json()["done_reason"] == "load"
+    assert server.post("/api/embeddings", json={"model": "m", "prompt": ""}).json() == {"embedding": []}
+
+
 # -- finding 18: the OpenAPI schema describes the bodies; schemathesis finds no 5xx -------------
 
 
@@ -419,11 +458,41 @@ def test_openapi_declares_request_and_error_bodies(llama, mlxrt_serve):
         assert not {"400", "500"} & set(posts[path]["responses"])  # not Litestar's own error shape
 
 
+def test_kept_alive_answers_are_not_held_for_the_clients_delayed_ack(llama, server_process):
+    """The listening socket says it is TCP, so asyncio sets TCP_NODELAY on each connection: a
+    response's body, written after its head, leaves at once instead of waiting (Nagle) for the
+    ACK the client delays ~40 ms. Every kept-alive request (the SDKs keep connections) took
+    >= 44 ms, a 1-token chat completion 48-56 ms instead of ~5 ms; fuzzing took 230 s, not 22."""
+    import time
+
+    server = server_process([str(llama), "--log-level", "WARNING"])
+    client = openai.OpenAI(base_url=f"{server.url}/v1", api_key="x", max_retries=0)
+
+    def fastest(call) -> float:
+        call()  # the connection opens (and the first answer is never held)
+        took = []
+        for _ in range(6):
+            started = time.perf_counter()
+            call()
+            took.append(time.perf_counter() - started)
+        return min(took)  # the least loaded try: load adds, the stall is a floor of 40 ms
+
+    listing = fastest(client.models.list)
+    chat = fastest(lambda: client.chat.completions.create(model="m", messages=HI, max_tokens=1))
+    assert listing < 0.025 and chat < 0.03, (listing, chat)
+
+
 def test_schemathesis_finds_no_server_error_in_the_post_bodies(tmp_path, server_process):
-    """Schema-driven fuzzing of every POST body (bounded examples, loopback, ~1,450 requests in
-    ~35 s): no 5xx, no response slower than 10 s, every body as the schema says; the server
-    still answers. (It found a dict ``role`` in count_tokens and non-Latin-1 ignored field
-    names in ``x-mlxrt-ignored`` answering 500.)"""
+    """Schema-driven fuzzing of every POST body (24 operations, loopback, ~5,000 requests, ~4,500
+    of them the coverage phase's: ~20 s on a busy 2-core machine): no 5xx, no response slower
+    than 10 s, every body as the schema says; the server still answers. It found a dict
+    ``role`` in count_tokens (the coverage phase sends each message field of each wrong type:
+    role as a dict, list, int and bool on every chat-shaped route) and non-Latin-1 ignored field
+    names in ``x-mlxrt-ignored`` (the fuzzing phase adds unknown properties with such names;
+    with 12 examples an operation, 4 such bodies are answered 200 on 3 routes, with 6 only 1)
+    answering 500; ``--generation-deterministic`` sends those same cases every run. It took
+    ~230 s while every kept-alive answer waited ~40 ms for the client's delayed ACK (the test
+    above)."""
     import subprocess
     import sys
     from pathlib import Path
@@ -440,9 +509,9 @@ def test_schemathesis_finds_no_server_error_in_the_post_bodies(tmp_path, server_
     run = subprocess.run(
         [str(Path(sys.executable).with_name("schemathesis")), "run", f"{server.url}/schema/openapi.json",
          "--include-method", "POST", "--checks", "not_a_server_error,response_schema_conformance",
-         "--max-examples", "6", "--request-timeout", "10", "--max-response-time", "10", "--workers", "1",
+         "--max-examples", "12", "--request-timeout", "10", "--max-response-time", "10", "--workers", "1",
          "--phases", "examples,coverage,fuzzing", "--generation-deterministic"],
-        capture_output=True, text=True, timeout=240, cwd=tmp_path)
+        capture_output=True, text=True, timeout=150, cwd=tmp_path)
     assert run.returncode == 0, run.stdout[-6000:]
     assert "Tested: " in run.stdout and "Server error" not in run.stdout
     assert httpx.get(f"{server.url}/health", timeout=3).status_code == 200

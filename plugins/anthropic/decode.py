@@ -22,6 +22,7 @@ from mlxrt.api.wire import (
     adapter_field,
     check_fields,
     claimed_values,
+    declared_fields,
     ignored_fields,
     ignored_headers,
     strict_converter,
@@ -281,8 +282,7 @@ def _output_config(value: Any) -> tuple[str | None, tuple[str, ...]]:
 
 
 def _structure(body: Mapping[str, Any]) -> MessagesRequest:
-    fields = {f.name for f in attrs.fields(MessagesRequest)}
-    request = structure(_CONVERTER, {k: v for k, v in body.items() if k in fields}, MessagesRequest)
+    request = structure(_CONVERTER, declared_fields(body, MessagesRequest), MessagesRequest)
     if request.thinking is not None and request.thinking.type not in THINKING_TYPES:
         raise _bad("thinking.type: Input should be 'enabled', 'disabled' or 'adaptive'", "thinking")
     choice = request.tool_choice

@@ -82,7 +82,9 @@ async def embeddings(request: Request[Any, Any, Any]) -> Response[Any]:
     prompt = body.get("prompt")
     if prompt is not None and not isinstance(prompt, str):
         raise InvalidRequest("prompt: must be a string", param="prompt")
-    if not prompt:  # Ollama answers an empty prompt with an empty vector
+    if not prompt:  # Ollama answers an empty prompt with an empty vector (a body still checked)
+        check_fields(body, _RULES)
+        keep_alive_seconds(body.get("keep_alive"))
         return Response(content={"embedding": []}, status_code=200)
     _model, vectors, _tokens, _loaded = await _vectors(request, body, [prompt])
     return Response(content={"embedding": vectors[0].tolist()}, status_code=200)

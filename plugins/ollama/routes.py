@@ -22,11 +22,9 @@ from litestar.response import Stream
 
 from mlxrt.api.models import pool_of
 from mlxrt.api.pipeline import Answer, Framed, TextAnswer, TextTurn, Turn, serve_chat, serve_text
-from mlxrt.api.wire import check_fields, parse_json_object
+from mlxrt.api.wire import parse_json_object
 from mlxrt.plugins.ollama.decode import (
     CHAT_DEFAULT_MAX_TOKENS,
-    CHAT_RULES,
-    GENERATE_RULES,
     OllamaWire,
     decode_chat,
     decode_generate,
@@ -166,8 +164,10 @@ GENERATE = Generate()
 
 async def _load_only(request: Request[Any, Any, Any], body: Mapping[str, Any], route: str) -> dict[str, Any]:
     """A body with nothing to answer: load the model (``done_reason`` ``load``), or with
-    ``keep_alive: 0`` unload it now (``unload``; a model that is not resident is left so)."""
-    check_fields(body, CHAT_RULES if route == "chat" else GENERATE_RULES)
+    ``keep_alive: 0`` unload it now (``unload``; a model that is not resident is left so). The
+    body is checked as a whole request's is (``options``, ``tools``, ``format``…): a bad one is a
+    400 here too, not a 200 that ignored it."""
+    (decode_chat if route == "chat" else decode_generate)(body, {}, strict=False)
     name = pool_name(body.get("model"))
     keep = keep_alive_seconds(body.get("keep_alive"))
     pool = pool_of(request)

@@ -19,6 +19,7 @@ from mlxrt.api.wire import (
     adapter_field,
     check_fields,
     claimed_values,
+    declared_fields,
     ignored_fields,
     ignored_headers,
     strict_converter,
@@ -272,8 +273,7 @@ def decode_options(body: Mapping[str, Any], claimed: Mapping[str, type] | None, 
     stop = decode_stop(body.get("stop"))
     logit_bias = decode_logit_bias(body.get("logit_bias"))
     include_usage = _stream_options(body.get("stream_options"))
-    fields = {f.name for f in attrs.fields(cls)}
-    request = structure(_CONVERTER, {k: v for k, v in body.items() if k in fields}, cls)
+    request = structure(_CONVERTER, declared_fields(body, cls), cls)
     run = RequestOptions(
         sampling={name: getattr(request, name) for name in SAMPLING_FIELDS}, max_tokens=request.requested_max_tokens,
         seed=request.seed, stop=stop, logit_bias=logit_bias, logprobs=request.logprob_count,

@@ -71,7 +71,10 @@ CHAT_RULES = (
     FieldRule("parallel_tool_calls", (bool,)),
 )
 
-COMPLETION_RULES = GENERATION_RULES
+#: OpenAI's legacy-completions fields mlxrt takes only at their neutral values (decode's
+#: ``_NOT_YET_COMPLETIONS``): typed first, so ``echo: 0`` is a 400, not a ``false``.
+COMPLETION_RULES = (*GENERATION_RULES, FieldRule("echo", (bool,)), FieldRule("suffix", (str,)),
+                    FieldRule("best_of", (int,), min=1))
 
 
 @attrs.frozen

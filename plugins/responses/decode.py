@@ -21,6 +21,7 @@ from mlxrt.api.wire import (
     adapter_field,
     check_fields,
     claimed_values,
+    declared_fields,
     ignored_fields,
     ignored_headers,
     strict_converter,
@@ -237,8 +238,7 @@ def decode_response(body: Mapping[str, Any], claimed: Mapping[str, type] | None 
     known = {r.name for r in RESPONSES_RULES} | {f.name for f in attrs.fields(ResponsesRequest)} | _READ | set(claimed)
     ignored = ignored_fields(body, known, strict)
     check_fields(body, RESPONSES_RULES)
-    fields = {f.name for f in attrs.fields(ResponsesRequest)}
-    request = structure(_CONVERTER, {k: v for k, v in body.items() if k in fields}, ResponsesRequest)
+    request = structure(_CONVERTER, declared_fields(body, ResponsesRequest), ResponsesRequest)
     items = input_items(body.get("input"))
     if not items and request.previous_response_id is None:
         raise _bad("input is required (a string or a non-empty array of items)", "input")

@@ -184,7 +184,10 @@ def _listen(bind: str, port: int) -> Any:
     import socket
 
     family = socket.AF_INET6 if ":" in bind else socket.AF_INET
-    sock = socket.socket(family, socket.SOCK_STREAM)
+    # IPPROTO_TCP named, not left 0: asyncio sets TCP_NODELAY only on accepted sockets whose
+    # ``proto`` says TCP, and without it every kept-alive response whose body follows its head
+    # in a second write (and every streamed chunk) waited ~40 ms for the client's delayed ACK.
+    sock = socket.socket(family, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn: restart over TIME_WAIT
     try:
         sock.bind((bind, port))
