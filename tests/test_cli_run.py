@@ -9,6 +9,7 @@ import fcntl
 import os
 import pty
 import select
+import signal
 import subprocess
 import termios
 import time
@@ -62,6 +63,9 @@ class Terminal:
         def controlling_terminal() -> None:
             os.setsid()
             fcntl.ioctl(0, termios.TIOCSCTTY, 0)
+            # as a shell in a terminal starts it: a test run in the background of a non-interactive
+            # shell (`nohup ... &`) has SIGINT ignored, which a child inherits, and Ctrl-C did nothing
+            signal.signal(signal.SIGINT, signal.SIG_DFL)
 
         self.proc = subprocess.Popen(args, stdin=slave, stdout=slave, stderr=slave, close_fds=True,
                                      preexec_fn=controlling_terminal, env={**os.environ, "TERM": "dumb"})
