@@ -157,11 +157,11 @@ def install(model: Any, st: QmvStatus | None = None) -> int:
         # The primitive reads rows in place: make sure they are (a no-op copy otherwise).
         for key in ("weight", "scales", "biases"):
             new[key] = mx.contiguous(new[key])
-        compact = compact_scales(new["scales"], new["biases"]) if compacting else {"scales": new["scales"]}
-        if compact["scales"] is not new["scales"]:
-            new.update(compact)
+        narrow = compact_scales(new["scales"], new["biases"]) if compacting else None
+        if narrow is not None:
+            new.bias_centre = symmetric_centre(new["scales"], new["biases"])  # on the float32 values
+            new.update(narrow)
             new.float_scales = True  # its scales stand for float32 ones: what it makes is float32
-            new.bias_centre = symmetric_centre(new["scales"], new["biases"])
         return new
 
     count = _replace_layers(model, kernel_layer)
@@ -170,9 +170,10 @@ def install(model: Any, st: QmvStatus | None = None) -> int:
     return count
 
 
-def compact_scales(scales: Any, biases: Any) -> dict[str, Any]:
+def compact_scales(scales: Any, biases: Any) -> dict[str, Any] | None:
     """A kernel layer's float32 ``scales`` and ``biases`` in 16 bits where every value is exact
-    there (float16 first, else bfloat16), else as they are: ``{"scales": …, "biases": …}``.
+    there (float16 first, else bfloat16): ``{"scales": …, "biases": …}``; ``None`` where neither
+    holds every value (or they are not float32).
 
     A decode step reads every weight once, and float32 scales and biases of group 32 are a third
     of a 4-bit layer's bytes (SmolLM2 Q4_1: 32 of 110 MiB); a GGUF's Q4_0/Q4_1/Q5_x/Q8_0 blocks
@@ -182,27 +183,34 @@ def compact_scales(scales: Any, biases: Any) -> dict[str, Any]:
     import mlx.core as mx
 
     if scales.dtype != mx.float32 or biases.dtype != mx.float32:
-        return {"scales": scales, "biases": biases}
+        return None
     for narrow in (mx.float16, mx.bfloat16):
         s, b = scales.astype(narrow), biases.astype(narrow)
         exact = mx.logical_and(mx.array_equal(s.astype(mx.float32), scales),
                                mx.array_equal(b.astype(mx.float32), biases))
         if exact.item():
             return {"scales": mx.contiguous(s), "biases": mx.contiguous(b)}
-    return {"scales": scales, "biases": biases}
+    return None
+
+
+#: The zero points of the symmetric formats a GGUF conversion writes (``2^(bits-1)``).
+_CENTRES = (2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0)
 
 
 def symmetric_centre(scales: Any, biases: Any) -> float:
     """``c`` where ``biases == -c * scales`` exactly for a power of two ``c`` (a symmetric block
     format: a GGUF's Q8_0 is ``-128·d``, Q4_0 ``-8·d``, Q5_0 widened to 8 bits ``-16·d``), else 0.
     The kernel's lone-row loops then compute the biases instead of reading them (mlxrt-qmv API 7's
-    ``centre``): the same values, an eighth fewer bytes a weight for an 8-bit layer."""
+    ``centre``): the same values, an eighth fewer bytes a weight for an 8-bit layer. The candidate
+    is read off the largest scale, then checked against every value once."""
     import mlx.core as mx
 
-    wide_scales, wide_biases = scales.astype(mx.float32), biases.astype(mx.float32)
-    for centre in (128.0, 16.0, 8.0, 4.0, 32.0, 64.0, 2.0):
-        if mx.array_equal(wide_biases, wide_scales * -centre).item():
-            return centre
+    flat_scales, flat_biases = scales.reshape(-1), biases.reshape(-1)
+    at = mx.argmax(mx.abs(flat_scales))
+    scale = flat_scales[at].item()
+    centre = -flat_biases[at].item() / scale if scale else 0.0
+    if centre in _CENTRES and mx.array_equal(biases, scales * -centre).item():
+        return centre
     return 0.0
 
 
