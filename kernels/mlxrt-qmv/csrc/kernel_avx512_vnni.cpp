@@ -33,13 +33,32 @@ inline __m512i block_index(int bits) {
                    : _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
 }
 
-// Per-block floats (n of them from f, the rest 0) spread over the lanes of their blocks.
-inline __m512 spread(const float* f, int n, __m512i idx) {
-  // whole chunks (4 blocks at 4 bits, 2 at 8) unmasked: a masked load cost far more here (Zen 4)
-  const __m128 v = n == 4 ? _mm_loadu_ps(f)
+// A chunk's n per-block scales (n <= 4; the rest 0) as float32. Whole chunks (4 blocks at 4
+// bits, 2 at 8) load unmasked: a masked load cost far more here (Zen 4).
+inline __m128 chunk_scales(const float* f, int n) {
+  return n == 4 ? _mm_loadu_ps(f)
       : n == 2 ? _mm_castsi128_ps(_mm_loadl_epi64(reinterpret_cast<const __m128i*>(f)))
                : _mm_maskz_loadu_ps(static_cast<__mmask8>((1u << n) - 1), f);
-  return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(v));
+}
+
+inline int first_two(const uint16_t* f) {
+  int v;
+  std::memcpy(&v, f, sizeof v);
+  return v;
+}
+
+// The same from float16 scales as stored, widened.
+inline __m128 chunk_scales(const uint16_t* f, int n) {
+  const __m128i h = n == 4 ? _mm_loadl_epi64(reinterpret_cast<const __m128i*>(f))
+      : n == 2 ? _mm_cvtsi32_si128(first_two(f))
+               : _mm_maskz_loadu_epi16(static_cast<__mmask8>((1u << n) - 1), f);
+  return _mm_cvtph_ps(h);
+}
+
+// Per-block scales (n of them from f, the rest 0) spread over the lanes of their blocks.
+template <typename S>
+inline __m512 spread(const S* f, int n, __m512i idx) {
+  return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(chunk_scales(f, n)));
 }
 
 // One weight row: its bytes and its scales and biases, float32 (S = float) or float16 as stored
@@ -60,20 +79,6 @@ inline __m512 load16(const float* p, __mmask16 m) {
 inline __m512 load16(const uint16_t* p, __mmask16 m) {
   if (m == 0xFFFF) return _mm512_cvtph_ps(_mm256_loadu_si256(reinterpret_cast<const __m256i*>(p)));
   return _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p));
-}
-
-inline int first_two(const uint16_t* f) {
-  int v;
-  std::memcpy(&v, f, sizeof v);
-  return v;
-}
-
-// Per-block float16 scales (n of them from f, the rest 0) widened and spread over their blocks' lanes.
-inline __m512 spread(const uint16_t* f, int n, __m512i idx) {
-  const __m128i h = n == 4 ? _mm_loadl_epi64(reinterpret_cast<const __m128i*>(f))
-      : n == 2 ? _mm_cvtsi32_si128(first_two(f))
-               : _mm_maskz_loadu_epi16(static_cast<__mmask8>((1u << n) - 1), f);
-  return _mm512_permutexvar_ps(idx, _mm512_castps128_ps512(_mm_cvtph_ps(h)));
 }
 
 // Up to 16 biases of row r: read, or (r.bi null: Problem::centre) -centre times the scales, which
