@@ -2,13 +2,17 @@
 
 from __future__ import annotations
 
+import io
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
 import time
+from collections import Counter
 from pathlib import Path
+from typing import Any
 
 import httpx
 from tokenizers import Tokenizer
@@ -17,6 +21,16 @@ from mlxrt import hookimpl
 
 #: The installed console script, beside the running interpreter.
 MLXRT_BIN = str(Path(sys.executable).with_name("mlxrt"))
+
+
+def primitive_counts(*outputs: Any) -> Counter:
+    """The MLX primitives of the graph that computes ``outputs``, counted by name
+    (``mx.export_to_dot``'s node labels)."""
+    import mlx.core as mx
+
+    dot = io.StringIO()
+    mx.export_to_dot(dot, *outputs)
+    return Counter(re.findall(r'label ="([A-Za-z_]+)', dot.getvalue()))
 
 
 def openai_client(http_client):

@@ -8,9 +8,7 @@ loops. Skipped where the kernel is not built."""
 
 from __future__ import annotations
 
-import io
 import os
-import re
 import subprocess
 import sys
 from collections import Counter
@@ -20,6 +18,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
+from support import primitive_counts
 
 from mlxrt.engine import qmv
 
@@ -131,9 +130,7 @@ def _steps(model: nn.Module, prompt: list[int], n: int) -> tuple[list[int], list
         rows.append(np.array(logits))
         tokens.append(int(mx.argmax(logits, axis=-1).item()))
         logits = model(mx.array([[tokens[-1]]]), cache=cache)[:, -1, :]
-        dot = io.StringIO()
-        mx.export_to_dot(dot, logits)
-        ops = Counter(re.findall(r'label ="([A-Za-z_]+)', dot.getvalue()))
+        ops = primitive_counts(logits)
     return tokens, rows, ops
 
 

@@ -5,8 +5,6 @@ mlx-lm's own forward, and keep the model's parameter paths."""
 from __future__ import annotations
 
 import importlib
-import io
-import re
 from collections import Counter
 
 import mlx.core as mx
@@ -14,6 +12,7 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 from mlx.utils import tree_flatten
+from support import primitive_counts
 
 from mlxrt.engine import one_token
 
@@ -32,18 +31,12 @@ def _tiny(model_type: str) -> nn.Module:
     return model
 
 
-def _ops(out: mx.array) -> Counter:
-    f = io.StringIO()
-    mx.export_to_dot(f, out)
-    return Counter(re.findall(r'label ="([A-Za-z_]+)', f.getvalue()))
-
-
 def _decode(model: nn.Module, cache: list, tokens: mx.array, n: int) -> tuple[list[np.ndarray], Counter]:
     """Each step's logits (the prompt's first) over ``n`` greedy steps, and a decode step's ops."""
     out, ops = [], Counter()
     for _ in range(n + 1):
         logits = model(tokens, cache=cache)[:, -1, :]
-        ops = _ops(logits)
+        ops = primitive_counts(logits)
         out.append(np.array(logits))
         tokens = mx.argmax(logits, axis=-1)[:, None]
     return out, ops

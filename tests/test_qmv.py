@@ -13,6 +13,7 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
+from support import primitive_counts
 
 from mlxrt.engine import qmv
 from mlxrt.loading.dtype_choice import DtypeFacts, Machine, Timing, choose_dtype, decide, time_paths
@@ -324,8 +325,6 @@ def test_install_swaps_layers_and_greedy_tokens_stay_the_same():
 
 @needs_kernel
 def test_installed_layers_run_the_kernel_in_pieces_up_to_kernel_rows_then_the_blas():
-    import io
-    import re
 
     mx.random.seed(3)
     layer = nn.QuantizedLinear(160, 96, bias=False, group_size=32, bits=4)
@@ -338,14 +337,12 @@ def test_installed_layers_run_the_kernel_in_pieces_up_to_kernel_rows_then_the_bl
     for rows in (1, 32, 33, qmv.KERNEL_ROWS, qmv.KERNEL_ROWS + 1, 300):
         x = mx.random.normal((2, rows, 160))[1:]  # leading dimensions kept, a view
         got = layer(x)
-        f = io.StringIO()
-        mx.export_to_dot(f, got)
-        ops = re.findall(r'label ="([A-Za-z_]+)', f.getvalue())
+        ops = primitive_counts(got)
         pieces = -(-rows // qmv_ext.MAX_ROWS)
         if qmv_ext.MAX_ROWS >= rows:  # the 8-bit kernels: one product, whatever the rows
-            assert ops.count("MlxrtQuantizedMatvec") == 1 and "MlxrtDequantize" not in ops, (rows, ops)
+            assert ops["MlxrtQuantizedMatvec"] == 1 and "MlxrtDequantize" not in ops, (rows, ops)
         elif rows <= qmv.KERNEL_ROWS:
-            assert ops.count("MlxrtQuantizedMatvec") == pieces and "MlxrtDequantize" not in ops, (rows, ops)
+            assert ops["MlxrtQuantizedMatvec"] == pieces and "MlxrtDequantize" not in ops, (rows, ops)
         else:
             assert "MlxrtQuantizedMatvec" not in ops and "MlxrtDequantize" in ops, (rows, ops)
         _close_to_mlx(x, w, s, b, 32, 4, got)

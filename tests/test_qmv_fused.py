@@ -6,14 +6,13 @@ dispatches a quarter of the ops. Skipped where the kernel is not built."""
 
 from __future__ import annotations
 
-import io
-import re
 from collections import Counter
 
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
+from support import primitive_counts
 
 from mlxrt import compat
 from mlxrt.engine import qmv
@@ -30,13 +29,6 @@ def _rel(got: mx.array, ref: mx.array) -> float:
     return (mx.abs(got - ref).max() / (mx.abs(ref).max() + 1e-9)).item()
 
 
-def _ops(*outputs: mx.array) -> Counter:
-    """The primitives of the graph that computes ``outputs``, by name."""
-    f = io.StringIO()
-    mx.export_to_dot(f, *outputs)
-    return Counter(re.findall(r'label ="([A-Za-z_]+)', f.getvalue()))
-
-
 def test_rms_norm_equals_mlx_and_is_one_op():
     mx.random.seed(0)
     x, w = mx.random.normal((2, 3, 576)), mx.random.normal((576,))
@@ -44,12 +36,12 @@ def test_rms_norm_equals_mlx_and_is_one_op():
     assert _rel(ext.rms_norm(x, None, 1e-6), mx.fast.rms_norm(x, None, 1e-6)) < 1e-6
     strided = mx.random.normal((4, 2, 64)).transpose(1, 0, 2)  # rows not in memory order
     assert _rel(ext.rms_norm(strided, w[:64], 1e-5), mx.fast.rms_norm(strided, w[:64], 1e-5)) < 1e-6
-    assert _ops(ext.rms_norm(x, w, 1e-5)) == Counter({"MlxrtRmsNorm": 1})
+    assert primitive_counts(ext.rms_norm(x, w, 1e-5)) == Counter({"MlxrtRmsNorm": 1})
     # half precision is MLX's own computation, exactly
     half = x.astype(mx.bfloat16)
     assert mx.array_equal(ext.rms_norm(half, w.astype(mx.bfloat16), 1e-5),
                           mx.fast.rms_norm(half, w.astype(mx.bfloat16), 1e-5)).item()
-    assert "MlxrtRmsNorm" not in _ops(ext.rms_norm(half, None, 1e-5))
+    assert "MlxrtRmsNorm" not in primitive_counts(ext.rms_norm(half, None, 1e-5))
 
 
 def _rope_float64(x: mx.array, dims: int, traditional: bool, base: float, offset: int | mx.array) -> np.ndarray:
@@ -86,8 +78,8 @@ def test_rope_equals_mlx_for_scalar_and_per_row_offsets(traditional, dims):
     three = mx.random.normal((4, 7, 64))
     assert _rel(ext.rope(three, dims, traditional, 1e5, 0.5, 5),
                 mx.fast.rope(three, dims, traditional=traditional, base=1e5, scale=0.5, offset=5)) < 2e-5
-    assert _ops(ext.rope(x, dims, traditional, 10000.0, 1.0, 9))["MlxrtRope"] == 1
-    assert "Sin" in _ops(ext.rope(x.astype(mx.float16), dims, traditional, 10000.0, 1.0, 9))  # MLX's fallback
+    assert primitive_counts(ext.rope(x, dims, traditional, 10000.0, 1.0, 9))["MlxrtRope"] == 1
+    assert "Sin" in primitive_counts(ext.rope(x.astype(mx.float16), dims, traditional, 10000.0, 1.0, 9))  # MLX's fallback
 
 
 def _kv(batch: int, heads: int, length: int, dim: int, capacity: int = 64) -> mx.array:
@@ -108,7 +100,7 @@ def test_attention_equals_mlx_with_every_mask_kind_and_grouped_heads(queries):
         masks.insert(0, None)
     for mask in masks:
         got = ext.attention(q, k, v, 0.125, mask)
-        assert _ops(got)["MlxrtAttention"] == 1
+        assert primitive_counts(got)["MlxrtAttention"] == 1
         ref = mx.fast.scaled_dot_product_attention(q, k, v, scale=0.125, mask=mask)
         assert _rel(got, ref) < 1e-5, mask if isinstance(mask, str | None) else mask.dtype
     # a row whose keys are all masked out: MLX spreads its weight evenly, so does the primitive
@@ -129,7 +121,7 @@ def test_attention_over_many_keys_equals_mlx_and_a_left_padded_row_equals_the_ro
     q = mx.random.normal((1, 1, q_heads, dim)).transpose(0, 2, 1, 3)
     k, v = _kv(1, kv_heads, keys, dim, capacity=keys + 256), _kv(1, kv_heads, keys, dim, capacity=keys + 256)
     alone = ext.attention(q, k, v, dim ** -0.5, None)
-    assert _ops(alone)["MlxrtAttention"] == 1
+    assert primitive_counts(alone)["MlxrtAttention"] == 1
     assert _rel(alone, mx.fast.scaled_dot_product_attention(q, k, v, scale=dim ** -0.5)) < 1e-5
     # the same row second in a batch of two, behind `pad` masked keys; the first row is noise
     noise_q = mx.random.normal(q.shape)
@@ -156,13 +148,13 @@ def test_long_prefill_attention_is_mlx_s_graph_with_the_fast_softmax_bit_for_bit
          "float": mx.random.normal((queries, keys))}.get(mask, mask)
     assert not ext.attention_supported(long_q, k, v)
     got = ext.attention(long_q, k, v, 0.2, m)
-    ops = _ops(got)
+    ops = primitive_counts(got)
     assert "MlxrtAttention" not in ops and ops["MlxrtSoftmax"] == 1
     assert mx.array_equal(got, mx.fast.scaled_dot_product_attention(long_q, k, v, scale=0.2, mask=m)).item()
     half = long_q[:, :, :1].astype(mx.float16)
     assert not ext.attention_supported(half, k.astype(mx.float16), v.astype(mx.float16))
     h = ext.attention(long_q.astype(mx.float16), k.astype(mx.float16), v.astype(mx.float16), 0.2, "causal")
-    assert "MlxrtSoftmax" not in _ops(h)
+    assert "MlxrtSoftmax" not in primitive_counts(h)
 
 
 @pytest.mark.parametrize("mask", ["causal", "bool", "float"])
@@ -178,7 +170,7 @@ def test_a_long_prompt_s_attention_goes_in_pieces_of_queries_with_mx_fast_s_bits
     m = {"bool": mx.random.uniform(shape=(1, 1, queries, keys)) > 0.2,
          "float": mx.random.normal((queries, keys))}.get(mask, mask)
     got = ext.attention(q, k, v, 0.17, m)
-    assert _ops(got)["MlxrtSoftmax"] == 2
+    assert primitive_counts(got)["MlxrtSoftmax"] == 2
     assert _rel(got, mx.fast.scaled_dot_product_attention(q, k, v, scale=0.17, mask=m)) < 1e-6
 
 
@@ -193,7 +185,7 @@ def test_a_causal_softmax_equals_mlx_s_mask_where_and_softmax_bit_for_bit(shape,
     mask = (mx.arange(start, start + queries)[:, None] >= mx.arange(keys)[None])
     ref = mx.softmax(mx.where(mask, x, mx.array(np.finfo(np.float32).min, mx.float32)), axis=-1, precise=True)
     got = ext.softmax(x, causal_start=start)
-    assert _ops(got)["MlxrtSoftmax"] == 1 and "Select" not in _ops(got)
+    assert primitive_counts(got)["MlxrtSoftmax"] == 1 and "Select" not in primitive_counts(got)
     assert mx.array_equal(got, ref).item()
     h = x.astype(mx.float16)
     ref16 = mx.softmax(mx.where(mask, h, mx.array(np.finfo(np.float16).min, mx.float16)), axis=-1, precise=True)
@@ -207,12 +199,12 @@ def test_softmax_equals_mlx_bit_for_bit():
     for shape in [(3, 7), (2, 5, 8), (4, 3, 37), (9, 64, 1000), (1, 1), (2, 17), (5000, 3)]:
         x = mx.random.normal(shape) * 7
         got = ext.softmax(x)
-        assert _ops(got)["MlxrtSoftmax"] == 1
+        assert primitive_counts(got)["MlxrtSoftmax"] == 1
         assert mx.array_equal(got, mx.softmax(x, axis=-1, precise=True)).item(), shape
     x = mx.array([[0.0, -mx.inf, 1.0, -1e30, 100.0, 3.0, 2.0, 1.0, 0.5], [-90.0, 0.0, 90.0, 1e-30, -1e-30, 7, 8, 9, 10]])
     assert mx.array_equal(ext.softmax(x), mx.softmax(x, axis=-1)).item()
     h = mx.random.normal((3, 9)).astype(mx.float16)
-    assert "MlxrtSoftmax" not in _ops(ext.softmax(h))
+    assert "MlxrtSoftmax" not in primitive_counts(ext.softmax(h))
     assert mx.array_equal(ext.softmax(h), mx.softmax(h, axis=-1, precise=True)).item()
 
 
@@ -243,7 +235,7 @@ def _greedy(model: nn.Module, prompt: list[int], n: int) -> tuple[list[int], Cou
     tokens, out, ops = mx.array([prompt]), [], Counter()
     for _ in range(n):
         nxt = mx.argmax(model(tokens, cache=cache)[:, -1, :], axis=-1)
-        ops = _ops(nxt)
+        ops = primitive_counts(nxt)
         out.append(int(nxt.item()))
         tokens = mx.array([[out[-1]]])
     return out, ops
@@ -317,7 +309,7 @@ def test_a_long_prompt_through_the_fused_model_matches_mlx_s_own_path():
     ref_logits, ref_tokens = run()
     qmv.install_fused(model)
     chunk = model(mx.array([prompt[:2048]]), cache=make_prompt_cache(model))
-    assert _ops(chunk)["MlxrtSoftmax"] == 2 * 2  # two layers, two pieces each
+    assert primitive_counts(chunk)["MlxrtSoftmax"] == 2 * 2  # two layers, two pieces each
     logits, tokens = run()
     assert _rel(logits, ref_logits) < 1e-5
     assert tokens == ref_tokens
@@ -354,16 +346,16 @@ def test_install_fused_computes_gemma_s_norms_through_the_kernel():
             layer.weight = mx.random.normal(layer.weight.shape) * 0.5
     mx.eval(model.parameters())
     prompt = mx.array([[5, 9, 17, 3, 44, 2, 8, 9, 10, 11]])
-    ref, ops_before = model(prompt), _ops(model(prompt))
+    ref, ops_before = model(prompt), primitive_counts(model(prompt))
     norms = sum(isinstance(layer, arch.RMSNorm) for _, layer in model.named_modules())
     qmv.install_fused(model)
     assert sum(type(layer).__name__ == "FusedOffsetRMSNorm" for _, layer in model.named_modules()) == norms
     got = model(prompt)
-    ops = _ops(got)
+    ops = primitive_counts(got)
     assert _rel(got, ref) < 1e-4
     assert ops["MlxrtRmsNorm"] == norms and not {"Rsqrt", "Square"} & set(ops) and {"Rsqrt"} <= set(ops_before)
     # 1 + weight is computed once, not in each forward, and again when a weight array is replaced
-    assert _ops(model(prompt))["Add"] == ops["Add"] - norms
+    assert primitive_counts(model(prompt))["Add"] == ops["Add"] - norms
     norm, x = model.model.norm, mx.random.normal((3, 128))
     assert _rel(norm(x), mx.fast.rms_norm(x, 1.0 + norm.weight, norm.eps)) < 1e-6
     norm.weight = norm.weight * 3.0
