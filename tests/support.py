@@ -33,6 +33,30 @@ def primitive_counts(*outputs: Any) -> Counter:
     return Counter(re.findall(r'label ="([A-Za-z_]+)', dot.getvalue()))
 
 
+def tiny_mlx_lm_model(model_type: str, *, vocab_size: int, seed: int, quantized: bool = False) -> Any:
+    """A two-layer mlx-lm model of ``model_type`` (llama, qwen2, qwen3, gemma3_text) with random
+    weights, built in memory; Gemma 3's first layer slides over a 4-token window (a rotating
+    cache), its second is global. ``quantized``: its linear layers at 4 bits, group 32."""
+    import importlib
+
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    arch = importlib.import_module(f"mlx_lm.models.{model_type}")
+    args = {"model_type": model_type, "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
+            "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "vocab_size": vocab_size}
+    if model_type == "qwen3":
+        args.update(head_dim=16, max_position_embeddings=4096, rope_theta=1e6, tie_word_embeddings=True)
+    if model_type == "gemma3_text":
+        args.update(head_dim=16, sliding_window=4, sliding_window_pattern=2, query_pre_attn_scalar=16)
+    mx.random.seed(seed)
+    model = arch.Model(arch.ModelArgs(**args))
+    if quantized:
+        nn.quantize(model, group_size=32, bits=4)
+    mx.eval(model.parameters())
+    return model
+
+
 def openai_client(http_client):
     import openai
 

@@ -18,7 +18,7 @@ import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
-from support import primitive_counts
+from support import primitive_counts, tiny_mlx_lm_model
 
 from mlxrt.engine import qmv
 
@@ -103,20 +103,7 @@ def test_decode_attention_refuses_what_it_does_not_compute():
 
 
 def _tiny(model_type: str) -> nn.Module:
-    import importlib
-
-    arch = importlib.import_module(f"mlx_lm.models.{model_type}")
-    args = {"model_type": model_type, "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
-            "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "vocab_size": 512}
-    if model_type == "qwen3":
-        args.update(head_dim=16, max_position_embeddings=4096, rope_theta=1e6, tie_word_embeddings=True)
-    if model_type == "gemma3_text":  # a sliding layer (a rotating cache: mlx-lm's path) and a global one
-        args.update(head_dim=16, sliding_window=4, sliding_window_pattern=2, query_pre_attn_scalar=16)
-    mx.random.seed(4)
-    model = arch.Model(arch.ModelArgs(**args))
-    nn.quantize(model, group_size=32, bits=4)
-    mx.eval(model.parameters())
-    return model
+    return tiny_mlx_lm_model(model_type, vocab_size=512, seed=4, quantized=True)
 
 
 def _steps(model: nn.Module, prompt: list[int], n: int) -> tuple[list[int], list[np.ndarray], Counter]:

@@ -4,7 +4,6 @@ mlx-lm's own forward, and keep the model's parameter paths."""
 
 from __future__ import annotations
 
-import importlib
 from collections import Counter
 
 import mlx.core as mx
@@ -12,23 +11,13 @@ import mlx.nn as nn
 import numpy as np
 import pytest
 from mlx.utils import tree_flatten
-from support import primitive_counts
+from support import primitive_counts, tiny_mlx_lm_model
 
 from mlxrt.engine import one_token
 
 
 def _tiny(model_type: str) -> nn.Module:
-    arch = importlib.import_module(f"mlx_lm.models.{model_type}")
-    args = {"model_type": model_type, "hidden_size": 64, "num_hidden_layers": 2, "intermediate_size": 128,
-            "num_attention_heads": 4, "num_key_value_heads": 2, "rms_norm_eps": 1e-5, "vocab_size": 128}
-    if model_type == "qwen3":
-        args.update(head_dim=16, max_position_embeddings=512, rope_theta=1e6, tie_word_embeddings=True)
-    if model_type == "gemma3_text":  # a sliding layer whose window the decode passes (a rotating cache)
-        args.update(head_dim=16, sliding_window=4, sliding_window_pattern=2, query_pre_attn_scalar=16)
-    mx.random.seed(3)
-    model = arch.Model(arch.ModelArgs(**args))
-    mx.eval(model.parameters())
-    return model
+    return tiny_mlx_lm_model(model_type, vocab_size=128, seed=3)
 
 
 def _decode(model: nn.Module, cache: list, tokens: mx.array, n: int) -> tuple[list[np.ndarray], Counter]:
