@@ -94,6 +94,26 @@ def test_a_lone_stream_decodes_serially_and_joins_the_batch_when_another_arrives
     assert (after["serial"], after["batch"]) == (lanes["serial"], lanes["batch"] + 2)
 
 
+def test_a_lone_request_with_a_logit_bias_decodes_serially_and_says_the_same_in_a_batch(batch_server):
+    """A logit bias (what ``ignore_eos`` adds) and the penalties keep no state: a lone request with
+    them takes the serial lane's loop, as one without; under load it says the same in the batch."""
+    client = _client(batch_server)
+    plain = _chat(client, PROMPTS[4], temperature=0)
+    first = httpx.post(f"{batch_server.url}/tokenize", json={"content": plain}, timeout=10).json()["tokens"][0]
+    biased = {"temperature": 0, "logit_bias": {str(first): -100}, "frequency_penalty": 0.5}
+    before = _wait_idle(batch_server)["served_by_lane"]
+    alone = _chat(client, PROMPTS[4], **biased)
+    lanes = _wait_idle(batch_server)["served_by_lane"]
+    assert alone != plain  # the bias was applied
+    assert (lanes["serial"], lanes["batch"]) == (before["serial"] + 1, before["batch"])
+    with cf.ThreadPoolExecutor(8) as pool:
+        noise = [pool.submit(_chat, client, p, temperature=0, max_tokens=40) for p in PROMPTS[5:]]
+        time.sleep(0.05)
+        loaded = pool.submit(_chat, client, PROMPTS[4], **biased).result()
+        [f.result() for f in noise]
+    assert loaded == alone
+
+
 def test_a_seeded_request_returns_the_same_text_alone_and_under_load(batch_server):
     client = _client(batch_server)
     seeded = {"temperature": 1.0, "seed": 1234, "max_tokens": 24}

@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from mlxrt.registry import PluginHost
 
 __all__ = ["build_sampler", "build_logits_processors", "resolve_sampling", "xtc_special_tokens", "SeedSource",
-           "choice_seed", "seeded", "is_stateless"]
+           "choice_seed", "seeded", "is_stateless", "processors_stateless"]
 
 _GOLDEN = 0x9E3779B9
 _MASK = (1 << 63) - 1
@@ -46,6 +46,15 @@ def is_stateless(sampler: Sampler | None) -> bool:
     inner = getattr(sampler, "inner", sampler)
     # greedy_sampler is one mlx-lm module function: told by identity, never marked
     return inner is None or inner is greedy_sampler or getattr(inner, _STATELESS, False) is True
+
+
+def processors_stateless(processors: Sequence[LogitsProcessor]) -> bool:
+    """Whether every one of ``processors`` is one of :func:`builtin_logits_processors` (logit
+    bias, penalties): each a function of the history and the logits it is given, so a lone
+    request with them may decode in the serial lane and join a batch later, which feeds its
+    last token again (a tool_choice constraint or a plugin's processor may keep state: those
+    rows decode in the batch lane from the start)."""
+    return all(getattr(processor, _STATELESS, False) is True for processor in processors)
 
 
 class SeedSource:
@@ -168,7 +177,8 @@ def builtin_logits_processors(s: SamplingParams) -> list[LogitsProcessor]:
     """
     from mlx_lm.sample_utils import make_logits_processors
 
-    return make_logits_processors(
+    # each a fresh closure over the request's settings that reads only its arguments
+    return [_stateless(processor) for processor in make_logits_processors(
         logit_bias=dict(s.logit_bias) or None,
         # 1.0 multiplies by one: skip it rather than pay for it per token.
         repetition_penalty=s.repetition_penalty if s.repetition_penalty != 1.0 else None,
@@ -177,7 +187,7 @@ def builtin_logits_processors(s: SamplingParams) -> list[LogitsProcessor]:
         presence_context_size=s.presence_context_size,
         frequency_penalty=s.frequency_penalty,
         frequency_context_size=s.frequency_context_size,
-    )
+    )]
 
 
 def build_logits_processors(

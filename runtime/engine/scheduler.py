@@ -30,7 +30,12 @@ from typing import TYPE_CHECKING, Any
 from mlxrt.cache.prompt_cache import PromptCache
 from mlxrt.engine.bridge import WAKE, Call
 from mlxrt.engine.lanes import BatchLane, Job, Row, generation_error
-from mlxrt.engine.sampling import build_logits_processors, build_sampler, seeded
+from mlxrt.engine.sampling import (
+    build_logits_processors,
+    build_sampler,
+    processors_stateless,
+    seeded,
+)
 from mlxrt.errors import EngineError, MlxrtError, QueueFull, ShuttingDown
 from mlxrt.records import CacheReport, FinishReason, GenerationRequest
 from mlxrt.text.detokenize import Detokenizers
@@ -340,7 +345,8 @@ class Scheduler:
                 return
             # A lone stream decodes in the serial lane's tight loop (mlx-lm's batch generator costs
             # a single row up to a third of its speed) and joins the batch when another arrives.
-            # Not with logits processors: their state (a grammar) has seen the token the batch refeeds.
+            # Not with logits processors that may keep state (a grammar, a plugin's): it has seen
+            # the token the batch refeeds. A logit bias (ignore_eos's) or a penalty keeps none.
             lone = not serial and not self.running and len(self.waiting) == 1
             self.waiting.remove(job)
             self._dequeue(job)
@@ -351,7 +357,7 @@ class Scheduler:
             self.reserved += job.need
             if self.drain_until is not None:  # drain() ran while this row was being prepared
                 _end_by(job, self.drain_until)
-            if lone and not row.processors:
+            if lone and processors_stateless(row.processors):
                 if self._run_serial(row, handoff=self._work_arrived):
                     self.batch.resume(row)
             elif not serial:
