@@ -51,13 +51,21 @@ def mlx_lm_load(info: ModelInfo, classes: tuple[type, type] | None = None, *,
     from mlxrt.loading.weights import eos_token_ids, load_architecture_and_weights
     from mlxrt.text.tokenizer import load_tokenizer
 
-    # The tokenizer loads on a thread of its own while the weights are read: both are mostly native
-    # code that releases the GIL (~0.2 s of the embedded SmolLM2's start).
+    # The tokenizer loads on a thread of its own while the weights are read. Building a tokenizer
+    # holds the GIL throughout (Gemma 3's 262K-token one: ~0.6 s in tokenizers' Rust), so it starts
+    # only once the model is built and its weights are mapped (Python: imports, modules), and runs
+    # beside MLX's read of them, which releases the GIL: started first, it left every import of
+    # the weights' side waiting for it.
     try:
+        model, _config = load_architecture_and_weights(info.path, classes=classes, lazy=True)
+        parameters = model.parameters() if not lazy else None
         with ThreadPoolExecutor(1, thread_name_prefix="mlxrt-tokenizer") as pool:
             tokenizing = pool.submit(load_tokenizer, info.path, eos_token_ids=eos_token_ids(info.path),
                                      trust_remote_code=trust_remote_code)
-            model, _config = load_architecture_and_weights(info.path, classes=classes, lazy=lazy)
+            if parameters is not None:
+                import mlx.core as mx
+
+                mx.eval(parameters)
             tokenizer = tokenizing.result()
     except (ValueError, FileNotFoundError, KeyError) as exc:
         raise ModelLoadError(f"mlx-lm could not load {info.model_id}: {exc}") from exc
