@@ -31,6 +31,7 @@ from __future__ import annotations
 
 import logging
 import os
+from collections.abc import Mapping
 from typing import Any, TypeVar
 
 import attrs
@@ -136,12 +137,29 @@ def eligible(layer: Any, bits: Any = (4, 8)) -> bool:
             and "scales" in layer and layer["weight"].ndim == 2)
 
 
-def install(model: Any, st: QmvStatus | None = None) -> int:
+@attrs.frozen
+class ScalesPlan:
+    """What :func:`install` found for one kernel layer's float32 scales and biases: the 16-bit
+    type that holds every value exactly (``"float16"``, ``"bfloat16"``; ``None``: neither, they
+    stay float32) and the symmetric centre of its biases (:func:`symmetric_centre`; 0: none).
+    Found once by comparing every value; the loader keeps them across starts
+    (:mod:`mlxrt.loading.kernel_plans`) so that a start with the same weights compares nothing."""
+
+    narrow: str | None
+    centre: float = 0.0
+
+
+def install(model: Any, st: QmvStatus | None = None, *, known: Mapping[str, ScalesPlan] | None = None,
+            found: dict[str, ScalesPlan] | None = None) -> int:
     """Make ``model``'s eligible ``nn.QuantizedLinear`` and ``nn.QuantizedEmbedding`` layers
     (whose ``as_linear`` is a tied output head) compute through the kernel; return how many.
     Each is replaced by an instance of a subclass of its MLX class holding the same parameters
     (:func:`_replace_layers`), so everything that checks ``isinstance`` or reads their parameters
-    sees no difference."""
+    sees no difference.
+
+    ``known``: each layer's :class:`ScalesPlan` by its path in ``model``, from an earlier start with
+    the same weights (a layer it lacks is checked as usual); ``found`` receives every layer's
+    (``MLXRT_QMV_COMPACT=0`` keeps every scale float32 and fills nothing)."""
     st = st if st is not None else load()
     if not st.active:
         return 0
@@ -149,6 +167,7 @@ def install(model: Any, st: QmvStatus | None = None) -> int:
 
     classes, bits = _classes(st.module), st.module.BITS
     compacting = os.environ.get("MLXRT_QMV_COMPACT", "1") != "0"  # off: the A/B measurement's other side
+    paths = {id(layer): path for path, layer in model.named_modules()}
 
     def kernel_layer(layer: Any) -> Any:
         if type(layer) not in classes or not eligible(layer, bits):
@@ -157,10 +176,22 @@ def install(model: Any, st: QmvStatus | None = None) -> int:
         # The primitive reads rows in place: make sure they are (a no-op copy otherwise).
         for key in ("weight", "scales", "biases"):
             new[key] = mx.contiguous(new[key])
-        narrow = compact_scales(new["scales"], new["biases"]) if compacting else None
-        if narrow is not None:
-            new.bias_centre = symmetric_centre(new["scales"], new["biases"])  # on the float32 values
-            new.update(narrow)
+        if not compacting:
+            return new
+        path = paths.get(id(layer), "")
+        plan = (known or {}).get(path)
+        if plan is None or new["scales"].dtype != mx.float32 or new["biases"].dtype != mx.float32:
+            narrow = compact_scales(new["scales"], new["biases"])
+            plan = ScalesPlan(narrow=None) if narrow is None else ScalesPlan(
+                narrow=str(narrow["scales"].dtype).removeprefix("mlx.core."),
+                centre=symmetric_centre(new["scales"], new["biases"]))  # on the float32 values
+        if found is not None:
+            found[path] = plan
+        if plan.narrow is not None:
+            dtype = getattr(mx, plan.narrow)
+            new.bias_centre = plan.centre
+            new.update({"scales": mx.contiguous(new["scales"].astype(dtype)),
+                        "biases": mx.contiguous(new["biases"].astype(dtype))})
             new.float_scales = True  # its scales stand for float32 ones: what it makes is float32
         return new
 

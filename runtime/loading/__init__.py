@@ -185,12 +185,29 @@ def load_weights(info: ModelInfo, host: PluginHost) -> tuple[LoadedModel, str | 
     if choice is not None and not lazy:
         import mlxrt.engine.qmv as qmv
 
-        if not choice.cast and (count := qmv.install(loaded.model)):
+        if not choice.cast and (count := _install_kernel(loaded.model, info)):
             log.info("%d quantized layers of %s run on the %s", count, info.model_id, qmv.status().text)
         if (count := qmv.install_fused(loaded.model)):
             log.info("%d norm and rotary layers of %s (and its attention and gated activation) run on "
                      "the %s fused primitives", count, info.model_id, qmv.status().text)
     return attrs.evolve(loaded, dtype=choice), plugin
+
+
+def _install_kernel(model: Any, info: ModelInfo) -> int:
+    """:func:`mlxrt.engine.qmv.install`, with what it found in these weights at an earlier start
+    (:mod:`mlxrt.loading.kernel_plans`), and what it finds now kept for the next."""
+    import mlxrt.engine.qmv as qmv
+    from mlxrt.loading.kernel_plans import read_plan, write_plan
+
+    st = qmv.load()
+    if not st.active:
+        return 0
+    known = read_plan(info.path, qmv.API)
+    found: dict[str, qmv.ScalesPlan] = {}
+    count = qmv.install(model, st, known=known, found=found)
+    if found and found != known:
+        write_plan(info.path, qmv.API, found)
+    return count
 
 
 def _choose_dtype(loaded: LoadedModel, info: ModelInfo, host: PluginHost, *, lazy: bool) -> Any:
