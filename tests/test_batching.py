@@ -106,11 +106,17 @@ def test_a_lone_request_with_a_logit_bias_decodes_serially_and_says_the_same_in_
     lanes = _wait_idle(batch_server)["served_by_lane"]
     assert alone != plain  # the bias was applied
     assert (lanes["serial"], lanes["batch"]) == (before["serial"] + 1, before["batch"])
+    # beside it in the batch: a row with a logit bias alone (every row's added in one scatter while
+    # no row reads its history) and a row with a penalty (each row's processors on its own row)
+    bias_only = {"temperature": 0, "logit_bias": {str(first): -100}}
+    penalty = {"temperature": 0, "presence_penalty": 1.5}
+    others = [(PROMPTS[5], bias_only), (PROMPTS[6], penalty), (PROMPTS[7], {"temperature": 0})]
+    others_alone = [_chat(client, p, max_tokens=40, **kw) for p, kw in others]
     with cf.ThreadPoolExecutor(8) as pool:
-        noise = [pool.submit(_chat, client, p, temperature=0, max_tokens=40) for p in PROMPTS[5:]]
+        noise = [pool.submit(_chat, client, p, max_tokens=40, **kw) for p, kw in others]
         time.sleep(0.05)
         loaded = pool.submit(_chat, client, PROMPTS[4], **biased).result()
-        [f.result() for f in noise]
+        assert [f.result() for f in noise] == others_alone
     assert loaded == alone
 
 

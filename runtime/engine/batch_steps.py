@@ -54,6 +54,7 @@ from typing import Any
 import attrs
 
 import mlxrt.engine.qmv as qmv
+from mlxrt.engine.sampling import add_biases, bias_only
 from mlxrt.engine.steps import CLEAR_EVERY
 
 __all__ = ["BatchSteps", "Progress", "Response"]
@@ -411,7 +412,7 @@ class BatchSteps:
             self._prefilling.remove(seq)
             seq.segments, seq.cache = [], None
             seq.fed = seq.total
-            if seq.processors:
+            if not bias_only(seq.processors):  # a logit bias never reads the history
                 seq.context = TokenBuffer(seq.tokens)
         if self._rows:
             for layer, other in zip(self._cache, merged, strict=True):
@@ -445,13 +446,18 @@ class BatchSteps:
 
         logits = self.model(inputs[:, None], cache=self._cache)[:, -1, :]
         contexts = []
-        if any(seq.processors for seq in self._rows):
+        if all(bias_only(seq.processors) for seq in self._rows):
+            # at most a logit bias a row (ignore_eos's, say): every row's in one scatter, not a
+            # slice, a scatter and a concatenation of the vocabulary-wide row each
+            logits = add_biases(logits, [seq.processors[0] if seq.processors else None for seq in self._rows])
+        else:
             processed = []
             for at, seq in enumerate(self._rows):
                 row = logits[at:at + 1]
                 if seq.processors:
-                    history = seq.context.update_and_fetch(inputs[at:at + 1])
-                    contexts.append(history)
+                    history = seq.context.update_and_fetch(inputs[at:at + 1]) if seq.context is not None else None
+                    if history is not None:
+                        contexts.append(history)
                     for processor in seq.processors:
                         row = processor(history, row)
                 processed.append(row)

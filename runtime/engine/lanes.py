@@ -218,6 +218,8 @@ def isolate(row: Row) -> None:
     sampling call, and cannot fail on its own."""
     from mlx_lm.sample_utils import greedy_sampler
 
+    from mlxrt.engine.sampling import LogitBias
+
     def failed(what: str, exc: Exception) -> None:
         log.warning("the %s of request %s failed; ending that request only", what, row.request.request_id,
                     exc_info=True)
@@ -246,7 +248,9 @@ def isolate(row: Row) -> None:
             return greedy_sampler(logprobs)
 
         row.sampler = sample
-    row.processors = [guard_processor(p) for p in row.processors]
+    # a logit bias cannot fail (its tokens were checked at planning): kept as it is, the batch
+    # adds every row's in one scatter (mlxrt.engine.sampling.add_biases)
+    row.processors = [p if isinstance(p, LogitBias) else guard_processor(p) for p in row.processors]
 
 
 def generation_error(exc: Exception) -> MlxrtError:

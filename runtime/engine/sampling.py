@@ -20,7 +20,8 @@ if TYPE_CHECKING:
     from mlxrt.registry import PluginHost
 
 __all__ = ["build_sampler", "build_logits_processors", "resolve_sampling", "xtc_special_tokens", "SeedSource",
-           "choice_seed", "seeded", "is_stateless", "processors_stateless"]
+           "choice_seed", "seeded", "is_stateless", "processors_stateless",
+           "LogitBias", "add_biases", "bias_only"]
 
 _GOLDEN = 0x9E3779B9
 _MASK = (1 << 63) - 1
@@ -46,6 +47,46 @@ def is_stateless(sampler: Sampler | None) -> bool:
     inner = getattr(sampler, "inner", sampler)
     # greedy_sampler is one mlx-lm module function: told by identity, never marked
     return inner is None or inner is greedy_sampler or getattr(inner, _STATELESS, False) is True
+
+
+class LogitBias:
+    """A request's ``logit_bias`` (and ``ignore_eos``'s ban of the end-of-sequence ids): adds
+    ``values`` to the logits of ``tokens``, as mlx-lm's logit-bias processor does (the same
+    operation, ``logits.at[:, tokens].add(values)``, so the same bits). Its own type, so that the
+    batch lane can add every row's bias in one scatter (:func:`add_biases`) and skip the history
+    it never reads; it keeps no state and cannot fail (the tokens were checked against the
+    vocabulary when the request was planned)."""
+
+    mlxrt_stateless = True
+
+    def __init__(self, bias: Mapping[int, float]) -> None:
+        import mlx.core as mx
+
+        self.tokens = tuple(int(t) for t in bias)
+        self.values = tuple(float(v) for v in bias.values())
+        self._tokens, self._values = mx.array(self.tokens), mx.array(self.values)
+
+    def __call__(self, _history: Any, logits: Any) -> Any:
+        return logits.at[:, self._tokens].add(self._values)
+
+
+def add_biases(logits: Any, biases: Sequence[LogitBias | None]) -> Any:
+    """``logits`` (one row per entry of ``biases``) with each row's :class:`LogitBias` added, in one
+    scatter for every row: the same element-wise sums as each row's own processor."""
+    import mlx.core as mx
+
+    rows = [at for at, bias in enumerate(biases) for _ in (bias.tokens if bias is not None else ())]
+    if not rows:
+        return logits
+    tokens = [t for bias in biases if bias is not None for t in bias.tokens]
+    values = [v for bias in biases if bias is not None for v in bias.values]
+    return logits.at[mx.array(rows), mx.array(tokens)].add(mx.array(values))
+
+
+def bias_only(processors: Sequence[Any]) -> bool:
+    """Whether ``processors`` are at most one :class:`LogitBias` (what a request without penalties,
+    constraints or plugins brings): nothing reads the history."""
+    return len(processors) <= 1 and all(isinstance(processor, LogitBias) for processor in processors)
 
 
 def processors_stateless(processors: Sequence[LogitsProcessor]) -> bool:
@@ -178,8 +219,9 @@ def builtin_logits_processors(s: SamplingParams) -> list[LogitsProcessor]:
     from mlx_lm.sample_utils import make_logits_processors
 
     # each a fresh closure over the request's settings that reads only its arguments
-    return [_stateless(processor) for processor in make_logits_processors(
-        logit_bias=dict(s.logit_bias) or None,
+    bias: list[LogitsProcessor] = [LogitBias(s.logit_bias)] if s.logit_bias else []
+    return bias + [_stateless(processor) for processor in make_logits_processors(
+        logit_bias=None,
         # 1.0 multiplies by one: skip it rather than pay for it per token.
         repetition_penalty=s.repetition_penalty if s.repetition_penalty != 1.0 else None,
         repetition_context_size=s.repetition_context_size,

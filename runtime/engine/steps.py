@@ -20,6 +20,7 @@ from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
 import mlxrt.engine.qmv as qmv
+from mlxrt.engine.sampling import bias_only
 
 __all__ = ["token_steps"]
 
@@ -65,9 +66,11 @@ def token_steps(prompt: Any, model: Any, *, cache: list[Any], stream: Any, max_t
             return model(tokens[None], cache=cache, input_embeddings=rows[None])
         return model(tokens[None], cache=cache)
 
+    reads_history = bool(processors) and not bias_only(processors)
+
     def remember(tokens: Any) -> None:
         nonlocal history
-        if processors and len(tokens):
+        if reads_history and len(tokens):
             history = tokens if history is None else mx.concatenate([history, tokens])
 
     def step(tokens: Any, rows: Any = None) -> tuple[Any, Any]:
