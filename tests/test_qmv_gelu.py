@@ -30,8 +30,8 @@ pytestmark = pytest.mark.skipif(ext is None, reason="mlxrt-qmv is not built (scr
 #: The stated bound (docs/performance.md, "A vectorized GELU"), over [-12, 12], against
 #: x / (1 + e^(-2z)) in float64 (the same function as 0.5·x·(1 + tanh z), without its cancellation).
 ABS_BOUND = 6e-7  # measured 5.2e-7: an ulp of the result near x = 4.7
-ULPS_NONNEGATIVE = 2.0  # x >= 0: measured 1.7
-REL_BOUND = {(-3.0, 0.0): 1e-6, (-12.0, -3.0): 1.5e-5}  # measured 7.3e-7 and 1.1e-5 (the float32 rounding of z)
+ULPS_NONNEGATIVE = 2.5  # x >= 0: measured 1.9 (1.7 over this sweep)
+REL_BOUND = {(-3.0, 0.0): 1e-6, (-12.0, -3.0): 1.5e-5}  # measured 8.7e-7 and 1.2e-5 (the float32 rounding of z)
 MLX_ABS_BOUND = 6e-7  # against MLX's float32 gelu_approx, measured 4.8e-7
 
 
@@ -99,10 +99,13 @@ def test_an_element_s_bits_do_not_depend_on_its_position_or_the_array_s_length()
 
 def test_the_portable_loop_gives_the_vector_loop_s_bits(tmp_path):
     rng = np.random.default_rng(4)
-    x = np.concatenate([_floats(40_009), rng.standard_normal(1003).astype(np.float32) * 6,
-                        np.array([np.nan, np.inf, -np.inf, 3.4e38, -3.4e38, 1e-45, -1e-45], np.float32)])
+    x = np.concatenate([np.array([np.nan, np.inf, -np.inf, 3.4e38, -3.4e38, 1e-45, -1e-45], np.float32),
+                        _floats(40_009), rng.standard_normal(1006).astype(np.float32) * 6,
+                        np.array([-4.1, -5.3, -7.7, 0.3, -0.8], np.float32)])
+    assert x.size % 8 == 5  # a vector tail of ordinary values
     np.save(tmp_path / "x.npy", x)
     code = ("import sys, numpy as np, mlx.core as mx, mlxrt_qmv as ext\n"
+            "assert ext.kernel_name() == 'portable int8', ext.kernel_name()\n"
             "x = np.load(sys.argv[1] + '/x.npy')\n"
             "np.save(sys.argv[1] + '/y.npy', np.array(ext.geglu(mx.array(x), mx.array(x[::-1].copy()))))\n")
     env = {**os.environ, "MLXRT_QMV_KERNEL": "portable"}
