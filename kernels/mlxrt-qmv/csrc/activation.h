@@ -36,7 +36,7 @@ void swiglu_avx2(const float* gate, const float* x, float* out, int64_t n);
 // vector loop's tail goes through a padded vector, and the portable loop is those operations one
 // lane at a time (the same bits), so a row's result never depends on the array's length or the
 // rows beside it. Saturates as MLX's: ±0 for g below ~-10 (e^(-2z) overflows to inf), g itself
-// above ~9, NaN for NaN and -inf, inf for inf.
+// above ~5 (1 + e^(-2z) rounds to 1), NaN for NaN and -inf, inf for inf.
 mx::array geglu(const mx::array& gate, const mx::array& up, mx::StreamOrDevice s = {});
 
 // The operations of one element, shared by both loops so their constants are one. -2·√(2/π) and

@@ -1,7 +1,7 @@
 // swiglu, softmax, log_softmax and exp (activation.h) eight floats at a time: MLX's scalar arithmetic in AVX2, operation for
-// operation, so the results are the same bits; geglu, geglu_generic's operations eight lanes at a time. Compiled with AVX2/FMA for this file only (and
-// -ffp-contract=off: a product followed by a sum must stay two roundings, as in MLX's build) and
-// run only where the CPU has them (activation.cpp checks).
+// operation, so the results are the same bits; and geglu, geglu_generic's operations eight lanes at a time (the
+// same bits as it). Compiled with AVX2/FMA for this file only (and -ffp-contract=off: a product followed by a sum
+// must stay two roundings, as in MLX's build) and run only where the CPU has them (activation.cpp checks).
 #include <immintrin.h>
 
 #include <cmath>
