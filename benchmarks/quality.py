@@ -12,7 +12,10 @@ position the log-probability of the text's next token and the most likely token 
 - ``exact``: ``MLXRT_QMV_EXACT=1`` (x in 15 bits for a few rows; more rows, as here, through the
   kernel's dequantized weights and the BLAS in float32: the weights' own products);
 - ``int8``: ``MLXRT_QMV_EXACT=0``, x in 8 bits per block of 32 (this CPU's loops: ``kernel`` column);
-- ``mlx``: ``MLXRT_QMV=0``, MLX's own quantized_matmul (``--mlx``; slow on a CPU).
+- ``mlx``: ``MLXRT_QMV=0``, MLX's own quantized_matmul (``--mlx``; slow on a CPU);
+- ``--gelu-off``: beside each path that gives a Gemma MLP the kernel's vectorized ``geglu`` (every
+  one but ``exact`` and ``mlx``), its twin with ``MLXRT_QMV_GELU=0`` (MLX's own ``gelu_approx``),
+  and a second table comparing each with its twin.
 
 It prints, per path, the perplexity over the text, the share of positions whose most likely
 token equals the exact path's (top-1 agreement), and the mean and largest absolute difference
@@ -24,6 +27,7 @@ logits are those of decoding the text token by token.
     python benchmarks/quality.py --kernel "avx2 int8" --kernel portable   # the other loops too
     python benchmarks/quality.py --model /path/to/mlx-model --chunk 256 --mlx
     python benchmarks/quality.py --model gemma-3-270m-q4_k_m.gguf --chunk 128   # 262K vocabulary: small chunks
+    python benchmarks/quality.py --model gemma-3-270m-q4_k_m.gguf --chunk 128 --gelu-off --kernel "avx2+fma"
 """
 
 from __future__ import annotations
@@ -117,6 +121,8 @@ def main() -> None:
     ap.add_argument("--mlx", action="store_true", help="also MLX's own quantized_matmul (MLXRT_QMV=0)")
     ap.add_argument("--kernel", action="append", default=[],
                     help="also this kernel forced (MLXRT_QMV_KERNEL, e.g. 'avx2 int8', 'portable'); repeatable")
+    ap.add_argument("--gelu-off", action="store_true",
+                    help="also each path that routes Gemma's GELU with MLXRT_QMV_GELU=0, and a table of the pairs")
     args = ap.parse_args()
     if args.model and args.model.endswith(".gguf"):
         from mlxrt.loading import resolve_model
@@ -130,6 +136,8 @@ def main() -> None:
         folder = str(embedded_model_dir())
     paths = {n: PATHS[n] for n in ["exact", "int8"] + (["mlx"] if args.mlx else [])}
     paths.update({k: {"MLXRT_QMV_KERNEL": k, "MLXRT_QMV_EXACT": "0"} for k in args.kernel})
+    twins = {f"{n} gelu-off": n for n, env in paths.items() if args.gelu_off and env.get("MLXRT_QMV_EXACT") == "0"}
+    paths.update({twin: {**paths[n], "MLXRT_QMV_GELU": "0"} for twin, n in twins.items()})
     names = list(paths)
     got = {n: run_path(folder, env, args.chunk) for n, env in paths.items()}
     ref = got["exact"]
@@ -138,12 +146,23 @@ def main() -> None:
     print("| path | kernel | perplexity | top-1 agreement with exact | mean abs Δ log p | max abs Δ log p |")
     print("|---|---|--:|--:|--:|--:|")
     for name in names:
-        g = got[name]
-        ppl = math.exp(-sum(g["logps"]) / n)
-        agree = sum(a == b for a, b in zip(g["tops"], ref["tops"], strict=True)) / n
-        diffs = [abs(a - b) for a, b in zip(g["logps"], ref["logps"], strict=True)]
-        print(f"| {name} | {g['kernel']} | {ppl:.4f} | {100 * agree:.2f} % ({sum(a == b for a, b in zip(g['tops'], ref['tops'], strict=True))}/{n}) "
-              f"| {sum(diffs) / n:.4f} | {max(diffs):.4f} |")
+        print(_row(name, got[name], ref))
+    if twins:
+        print("\nEach path against its twin with MLX's own gelu_approx (MLXRT_QMV_GELU=0):")
+        print("| path | kernel | perplexity | top-1 agreement with the twin | mean abs Δ log p | max abs Δ log p |")
+        print("|---|---|--:|--:|--:|--:|")
+        for twin, name in twins.items():
+            print(_row(name, got[name], got[twin]))
+
+
+def _row(name: str, g: dict, ref: dict) -> str:
+    """A table row: ``g``'s perplexity, and its agreement with and distance from ``ref``."""
+    n = len(ref["logps"])
+    ppl = math.exp(-sum(g["logps"]) / n)
+    same = sum(a == b for a, b in zip(g["tops"], ref["tops"], strict=True))
+    diffs = [abs(a - b) for a, b in zip(g["logps"], ref["logps"], strict=True)]
+    return (f"| {name} | {g['kernel']} | {ppl:.4f} | {100 * same / n:.2f} % ({same}/{n}) "
+            f"| {sum(diffs) / n:.3g} | {max(diffs):.3g} |")
 
 
 if __name__ == "__main__":

@@ -111,7 +111,7 @@ def masks_overridden(text_model: Any, make: Callable[[Callable[[Any, Any], Any]]
 # mlxrt's other changes to a loaded model go through public seams: samplers and logits
 # processors are passed to mlx-lm's loop (``make_sampler``, ``make_logits_processors``), and the
 # kernel's layers replace MLX's through ``Module.update_modules`` (:mod:`mlxrt.engine.qmv`), and so
-# do the subclasses of mlx-lm's ``Attention`` and Gemma ``RMSNorm`` classes that recompute their
+# do the subclasses of mlx-lm's ``Attention``, Gemma ``RMSNorm`` and ``MLP`` classes that recompute their
 # forwards with fewer primitives (:data:`KNOWN_FORWARDS` below: subclassing, not patching, so the
 # routed globals stay the only replaced names; the digest is what fences the copied forward).
 
@@ -159,7 +159,9 @@ def _route_global(model: Any, attr: str, original: Any, route: Callable[[Callabl
 #: transpose, per-head norms for qwen3 and gemma3_text, rope, ``cache.update_and_fetch``, the
 #: module's ``scaled_dot_product_attention``, transpose, reshape, ``o_proj``), and the Gemma
 #: ``RMSNorm`` (``mx.fast.rms_norm(x, 1.0 + self.weight, self.eps)``) that the kernel's fused norm
-#: computes (:func:`mlxrt.engine.qmv.install_fused`).
+#: computes (:func:`mlxrt.engine.qmv.install_fused`), and the Gemma 2 and 3 ``MLP``
+#: (``down_proj(nn.gelu_approx(gate_proj(x)) * up_proj(x))``) whose activation the kernel's
+#: ``geglu`` computes (Gemma 1's MLP takes the exact ``nn.gelu``: not listed).
 KNOWN_FORWARDS = {
     ("llama", "Attention"): "3b9b8774b647f7a4",
     ("qwen2", "Attention"): "0d02f6cbda3a89f1",
@@ -168,6 +170,8 @@ KNOWN_FORWARDS = {
     ("gemma", "RMSNorm"): "a459ce2c95139b11",
     ("gemma2", "RMSNorm"): "a459ce2c95139b11",
     ("gemma3_text", "RMSNorm"): "a459ce2c95139b11",
+    ("gemma2", "MLP"): "af866537bc38d7c4",
+    ("gemma3_text", "MLP"): "af866537bc38d7c4",
 }
 
 

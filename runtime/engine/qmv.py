@@ -22,13 +22,18 @@ model dispatched ~3,500 ops, most of its time. The kernel's fused primitives com
 op (float32 on the CPU; anything else goes on to ``mx.fast`` itself). mlx-lm's ``swiglu``
 (``silu(gate) * x``) goes through the kernel's too: MLX's CPU sigmoid runs one element at a time
 through a software fma on x86-64 (~1 ms a layer for a 32-token prefill chunk of SmolLM2); the
-primitive gives the same bits eight at a time. :func:`log_softmax` is the log-probabilities both
+primitive gives the same bits eight at a time. Gemma 2 and 3's MLPs (``gelu_approx(gate) * up``, which
+MLX's CPU backend runs one element at a time through libm's ``powf`` and ``tanhf``) take the
+kernel's ``geglu``: not MLX's bits but within a stated bound of them (docs/performance.md, "A
+vectorized GELU"), so not on the exact path (``MLXRT_QMV_EXACT=1``), and ``MLXRT_QMV_GELU=0`` turns
+it off. :func:`log_softmax` is the log-probabilities both
 lanes draw each token from, through the kernel's one-op primitive (MLX's bits; MLX's CPU
 ``logsumexp`` takes its exponentials one at a time, 0.8 ms a row of a 49K vocabulary).
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 from collections.abc import Mapping
@@ -37,7 +42,7 @@ from typing import Any, TypeVar
 import attrs
 
 __all__ = ["API", "QmvStatus", "status", "install", "install_fused", "eligible", "load", "accept", "log_softmax",
-           "top_p_filter", "rows_invariant", "known_faster"]
+           "top_p_filter", "rows_invariant", "known_faster", "geglu_routed"]
 
 log = logging.getLogger("mlxrt.engine.qmv")
 
@@ -45,7 +50,7 @@ log = logging.getLogger("mlxrt.engine.qmv")
 #: primitive and attribute below is there at exactly this version, so nothing probes for names.
 #: ``scripts/setup`` builds the kernel from the same checkout; another version (an older wheel
 #: left in the environment) is not used, with one warning saying to rebuild it.
-API = 7
+API = 8
 
 
 @attrs.frozen
@@ -290,7 +295,8 @@ def install_fused(model: Any, st: QmvStatus | None = None) -> int:
     :func:`mlxrt.compat.route_swiglu`), run the kernel's fused primitives, and its known mlx-lm
     attention layers skip a decode step's layout ops (:mod:`mlxrt.engine.one_token`: with the
     fused primitives those are a quarter of the step's), a lone decode step's attention over a plain
-    cache being the kernel's ``decode_attention`` (3 primitives a layer for 11; ``MLXRT_FUSED_DECODE=0``: not);
+    cache being the kernel's ``decode_attention`` (3 primitives a layer for 11; ``MLXRT_FUSED_DECODE=0``: not),
+    and Gemma's known MLPs compute their activation as the kernel's ``geglu`` (:func:`geglu_routed`);
     return how many layers were swapped (0 without the kernel)."""
     st = st if st is not None else load()
     if not st.active:
@@ -312,7 +318,57 @@ def install_fused(model: Any, st: QmvStatus | None = None) -> int:
         off = os.environ.get("MLXRT_FUSED_DECODE", "") in ("0", "off", "false")
         fused_decode = None if off else one_token.FusedDecode(st.module.decode_attention, _fused_classes(st.module)[nn.RoPE])
         count += one_token.install(model, fused_decode)
+        if geglu_routed():
+            count += _install_geglu(model, st.module)
     return count
+
+
+def geglu_routed() -> bool:
+    """Whether :func:`install_fused` gives Gemma 2 and 3's MLPs the kernel's ``geglu`` (their
+    ``gelu_approx(gate) * up`` as one vectorized primitive, within the bound docs/performance.md
+    states, not MLX's bits): not on the exact path, ``MLXRT_QMV_EXACT=1`` (read as the kernel reads
+    it), whose results stay MLX's, and not with ``MLXRT_QMV_GELU=0`` (A/B runs)."""
+    exact = os.environ.get("MLXRT_QMV_EXACT", "") in ("1", "on", "true", "yes")
+    return not exact and os.environ.get("MLXRT_QMV_GELU", "") not in ("0", "off", "false")
+
+
+def _install_geglu(model: Any, module: Any) -> int:
+    """Swap ``model``'s mlx-lm ``MLP`` layers whose forward :func:`mlxrt.compat.mlx_lm_forward_known`
+    knows (Gemma 2 and 3's) for their :func:`_geglu_class` subclass, through MLX's public
+    ``Module.update_modules``; return how many."""
+    from mlxrt import compat
+
+    modules = dict(model.named_modules())
+    swapped = 0
+    for path, layer in modules.items():
+        parent_path, _, key = path.rpartition(".")
+        parent = modules.get(parent_path) if parent_path else model
+        known = type(layer).__name__ == "MLP" and compat.mlx_lm_forward_known(type(layer))
+        if not known or parent is None or key.isdigit():
+            continue
+        cls = _geglu_class(module.geglu, type(layer))
+        new = cls.__new__(cls)
+        dict.update(new, layer)  # its projections, as they are
+        new.__dict__.update(layer.__dict__)
+        parent.update_modules({key: new})
+        swapped += 1
+    return swapped
+
+
+@functools.cache
+def _geglu_class(geglu: Any, base: type) -> type:
+    """The subclass of mlx-lm's Gemma ``MLP`` ``base`` whose activation is the kernel's ``geglu``
+    for float32 projections (other dtypes: mlx-lm's forward)."""
+    import mlx.core as mx
+
+    def __call__(self: Any, x: mx.array) -> mx.array:
+        gate, up = self.gate_proj(x), self.up_proj(x)
+        if gate.dtype != mx.float32 or up.dtype != mx.float32:
+            return base.__call__(self, x)
+        return self.down_proj(geglu(gate, up))
+
+    return type("GegluMLP", (base,), {"__call__": __call__, "__module__": __name__,
+                                      "__doc__": f"{base.__module__}.MLP with the kernel's geglu."})
 
 
 def log_softmax(logits: Any) -> Any:

@@ -1,5 +1,5 @@
-// The swiglu, softmax, log_softmax and exp primitives (activation.h): their ops, portable loops and CPU
-// evaluation.
+// The swiglu, geglu, softmax, log_softmax and exp primitives (activation.h): their ops, portable loops
+// and CPU evaluation.
 #include "activation.h"
 
 #include <algorithm>
@@ -88,27 +88,85 @@ const float* row_major(const mx::array& a, std::vector<float>& scratch) {
 
 } // namespace
 
-void Swiglu::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
-  const auto& g = inputs[0];
-  const auto& x = inputs[1];
-  auto& out = outputs[0];
-  auto& encoder = begin_eval(inputs, out, stream());
-  encoder.dispatch([g, x, op = out.data<float>(), n = static_cast<int64_t>(out.size())]() {
-    std::vector<float> gs, xs;
-    const float* gp = row_major(g, gs);
-    const float* xp = row_major(x, xs);
-    const auto run = MLXRT_LOOP(swiglu);
-    // Split over the kernel's threads once there is enough work to pay for waking them.
+namespace {
+
+using Elementwise2 = void (*)(const float*, const float*, float*, int64_t);
+
+// out = run(a, b) elementwise for a primitive of two float32 inputs of out's shape (swiglu, geglu):
+// strided inputs gathered, and split over the kernel's threads once there is enough work to pay
+// for waking them (pieces of 4096, a multiple of every loop's vector width).
+void eval_elementwise2(const std::vector<mx::array>& inputs, mx::array& out, mx::Stream stream, Elementwise2 run) {
+  const auto& a = inputs[0];
+  const auto& b = inputs[1];
+  auto& encoder = begin_eval(inputs, out, stream);
+  encoder.dispatch([a, b, run, op = out.data<float>(), n = static_cast<int64_t>(out.size())]() {
+    std::vector<float> as, bs;
+    const float* ap = row_major(a, as);
+    const float* bp = row_major(b, bs);
     constexpr int64_t piece = 4096;
     if (n < 4 * piece) {
-      run(gp, xp, op, n);
+      run(ap, bp, op, n);
       return;
     }
     parallel_for(static_cast<int>((n + piece - 1) / piece), static_cast<size_t>(n) * 12, [&](int p0, int p1) {
       const int64_t i0 = p0 * piece, i1 = std::min<int64_t>(n, p1 * piece);
-      run(gp + i0, xp + i0, op + i0, i1 - i0);
+      run(ap + i0, bp + i0, op + i0, i1 - i0);
     });
   });
+}
+
+} // namespace
+
+void Swiglu::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  eval_elementwise2(inputs, outputs[0], stream(), MLXRT_LOOP(swiglu));
+}
+
+// ---------------------------------------------------------------- geglu
+
+void geglu_generic(const float* gate, const float* up, float* out, int64_t n) {
+  using namespace geglu_const;
+  // geglu_avx2's operations one lane at a time (no fused multiply-adds there either), so the same
+  // bits; the comparisons are written as _mm256_max_ps / _mm256_min_ps compute them (a NaN w
+  // gives kLowest, and the NaN g then gives a NaN result).
+  for (int64_t i = 0; i < n; ++i) {
+    const float g = gate[i];
+    const float w = g * (g * g * kCubic + kLinear);
+    float c = w > kLowest ? w : kLowest;
+    c = c < kHighest ? c : kHighest;
+    const float fx = std::floor(c * kLog2e + 0.5f);
+    float r = c - fx * kLn2Hi;
+    r = r - fx * kLn2Lo;
+    float y = kP0;
+    y = y * r + kP1;
+    y = y * r + kP2;
+    y = y * r + kP3;
+    y = y * r + kP4;
+    y = y * r + kP5;
+    y = y * (r * r) + r + 1.0f;
+    const int32_t bits = (static_cast<int32_t>(fx) + 127) << 23;
+    float two;
+    std::memcpy(&two, &bits, sizeof two);
+    const float e = w > kHighest ? std::numeric_limits<float>::infinity() : y * two;
+    out[i] = g / (1.0f + e) * up[i];
+  }
+}
+
+mx::array geglu(const mx::array& gate, const mx::array& up, mx::StreamOrDevice s) {
+  const bool ok = mx::to_stream(s).device == mx::Device::cpu && gate.dtype() == mx::float32 &&
+      up.dtype() == mx::float32 && gate.shape() == up.shape() && gate.size() > 0;
+  if (!ok) { // mlx.nn.gelu_approx's operations, then the product
+    const auto half = mx::array(0.5f, gate.dtype()), one = mx::array(1.0f, gate.dtype());
+    const auto cube = mx::multiply(mx::array(0.044715f, gate.dtype()), mx::power(gate, mx::array(3, gate.dtype()), s), s);
+    const auto z = mx::multiply(mx::array(0.7978845608028654f, gate.dtype()), mx::add(gate, cube, s), s);
+    const auto gelu = mx::multiply(mx::multiply(half, gate, s), mx::add(one, mx::tanh(z, s), s), s);
+    return mx::multiply(gelu, up, s);
+  }
+  // the inputs as they are, as swiglu's (eval_cpu gathers a strided one)
+  return mx::array(gate.shape(), mx::float32, std::make_shared<Geglu>(mx::to_stream(s)), {gate, up});
+}
+
+void Geglu::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  eval_elementwise2(inputs, outputs[0], stream(), MLXRT_LOOP(geglu));
 }
 
 // ---------------------------------------------------------------- softmax

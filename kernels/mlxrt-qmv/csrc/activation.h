@@ -1,5 +1,6 @@
-// mlxrt_qmv's elementwise and row primitives, each MLX's float32 results bit for bit: swiglu,
-// softmax, log_softmax (a decode step's log-probabilities) and exp. First, mlx-lm's swiglu,
+// mlxrt_qmv's elementwise and row primitives: swiglu, softmax, log_softmax (a decode step's
+// log-probabilities) and exp, each MLX's float32 results bit for bit, and geglu (Gemma's MLP
+// activation), within a stated bound of MLX's. First, mlx-lm's swiglu,
 // silu(gate) * x, as one op. MLX's CPU
 // backend on x86-64 runs its sigmoid one element at a time through a software fma (std::fma in
 // its simd::exp): ~14 ns an element, ~1 ms a layer for a 32-token SmolLM2 prefill chunk, a sixth
@@ -22,6 +23,46 @@ mx::array swiglu(const mx::array& gate, const mx::array& x, mx::StreamOrDevice s
 // out[i] = gate[i] * sigmoid(gate[i]) * x[i] for n contiguous elements, MLX's arithmetic.
 void swiglu_generic(const float* gate, const float* x, float* out, int64_t n);
 void swiglu_avx2(const float* gate, const float* x, float* out, int64_t n);
+
+// gelu_approx(gate) * up (mlx.nn's tanh-approximated GELU, 0.5·g·(1 + tanh(√(2/π)·(g + 0.044715·g³))),
+// times the up projection: Gemma 2 and 3's MLP activation) as one primitive for float32 gate and up
+// of the same shape on the CPU, MLX's own ops otherwise. Not MLX's bits: MLX's CPU backend runs its
+// compiled graph one element at a time through libm's powf and tanhf (~15 ns an element, 16 % of a
+// Gemma 3 270M prefill); this computes the same function as g / (1 + e^(-2z)), z = √(2/π)·(g +
+// 0.044715·g³) (the identity 0.5·(1 + tanh z) = 1 / (1 + e^(-2z)), which also avoids 1 + tanh's
+// cancellation for negative g), e^w by its own polynomial, eight at a time where the CPU has AVX2.
+// Its bound against a float64 reference and against MLX's float32 is docs/performance.md's
+// ("A vectorized GELU"). Every element is computed by the same operations wherever it lies: the
+// vector loop's tail goes through a padded vector, and the portable loop is those operations one
+// lane at a time (the same bits), so a row's result never depends on the array's length or the
+// rows beside it. Saturates as MLX's: ±0 for g below ~-10 (e^(-2z) overflows to inf), g itself
+// above ~5 (1 + e^(-2z) rounds to 1), NaN for NaN and -inf, inf for inf.
+mx::array geglu(const mx::array& gate, const mx::array& up, mx::StreamOrDevice s = {});
+
+// The operations of one element, shared by both loops so their constants are one. -2·√(2/π) and
+// that times 0.044715: w = g·(kLinear + kCubic·g²) = -2z. e^w for w in [kLowest, kHighest] by
+// Cody and Waite's reduction (w = n·ln 2 + r, ln 2 in a high part exact in products by n and a low
+// part) and Cephes' degree-5 polynomial for (e^r - 1 - r) / r²; w above kHighest is inf.
+namespace geglu_const {
+inline constexpr float kLinear = -1.5957691216057308f, kCubic = -0.07135481627260025f;
+inline constexpr float kLowest = -87.0f, kHighest = 88.0f, kLog2e = 1.44269504088896341f;
+inline constexpr float kLn2Hi = 0.693359375f, kLn2Lo = -2.12194440e-4f;
+inline constexpr float kP0 = 1.9875691500e-4f, kP1 = 1.3981999507e-3f, kP2 = 8.3334519073e-3f,
+                       kP3 = 4.1665795894e-2f, kP4 = 1.6666665459e-1f, kP5 = 5.0000001201e-1f;
+} // namespace geglu_const
+
+// out[i] = gelu_approx(gate[i]) * up[i] for n contiguous elements, the same bits in both loops.
+void geglu_generic(const float* gate, const float* up, float* out, int64_t n);
+void geglu_avx2(const float* gate, const float* up, float* out, int64_t n);
+
+class Geglu : public PlainPrimitive {
+ public:
+  using PlainPrimitive::PlainPrimitive;
+  void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
+  const char* name() const override {
+    return "MlxrtGeglu";
+  }
+};
 
 // mx.softmax(x, axis=-1) for float32 x on the CPU as one primitive with MLX's float32 results,
 // bit for bit (MLX's CPU softmax: the row's maximum, simd::exp of each element less it, their sum

@@ -69,6 +69,12 @@ NB_MODULE(_ext, m) {
       "nn.silu(gate) * x (mlx-lm's swiglu), the same float32 bits: one primitive for float32 operands of one "
       "shape on the CPU, MLX's ops otherwise.");
   m.def(
+      "geglu", [](const mx::array& gate, const mx::array& up) { return mlxrt_qmv::geglu(gate, up); }, "gate"_a,
+      "up"_a,
+      "nn.gelu_approx(gate) * up (Gemma's MLP activation): one primitive for float32 operands of one shape on the "
+      "CPU (API 8), within a stated bound of MLX's float32 (not its bits: docs/performance.md, \"A vectorized "
+      "GELU\"), each element's bits the same wherever it lies; MLX's ops otherwise.");
+  m.def(
       "rms_norm",
       [](const mx::array& x, const std::optional<mx::array>& weight, float eps) {
         return mlxrt_qmv::rms_norm(x, weight, eps);
@@ -148,7 +154,7 @@ NB_MODULE(_ext, m) {
   // function, attribute or behaviour mlxrt relies on is added, removed or changed, so that mlxrt
   // checks one number instead of probing for names, and refuses a stale build with a message
   // that says to rebuild it (./scripts/setup).
-  m.attr("API") = 7;
+  m.attr("API") = 8;
   m.attr("MLX_VERSION") =
       MLXRT_QMV_STR(MLX_VERSION_MAJOR) "." MLXRT_QMV_STR(MLX_VERSION_MINOR) "." MLXRT_QMV_STR(MLX_VERSION_PATCH);
 }

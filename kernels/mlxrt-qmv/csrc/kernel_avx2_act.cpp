@@ -1,7 +1,7 @@
 // swiglu, softmax, log_softmax and exp (activation.h) eight floats at a time: MLX's scalar arithmetic in AVX2, operation for
-// operation, so the results are the same bits. Compiled with AVX2/FMA for this file only (and
-// -ffp-contract=off: a product followed by a sum must stay two roundings, as in MLX's build) and
-// run only where the CPU has them (activation.cpp checks).
+// operation, so the results are the same bits; and geglu, geglu_generic's operations eight lanes at a time (the
+// same bits as it). Compiled with AVX2/FMA for this file only (and -ffp-contract=off: a product followed by a sum
+// must stay two roundings, as in MLX's build) and run only where the CPU has them (activation.cpp checks).
 #include <immintrin.h>
 
 #include <cmath>
@@ -29,6 +29,40 @@ void swiglu_avx2(const float* gate, const float* x, float* out, int64_t n) {
     _mm256_storeu_ps(out + i, _mm256_mul_ps(_mm256_mul_ps(g, sigmoid8(g)), _mm256_loadu_ps(x + i)));
   }
   if (i < n) swiglu_generic(gate + i, x + i, out + i, n - i);
+}
+
+namespace {
+
+// gelu_approx(g) * u, geglu_generic's operations in the same order (activation.h, geglu_const).
+inline __m256 geglu8(__m256 g, __m256 u) {
+  using namespace geglu_const;
+  const __m256 one = _mm256_set1_ps(1.0f), highest = _mm256_set1_ps(kHighest);
+  const __m256 w = _mm256_mul_ps(g, _mm256_add_ps(_mm256_mul_ps(_mm256_mul_ps(g, g), _mm256_set1_ps(kCubic)),
+                                                  _mm256_set1_ps(kLinear)));
+  const __m256 c = _mm256_min_ps(_mm256_max_ps(w, _mm256_set1_ps(kLowest)), highest);
+  const __m256 fx = _mm256_floor_ps(_mm256_add_ps(_mm256_mul_ps(c, _mm256_set1_ps(kLog2e)), _mm256_set1_ps(0.5f)));
+  __m256 r = _mm256_sub_ps(c, _mm256_mul_ps(fx, _mm256_set1_ps(kLn2Hi)));
+  r = _mm256_sub_ps(r, _mm256_mul_ps(fx, _mm256_set1_ps(kLn2Lo)));
+  __m256 y = _mm256_set1_ps(kP0);
+  for (const float p : {kP1, kP2, kP3, kP4, kP5}) y = _mm256_add_ps(_mm256_mul_ps(y, r), _mm256_set1_ps(p));
+  y = _mm256_add_ps(_mm256_add_ps(_mm256_mul_ps(y, _mm256_mul_ps(r, r)), r), one);
+  const __m256i bits = _mm256_slli_epi32(_mm256_add_epi32(_mm256_cvtps_epi32(fx), _mm256_set1_epi32(127)), 23);
+  __m256 e = _mm256_mul_ps(y, _mm256_castsi256_ps(bits));
+  e = _mm256_blendv_ps(e, _mm256_set1_ps(__builtin_inff()), _mm256_cmp_ps(w, highest, _CMP_GT_OQ));
+  return _mm256_mul_ps(_mm256_div_ps(g, _mm256_add_ps(one, e)), u);
+}
+
+} // namespace
+
+void geglu_avx2(const float* gate, const float* up, float* out, int64_t n) {
+  int64_t i = 0;
+  for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, geglu8(_mm256_loadu_ps(gate + i), _mm256_loadu_ps(up + i)));
+  if (i < n) { // the last elements through the same vector, padded with zeros
+    alignas(32) float g[8] = {0, 0, 0, 0, 0, 0, 0, 0}, u[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    for (int64_t j = i; j < n; ++j) g[j - i] = gate[j], u[j - i] = up[j];
+    _mm256_store_ps(g, geglu8(_mm256_load_ps(g), _mm256_load_ps(u)));
+    for (int64_t j = i; j < n; ++j) out[j] = g[j - i];
+  }
 }
 
 void softmax_avx2(const float* in, float* out, int64_t rows, const SoftmaxRows& a) {

@@ -24,7 +24,9 @@ prefill chunk, run MLX's own fallback graph with ``softmax``), for float32 on th
 arguments go to the ``mx.fast`` operation itself. ``softmax(x)`` is ``mx.softmax(x, axis=-1)``
 as one op, MLX's float32 bits (its CPU exponential is one element at a time too). ``swiglu(gate,
 x)`` is mlx-lm's ``nn.silu(gate) * x`` as one op, the same float32 bits (MLX's CPU sigmoid runs
-one element at a time through a software fma on x86-64). ``log_softmax(x)`` is ``x -
+one element at a time through a software fma on x86-64). ``geglu(gate, up)`` is
+``nn.gelu_approx(gate) * up`` (Gemma's MLP) as one op, vectorized, within a stated bound of MLX's
+float32 (not its bits; API 8). ``log_softmax(x)`` is ``x -
 mx.logsumexp(x, axis=-1, keepdims=True)`` as one op, MLX's float32 bits: a decode step's
 log-probabilities over the vocabulary. ``exp(x)`` and ``sort(x)`` are ``mx.exp`` and ``mx.sort(x,
 axis=-1)`` with MLX's float32 results, for a sampler's nucleus (top-p) filter.
@@ -45,7 +47,7 @@ import mlx.core as mx
 
 from mlxrt_qmv import _ext
 
-__all__ = ["quantized_matmul", "dequantize", "supported", "rms_norm", "rope", "attention", "swiglu", "softmax", "log_softmax", "exp", "sort",
+__all__ = ["quantized_matmul", "dequantize", "supported", "rms_norm", "rope", "attention", "swiglu", "geglu", "softmax", "log_softmax", "exp", "sort",
            "attention_supported", "decode_attention", "decode_attention_supported",
            "kernel_name", "threads", "set_threads", "MAX_ROWS", "MAX_QUERIES", "BITS", "BUILT_FOR_MLX", "API"]
 
@@ -76,6 +78,7 @@ rms_norm = _ext.rms_norm
 rope = _ext.rope
 attention = _ext.attention
 swiglu = _ext.swiglu
+geglu = _ext.geglu
 softmax = _ext.softmax
 log_softmax = _ext.log_softmax
 exp = _ext.exp
