@@ -53,6 +53,30 @@ class FusedDecode:
 _SUBCLASSES: dict[type, type] = {}
 
 
+def _step_rows(cache: Any, plain: type, rotating: type) -> tuple[int, int] | None:
+    """Where mlx-lm's ``update_and_fetch`` writes one token's key and value into ``cache``'s
+    buffers and how many of their rows (in buffer order) it returns, ``(row, length)``, for its
+    ``KVCache`` (``plain``) and ``RotatingKVCache`` (``rotating``) classes exactly; ``None`` where it
+    would first grow, trim or re-create the buffers (or for another class).
+
+    ``KVCache`` writes row ``offset`` of a buffer longer than that and returns the first
+    ``offset + 1`` rows. ``RotatingKVCache._update_in_place`` grows a buffer shorter than
+    ``max_size`` once ``offset`` reaches its end (by ``step`` rows, at most to ``max_size``), trims
+    one longer than ``max_size`` (a long prefill leaves one), wraps its write index ``_idx`` from
+    ``max_size`` to ``keep``, writes that row, and returns the first ``offset + 1`` rows or, from
+    then on, the whole buffer in its rotated order (``keys_and_values``)."""
+    kind = type(cache)
+    if (kind is not plain and kind is not rotating) or cache.keys is None:
+        return None
+    size, offset = cache.keys.shape[2], cache.offset
+    if kind is plain:
+        return (offset, offset + 1) if offset < size else None
+    if size > cache.max_size or (offset >= size and size < cache.max_size):
+        return None
+    row = cache.keep if cache._idx == cache.max_size else cache._idx
+    return (row, min(offset + 1, size)) if 0 <= row < size else None
+
+
 def install(model: Any, fused: FusedDecode | None = None) -> int:
     """Swap ``model``'s known mlx-lm attention layers for their one-token subclasses; return how
     many (0 where none is known: another architecture, or an mlx-lm whose forward changed).
@@ -89,7 +113,7 @@ def _subclass(base: type) -> type:
     if base in _SUBCLASSES:
         return _SUBCLASSES[base]
     import mlx.core as mx
-    from mlx_lm.models.cache import KVCache
+    from mlx_lm.models.cache import KVCache, RotatingKVCache
 
     # the module's global, looked up at each call: mlxrt.compat.route_attention may route it
     module = sys.modules[base.__module__]
@@ -104,15 +128,17 @@ def _subclass(base: type) -> type:
         if norms:  # per head over its last axis: where mlx-lm applies it, before or after the transpose, alike
             queries = self.q_norm(queries.reshape(batch, self.n_heads, 1, -1))
             keys = self.k_norm(keys.reshape(batch, self.n_kv_heads, 1, -1))
-        if (fused is not None and batch == 1 and mask is None and type(cache) is KVCache
-                and type(self.rope) is fused.rope and cache.keys is not None and cache.offset < cache.keys.shape[2]
+        rows = _step_rows(cache, KVCache, RotatingKVCache) if fused is not None and batch == 1 and mask is None else None
+        if (rows is not None and type(self.rope) is fused.rope
                 and queries.dtype == keys.dtype == values.dtype == cache.keys.dtype == cache.values.dtype == mx.float32):
             # rotations, the cache's writes and views and the attention as three primitives; the
             # cache's arrays are updated in place by it, as update_and_fetch's item assignment does
-            rope = self.rope
+            rope, (row, length) = self.rope, rows
             output = fused.attend(queries, keys, values, cache.keys, cache.values, cache.offset, self.scale, rope.dims,
-                                  rope.traditional, rope.base, rope.scale)
+                                  rope.traditional, rope.base, rope.scale, row=row, length=length)
             cache.offset += 1
+            if type(cache) is RotatingKVCache:
+                cache._idx = row + 1
             return self.o_proj(output)
         # (B, 1, heads·dim) read as (B, heads, 1, dim): mlx-lm's reshape-then-transpose, one view
         if not norms:
