@@ -18,16 +18,22 @@ whose forward is the one this was written against (its source's digest), so an m
 changes one leaves that layer as it is, and tests/test_compat.py fails by name.
 
 With the mlxrt-qmv kernel (:func:`mlxrt.engine.qmv.install_fused` passes a :class:`FusedDecode`),
-one sequence's step over mlx-lm's plain ``KVCache`` goes further: the per-head reshapes, the two
-rotations, the cache's two slice updates and two slices, the attention and the output reshape
-(eleven primitives a layer) are the kernel's ``decode_attention``: three primitives (the key's
-and the value's writes, the attention) that compute them with the same code, so the same bits
-(docs/performance.md, "Between the kernel calls"). It writes the step's key and value into the
-cache's buffers in place where MLX would (nothing else holds them), as MLX's slice update does,
-and updates the cache's arrays and offset as ``update_and_fetch`` does. Everything else keeps the path above: a batch (the batch lane's
-caches), rotating or quantized caches (Gemma's sliding layers), a mask, another rotation class
-(Llama 3's, YaRN), other dtypes, a full buffer (``update_and_fetch`` grows it), prefill.
-``MLXRT_FUSED_DECODE=0`` turns it off (for comparisons).
+one sequence's step over mlx-lm's ``KVCache`` or ``RotatingKVCache`` (Gemma 3's sliding-window
+layers) goes further: the per-head reshapes, the two rotations, the cache's two slice updates
+and two slices, the attention and the output reshape (eleven primitives a layer) are the
+kernel's ``decode_attention``: three primitives (the key's and the value's writes, the
+attention) that compute them with the same code, so the same bits (docs/performance.md,
+"Between the kernel calls"). It writes the step's key and value into the cache's buffers in
+place where MLX would (nothing else holds them), as MLX's slice update does, at the row
+``update_and_fetch`` would write (a ``KVCache``'s offset; a ``RotatingKVCache``'s write index
+after its wrap to ``keep``), attends to the rows it would return (the first ``offset + 1``, or
+a wrapped ``RotatingKVCache``'s whole buffer in its rotated order: :func:`_step_rows`), and
+updates the cache's arrays, offset and write index as it does. Everything else keeps the path
+above: a batch (the batch lane's caches), quantized caches, a mask, another rotation class
+(Llama 3's, YaRN), other dtypes, a step on which ``update_and_fetch`` grows the buffer (a full
+``KVCache``, a ``RotatingKVCache`` shorter than its window) or trims it (a ``RotatingKVCache``
+longer than its window after a long prefill), prefill. ``MLXRT_FUSED_DECODE=0`` turns it off
+(for comparisons).
 """
 
 from __future__ import annotations
@@ -80,7 +86,8 @@ def _step_rows(cache: Any, plain: type, rotating: type) -> tuple[int, int] | Non
 def install(model: Any, fused: FusedDecode | None = None) -> int:
     """Swap ``model``'s known mlx-lm attention layers for their one-token subclasses; return how
     many (0 where none is known: another architecture, or an mlx-lm whose forward changed).
-    ``fused``: their lone decode steps over a plain ``KVCache`` run the kernel's decode attention."""
+    ``fused``: their lone decode steps over a ``KVCache`` or ``RotatingKVCache`` run the kernel's
+    decode attention."""
     from mlxrt import compat
 
     modules = dict(model.named_modules())

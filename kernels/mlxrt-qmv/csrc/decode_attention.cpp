@@ -122,7 +122,7 @@ std::vector<mx::array> decode_attention(const mx::array& q, const mx::array& k, 
   const RopeAt rope{offset, dims, traditional, base, rope_scale};
   auto keys = mx::array(k_cache.shape(), mx::float32, std::make_shared<CacheWrite>(stream, row, rope), {k, k_cache});
   auto values = mx::array(v_cache.shape(), mx::float32,
-                          std::make_shared<CacheWrite>(stream, row, RopeAt{offset, 0, false, 0.f, 0.f}), {v, v_cache});
+                          std::make_shared<CacheWrite>(stream, row, RopeAt{0, 0, false, 0.f, 0.f}), {v, v_cache});
   const int Hq = static_cast<int>(q.size() / k_cache.shape(3));
   auto out = mx::array({1, 1, Hq * v_cache.shape(3)}, mx::float32,
                        std::make_shared<DecodeAttention>(stream, scale, length, rope), {q, keys, values});
@@ -141,7 +141,8 @@ void CacheWrite::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::
   const int64_t H = cache.shape(1), D = cache.shape(3);
   auto& encoder = mx::cpu::get_command_encoder(stream());
   encoder.dispatch([x = Values(inputs[0]), old = kept ? std::nullopt : std::optional<Values>(Values(cache)),
-                    op = out.data<float>(), s1 = out.strides()[1], s2 = out.strides()[2], H, D, at = row_, rope = rope_]() {
+                    op = out.data<float>(), s1 = out.strides()[1], s2 = out.strides()[2], H, D, at = row_,
+                    rope = rope_]() {
     // a cache buffer something else still holds: the step writes into a copy of it, as MLX's does
     if (old) copy_into(*old, op);
     thread_local std::vector<float> buf; // kept between calls
