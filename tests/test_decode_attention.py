@@ -158,7 +158,8 @@ def _fused_and_plain(model_type: str, monkeypatch: pytest.MonkeyPatch, sliding_w
 @pytest.mark.parametrize("model_type", ["llama", "qwen3", "gemma3_text"])
 def test_a_model_s_decode_is_bit_identical_with_and_without_the_fused_step(model_type, monkeypatch):
     # 250 prompt tokens and 12 steps: the cache's buffer (256 rows) fills, update_and_fetch grows
-    # it on that step, and the fused step resumes on the grown buffer
+    # it on that step, and the fused step resumes on the grown buffer (Gemma's sliding layer, a
+    # 4-token window: trimmed on the first step, its write index wrapping every 4 after)
     prompt = [(i * 37) % 500 + 3 for i in range(250)]
     fused, plain = _fused_and_plain(model_type, monkeypatch)
     tokens, logits, ops, _ = _steps(fused, prompt, 12)
