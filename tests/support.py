@@ -33,10 +33,11 @@ def primitive_counts(*outputs: Any) -> Counter:
     return Counter(re.findall(r'label ="([A-Za-z_]+)', dot.getvalue()))
 
 
-def tiny_mlx_lm_model(model_type: str, *, vocab_size: int, seed: int, quantized: bool = False) -> Any:
+def tiny_mlx_lm_model(model_type: str, *, vocab_size: int, seed: int, quantized: bool = False,
+                      sliding_window: int = 4) -> Any:
     """A two-layer mlx-lm model of ``model_type`` (llama, qwen2, qwen3, gemma3_text) with random
-    weights, built in memory; Gemma 3's first layer slides over a 4-token window (a rotating
-    cache), its second is global. ``quantized``: its linear layers at 4 bits, group 32."""
+    weights, built in memory; Gemma 3's first layer slides over a ``sliding_window``-token window
+    (a rotating cache), its second is global. ``quantized``: its linear layers at 4 bits, group 32."""
     import importlib
 
     import mlx.core as mx
@@ -48,7 +49,7 @@ def tiny_mlx_lm_model(model_type: str, *, vocab_size: int, seed: int, quantized:
     if model_type == "qwen3":
         args.update(head_dim=16, max_position_embeddings=4096, rope_theta=1e6, tie_word_embeddings=True)
     if model_type == "gemma3_text":
-        args.update(head_dim=16, sliding_window=4, sliding_window_pattern=2, query_pre_attn_scalar=16)
+        args.update(head_dim=16, sliding_window=sliding_window, sliding_window_pattern=2, query_pre_attn_scalar=16)
     mx.random.seed(seed)
     model = arch.Model(arch.ModelArgs(**args))
     if quantized:

@@ -294,8 +294,8 @@ def install_fused(model: Any, st: QmvStatus | None = None) -> int:
     activation of the mlx-lm model modules it is built from (:func:`mlxrt.compat.route_attention`,
     :func:`mlxrt.compat.route_swiglu`), run the kernel's fused primitives, and its known mlx-lm
     attention layers skip a decode step's layout ops (:mod:`mlxrt.engine.one_token`: with the
-    fused primitives those are a quarter of the step's), a lone decode step's attention over a plain
-    cache being the kernel's ``decode_attention`` (3 primitives a layer for 11; ``MLXRT_FUSED_DECODE=0``: not),
+    fused primitives those are a quarter of the step's), a lone decode step's attention over a plain or
+    rotating cache being the kernel's ``decode_attention`` (3 primitives a layer for 11; ``MLXRT_FUSED_DECODE=0``: not),
     and Gemma's known MLPs compute their activation as the kernel's ``geglu`` (:func:`geglu_routed`);
     return how many layers were swapped (0 without the kernel)."""
     st = st if st is not None else load()

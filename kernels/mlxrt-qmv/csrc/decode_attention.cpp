@@ -1,8 +1,9 @@
 // The decode attention primitives (decode_attention.h): the step's key and value written into
-// the cache's buffers (CacheWrite: as MLX's slice update writes them, in place where MLX would
-// donate the buffer; the key rotated as the Rope primitive rotates it, rope.h), and the attention
-// over the buffers' first offset + 1 rows (DecodeAttention: the query rotated likewise, then
-// run_attention, as the Attention primitive runs over MLX's slice views of them).
+// the cache's buffers at the step's row (CacheWrite: as MLX's slice update writes them, in place
+// where MLX would donate the buffer; the key rotated as the Rope primitive rotates it, rope.h), and
+// the attention over the buffers' first rows (DecodeAttention: the query rotated likewise, then
+// run_attention, as the Attention primitive runs over MLX's slice views of them, or over the
+// whole buffers).
 #include "decode_attention.h"
 
 #include <cstring>
@@ -63,7 +64,7 @@ void copy_into(const Values& in, float* out) {
 }
 
 // The first rows of a written cache buffer (1, H, S, D): the view MLX's slice of them is (the
-// same data and strides).
+// same data and strides), or the buffer itself when rows is S.
 View4 cache_view(const mx::array& cache, int rows) {
   View4 v{cache.data<float>(), {1, cache.shape(1), rows, cache.shape(3)}, {0, 0, 0, 0}};
   for (int i = 0; i < 4; ++i) v.stride[i] = cache.strides()[i];
@@ -91,7 +92,8 @@ Angles angles_at(const RopeAt& rope) {
 } // namespace
 
 bool decode_attention_supported(const mx::array& q, const mx::array& k, const mx::array& v, const mx::array& k_cache,
-                                const mx::array& v_cache, int offset, int dims, mx::StreamOrDevice s) {
+                                const mx::array& v_cache, int offset, int row, int length, int dims,
+                                mx::StreamOrDevice s) {
   const auto f32 = [](const mx::array& a) { return a.dtype() == mx::float32; };
   if (mx::to_stream(s).device != mx::Device::cpu || !f32(q) || !f32(k) || !f32(v) || !f32(k_cache) ||
       !f32(v_cache) || k_cache.ndim() != 4 || v_cache.ndim() != 4) {
@@ -100,33 +102,36 @@ bool decode_attention_supported(const mx::array& q, const mx::array& k, const mx
   const int64_t Hk = k_cache.shape(1), S = k_cache.shape(2), D = k_cache.shape(3), Dv = v_cache.shape(3);
   const int64_t qn = static_cast<int64_t>(q.size());
   return k_cache.shape(0) == 1 && v_cache.shape(0) == 1 && v_cache.shape(1) == Hk && v_cache.shape(2) == S &&
-      Hk > 0 && D > 0 && Dv > 0 && offset >= 0 && offset < S && static_cast<int64_t>(k.size()) == Hk * D &&
+      Hk > 0 && D > 0 && Dv > 0 && offset >= 0 && row >= 0 && row < S && length > 0 && length <= S &&
+      static_cast<int64_t>(k.size()) == Hk * D &&
       static_cast<int64_t>(v.size()) == Hk * Dv && qn > 0 && qn % D == 0 && (qn / D) % Hk == 0 && dims > 0 &&
       dims % 2 == 0 && dims <= D;
 }
 
 std::vector<mx::array> decode_attention(const mx::array& q, const mx::array& k, const mx::array& v,
-                                        const mx::array& k_cache, const mx::array& v_cache, int offset, float scale,
-                                        int dims, bool traditional, float base, float rope_scale,
-                                        mx::StreamOrDevice s) {
-  if (!decode_attention_supported(q, k, v, k_cache, v_cache, offset, dims, s)) {
+                                        const mx::array& k_cache, const mx::array& v_cache, int offset, int row,
+                                        int length, float scale, int dims, bool traditional, float base,
+                                        float rope_scale, mx::StreamOrDevice s) {
+  if (!decode_attention_supported(q, k, v, k_cache, v_cache, offset, row, length, dims, s)) {
     throw std::invalid_argument(
         "[decode_attention] takes float32 on the CPU: one token's q (Hq·D values), k (Hk·D), v (Hk·Dv), the "
-        "caches (1, Hk, S, D) and (1, Hk, S, Dv) with 0 <= offset < S, and an even rope dims <= D");
+        "caches (1, Hk, S, D) and (1, Hk, S, Dv), offset >= 0, 0 <= row < S, 0 < length <= S, and an even rope "
+        "dims <= D");
   }
   const auto stream = mx::to_stream(s);
   const RopeAt rope{offset, dims, traditional, base, rope_scale};
-  auto keys = mx::array(k_cache.shape(), mx::float32, std::make_shared<CacheWrite>(stream, rope), {k, k_cache});
-  auto values = mx::array(v_cache.shape(), mx::float32, std::make_shared<CacheWrite>(stream, RopeAt{offset, 0, false, 0.f, 0.f}),
-                          {v, v_cache});
+  auto keys = mx::array(k_cache.shape(), mx::float32, std::make_shared<CacheWrite>(stream, row, rope), {k, k_cache});
+  auto values = mx::array(v_cache.shape(), mx::float32,
+                          std::make_shared<CacheWrite>(stream, row, RopeAt{0, 0, false, 0.f, 0.f}), {v, v_cache});
   const int Hq = static_cast<int>(q.size() / k_cache.shape(3));
-  auto out = mx::array({1, 1, Hq * v_cache.shape(3)}, mx::float32, std::make_shared<DecodeAttention>(stream, scale, rope),
-                       {q, keys, values});
+  auto out = mx::array({1, 1, Hq * v_cache.shape(3)}, mx::float32,
+                       std::make_shared<DecodeAttention>(stream, scale, length, rope), {q, keys, values});
   return {out, keys, values};
 }
 
 bool CacheWrite::is_equivalent(const mx::Primitive& other) const {
-  return rope_ == static_cast<const CacheWrite&>(other).rope_;
+  const auto& o = static_cast<const CacheWrite&>(other);
+  return row_ == o.row_ && rope_ == o.rope_;
 }
 
 void CacheWrite::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
@@ -136,12 +141,13 @@ void CacheWrite::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::
   const int64_t H = cache.shape(1), D = cache.shape(3);
   auto& encoder = mx::cpu::get_command_encoder(stream());
   encoder.dispatch([x = Values(inputs[0]), old = kept ? std::nullopt : std::optional<Values>(Values(cache)),
-                    op = out.data<float>(), s1 = out.strides()[1], s2 = out.strides()[2], H, D, rope = rope_]() {
+                    op = out.data<float>(), s1 = out.strides()[1], s2 = out.strides()[2], H, D, at = row_,
+                    rope = rope_]() {
     // a cache buffer something else still holds: the step writes into a copy of it, as MLX's does
     if (old) copy_into(*old, op);
     thread_local std::vector<float> buf; // kept between calls
     const float* xp = x.read(buf);
-    float* const row = op + rope.offset * s2;
+    float* const row = op + at * s2;
     if (rope.dims == 0) {
       for (int64_t h = 0; h < H; ++h) std::memcpy(row + h * s1, xp + h * D, static_cast<size_t>(D) * sizeof(float));
       return;
@@ -153,7 +159,7 @@ void CacheWrite::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::
 
 bool DecodeAttention::is_equivalent(const mx::Primitive& other) const {
   const auto& o = static_cast<const DecodeAttention&>(other);
-  return scale_ == o.scale_ && rope_ == o.rope_;
+  return scale_ == o.scale_ && length_ == o.length_ && rope_ == o.rope_;
 }
 
 std::vector<mx::Shape> DecodeAttention::output_shapes(const std::vector<mx::array>& inputs) {
@@ -166,7 +172,7 @@ void DecodeAttention::eval_cpu(const std::vector<mx::array>& inputs, std::vector
   auto& encoder = begin_eval(inputs, out, stream());
   const int64_t D = inputs[1].shape(3);
   const int64_t Hq = static_cast<int64_t>(inputs[0].size()) / D;
-  const View4 kv = cache_view(inputs[1], rope_.offset + 1), vv = cache_view(inputs[2], rope_.offset + 1);
+  const View4 kv = cache_view(inputs[1], length_), vv = cache_view(inputs[2], length_);
   encoder.dispatch([q = Values(inputs[0]), kv, vv, Hq, D, op = out.data<float>(), scale = scale_, rope = rope_]() {
     thread_local std::vector<float> buf, qs; // kept between calls
     const float* qp = q.read(buf);

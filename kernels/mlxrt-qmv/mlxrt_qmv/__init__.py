@@ -30,12 +30,13 @@ float32 (not its bits; API 8). ``log_softmax(x)`` is ``x -
 mx.logsumexp(x, axis=-1, keepdims=True)`` as one op, MLX's float32 bits: a decode step's
 log-probabilities over the vocabulary. ``exp(x)`` and ``sort(x)`` are ``mx.exp`` and ``mx.sort(x,
 axis=-1)`` with MLX's float32 results, for a sampler's nucleus (top-p) filter.
-``decode_attention(q, k, v, k_cache, v_cache, offset, scale, dims, traditional, base, rope_scale)``
-is one token's attention step over mlx-lm's ``KVCache`` buffers in three ops: k (rotated by
-``rope`` at ``offset``) and v written into row ``offset`` of the caches (the arrays updated in
-place, as ``k_cache[..., offset, :] = k`` updates one; the buffer reused where MLX would donate
-it), and ``attention`` of the rotated q over their first ``offset + 1`` rows, the same bits as
-those ops.
+``decode_attention(q, k, v, k_cache, v_cache, offset, scale, dims, traditional, base, rope_scale,
+row=None, length=None)`` is one token's attention step over mlx-lm's ``KVCache`` or
+``RotatingKVCache`` buffers in three ops: k (rotated by ``rope`` at ``offset``) and v written into
+row ``row`` (default ``offset``) of the caches (the arrays updated in place, as ``k_cache[...,
+row, :] = k`` updates one; the buffer reused where MLX would donate it), and ``attention`` of the
+rotated q over their first ``length`` rows (default ``offset + 1``; a wrapped rotating cache's
+whole buffer), the same bits as those ops.
 
 Importing this package raises ``ImportError`` when the installed MLX is not the one the
 extension was built against (:data:`BUILT_FOR_MLX`): the primitive is C++ against MLX's ABI.
