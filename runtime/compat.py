@@ -175,6 +175,35 @@ KNOWN_FORWARDS = {
 }
 
 
+#: mlx-lm cache classes whose one-token update mlxrt's fused decode step performs itself
+#: (:func:`mlxrt.engine.one_token._step_rows`: where the key and value are written, which rows are
+#: attended, how ``offset`` and the rotating write index move), by class, with the first 16 hex
+#: digits of the SHA-256 of those methods' sources, joined in this order (mlx-lm 0.32.2).
+KNOWN_CACHES: dict[str, tuple[str, tuple[str, ...]]] = {
+    "KVCache": ("3ffac056c62726d5", ("update_and_fetch",)),
+    "RotatingKVCache": ("62e7cc81d3762b53", ("update_and_fetch", "_update_in_place", "keys_and_values")),
+}
+
+
+@functools.cache
+def mlx_lm_cache_known(cls: type) -> bool:
+    """Whether ``cls`` is one of mlx-lm's cache classes in :data:`KNOWN_CACHES` with its methods'
+    sources still the ones listed: an mlx-lm that changed how one updates leaves its caches on
+    mlx-lm's own ``update_and_fetch`` (tests/test_compat.py says which)."""
+    import hashlib
+    import inspect
+
+    known = KNOWN_CACHES.get(cls.__name__) if cls.__module__ == "mlx_lm.models.cache" else None
+    if known is None:
+        return False
+    digest, methods = known
+    try:
+        source = "".join(inspect.getsource(getattr(cls, name)) for name in methods)
+    except (OSError, TypeError, AttributeError):
+        return False
+    return hashlib.sha256(source.encode()).hexdigest()[:16] == digest
+
+
 @functools.cache
 def mlx_lm_forward_known(cls: type) -> bool:
     """Whether ``cls`` is a class of mlx-lm's model modules in :data:`KNOWN_FORWARDS` with its

@@ -405,3 +405,13 @@ def test_mlx_lm_forward_is_the_one_mlxrt_recomputes(module, name):
     assert compat.mlx_lm_forward_known(cls), f"mlx_lm.models.{module}.{name}.__call__ changed"
     assert not compat.mlx_lm_forward_known(type(name, (cls,), {"__module__": cls.__module__,
                                                                "__call__": lambda self: None}))
+
+
+@pytest.mark.parametrize("name", sorted(compat.KNOWN_CACHES))
+def test_mlx_lm_cache_update_is_the_one_the_fused_decode_step_performs(name):
+    from mlx_lm.models import cache
+
+    cls = getattr(cache, name)
+    assert compat.mlx_lm_cache_known(cls), f"mlx_lm.models.cache.{name}'s update changed"
+    changed = type(name, (cls,), {"__module__": cls.__module__, "update_and_fetch": lambda self, k, v: (k, v)})
+    assert not compat.mlx_lm_cache_known(changed)

@@ -59,7 +59,7 @@ class FusedDecode:
 _SUBCLASSES: dict[type, type] = {}
 
 
-def _step_rows(cache: Any, plain: type, rotating: type) -> tuple[int, int] | None:
+def _step_rows(cache: Any, plain: type | None, rotating: type | None) -> tuple[int, int] | None:
     """Where mlx-lm's ``update_and_fetch`` writes one token's key and value into ``cache``'s
     buffers and how many of their rows (in buffer order) it returns, ``(row, length)``, for its
     ``KVCache`` (``plain``) and ``RotatingKVCache`` (``rotating``) classes exactly; ``None`` where it
@@ -125,6 +125,11 @@ def _subclass(base: type) -> type:
     # the module's global, looked up at each call: mlxrt.compat.route_attention may route it
     module = sys.modules[base.__module__]
     norms = "q_norm" in base.__call__.__code__.co_names  # qwen3, gemma3_text
+    # the cache classes whose update the fused step performs itself, if they are still the ones it mirrors
+    from mlxrt import compat
+
+    plain = KVCache if compat.mlx_lm_cache_known(KVCache) else None
+    rotating = RotatingKVCache if compat.mlx_lm_cache_known(RotatingKVCache) else None
 
     def __call__(self: Any, x: mx.array, mask: mx.array | None = None, cache: Any = None) -> mx.array:
         batch, length, _ = x.shape
@@ -135,7 +140,7 @@ def _subclass(base: type) -> type:
         if norms:  # per head over its last axis: where mlx-lm applies it, before or after the transpose, alike
             queries = self.q_norm(queries.reshape(batch, self.n_heads, 1, -1))
             keys = self.k_norm(keys.reshape(batch, self.n_kv_heads, 1, -1))
-        rows = _step_rows(cache, KVCache, RotatingKVCache) if fused is not None and batch == 1 and mask is None else None
+        rows = _step_rows(cache, plain, rotating) if fused is not None and batch == 1 and mask is None else None
         if (rows is not None and type(self.rope) is fused.rope
                 and queries.dtype == keys.dtype == values.dtype == cache.keys.dtype == cache.values.dtype == mx.float32):
             # rotations, the cache's writes and views and the attention as three primitives; the
