@@ -44,7 +44,7 @@ log = logging.getLogger("mlxrt.engine.qmv")
 #: primitive and attribute below is there at exactly this version, so nothing probes for names.
 #: ``scripts/setup`` builds the kernel from the same checkout; another version (an older wheel
 #: left in the environment) is not used, with one warning saying to rebuild it.
-API = 7
+API = 8
 
 
 @attrs.frozen
