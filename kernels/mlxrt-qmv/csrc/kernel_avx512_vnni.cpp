@@ -420,8 +420,8 @@ __attribute__((target("avx512vbmi"))) void tile_packed(const Problem& p, const W
   const int nb = p.K / 32;
   const __m512i perm = _mm512_load_si512(vbmi_unpack<BITS>.perm), shift = _mm512_load_si512(vbmi_unpack<BITS>.shift);
   const __m512i lanes[2] = {block_index(8), _mm512_add_epi32(block_index(8), _mm512_set1_epi32(2))};
-  __m512 acc[R][1];
-  for (int i = 0; i < R; ++i) acc[i][0] = _mm512_setzero_ps();
+  __m512 a[R]; // finish()'s acc[i][0], apart until then: an array passed on by reference was stored every step
+  for (int i = 0; i < R; ++i) a[i] = _mm512_setzero_ps();
   for (int b = 0; b < nb; b += 4) {
     const int n4 = nb - b < 4 ? nb - b : 4;
     const __m128 d = chunk_scales(p.xd + b, n4);
@@ -436,10 +436,12 @@ __attribute__((target("avx512vbmi"))) void tile_packed(const Problem& p, const W
         const __m512i v = src + 64 <= wend ? _mm512_loadu_si512(src) : _mm512_maskz_loadu_epi8((1ULL << CB) - 1, src);
         const __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), unpack64<BITS>(v, perm, shift, keep), x0);
         const __m512 ws = _mm512_permutexvar_ps(lanes[h], _mm512_castps128_ps512(wd[i]));
-        acc[i][0] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), ws, acc[i][0]);
+        a[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), ws, a[i]);
       }
     }
   }
+  __m512 acc[R][1];
+  for (int i = 0; i < R; ++i) acc[i][0] = a[i];
   finish<R, 1, S>(p, rows, 0, acc, res);
 }
 
