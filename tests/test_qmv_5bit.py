@@ -56,13 +56,28 @@ def test_a_packed_layer_s_product_is_its_8_bit_widening_s_bit_for_bit(bits, symm
     for n, k in SHAPES:
         packed, wide, s, b, centre = _layer(n, k, bits, symmetric, scale_dtype, seed=n + k + bits)
         x = _x(9, k, seed=k)
-        for rows in (1, 3, 9):
+        for rows in (1, 2, 3, 5, 9):  # a lone row's loop, the packed tiles of 2-7 rows, the band loops from 8
             got = qmv_ext.quantized_matmul(x[:rows], packed, s, b, 32, bits, centre)
             want = qmv_ext.quantized_matmul(x[:rows], wide, s, b, 32, 8, centre)
             assert mx.array_equal(got, want).item(), (n, k, rows, mx.abs(got - want).max().item())
         # without the centre promised: the biases read, the same bits
         assert mx.array_equal(qmv_ext.quantized_matmul(x[:1], packed, s, b, 32, bits),
                               qmv_ext.quantized_matmul(x[:1], wide, s, b, 32, 8)).item()
+
+
+@pytest.mark.parametrize("gs, scale_dtype", [(64, mx.float16), (128, mx.float32), (32, mx.bfloat16)])
+def test_other_groups_and_bfloat16_scales_give_the_8_bit_widening_s_bits(gs, scale_dtype):
+    # what an mx.quantize'd 5-bit layer may bring: the band loops' scales widened to float32 first
+    if 5 not in qmv_ext.BITS:
+        pytest.skip(f"5-bit weights are MLX's own op with {qmv_ext.kernel_name()!r}")
+    rng = np.random.default_rng(gs)
+    q = rng.integers(0, 32, (43, 384)).astype(np.uint8)
+    s = mx.array(rng.random((43, 384 // gs)) * 0.02 + 0.002).astype(scale_dtype)
+    b = mx.array(rng.standard_normal((43, 384 // gs)) * 0.05).astype(scale_dtype)
+    x = _x(9, 384, seed=gs)
+    for rows in (1, 2, 4, 7, 9):
+        assert mx.array_equal(qmv_ext.quantized_matmul(x[:rows], mx.array(pack(q, 5)), s, b, gs, 5),
+                              qmv_ext.quantized_matmul(x[:rows], mx.array(pack(q, 8)), s, b, gs, 8)).item(), rows
 
 
 @pytest.mark.parametrize("bits", [5, 3, 6])

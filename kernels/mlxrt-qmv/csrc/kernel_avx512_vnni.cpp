@@ -402,48 +402,77 @@ __attribute__((target("avx512vbmi"))) void unpack_vbmi(const uint8_t* w, int K, 
   }
 }
 
-// A lone row of x against R weight rows of BITS (3, 5 or 6) bits, unpacked in registers (64
-// values a step, unpack64) straight into tile<8, R, 1>'s chain: the same integers in the same
+// R weight rows of BITS (3, 5 or 6) bits against MM rows of x (from m0), unpacked in registers
+// (64 values a step, unpack64) straight into tile<8, R, MM>'s chain: the same integers in the same
 // vpdpbusd, each chunk's sums scaled by the weights' block scale times x's and added into the
-// row's accumulator in block order, the same finish. So the product is, bit for bit, that of the
-// layer widened to 8 bits (and of the band path below for several rows of x). Unpacking a band
-// into a buffer first and running tile<8> on it took 132 us a 2048x640 5-bit product against 51
-// for the widened layer; in registers the packed bytes are all it reads. The scales of a pair of
-// chunks (four blocks) load at once and meet x's there, in four lanes (the same products
-// ws * d that tile() makes spread over sixteen), before each chunk spreads its two. A 64-byte
-// load of a chunk's 8 * BITS bytes is unmasked unless it would run past the matrix (wend); a
-// partial last chunk's second block is zeroed after unpacking (keep).
-template <int BITS, int R, typename S>
-__attribute__((target("avx512vbmi"))) void tile_packed(const Problem& p, const WRowT<S>* rows, const uint8_t* wend,
-                                                       float (*res)[4]) {
+// pair's accumulator in block order, the same finish. So the product is, bit for bit, that of the
+// layer widened to 8 bits (and of the band loops below from PRE_ROWS rows of x). Unpacking a band
+// into a buffer first and running tile<8> on it took 132 us a 2048x640 5-bit product for one row
+// of x against 51 for the widened layer (98 against 67 for two rows); in registers the packed
+// bytes are all it reads. The scales of a pair of chunks (four blocks) load at once and meet x's
+// there, in four lanes (the same products ws * d that tile() makes spread over sixteen), before
+// each chunk spreads its two. A 64-byte load of a chunk's 8 * BITS bytes is unmasked unless it
+// would run past the matrix (wend); a partial last chunk's second block is zeroed after
+// unpacking (keep). S: float16 scales read in place only for one row of x, as tile().
+template <int BITS, int R, int MM, typename S>
+__attribute__((target("avx512vbmi"))) void tile_packed(const Problem& p, const WRowT<S>* rows, int m0,
+                                                       const uint8_t* wend, float (*res)[4]) {
   constexpr int CB = 8 * BITS; // bytes a chunk of 64 values
   const int nb = p.K / 32;
   const __m512i perm = _mm512_load_si512(vbmi_unpack<BITS>.perm), shift = _mm512_load_si512(vbmi_unpack<BITS>.shift);
   const __m512i lanes[2] = {block_index(8), _mm512_add_epi32(block_index(8), _mm512_set1_epi32(2))};
-  __m512 a[R]; // finish()'s acc[i][0], apart until then: an array passed on by reference was stored every step
-  for (int i = 0; i < R; ++i) a[i] = _mm512_setzero_ps();
+  const int8_t* xq[MM];
+  const float* xd[MM];
+  __m512 a[R][MM]; // finish()'s acc, apart until then: an array passed on by reference was stored every step
+  for (int m = 0; m < MM; ++m) {
+    xq[m] = p.xq + static_cast<size_t>(m0 + m) * p.xstride;
+    xd[m] = p.xd + static_cast<size_t>(m0 + m) * nb;
+    for (int i = 0; i < R; ++i) a[i][m] = _mm512_setzero_ps();
+  }
   for (int b = 0; b < nb; b += 4) {
     const int n4 = nb - b < 4 ? nb - b : 4;
-    const __m128 d = chunk_scales(p.xd + b, n4);
-    __m128 wd[R];
-    for (int i = 0; i < R; ++i) wd[i] = _mm_mul_ps(chunk_scales(rows[i].scb + b, n4), d);
+    __m128 wd[R][MM];
+    {
+      __m128 d[MM];
+      for (int m = 0; m < MM; ++m) d[m] = chunk_scales(xd[m] + b, n4);
+      for (int i = 0; i < R; ++i) {
+        const __m128 ws = chunk_scales(rows[i].scb + b, n4);
+        for (int m = 0; m < MM; ++m) wd[i][m] = _mm_mul_ps(ws, d[m]);
+      }
+    }
     for (int h = 0; 2 * h < n4; ++h) {
       const int c = b / 2 + h;
       const __mmask16 keep = n4 - 2 * h >= 2 ? 0xFFFF : 0x00FF;
-      const __m512i x0 = _mm512_loadu_si512(p.xq + static_cast<size_t>(c) * 64);
+      __m512i w[R];
       for (int i = 0; i < R; ++i) {
         const uint8_t* src = rows[i].w + static_cast<size_t>(c) * CB;
         const __m512i v = src + 64 <= wend ? _mm512_loadu_si512(src) : _mm512_maskz_loadu_epi8((1ULL << CB) - 1, src);
-        const __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), unpack64<BITS>(v, perm, shift, keep), x0);
-        const __m512 ws = _mm512_permutexvar_ps(lanes[h], _mm512_castps128_ps512(wd[i]));
-        a[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), ws, a[i]);
+        w[i] = unpack64<BITS>(v, perm, shift, keep);
+      }
+      for (int m = 0; m < MM; ++m) {
+        const __m512i x0 = _mm512_loadu_si512(xq[m] + static_cast<size_t>(c) * 64);
+        for (int i = 0; i < R; ++i) {
+          const __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[i], x0);
+          const __m512 ws = _mm512_permutexvar_ps(lanes[h], _mm512_castps128_ps512(wd[i][m]));
+          a[i][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), ws, a[i][m]);
+        }
       }
     }
   }
-  __m512 acc[R][1];
-  for (int i = 0; i < R; ++i) acc[i][0] = a[i];
-  finish<R, 1, S>(p, rows, 0, acc, res);
+  __m512 acc[R][MM];
+  for (int i = 0; i < R; ++i)
+    for (int m = 0; m < MM; ++m) acc[i][m] = a[i][m];
+  finish<R, MM, S>(p, rows, m0, acc, res);
 }
+
+using PackedFn = void (*)(const Problem&, const WRow*, int, const uint8_t*, float (*)[4]);
+
+// tiles' shapes for packed rows (band rows' scales as float32)
+template <int BITS>
+constexpr PackedFn packed_tiles[4][2] = {{tile_packed<BITS, 1, 1, float>, tile_packed<BITS, 4, 1, float>},
+                                         {tile_packed<BITS, 1, 2, float>, tile_packed<BITS, 2, 2, float>},
+                                         {tile_packed<BITS, 1, 3, float>, tile_packed<BITS, 2, 3, float>},
+                                         {tile_packed<BITS, 1, 4, float>, tile_packed<BITS, 2, 4, float>}};
 
 // A lone row of x against rows [r0, r1) of BITS (3, 5 or 6) bits whose scales (S: float or
 // float16, read in place) are one a block of 32: tile_packed four rows at a time, the rows
@@ -465,9 +494,9 @@ __attribute__((target("avx512vbmi"))) void lone_packed(const Problem& p, int r0,
     }
     if (r + PREFETCH_ROWS + n <= p.N) prefetch_rows(p, r + PREFETCH_ROWS, n, row_bytes);
     if (n > 1)
-      tile_packed<BITS, 4, S>(p, rows, wend, res);
+      tile_packed<BITS, 4, 1, S>(p, rows, 0, wend, res);
     else
-      tile_packed<BITS, 1, S>(p, rows, wend, res);
+      tile_packed<BITS, 1, 1, S>(p, rows, 0, wend, res);
     for (int i = 0; i < n; ++i) p.out[r + i] = res[0][i];
     r += n;
   }
@@ -508,6 +537,10 @@ void rows_vnni(const Problem& p, int r0, int r1) {
   if constexpr (LOOP != BITS) ub.resize(static_cast<size_t>(W_BAND) * p.K);
   WRow band[W_BAND];
   float res[4][4];
+  // 3, 5 or 6 bits against fewer rows of x than PRE_ROWS with VBMI: the rows stay packed (tile_packed)
+  bool packed = false;
+  if constexpr (LOOP != BITS) packed = p.M < PRE_ROWS && has_vbmi();
+  const uint8_t* wend = wbase + static_cast<size_t>(p.N) * row_bytes;
   // several rows of x: the band's operands and x's spread scales made once (Pre)
   constexpr int BPC = LOOP == 4 ? 4 : 2;
   const int chunks = (nb + BPC - 1) / BPC;
@@ -547,12 +580,14 @@ void rows_vnni(const Problem& p, int r0, int r1) {
       WRow& wr = band[r - rb];
       wr.w = wbase + static_cast<size_t>(r) * row_bytes;
       if constexpr (LOOP != BITS) {
-        uint8_t* q = ub.data() + static_cast<size_t>(r - rb) * p.K;
-        if (has_vbmi())
-          unpack_vbmi<BITS>(wr.w, p.K, q);
-        else
-          unpack_row(reinterpret_cast<const uint32_t*>(wr.w), BITS, p.K, q);
-        wr.w = q;
+        if (!packed) {
+          uint8_t* q = ub.data() + static_cast<size_t>(r - rb) * p.K;
+          if (has_vbmi())
+            unpack_vbmi<BITS>(wr.w, p.K, q);
+          else
+            unpack_row(reinterpret_cast<const uint32_t*>(wr.w), BITS, p.K, q);
+          wr.w = q;
+        }
       }
       const size_t off = static_cast<size_t>(r) * p.G;
       if (p.stype == ScaleType::f32) {
@@ -600,7 +635,14 @@ void rows_vnni(const Problem& p, int r0, int r1) {
         for (int r = rb; r < re;) {
           const int n = re - r >= R ? R : 1;
           if (m0 == 0 && r + PREFETCH_ROWS + n <= p.N) prefetch_rows(p, r + PREFETCH_ROWS, n, row_bytes);
-          tiles<LOOP>[mm - 1][n > 1 ? 1 : 0](p, band + (r - rb), m0, res);
+          if constexpr (LOOP != BITS) {
+            if (packed)
+              packed_tiles<BITS>[mm - 1][n > 1 ? 1 : 0](p, band + (r - rb), m0, wend, res);
+            else
+              tiles<LOOP>[mm - 1][n > 1 ? 1 : 0](p, band + (r - rb), m0, res);
+          } else {
+            tiles<LOOP>[mm - 1][n > 1 ? 1 : 0](p, band + (r - rb), m0, res);
+          }
           for (int m = 0; m < mm; ++m)
             for (int i = 0; i < n; ++i) p.out[static_cast<size_t>(m0 + m) * p.N + r + i] = res[m][i];
           r += n;
