@@ -26,8 +26,8 @@ not compute fast is widened to 8 bits (:func:`served_layout`): the integers as t
 words. Its 4- and 8-bit loops are fast everywhere; a lossless 5-bit layer (``Q5_0``, ``Q5_1``,
 ``Q5_K``: Gemma 3's q/k/v/gate/up projections in a Q4_K_M file, hidden size 640 being no multiple
 of 256) stays 5 bits where the kernel unpacks 5-bit rows in registers (AVX-512 VBMI, mlxrt-qmv
-API 8's ``FAST_BITS``): a 2048x640 product for one row of x took 45.7 µs there against 54.1
-widened (129.6 with the buffer-unpacking loop, hence the widening before), and Gemma 3 270M's
+API 8's ``FAST_BITS``): a 2048x640 product for one row of x took 40-42 µs there against 51-55
+widened (125-127 with the buffer-unpacking loop, hence the widening before), and Gemma 3 270M's
 81 Q5_0 layers hold 39.6 MB of packed weights instead of 63.4, which each decode step reads
 (docs/performance.md, "5-bit weights unpacked in registers").
 """
@@ -99,13 +99,13 @@ KERNEL_BITS = (4, 8)
 def kernel_widths() -> tuple[int, ...] | None:
     """The widths conversions here may serve as stored (:func:`served_layout`): ``None`` where
     MLX's own layers run (a GPU, or no mlxrt-qmv kernel loaded), else the kernel's ``FAST_BITS``:
-    :data:`KERNEL_BITS`, and 3, 5 and 6 where it unpacks those in registers for one row of x
-    (AVX-512 VBMI). Part of the conversion cache's key (``mlxrt.loading.resolve``) and the
+    :data:`KERNEL_BITS`, and 3, 5 and 6 where it unpacks those in registers for up to 7 rows
+    of x (AVX-512 VBMI). Part of the conversion cache's key (``mlxrt.loading.resolve``) and the
     converted folder's marker: a conversion made for another kernel is made again.
 
     Widening is what the kernel's speed asks for: its 8-bit product is ~6x faster than MLX's own
     CPU path for the 5-bit layers a Q4_K_M file brings (Gemma 3 270M: 44.8 against 7.5 tokens/s,
-    docs/models.md), and its 5-bit one without VBMI ~2.5x slower than the widened 8-bit one."""
+    docs/models.md), and its 5-bit one without VBMI ~2.4x slower than the widened 8-bit one."""
     import mlx.core as mx
 
     import mlxrt.engine.qmv as qmv

@@ -509,8 +509,9 @@ bool has_vbmi() {
 
 // BITS: the stored width. 4 and 8 run their own loops on the stored bytes; 3, 5 and 6 (a GGUF
 // conversion's widths: Q5_0, Q5_1, Q5_K) run the 8-bit loops on the same integers as the portable
-// loops' (x is in order, as for 8-bit weights: quantize_x_int8): for a lone row of x with VBMI
-// unpacked in registers (lone_packed), else each band's rows unpacked to one byte a value first,
+// loops' (x is in order, as for 8-bit weights: quantize_x_int8): for fewer than PRE_ROWS rows of x
+// with VBMI unpacked in registers (tile_packed; a lone row with float16 or float32 scales of 32 in
+// lone_packed, the scales in place), else each band's rows unpacked to one byte a value first,
 // once a band for every row of x.
 template <int BITS>
 void rows_vnni(const Problem& p, int r0, int r1) {

@@ -60,9 +60,10 @@ MAX_ROWS: int = _ext.MAX_ROWS
 #: The weight widths the primitive computes with this process's kernel (4 and 8; with the AVX-512
 #: and portable 8-bit kernels also 3, 5 and 6, through the portable loops).
 BITS: tuple[int, ...] = tuple(_ext.BITS)
-#: Of :data:`BITS`, the widths whose product for one row of ``x`` (group size 32) this process's
-#: kernel computes at least as fast per weight byte as 8-bit weights (API 8): 4 and 8, and with
-#: ``avx512 vnni`` on a CPU with AVX-512 VBMI also 3, 5 and 6 (unpacked in registers). mlxrt's
+#: Of :data:`BITS`, the widths whose product for a decode step's rows of ``x`` (1 to 7) this
+#: process's kernel computes at least as fast as for the same integers in 8-bit words (API 8): 4
+#: and 8, and with ``avx512 vnni`` on a CPU with AVX-512 VBMI also 3, 5 and 6 (unpacked in
+#: registers; the same bits as the 8-bit words). mlxrt's
 #: GGUF conversion serves a lossless 5-bit layer (Q5_0, Q5_1, Q5_K) as stored where 5 is here and
 #: widens it to 8 bits elsewhere.
 FAST_BITS: tuple[int, ...] = tuple(_ext.FAST_BITS)
