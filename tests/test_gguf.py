@@ -417,6 +417,31 @@ def test_cache_reused_until_source_changes(monkeypatch, tmp_path):
     assert (out / "model.safetensors").stat().st_ino != first  # source changed: rebuilt
 
 
+def test_a_conversion_for_another_kernel_s_widths_is_made_again(monkeypatch, tmp_path):
+    # a 5-bit layer stays 5 bits only for a kernel that computes it fast (gguf_quant.kernel_widths):
+    # the embedded model's marker and the GGUF cache's key hold those widths, so neither reuses a
+    # conversion made for other widths (a widened one on a CPU with VBMI, or the reverse)
+    from mlxrt.loading import embedded, gguf, gguf_quant, resolve
+    src = tmp_path / "tiny.gguf"
+    make_tiny_gguf(src, {}, tied=True)
+    monkeypatch.setattr(embedded, "embedded_gguf_path", lambda: src)
+    monkeypatch.setenv("MLXRT_HOME", str(tmp_path / "home"))
+    convert, made = gguf.convert_gguf, []
+    monkeypatch.setattr(gguf, "convert_gguf", lambda *a, **k: made.append(a[1]) or convert(*a, **k))
+    home = tmp_path / "cache" / embedded.EMBEDDED_DIR_NAME
+    cached = {}
+    for i, widths in enumerate(((4, 8), (3, 4, 5, 6, 8), (4, 8))):
+        monkeypatch.setattr(gguf_quant, "kernel_widths", lambda w=widths: w)
+        monkeypatch.setattr(gguf, "kernel_widths", lambda w=widths: w)
+        assert embedded.embedded_model_dir(tmp_path / "cache") == home
+        assert json.loads((home / gguf.MARKER_FILE).read_text())["kernel_widths"] == list(widths)
+        assert embedded.embedded_model_dir(tmp_path / "cache") == home  # the same widths: reused
+        assert made.count(home) == i + 1  # remade each time the widths changed
+        cached.setdefault(widths, set()).add(resolve._convert_gguf_cached(src, "tiny"))
+    # the GGUF cache: a folder per widths, the first found again (3 + 2 conversions in all)
+    assert len(cached[(4, 8)]) == 1 and cached[(4, 8)] != cached[(3, 4, 5, 6, 8)] and len(made) == 5
+
+
 def test_default_cache_under_mlxrt_home(monkeypatch, tmp_path):
     from mlxrt.loading import embedded
     monkeypatch.setenv("MLXRT_HOME", str(tmp_path / "home"))

@@ -159,10 +159,56 @@ def test_kernel_widths_widen_to_8_bits(tmp_path):
         got, want = getattr(model.model.layers[0].self_attn, name), getattr(ref.model.layers[0].self_attn, name)
         w = mx.dequantize(got.weight, got.scales, got.biases, group_size=32, bits=8)
         np.testing.assert_array_equal(np.array(w), np.array(want.weight))
-    assert served_layout("Q5_0", True).lossless and not served_layout("Q3_K", True).lossless
-    assert served_layout("Q5_0", False).bits == 5
+    assert served_layout("Q5_0", KERNEL_BITS).lossless and not served_layout("Q3_K", KERNEL_BITS).lossless
+    assert served_layout("Q5_0", None).bits == 5
     want = logits(ref)
     np.testing.assert_allclose(logits(model), want, atol=0.05 * np.abs(want).max(), rtol=0)
+
+
+#: What a kernel that unpacks 3-, 5- and 6-bit rows in registers reports (mlxrt_qmv.FAST_BITS on
+#: AVX-512 with VBMI).
+PACKED = (3, 4, 5, 6, 8)
+
+
+def test_lossless_5_bit_layers_stay_5_bits_where_the_kernel_computes_them_fast(tmp_path):
+    """Q5_0/Q5_1/Q5_K stay 5 bits, gguf's values exactly, for a kernel whose 5-bit product is
+    fast; the re-quantized types are 8 bits as for any kernel. The folder is plain MLX 5-bit
+    layers (it loads without the kernel), and with the kernel installed its logits are the widened
+    conversion's bit for bit: the kernel's 5-bit products are its 8-bit ones."""
+    import mlx.core as mx
+    import mlx.nn as nn
+
+    from mlxrt.engine import qmv
+    from mlxrt.loading.gguf_quant import served_layout
+
+    types = {"token_embd": "Q8_0", "output": "Q2_K", "attn_q": "Q5_0", "attn_k": "Q5_1", "attn_v": "Q5_K",
+             "attn_output": "Q4_K", "ffn_gate": "Q3_K", "ffn_up": "Q4_1", "ffn_down": "Q6_K"}
+    ref, model, _ = _convert(tmp_path, "llama", types, seed=7, kernel=PACKED)
+    marker = json.loads((tmp_path / "llama-hf" / "mlxrt_gguf.json").read_text())
+    assert marker["kernel_widths"] == list(PACKED) and marker["layouts"]["Q5_0"] == {"bits": 5, "lossless": True}
+    attn, mlp = model.model.layers[0].self_attn, model.model.layers[0].mlp
+    assert [attn.q_proj.bits, attn.k_proj.bits, attn.v_proj.bits] == [5, 5, 5]
+    assert [mlp.gate_proj.bits, mlp.up_proj.bits, mlp.down_proj.bits, model.lm_head.bits] == [8, 4, 8, 8]
+    for name in ("q_proj", "k_proj", "v_proj"):
+        got, want = getattr(attn, name), getattr(ref.model.layers[0].self_attn, name)
+        w = mx.dequantize(got.weight, got.scales, got.biases, group_size=32, bits=5)
+        np.testing.assert_array_equal(np.array(w), np.array(want.weight))
+    assert served_layout("Q5_K", PACKED).bits == 5 and served_layout("Q3_K", PACKED).bits == 8
+    assert served_layout("IQ3_S", PACKED).bits == 8 and served_layout("Q4_0", PACKED).bits == 4
+    want = logits(ref)
+    np.testing.assert_allclose(logits(model), want, atol=0.05 * np.abs(want).max(), rtol=0)
+
+    st = qmv.load()
+    if not st.active or 5 not in st.module.BITS:
+        return
+    (tmp_path / "widened").mkdir()
+    _, widened, _ = _convert(tmp_path / "widened", "llama", types, seed=7, kernel=True)
+    for m in (model, widened):
+        assert qmv.install(m) == sum(isinstance(x, (nn.QuantizedLinear, nn.QuantizedEmbedding))
+                                     for _, x in m.named_modules())
+    np.testing.assert_array_equal(logits(model), logits(widened))  # a prompt's rows: the band loops
+    for ids in ([5], [17]):  # one row: the lone row's loops
+        np.testing.assert_array_equal(logits(model, ids), logits(widened, ids))
 
 
 def test_a_vision_tower_in_the_file_is_left_out(tmp_path):

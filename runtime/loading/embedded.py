@@ -99,7 +99,7 @@ def _is_current(out: Path, gguf: Path) -> bool:
         and marker.get("source_size") == st.st_size
         and marker.get("source_mtime_ns") == st.st_mtime_ns
         and marker.get("dtype") == auto_float_dtype()
-        and marker.get("kernel_widths") == kernel_widths()
+        and marker.get("kernel_widths") == (list(widths) if (widths := kernel_widths()) is not None else None)
         and all((out / f).is_file() for f in _REQUIRED_FILES)
     )
 

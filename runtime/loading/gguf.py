@@ -41,6 +41,7 @@ from mlxrt.loading.gguf_arch import llama3_rope_scaling, plan_architecture, unpe
 from mlxrt.loading.gguf_format import GGUFFile, UnsupportedGGUF, read_gguf
 from mlxrt.loading.gguf_quant import (
     GROUP_SIZE,
+    KERNEL_BITS,
     kernel_widths,
     layout_of,
     mlx_tensor,
@@ -60,8 +61,10 @@ __all__ = [
     "llama3_rope_scaling",
 ]
 
-#: Bumped whenever the output of :func:`convert_gguf` changes, so caches re-convert.
-CONVERTER_VERSION = 3
+#: Bumped whenever the output of :func:`convert_gguf` changes, so caches re-convert (4: a lossless
+#: 5-bit layer stays 5 bits where the kernel computes it fast; the marker's ``kernel_widths`` is
+#: that list of widths, or null, where it was a bool).
+CONVERTER_VERSION = 4
 
 #: Converted weights written per safetensors file (and so at most held in memory at once).
 SHARD_BYTES = 1 << 30
@@ -96,7 +99,8 @@ def auto_float_dtype() -> str:
     return "float16" if on_gpu else "float32"
 
 
-def _write_weights(g: GGUFFile, plan: Any, target: Any, folder: Path, kernel: bool) -> dict[str, int | None]:
+def _write_weights(g: GGUFFile, plan: Any, target: Any, folder: Path,
+                   kernel: tuple[int, ...] | None) -> dict[str, int | None]:
     """Convert every tensor into ``folder``'s ``model*.safetensors``; return each module's bits
     (``None``: kept in floating point). Shards of about :data:`SHARD_BYTES` are written as they
     fill, so converting never holds more than one shard of converted weights."""
@@ -145,7 +149,8 @@ def _write_weights(g: GGUFFile, plan: Any, target: Any, folder: Path, kernel: bo
 
 
 def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike,
-                 *, overwrite: bool = False, dtype: str = "auto", kernel: bool | None = None) -> Path:
+                 *, overwrite: bool = False, dtype: str = "auto",
+                 kernel: tuple[int, ...] | bool | None = None) -> Path:
     """Convert a GGUF file into an HF-format folder loadable by ``mlx_lm.load``.
 
     Args:
@@ -160,9 +165,11 @@ def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike,
             float32 on a CPU-only MLX), ``"float16"``, ``"bfloat16"`` (lossy for the
             f16 scales), ``"float32"``, or ``"keep"`` (F32 norms, F16 stay F16, scales
             float32).
-        kernel: write only the widths the mlxrt-qmv CPU kernel computes (5- and 6-bit layouts
-            widened to 8 bits, :func:`~mlxrt.loading.gguf_quant.served_layout`); default
-            :func:`~mlxrt.loading.gguf_quant.kernel_widths` (on a CPU with the kernel loaded).
+        kernel: the widths the mlxrt-qmv CPU kernel computes fast, the others widened to 8
+            bits (:func:`~mlxrt.loading.gguf_quant.served_layout`); ``True``:
+            :data:`~mlxrt.loading.gguf_quant.KERNEL_BITS` (any kernel's), ``False``: no
+            kernel (every layout as it is); default
+            :func:`~mlxrt.loading.gguf_quant.kernel_widths` (this process's kernel).
 
     Returns:
         ``Path(out_dir)``.
@@ -190,7 +197,10 @@ def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike,
         raise UnsupportedGGUF("GGUF has no tokenizer (tokenizer.ggml.tokens)")
     tokenizer = build_tokenizer(md)  # fail early, before converting the weights
 
-    kernel = kernel_widths() if kernel is None else kernel
+    if kernel is None:
+        kernel = kernel_widths()
+    elif isinstance(kernel, bool):
+        kernel = KERNEL_BITS if kernel else None
     all_f32 = set(type_counts) <= {"F32"}
     dtype_name = ("float32" if all_f32 else auto_float_dtype()) if dtype == "auto" else dtype
     try:
@@ -257,7 +267,7 @@ def convert_gguf(gguf_path: str | os.PathLike, out_dir: str | os.PathLike,
         "name": md.get("general.name"),
         "architecture": md.get("general.architecture"),
         "tensor_types": dict(sorted(type_counts.items())),
-        "kernel_widths": kernel,
+        "kernel_widths": list(kernel) if kernel is not None else None,
         "layouts": {t: attrs.asdict(served_layout(t, kernel)) for t in sorted(type_counts)},
     }
 

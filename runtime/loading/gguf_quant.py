@@ -20,6 +20,16 @@ Types whose groups are 16 weights wide (``Q2_K``, ``Q3_K``, ``Q6_K``: MLX's smal
 or non-affine (the other ``IQ`` types, ``TQ``, ``MXFP4``) are dequantized and re-quantized by
 ``mx.quantize`` at the bit width in :data:`LAYOUTS`, chosen by the weight error measured in
 docs/models.md. ``F32``/``F16``/``BF16`` stay floating point.
+
+Where the mlxrt-qmv CPU kernel runs (:func:`kernel_widths`), a width whose one-row product it does
+not compute fast is widened to 8 bits (:func:`served_layout`): the integers as they are, 8-bit
+words. Its 4- and 8-bit loops are fast everywhere; a lossless 5-bit layer (``Q5_0``, ``Q5_1``,
+``Q5_K``: Gemma 3's q/k/v/gate/up projections in a Q4_K_M file, hidden size 640 being no multiple
+of 256) stays 5 bits where the kernel unpacks 5-bit rows in registers (AVX-512 VBMI, mlxrt-qmv
+API 8's ``FAST_BITS``): a 2048x640 product for one row of x took 40-42 µs there against 51-55
+widened (125-127 with the buffer-unpacking loop, hence the widening before), and Gemma 3 270M's
+81 Q5_0 layers hold 39.6 MB of packed weights instead of 63.4, which each decode step reads
+(docs/performance.md, "5-bit weights unpacked in registers").
 """
 
 from __future__ import annotations
@@ -82,30 +92,43 @@ LAYOUTS: dict[str, Layout] = {
 }
 
 
-#: The widths the mlxrt-qmv CPU kernel computes (``mlxrt.engine.qmv.eligible``).
+#: The widths every mlxrt-qmv CPU kernel computes fast (its 4- and 8-bit loops).
 KERNEL_BITS = (4, 8)
 
 
-def kernel_widths() -> bool:
-    """Whether conversions here should use only :data:`KERNEL_BITS`: MLX runs on the CPU and the
-    mlxrt-qmv kernel is loaded. Its 8-bit product is ~6x faster than MLX's own CPU path for the
-    5-bit layers a Q4_K_M file brings (Gemma 3 270M: 44.8 against 7.5 tokens/s, docs/models.md),
-    for 50 % more bytes on those layers."""
+def kernel_widths() -> tuple[int, ...] | None:
+    """The widths conversions here may serve as stored (:func:`served_layout`): ``None`` where
+    MLX's own layers run (a GPU, or no mlxrt-qmv kernel loaded), else the kernel's ``FAST_BITS``:
+    :data:`KERNEL_BITS`, and 3, 5 and 6 where it unpacks those in registers for up to 7 rows
+    of x (AVX-512 VBMI). Part of the conversion cache's key (``mlxrt.loading.resolve``) and the
+    converted folder's marker: a conversion made for another kernel is made again.
+
+    Widening is what the kernel's speed asks for: its 8-bit product is ~6x faster than MLX's own
+    CPU path for the 5-bit layers a Q4_K_M file brings (Gemma 3 270M: 44.8 against 7.5 tokens/s,
+    docs/models.md), and its 5-bit one without VBMI ~2.4x slower than the widened 8-bit one."""
     import mlx.core as mx
 
     import mlxrt.engine.qmv as qmv
 
-    return mx.default_device() == mx.cpu and qmv.load().active
+    st = qmv.load()
+    if mx.default_device() != mx.cpu or not st.active:
+        return None
+    return tuple(st.module.FAST_BITS)
 
 
-def served_layout(type_name: str, kernel: bool) -> Layout:
-    """:data:`LAYOUTS`' layout, widened to 8 bits where ``kernel`` and its width is not one the
-    kernel computes: a lossless layout stays lossless (its integers fit 8 bits as they are), a
-    re-quantized one is re-quantized at 8 bits (less error)."""
+def served_layout(type_name: str, kernel: tuple[int, ...] | None) -> Layout:
+    """:data:`LAYOUTS`' layout as a conversion for ``kernel`` (:func:`kernel_widths`; ``None``:
+    no kernel, every layout as it is) writes it: widened to 8 bits where its width is not in
+    :data:`KERNEL_BITS`, unless it is lossless and ``kernel`` computes that width fast (a Q5_0
+    layer stays 5 bits on AVX-512 VBMI). A widened lossless layout stays lossless (its integers fit
+    8 bits as they are); a re-quantized one is re-quantized at 8 bits (less error, so a Q3_K layer
+    is 8 bits, not 5, whatever the kernel)."""
     layout = LAYOUTS[type_name]
-    if kernel and layout.bits is not None and layout.bits not in KERNEL_BITS:
-        return Layout(8, layout.lossless)
-    return layout
+    if kernel is None or layout.bits is None or layout.bits in KERNEL_BITS:
+        return layout
+    if layout.lossless and layout.bits in kernel:
+        return layout
+    return Layout(8, layout.lossless)
 
 
 def layout_of(tensor: str, type_name: str) -> Layout:

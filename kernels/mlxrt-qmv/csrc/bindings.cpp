@@ -154,6 +154,7 @@ NB_MODULE(_ext, m) {
   // once) no longer changes.
   m.attr("MAX_ROWS") = mlxrt_qmv::max_rows();
   m.attr("BITS") = nb::tuple(nb::cast(mlxrt_qmv::bits_supported()));
+  m.attr("FAST_BITS") = nb::tuple(nb::cast(mlxrt_qmv::fast_bits()));
   // The MLX whose headers this was built with: its C++ ABI is the only one it may load into.
   // The interface mlxrt requires (runtime/engine/qmv.py's API), one integer: raised whenever a
   // function, attribute or behaviour mlxrt relies on is added, removed or changed, so that mlxrt

@@ -12,7 +12,8 @@
 // elements of the four blocks, 16 each, its high nibbles the odd ones, so x is laid out per chunk
 // as [even elements of blocks 0-3 | odd elements of blocks 0-3] (quantize_x_int8's layout 4) and
 // the 32-bit lanes 4j..4j+3 of the sums belong to block j. 8-bit weights: a chunk is two blocks,
-// x in order, lanes 8j..8j+7 block j. The last chunk of a row may be partial: its weight bytes,
+// x in order, lanes 8j..8j+7 block j; 3-, 5- and 6-bit weights are unpacked to those bytes (the
+// same integers, so the same products as the layer widened to 8 bits). The last chunk of a row may be partial: its weight bytes,
 // scales and x scales are read with masks (zeros), and x's row is padded with zeros to whole
 // chunks, so it is the same loop.
 #include <immintrin.h>
@@ -356,32 +357,148 @@ constexpr int PRE_ROWS = 8;
 constexpr int X_BLOCK = 64;
 constexpr int W_BAND = 16;
 
-// One weight row of BITS (3, 5 or 6) bits a value to one byte a value, 64 values a step, with
-// AVX-512 VBMI (Ice Lake, Zen 4; not every VNNI CPU has it, so chosen at run time): eight values
-// are BITS whole bytes, so vpermb puts group j's bytes at the start of 64-bit lane j and
-// vpmultishiftqb takes value i's byte from bit i * BITS of its lane (the bits above it, masked
-// off, are the next values'). unpack_row's scalar loop took ~0.25 ns a value, as long as the
-// products of one row of x.
+// BITS (3, 5 or 6) bits a value to one byte a value, 64 values a step, with AVX-512 VBMI (Ice
+// Lake, Zen 4; not every VNNI CPU has it, so chosen at run time): eight values are BITS whole
+// bytes, so vpermb puts group j's bytes at the start of 64-bit lane j (perm) and vpmultishiftqb
+// takes value i's byte from bit i * BITS of its lane (shift); the bits above it, masked off, are
+// the next values'.
+template <int BITS>
+struct VbmiUnpack {
+  alignas(64) uint8_t perm[64];
+  alignas(64) uint8_t shift[64];
+  constexpr VbmiUnpack() : perm{}, shift{} {
+    for (int j = 0; j < 8; ++j)
+      for (int k = 0; k < 8; ++k) {
+        perm[8 * j + k] = static_cast<uint8_t>(j * BITS + k);
+        shift[8 * j + k] = static_cast<uint8_t>(k * BITS);
+      }
+  }
+};
+template <int BITS>
+constexpr VbmiUnpack<BITS> vbmi_unpack{};
+
+// The 64 values of the 8 * BITS bytes at the start of v, one a byte; bytes of lanes past `keep`
+// (16 dwords) zero.
+template <int BITS>
+__attribute__((target("avx512vbmi"), always_inline)) inline __m512i unpack64(__m512i v, __m512i perm, __m512i shift,
+                                                                               __mmask16 keep) {
+  const __m512i u = _mm512_multishift_epi64_epi8(shift, _mm512_permutexvar_epi8(perm, v));
+  return _mm512_maskz_and_epi32(keep, u, _mm512_set1_epi8(static_cast<char>((1 << BITS) - 1)));
+}
+
+// One weight row to one byte a value (unpack_row's scalar loop took ~0.25 ns a value, as long as
+// the products of one row of x).
 template <int BITS>
 __attribute__((target("avx512vbmi"))) void unpack_vbmi(const uint8_t* w, int K, uint8_t* q) {
-  alignas(64) uint8_t idx[64], ctl[64];
-  for (int j = 0; j < 8; ++j)
-    for (int k = 0; k < 8; ++k) {
-      idx[8 * j + k] = static_cast<uint8_t>(j * BITS + k);
-      ctl[8 * j + k] = static_cast<uint8_t>(k * BITS);
-    }
-  const __m512i perm = _mm512_load_si512(idx), shifts = _mm512_load_si512(ctl);
-  const __m512i mask = _mm512_set1_epi8(static_cast<char>((1 << BITS) - 1));
+  const __m512i perm = _mm512_load_si512(vbmi_unpack<BITS>.perm), shift = _mm512_load_si512(vbmi_unpack<BITS>.shift);
   int k = 0;
   for (; k + 64 <= K; k += 64) { // 8 * BITS bytes in, 64 out
     const __m512i v = _mm512_maskz_loadu_epi8((1ULL << (8 * BITS)) - 1, w + k / 8 * BITS);
-    const __m512i u = _mm512_multishift_epi64_epi8(shifts, _mm512_permutexvar_epi8(perm, v));
-    _mm512_storeu_si512(q + k, _mm512_and_si512(u, mask));
+    _mm512_storeu_si512(q + k, unpack64<BITS>(v, perm, shift, 0xFFFF));
   }
   if (k < K) { // the last 32 values (K is whole blocks of 32)
     const __m512i v = _mm512_maskz_loadu_epi8((1ULL << (4 * BITS)) - 1, w + k / 8 * BITS);
-    const __m512i u = _mm512_multishift_epi64_epi8(shifts, _mm512_permutexvar_epi8(perm, v));
-    _mm512_mask_storeu_epi8(q + k, 0xFFFFFFFFULL, _mm512_and_si512(u, mask));
+    _mm512_mask_storeu_epi8(q + k, 0xFFFFFFFFULL, unpack64<BITS>(v, perm, shift, 0xFFFF));
+  }
+}
+
+// R weight rows of BITS (3, 5 or 6) bits against MM rows of x (from m0), unpacked in registers
+// (64 values a step, unpack64) straight into tile<8, R, MM>'s chain: the same integers in the same
+// vpdpbusd, each chunk's sums scaled by the weights' block scale times x's and added into the
+// pair's accumulator in block order, the same finish. So the product is, bit for bit, that of the
+// layer widened to 8 bits (and of the band loops below from PRE_ROWS rows of x). Unpacking a band
+// into a buffer first and running tile<8> on it took 132 us a 2048x640 5-bit product for one row
+// of x against 51 for the widened layer (98 against 67 for two rows); in registers the packed
+// bytes are all it reads. The scales of a pair of chunks (four blocks) load at once and meet x's
+// there, in four lanes (the same products ws * d that tile() makes spread over sixteen), before
+// each chunk spreads its two. A 64-byte load of a chunk's 8 * BITS bytes is unmasked unless it
+// would run past the matrix (wend); a partial last chunk's second block is zeroed after
+// unpacking (keep). S: float16 scales read in place only for one row of x, as tile().
+template <int BITS, int R, int MM, typename S>
+__attribute__((target("avx512vbmi"))) void tile_packed(const Problem& p, const WRowT<S>* rows, int m0,
+                                                       const uint8_t* wend, float (*res)[4]) {
+  constexpr int CB = 8 * BITS; // bytes a chunk of 64 values
+  const int nb = p.K / 32;
+  const __m512i perm = _mm512_load_si512(vbmi_unpack<BITS>.perm), shift = _mm512_load_si512(vbmi_unpack<BITS>.shift);
+  const __m512i lanes[2] = {block_index(8), _mm512_add_epi32(block_index(8), _mm512_set1_epi32(2))};
+  const int8_t* xq[MM];
+  const float* xd[MM];
+  __m512 a[R][MM]; // finish()'s acc, apart until then: an array passed on by reference was stored every step
+  for (int m = 0; m < MM; ++m) {
+    xq[m] = p.xq + static_cast<size_t>(m0 + m) * p.xstride;
+    xd[m] = p.xd + static_cast<size_t>(m0 + m) * nb;
+    for (int i = 0; i < R; ++i) a[i][m] = _mm512_setzero_ps();
+  }
+  for (int b = 0; b < nb; b += 4) {
+    const int n4 = nb - b < 4 ? nb - b : 4;
+    __m128 wd[R][MM];
+    {
+      __m128 d[MM];
+      for (int m = 0; m < MM; ++m) d[m] = chunk_scales(xd[m] + b, n4);
+      for (int i = 0; i < R; ++i) {
+        const __m128 ws = chunk_scales(rows[i].scb + b, n4);
+        for (int m = 0; m < MM; ++m) wd[i][m] = _mm_mul_ps(ws, d[m]);
+      }
+    }
+    for (int h = 0; 2 * h < n4; ++h) {
+      const int c = b / 2 + h;
+      const __mmask16 keep = n4 - 2 * h >= 2 ? 0xFFFF : 0x00FF;
+      __m512i w[R];
+      for (int i = 0; i < R; ++i) {
+        const uint8_t* src = rows[i].w + static_cast<size_t>(c) * CB;
+        const __m512i v = src + 64 <= wend ? _mm512_loadu_si512(src) : _mm512_maskz_loadu_epi8((1ULL << CB) - 1, src);
+        w[i] = unpack64<BITS>(v, perm, shift, keep);
+      }
+      for (int m = 0; m < MM; ++m) {
+        const __m512i x0 = _mm512_loadu_si512(xq[m] + static_cast<size_t>(c) * 64);
+        for (int i = 0; i < R; ++i) {
+          const __m512i s = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w[i], x0);
+          const __m512 ws = _mm512_permutexvar_ps(lanes[h], _mm512_castps128_ps512(wd[i][m]));
+          a[i][m] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(s), ws, a[i][m]);
+        }
+      }
+    }
+  }
+  __m512 acc[R][MM];
+  for (int i = 0; i < R; ++i)
+    for (int m = 0; m < MM; ++m) acc[i][m] = a[i][m];
+  finish<R, MM, S>(p, rows, m0, acc, res);
+}
+
+using PackedFn = void (*)(const Problem&, const WRow*, int, const uint8_t*, float (*)[4]);
+
+// tiles' shapes for packed rows (band rows' scales as float32)
+template <int BITS>
+constexpr PackedFn packed_tiles[4][2] = {{tile_packed<BITS, 1, 1, float>, tile_packed<BITS, 4, 1, float>},
+                                         {tile_packed<BITS, 1, 2, float>, tile_packed<BITS, 2, 2, float>},
+                                         {tile_packed<BITS, 1, 3, float>, tile_packed<BITS, 2, 3, float>},
+                                         {tile_packed<BITS, 1, 4, float>, tile_packed<BITS, 2, 4, float>}};
+
+// A lone row of x against rows [r0, r1) of BITS (3, 5 or 6) bits whose scales (S: float or
+// float16, read in place) are one a block of 32: tile_packed four rows at a time, the rows
+// PREFETCH_ROWS ahead asked for as the 8-bit loops do.
+template <int BITS, typename S>
+__attribute__((target("avx512vbmi"))) void lone_packed(const Problem& p, int r0, int r1) {
+  const size_t row_bytes = static_cast<size_t>(p.K) * BITS / 8;
+  const uint8_t* wbase = reinterpret_cast<const uint8_t*>(p.w);
+  const uint8_t* wend = wbase + static_cast<size_t>(p.N) * row_bytes;
+  const S* sc = static_cast<const S*>(p.scales);
+  const S* bi = p.centre > 0.f ? nullptr : static_cast<const S*>(p.biases);
+  WRowT<S> rows[4];
+  float res[4][4];
+  for (int r = r0; r < r1;) {
+    const int n = r1 - r >= 4 ? 4 : 1;
+    for (int i = 0; i < n; ++i) {
+      const size_t off = static_cast<size_t>(r + i) * p.G;
+      rows[i] = {wbase + static_cast<size_t>(r + i) * row_bytes, sc + off, sc + off, bi ? bi + off : nullptr};
+    }
+    if (r + PREFETCH_ROWS + n <= p.N) prefetch_rows(p, r + PREFETCH_ROWS, n, row_bytes);
+    if (n > 1)
+      tile_packed<BITS, 4, 1, S>(p, rows, 0, wend, res);
+    else
+      tile_packed<BITS, 1, 1, S>(p, rows, 0, wend, res);
+    for (int i = 0; i < n; ++i) p.out[r + i] = res[0][i];
+    r += n;
   }
 }
 
@@ -390,13 +507,25 @@ bool has_vbmi() {
   return yes;
 }
 
-// BITS: the stored width. 4 and 8 run their own loops on the stored bytes; 3, 5 and 6 (a K-quant
-// conversion's widths) have each band's rows unpacked to one byte a value first, then run the
-// 8-bit loops: the unpacking is once a band for every row of x, and the products the same
-// integers as the portable loops' (x is in order, as for 8-bit weights: quantize_x_int8).
+// BITS: the stored width. 4 and 8 run their own loops on the stored bytes; 3, 5 and 6 (a GGUF
+// conversion's widths: Q5_0, Q5_1, Q5_K) run the 8-bit loops on the same integers as the portable
+// loops' (x is in order, as for 8-bit weights: quantize_x_int8): for fewer than PRE_ROWS rows of x
+// with VBMI unpacked in registers (tile_packed; a lone row with float16 or float32 scales of 32 in
+// lone_packed, the scales in place), else each band's rows unpacked to one byte a value first,
+// once a band for every row of x.
 template <int BITS>
 void rows_vnni(const Problem& p, int r0, int r1) {
   constexpr int LOOP = BITS == 4 ? 4 : 8;
+  if constexpr (LOOP != BITS) {
+    // A lone row of x (a decode step), scales one a block: unpacked in registers (tile_packed).
+    if (p.M == 1 && p.group_size == 32 && (p.stype == ScaleType::f16 || p.stype == ScaleType::f32) && has_vbmi()) {
+      if (p.stype == ScaleType::f16)
+        lone_packed<BITS, uint16_t>(p, r0, r1);
+      else
+        lone_packed<BITS, float>(p, r0, r1);
+      return;
+    }
+  }
   const size_t row_bytes = static_cast<size_t>(p.K) * BITS / 8;
   const uint8_t* wbase = reinterpret_cast<const uint8_t*>(p.w);
   const int nb = p.K / 32, per = p.group_size / 32;
@@ -409,6 +538,10 @@ void rows_vnni(const Problem& p, int r0, int r1) {
   if constexpr (LOOP != BITS) ub.resize(static_cast<size_t>(W_BAND) * p.K);
   WRow band[W_BAND];
   float res[4][4];
+  // 3, 5 or 6 bits against fewer rows of x than PRE_ROWS with VBMI: the rows stay packed (tile_packed)
+  bool packed = false;
+  if constexpr (LOOP != BITS) packed = p.M < PRE_ROWS && has_vbmi();
+  const uint8_t* wend = wbase + static_cast<size_t>(p.N) * row_bytes;
   // several rows of x: the band's operands and x's spread scales made once (Pre)
   constexpr int BPC = LOOP == 4 ? 4 : 2;
   const int chunks = (nb + BPC - 1) / BPC;
@@ -448,12 +581,14 @@ void rows_vnni(const Problem& p, int r0, int r1) {
       WRow& wr = band[r - rb];
       wr.w = wbase + static_cast<size_t>(r) * row_bytes;
       if constexpr (LOOP != BITS) {
-        uint8_t* q = ub.data() + static_cast<size_t>(r - rb) * p.K;
-        if (has_vbmi())
-          unpack_vbmi<BITS>(wr.w, p.K, q);
-        else
-          unpack_row(reinterpret_cast<const uint32_t*>(wr.w), BITS, p.K, q);
-        wr.w = q;
+        if (!packed) {
+          uint8_t* q = ub.data() + static_cast<size_t>(r - rb) * p.K;
+          if (has_vbmi())
+            unpack_vbmi<BITS>(wr.w, p.K, q);
+          else
+            unpack_row(reinterpret_cast<const uint32_t*>(wr.w), BITS, p.K, q);
+          wr.w = q;
+        }
       }
       const size_t off = static_cast<size_t>(r) * p.G;
       if (p.stype == ScaleType::f32) {
@@ -501,7 +636,14 @@ void rows_vnni(const Problem& p, int r0, int r1) {
         for (int r = rb; r < re;) {
           const int n = re - r >= R ? R : 1;
           if (m0 == 0 && r + PREFETCH_ROWS + n <= p.N) prefetch_rows(p, r + PREFETCH_ROWS, n, row_bytes);
-          tiles<LOOP>[mm - 1][n > 1 ? 1 : 0](p, band + (r - rb), m0, res);
+          if constexpr (LOOP != BITS) {
+            if (packed)
+              packed_tiles<BITS>[mm - 1][n > 1 ? 1 : 0](p, band + (r - rb), m0, wend, res);
+            else
+              tiles<LOOP>[mm - 1][n > 1 ? 1 : 0](p, band + (r - rb), m0, res);
+          } else {
+            tiles<LOOP>[mm - 1][n > 1 ? 1 : 0](p, band + (r - rb), m0, res);
+          }
           for (int m = 0; m < mm; ++m)
             for (int i = 0; i < n; ++i) p.out[static_cast<size_t>(m0 + m) * p.N + r + i] = res[m][i];
           r += n;
@@ -552,6 +694,10 @@ void quantize_x_int8_avx512(const float* x, int K, int group_size, int bits, int
     const __m128 t = _mm_mul_ss(_mm_set_ss(d), _mm_set_ss(static_cast<float>(qsum)));
     xsum[b / per] = _mm_cvtss_f32(_mm_add_ss(_mm_set_ss(xsum[b / per]), t));
   }
+}
+
+bool packed_lone_rows_avx512() {
+  return has_vbmi();
 }
 
 void rows_avx512_vnni(const Problem& p, int r0, int r1) {

@@ -117,8 +117,12 @@ void rows_avx2_q8(const Problem& p, int r0, int r1);
 // rows_avx2_q8 on x in 15 bits (xq and xlo, or x16): 128 times less rounding for about 1.5 times the work.
 void rows_avx2_q15(const Problem& p, int r0, int r1);
 // The AVX-512 (F, BW, VL, VNNI) integer kernel: x from quantize_x_int8, layout 4, padded to 128.
-// 3-, 5- and 6-bit weights: each band of rows unpacked to bytes (unpack_row), then the 8-bit loops.
+// 3-, 5- and 6-bit weights: the 8-bit loops on their integers, unpacked in registers for up to 7
+// rows of x where the CPU has VBMI, else each band of rows unpacked to bytes first.
 void rows_avx512_vnni(const Problem& p, int r0, int r1);
+// Whether rows_avx512_vnni unpacks 3-, 5- and 6-bit rows in registers for 1 to 7 rows of x (the
+// CPU has AVX-512 VBMI): then those products cost no more than the same integers in 8-bit words.
+bool packed_lone_rows_avx512();
 // quantize_x_int8 in AVX-512 (F, BW, VL), bit for bit: the VNNI kernel's quantize_int8.
 void quantize_x_int8_avx512(const float* x, int K, int group_size, int bits, int layout, int padded, int8_t* xq,
                             float* xd, float* xsum, float* xoff);

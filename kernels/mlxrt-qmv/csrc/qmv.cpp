@@ -405,6 +405,13 @@ std::vector<int> bits_supported() {
   return {4, 8};
 }
 
+std::vector<int> fast_bits() {
+#if defined(__x86_64__) || defined(_M_X64)
+  if (kernel().rows == rows_avx512_vnni && packed_lone_rows_avx512()) return {3, 4, 5, 6, 8};
+#endif
+  return {4, 8};
+}
+
 int max_rows() {
   // The 8-bit kernels give each row its own bits whatever the rows beside it, so a prefill of any
   // length runs them (and newcomers' prefills can run as one product); the others stop at

@@ -22,8 +22,15 @@ constexpr int MAX_ROWS_INT8 = 1 << 16;
 // kernels, MAX_ROWS for the others.
 int max_rows();
 // The weight widths the primitive computes with this process's kernel: 4 and 8, and with the
-// AVX-512 and portable 8-bit kernels also 3, 5 and 6 (unpacked to bytes, then the 8-bit loops).
+// AVX-512 and portable 8-bit kernels also 3, 5 and 6 (unpacked to bytes, then the 8-bit loops:
+// the products of the same integers in 8-bit words, bit for bit).
 std::vector<int> bits_supported();
+// The widths whose product for a decode step's rows of x (1 to 7) this process's kernel computes
+// at least as fast as for the same integers in 8-bit words, so a conversion may serve them as
+// stored rather than widened (API 8): 4 and 8, and where the AVX-512 kernel runs on a CPU with
+// VBMI also 3, 5 and 6 (unpacked in registers, kernel_avx512_vnni.cpp's tile_packed; elsewhere
+// they are unpacked to a buffer first, ~2.4x the time of the 8-bit product for one row).
+std::vector<int> fast_bits();
 
 // x @ dequantize(w, scales, biases).T, as mx::quantized_matmul(x, w, scales, biases,
 // transpose=true, group_size, bits) in affine mode computes it. Runs the primitive on the CPU

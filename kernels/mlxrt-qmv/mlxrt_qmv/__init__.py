@@ -50,7 +50,8 @@ from mlxrt_qmv import _ext
 
 __all__ = ["quantized_matmul", "dequantize", "supported", "rms_norm", "rope", "attention", "swiglu", "geglu", "softmax", "log_softmax", "exp", "sort",
            "attention_supported", "decode_attention", "decode_attention_supported",
-           "kernel_name", "threads", "set_threads", "MAX_ROWS", "MAX_QUERIES", "BITS", "BUILT_FOR_MLX", "API"]
+           "kernel_name", "threads", "set_threads", "MAX_ROWS", "MAX_QUERIES", "BITS", "FAST_BITS", "BUILT_FOR_MLX",
+           "API"]
 
 #: The interface version mlxrt requires exactly (``mlxrt.engine.qmv.API``): every function and
 #: attribute of this module, as documented above. Raised with any change mlxrt relies on.
@@ -62,6 +63,13 @@ MAX_ROWS: int = _ext.MAX_ROWS
 #: The weight widths the primitive computes with this process's kernel (4 and 8; with the AVX-512
 #: and portable 8-bit kernels also 3, 5 and 6, through the portable loops).
 BITS: tuple[int, ...] = tuple(_ext.BITS)
+#: Of :data:`BITS`, the widths whose product for a decode step's rows of ``x`` (1 to 7) this
+#: process's kernel computes at least as fast as for the same integers in 8-bit words (API 8): 4
+#: and 8, and with ``avx512 vnni`` on a CPU with AVX-512 VBMI also 3, 5 and 6 (unpacked in
+#: registers; the same bits as the 8-bit words). mlxrt's
+#: GGUF conversion serves a lossless 5-bit layer (Q5_0, Q5_1, Q5_K) as stored where 5 is here and
+#: widens it to 8 bits elsewhere.
+FAST_BITS: tuple[int, ...] = tuple(_ext.FAST_BITS)
 #: The most query positions the attention primitive takes.
 MAX_QUERIES: int = _ext.MAX_QUERIES
 
