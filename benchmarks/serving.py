@@ -270,7 +270,21 @@ def chunk_text(choice: dict) -> str | None:
 
 async def stream_chat(client: httpx.AsyncClient, url: str, prompt: list[dict] | str,
                       max_tokens: int, extra: dict | None = None) -> Reply:
-    """One streaming request (chat or text, :func:`request_body`), timed as its deltas arrive."""
+    """One streaming request (chat or text, :func:`request_body`), timed as its deltas arrive.
+
+    Sent again, once, when the server closed the kept-alive connection it went out on before any
+    response (``RemoteProtocolError``: llama-server closes one after some streamed replies, and the
+    next request on it failed, which cost the side by side llama-server's round)."""
+    try:
+        return await _stream_once(client, url, prompt, max_tokens, extra)
+    except httpx.RemoteProtocolError as exc:
+        if "without sending a response" not in str(exc):
+            raise
+        return await _stream_once(client, url, prompt, max_tokens, extra)
+
+
+async def _stream_once(client: httpx.AsyncClient, url: str, prompt: list[dict] | str,
+                       max_tokens: int, extra: dict | None = None) -> Reply:
     path, body = request_body(prompt, max_tokens, extra)
     r = Reply(t0=time.perf_counter())
     parts: list[str] = []
