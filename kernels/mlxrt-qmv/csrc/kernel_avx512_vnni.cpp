@@ -476,7 +476,7 @@ constexpr PackedFn packed_tiles[4][2] = {{tile_packed<BITS, 1, 1, float>, tile_p
 
 // A lone row of x against rows [r0, r1) of BITS (3, 5 or 6) bits whose scales (S: float or
 // float16, read in place) are one a block of 32: tile_packed four rows at a time, the rows
-// PREFETCH_ROWS ahead asked for as the 8-bit loops do.
+// prefetch_ahead() ahead asked for as the 8-bit loops do.
 template <int BITS, typename S>
 __attribute__((target("avx512vbmi"))) void lone_packed(const Problem& p, int r0, int r1) {
   const size_t row_bytes = static_cast<size_t>(p.K) * BITS / 8;
@@ -492,7 +492,7 @@ __attribute__((target("avx512vbmi"))) void lone_packed(const Problem& p, int r0,
       const size_t off = static_cast<size_t>(r + i) * p.G;
       rows[i] = {wbase + static_cast<size_t>(r + i) * row_bytes, sc + off, sc + off, bi ? bi + off : nullptr};
     }
-    if (r + PREFETCH_ROWS + n <= p.N) prefetch_rows(p, r + PREFETCH_ROWS, n, row_bytes);
+    if (r + prefetch_ahead(row_bytes) + n <= p.N) prefetch_rows(p, r + prefetch_ahead(row_bytes), n, row_bytes);
     if (n > 1)
       tile_packed<BITS, 4, 1, S>(p, rows, 0, wend, res);
     else
@@ -566,7 +566,7 @@ void rows_vnni(const Problem& p, int r0, int r1) {
           const size_t off = static_cast<size_t>(r + i) * p.G;
           rows[i] = {wbase + static_cast<size_t>(r + i) * row_bytes, sc + off, sc + off, bi ? bi + off : nullptr};
         }
-        if (r + PREFETCH_ROWS + n <= p.N) prefetch_rows(p, r + PREFETCH_ROWS, n, row_bytes);
+        if (r + prefetch_ahead(row_bytes) + n <= p.N) prefetch_rows(p, r + prefetch_ahead(row_bytes), n, row_bytes);
         tiles_h<LOOP>[n > 1 ? 1 : 0](p, rows, 0, res);
         for (int i = 0; i < n; ++i) p.out[r + i] = res[0][i];
         r += n;
@@ -635,7 +635,7 @@ void rows_vnni(const Problem& p, int r0, int r1) {
         const int R = mm == 1 ? 4 : 2;
         for (int r = rb; r < re;) {
           const int n = re - r >= R ? R : 1;
-          if (m0 == 0 && r + PREFETCH_ROWS + n <= p.N) prefetch_rows(p, r + PREFETCH_ROWS, n, row_bytes);
+          if (m0 == 0 && r + prefetch_ahead(row_bytes) + n <= p.N) prefetch_rows(p, r + prefetch_ahead(row_bytes), n, row_bytes);
           if constexpr (LOOP != BITS) {
             if (packed)
               packed_tiles<BITS>[mm - 1][n > 1 ? 1 : 0](p, band + (r - rb), m0, wend, res);
