@@ -135,6 +135,30 @@ def route_swiglu(model: Any, route: Callable[[Callable[..., Any]], Callable[...,
     return _route_global(model, "swiglu", activations.swiglu, route)
 
 
+def swap_known_layers(model: Any, class_name: str, subclass: Callable[[type], type], **settings: Any) -> int:
+    """Swap ``model``'s mlx-lm layers of class ``class_name`` whose forward :func:`mlx_lm_forward_known`
+    knows for an instance of ``subclass(type(layer))`` holding the layer's children, parameters
+    and settings (its constructor needs the model's arguments, which the layer does not keep), plus
+    ``settings`` as attributes, through MLX's public ``Module.update_modules``; return how many. A
+    layer held in a list (no attribute name) is left alone: none of the known models does."""
+    modules = dict(model.named_modules())
+    swapped = 0
+    for path, layer in modules.items():
+        parent_path, _, key = path.rpartition(".")
+        parent = modules.get(parent_path) if parent_path else model
+        known = type(layer).__name__ == class_name and mlx_lm_forward_known(type(layer))
+        if not known or parent is None or key.isdigit():
+            continue
+        cls = subclass(type(layer))
+        new = cls.__new__(cls)
+        dict.update(new, layer)  # an MLX module is a dict of its children and parameters
+        new.__dict__.update(layer.__dict__)  # and keeps its settings (heads, scale) as attributes
+        new.__dict__.update(settings)
+        parent.update_modules({key: new})
+        swapped += 1
+    return swapped
+
+
 def _route_global(model: Any, attr: str, original: Any, route: Callable[[Callable[..., Any]], Callable[..., Any]]
                   ) -> int:
     """Replace the global ``attr`` of ``model``'s modules where it is ``original``; count them."""

@@ -90,29 +90,7 @@ def install(model: Any, fused: FusedDecode | None = None) -> int:
     decode attention."""
     from mlxrt import compat
 
-    modules = dict(model.named_modules())
-    swapped = 0
-    for path, layer in modules.items():
-        parent_path, _, key = path.rpartition(".")
-        parent = modules.get(parent_path) if parent_path else model
-        # a layer held in a list (no attribute name) is left alone: none of the known models does
-        known = type(layer).__name__ == "Attention" and compat.mlx_lm_forward_known(type(layer))
-        if not known or parent is None or key.isdigit():
-            continue
-        new = _one_token(layer, _subclass(type(layer)))
-        new.__dict__["_mlxrt_fused"] = fused
-        parent.update_modules({key: new})
-        swapped += 1
-    return swapped
-
-
-def _one_token(layer: Any, cls: type) -> Any:
-    """A ``cls`` holding ``layer``'s children and attributes (its constructor needs the model's
-    arguments, which the layer does not keep): the same parameters, the same settings."""
-    new = cls.__new__(cls)
-    dict.update(new, layer)  # an MLX module is a dict of its children and parameters
-    new.__dict__.update(layer.__dict__)  # and keeps its settings (heads, scale) as attributes
-    return new
+    return compat.swap_known_layers(model, "Attention", _subclass, _mlxrt_fused=fused)
 
 
 def _subclass(base: type) -> type:

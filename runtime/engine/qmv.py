@@ -338,21 +338,7 @@ def _install_geglu(model: Any, module: Any) -> int:
     ``Module.update_modules``; return how many."""
     from mlxrt import compat
 
-    modules = dict(model.named_modules())
-    swapped = 0
-    for path, layer in modules.items():
-        parent_path, _, key = path.rpartition(".")
-        parent = modules.get(parent_path) if parent_path else model
-        known = type(layer).__name__ == "MLP" and compat.mlx_lm_forward_known(type(layer))
-        if not known or parent is None or key.isdigit():
-            continue
-        cls = _geglu_class(module.geglu, type(layer))
-        new = cls.__new__(cls)
-        dict.update(new, layer)  # its projections, as they are
-        new.__dict__.update(layer.__dict__)
-        parent.update_modules({key: new})
-        swapped += 1
-    return swapped
+    return compat.swap_known_layers(model, "MLP", functools.partial(_geglu_class, module.geglu))
 
 
 @functools.cache
