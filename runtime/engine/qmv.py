@@ -185,6 +185,7 @@ def install(model: Any, st: QmvStatus | None = None, *, known: Mapping[str, Scal
             return new
         path = paths.get(id(layer), "")
         plan = (known or {}).get(path)
+        narrow = None
         if plan is None or new["scales"].dtype != mx.float32 or new["biases"].dtype != mx.float32:
             narrow = compact_scales(new["scales"], new["biases"])
             plan = ScalesPlan(narrow=None) if narrow is None else ScalesPlan(
@@ -193,10 +194,11 @@ def install(model: Any, st: QmvStatus | None = None, *, known: Mapping[str, Scal
         if found is not None:
             found[path] = plan
         if plan.narrow is not None:
-            dtype = getattr(mx, plan.narrow)
+            if narrow is None:  # the plan of an earlier start: cast as compact_scales does
+                dtype = getattr(mx, plan.narrow)
+                narrow = {key: mx.contiguous(new[key].astype(dtype)) for key in ("scales", "biases")}
             new.bias_centre = plan.centre
-            new.update({"scales": mx.contiguous(new["scales"].astype(dtype)),
-                        "biases": mx.contiguous(new["biases"].astype(dtype))})
+            new.update(narrow)
             new.float_scales = True  # its scales stand for float32 ones: what it makes is float32
         return new
 

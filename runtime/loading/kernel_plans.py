@@ -34,7 +34,7 @@ FORMAT = 1
 def _key(folder: Path, kernel_api: int) -> str | None:
     try:
         files = sorted(folder.glob("model*.safetensors"))
-        stats = [(f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files]
+        stats = [(f.name, st.st_size, st.st_mtime_ns) for f in files for st in (f.stat(),)]
     except OSError:
         return None
     if not files:
