@@ -37,7 +37,7 @@ def main() -> None:
     from mlx_lm.utils import load
 
     from mlxrt.engine import qmv
-    from mlxrt.loading import resolve_model
+    from mlxrt.loading.resolve import resolve_model
 
     st = qmv.load()
     if not st.active:

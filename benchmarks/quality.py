@@ -125,7 +125,7 @@ def main() -> None:
                     help="also each path that routes Gemma's GELU with MLXRT_QMV_GELU=0, and a table of the pairs")
     args = ap.parse_args()
     if args.model and args.model.endswith(".gguf"):
-        from mlxrt.loading import resolve_model
+        from mlxrt.loading.resolve import resolve_model
 
         folder = str(resolve_model(args.model).path)  # converted once, as `mlxrt serve` does
     elif args.model:

@@ -10,7 +10,7 @@ from setuptools import setup
 
 setup(
     name="mlxrt-qmv",
-    version="0.7.0",
+    version="0.8.0",
     description="A quantized matrix-vector kernel for MLX's CPU backend (custom MLX primitive) used by mlxrt",
     license="MIT",
     python_requires=">=3.10",

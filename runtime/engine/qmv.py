@@ -29,6 +29,13 @@ vectorized GELU"), so not on the exact path (``MLXRT_QMV_EXACT=1``), and ``MLXRT
 it off. :func:`log_softmax` is the log-probabilities both
 lanes draw each token from, through the kernel's one-op primitive (MLX's bits; MLX's CPU
 ``logsumexp`` takes its exponentials one at a time, 0.8 ms a row of a 49K vocabulary).
+
+Where the kernel reads a width in bands of rows (``mlxrt_qmv.BAND_BITS``: 8-bit weights with the
+AVX-512 VNNI kernel), :func:`install` lays those layers' weights, scales and biases out so
+(``band_rows``, in place where nothing else holds them): a batch's products take a third of the
+float work, a lone row's are no slower (docs/performance.md, "8-bit weights in bands of 16 rows").
+Such a layer's arrays are not MLX's layout: it computes only through the kernel (its embedding
+lookup reads the bands), and ``MLXRT_QMV_BANDS=0`` keeps every layer row-major.
 """
 
 from __future__ import annotations
@@ -50,7 +57,7 @@ log = logging.getLogger("mlxrt.engine.qmv")
 #: primitive and attribute below is there at exactly this version, so nothing probes for names.
 #: ``scripts/setup`` builds the kernel from the same checkout; another version (an older wheel
 #: left in the environment) is not used, with one warning saying to rebuild it.
-API = 8
+API = 9
 
 
 @attrs.frozen
@@ -172,6 +179,7 @@ def install(model: Any, st: QmvStatus | None = None, *, known: Mapping[str, Scal
 
     classes, bits = _classes(st.module), st.module.BITS
     compacting = os.environ.get("MLXRT_QMV_COMPACT", "1") != "0"  # off: the A/B measurement's other side
+    banding = os.environ.get("MLXRT_QMV_BANDS", "1") != "0"  # likewise
     paths = {id(layer): path for path, layer in model.named_modules()}
 
     def kernel_layer(layer: Any) -> Any:
@@ -182,7 +190,7 @@ def install(model: Any, st: QmvStatus | None = None, *, known: Mapping[str, Scal
         for key in ("weight", "scales", "biases"):
             new[key] = mx.contiguous(new[key])
         if not compacting:
-            return new
+            return banded(new)
         path = paths.get(id(layer), "")
         plan = (known or {}).get(path)
         narrow = None
@@ -200,6 +208,13 @@ def install(model: Any, st: QmvStatus | None = None, *, known: Mapping[str, Scal
             new.bias_centre = plan.centre
             new.update(narrow)
             new.float_scales = True  # its scales stand for float32 ones: what it makes is float32
+        return banded(new)
+
+    def banded(new: Any) -> Any:
+        if banding and new.bits in st.module.BAND_BITS and new["weight"].shape[0] % st.module.BAND_ROWS == 0:
+            # the old layer lets go of its arrays once replaced, so band_rows permutes them in place
+            new.update({key: st.module.band_rows(new[key]) for key in ("weight", "scales", "biases")})
+            new.band = st.module.BAND_ROWS
         return new
 
     count = _replace_layers(model, kernel_layer)
@@ -250,6 +265,12 @@ def symmetric_centre(scales: Any, biases: Any) -> float:
     if centre in _CENTRES and mx.array_equal(biases, scales * -centre).item():
         return centre
     return 0.0
+
+
+def _band_take(a: Any, bands: Any, at: Any, band: int) -> Any:
+    """Rows ``band * bands + at`` of ``a``, laid out in bands of ``band`` rows
+    (``mlxrt_qmv.band_rows``: element ``[t][j][i]`` is row ``band * t + i``'s column ``j``)."""
+    return a.reshape(a.shape[0] // band, a.shape[1], band)[bands, :, at]
 
 
 def _replace_layers(model: Any, replace: Any) -> int:
@@ -597,14 +618,14 @@ def _classes(module: Any) -> dict[type, type]:
 
     def product(layer: Any, x: mx.array) -> mx.array:
         w, scales, biases, gs, bits = layer["weight"], layer["scales"], layer["biases"], layer.group_size, layer.bits
-        centre = getattr(layer, "bias_centre", 0.0)
+        centre, band = getattr(layer, "bias_centre", 0.0), getattr(layer, "band", 0)
         width = x.shape[-1]
         rows = x.size // width if width else 0
         if rows <= max_rows:
-            return qmm(x, w, scales, biases, gs, bits, centre)
-        if rows <= chunked_rows:  # the kernel in pieces of max_rows: rows are independent
+            return qmm(x, w, scales, biases, gs, bits, centre, band)
+        if rows <= chunked_rows or band:  # the kernel in pieces of max_rows: rows are independent
             flat = x.reshape(rows, width)
-            pieces = [qmm(flat[i:i + max_rows], w, scales, biases, gs, bits, centre)
+            pieces = [qmm(flat[i:i + max_rows], w, scales, biases, gs, bits, centre, band)
                       for i in range(0, rows, max_rows)]
             return mx.concatenate(pieces).reshape(*x.shape[:-1], -1)
         if scales.dtype != x.dtype:  # compact scales (compact_scales): the weights at x's width
@@ -655,7 +676,12 @@ def _classes(module: Any) -> dict[type, type]:
         where MLX's CPU graph for it is 36 or 56 (a decode step's embedding): the same unpacking
         and the same float multiply, then add, so the same bits."""
         flat = ids.reshape(-1)
-        packed, scales, biases = (mx.take(layer[key], flat, axis=0) for key in ("weight", "scales", "biases"))
+        band = getattr(layer, "band", 0)
+        if band:  # row r is column r % band of band r // band (mlxrt_qmv.band_rows)
+            bands, at = flat // band, flat % band
+            packed, scales, biases = (_band_take(layer[key], bands, at, band) for key in ("weight", "scales", "biases"))
+        else:
+            packed, scales, biases = (mx.take(layer[key], flat, axis=0) for key in ("weight", "scales", "biases"))
         if layer.bits == 8:
             q = packed.view(mx.uint8)  # little-endian: byte j of a word is its element j
         else:

@@ -11,6 +11,7 @@
 #include "decode_attention.h"
 #include "sort.h"
 #include "fused.h"
+#include "bands.h"
 #include "qmv.h"
 
 #define MLXRT_QMV_STR2(x) #x
@@ -24,14 +25,24 @@ NB_MODULE(_ext, m) {
   m.def(
       "quantized_matmul",
       [](const mx::array& x, const mx::array& w, const mx::array& scales, const mx::array& biases, int group_size,
-         int bits, float centre) { return mlxrt_qmv::quantized_matmul(x, w, scales, biases, group_size, bits, centre); },
-      "x"_a, "w"_a, "scales"_a, "biases"_a, "group_size"_a, "bits"_a, "centre"_a = 0.f,
+         int bits, float centre, int band) {
+        return mlxrt_qmv::quantized_matmul(x, w, scales, biases, group_size, bits, centre, band);
+      },
+      "x"_a, "w"_a, "scales"_a, "biases"_a, "group_size"_a, "bits"_a, "centre"_a = 0.f, "band"_a = 0,
       "x @ dequantize(w, scales, biases).T (mx.quantized_matmul, transpose=True, affine mode); the primitive "
       "for bits 4/8, group sizes 32/64/128 and at most MAX_ROWS rows of x on the CPU, mx.quantized_matmul "
       "otherwise. float32 x with float16 or bfloat16 scales and biases (API 7): a float32 result, the scales "
       "read as stored (not copied to float32 per call). centre > 0 (API 7) promises biases == -centre * scales "
       "exactly (a symmetric block format): a lone row's AVX-512 loops then compute the biases instead of "
-      "reading them; the result is the same.");
+      "reading them; the result is the same. band=16 (API 9): w, scales and biases are in bands of 16 rows "
+      "(band_rows), for the widths BAND_BITS names; ValueError where this kernel cannot read them so.");
+  m.def(
+      "band_rows", [](const mx::array& a) { return mlxrt_qmv::band_rows(a); }, "a"_a,
+      "a (2-D, rows a multiple of 16) in bands of 16 rows, the same shape and dtype: element [t][j][i] of the "
+      "result is a[16t + i][j]. quantized_matmul(..., band=16) reads weights, scales and biases so. Where a is "
+      "not referenced once it is computed, its buffer is permuted in place.");
+  m.attr("BAND_ROWS") = mlxrt_qmv::BAND_ROWS;
+  m.attr("BAND_BITS") = nb::tuple(nb::cast(mlxrt_qmv::band_bits()));
   m.def(
       "dequantize",
       [](const mx::array& w, const mx::array& scales, const mx::array& biases, int group_size, int bits) {
@@ -160,7 +171,7 @@ NB_MODULE(_ext, m) {
   // function, attribute or behaviour mlxrt relies on is added, removed or changed, so that mlxrt
   // checks one number instead of probing for names, and refuses a stale build with a message
   // that says to rebuild it (./scripts/setup).
-  m.attr("API") = 8;
+  m.attr("API") = 9;
   m.attr("MLX_VERSION") =
       MLXRT_QMV_STR(MLX_VERSION_MAJOR) "." MLXRT_QMV_STR(MLX_VERSION_MINOR) "." MLXRT_QMV_STR(MLX_VERSION_PATCH);
 }

@@ -701,7 +701,9 @@ bool packed_lone_rows_avx512() {
 }
 
 void rows_avx512_vnni(const Problem& p, int r0, int r1) {
-  if (p.bits == 4)
+  if (p.band != 0)
+    rows_avx512_bands8(p, r0, r1);
+  else if (p.bits == 4)
     rows_vnni<4>(p, r0, r1);
   else if (p.bits == 8)
     rows_vnni<8>(p, r0, r1);

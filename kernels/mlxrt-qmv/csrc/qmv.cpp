@@ -2,6 +2,8 @@
 // split over a small pool of threads) and the choice of kernel for this CPU.
 #include "qmv.h"
 
+#include "bands.h"
+
 #include <sched.h>
 
 #include <algorithm>
@@ -262,7 +264,9 @@ void split_rows(RowsFn fn, const Problem& p) {
   const size_t wbytes = static_cast<size_t>(N) * p.K * p.bits / 8;
   auto pl = wbytes >= SINGLE_THREAD_BYTES ? pool() : nullptr;
   const int threads = threads_for(pl, p.M == 1, wbytes);
-  run_chunks(pl, threads, N, std::max(1, std::min(64, N / (threads * 8))), [&](int r0, int r1) { fn(p, r0, r1); });
+  int chunk = std::max(1, std::min(64, N / (threads * 8)));
+  if (p.band > 0) chunk = std::max(p.band, chunk / p.band * p.band); // whole bands
+  run_chunks(pl, threads, N, chunk, [&](int r0, int r1) { fn(p, r0, r1); });
 }
 
 } // namespace
@@ -320,7 +324,8 @@ void run_typed(
     int K,
     int group_size,
     int bits,
-    float centre) {
+    float centre,
+    int band) {
   const Kernel& kern = kernel();
   const int G = K / group_size;
   const size_t MK = static_cast<size_t>(M) * K, MG = static_cast<size_t>(M) * G;
@@ -373,7 +378,7 @@ void run_typed(
   if constexpr (std::is_same_v<S, mx::float16_t>) st = ScaleType::f16;
   if constexpr (std::is_same_v<S, mx::bfloat16_t>) st = ScaleType::bf16;
   Problem p{xp, xsum, kern.int8_x ? qbuf.data() : nullptr, kern.q15 ? qbuf.data() + MK : nullptr, x16, xd, xoff, xstride, w, scales, biases, st, M, N, K, G,
-            group_size, bits, outf, centre};
+            group_size, bits, outf, centre, band};
 
   split_rows(kern.rows, p);
   if constexpr (!std::is_same_v<T, float>) {
@@ -410,6 +415,13 @@ std::vector<int> fast_bits() {
   if (kernel().rows == rows_avx512_vnni && packed_lone_rows_avx512()) return {3, 4, 5, 6, 8};
 #endif
   return {4, 8};
+}
+
+std::vector<int> band_bits() {
+#if defined(__x86_64__) || defined(_M_X64)
+  if (kernel().rows == rows_avx512_vnni) return {8};
+#endif
+  return {};
 }
 
 int max_rows() {
@@ -450,13 +462,22 @@ mx::array quantized_matmul(
     int group_size,
     int bits,
     float centre,
+    int band,
     mx::StreamOrDevice s) {
-  if (!supported(x, w, group_size, bits, s) || scales.ndim() != 2 || biases.shape() != scales.shape() ||
-      scales.shape(0) != w.shape(0) || scales.shape(1) * group_size != x.shape(-1))
-    return mx::quantized_matmul(x, w, scales, biases, true, group_size, bits, "affine", s);
+  const bool ok = supported(x, w, group_size, bits, s) && scales.ndim() == 2 && biases.shape() == scales.shape() &&
+      scales.shape(0) == w.shape(0) && scales.shape(1) * group_size == x.shape(-1);
   const auto dtype = mx::promote_types(x.dtype(), scales.dtype());
-  if (dtype != mx::float32 && dtype != mx::float16 && dtype != mx::bfloat16)
-    return mx::quantized_matmul(x, w, scales, biases, true, group_size, bits, "affine", s);
+  const bool typed = dtype == mx::float32 || dtype == mx::float16 || dtype == mx::bfloat16;
+  if (band != 0) { // no other op reads weights in bands: refuse rather than compute another product
+    const auto widths = band_bits();
+    if (band != BAND_ROWS || std::find(widths.begin(), widths.end(), bits) == widths.end())
+      throw std::invalid_argument("[quantized_matmul] this kernel (" + kernel_name() + ") reads no " +
+                                  std::to_string(bits) + "-bit weights in bands of " + std::to_string(band) + " rows");
+    if (!ok || !typed || w.shape(0) % BAND_ROWS != 0)
+      throw std::invalid_argument("[quantized_matmul] weights in bands: a CPU product of at most MAX_ROWS rows of "
+                                  "float x, whose output rows are a multiple of 16");
+  }
+  if (!ok || !typed) return mx::quantized_matmul(x, w, scales, biases, true, group_size, bits, "affine", s);
   auto out_shape = x.shape();
   out_shape.back() = w.shape(0);
   // float32 x with 16-bit scales and biases: the kernels read those as stored (converted to
@@ -467,7 +488,7 @@ mx::array quantized_matmul(
   return mx::array(
       std::move(out_shape),
       dtype,
-      std::make_shared<QuantizedMatvec>(mx::to_stream(s), group_size, bits, centre > 0.f ? centre : 0.f),
+      std::make_shared<QuantizedMatvec>(mx::to_stream(s), group_size, bits, centre > 0.f ? centre : 0.f, band),
       {mx::astype(x, dtype, s), w, mx::astype(scales, sdtype, s), mx::astype(biases, sdtype, s)});
 }
 
@@ -520,7 +541,8 @@ bool QuantizedPrimitive::is_equivalent(const mx::Primitive& other) const {
 }
 
 bool QuantizedMatvec::is_equivalent(const mx::Primitive& other) const {
-  return QuantizedPrimitive::is_equivalent(other) && centre_ == static_cast<const QuantizedMatvec&>(other).centre_;
+  const auto& o = static_cast<const QuantizedMatvec&>(other);
+  return QuantizedPrimitive::is_equivalent(other) && centre_ == o.centre_ && band_ == o.band_;
 }
 
 void CpuPrimitive::eval_gpu(const std::vector<mx::array>&, std::vector<mx::array>&) {
@@ -552,8 +574,8 @@ void QuantizedMatvec::eval_cpu(const std::vector<mx::array>& inputs, std::vector
     using S = decltype(stag);
     encoder.dispatch([xp = x.data<T>(), xshape = x.shape(), xstrides = x.strides(), xc, wp = w.data<uint32_t>(),
                       sp = scales.data<S>(), bp = biases.data<S>(), op = out.data<T>(), M, N, K, gs, bits,
-                      centre = centre_]() {
-      run_typed<T, S>(xp, xshape, xstrides, xc, wp, sp, bp, op, M, N, K, gs, bits, centre);
+                      centre = centre_, band = band_]() {
+      run_typed<T, S>(xp, xshape, xstrides, xc, wp, sp, bp, op, M, N, K, gs, bits, centre, band);
     });
   };
   if (out.dtype() == mx::float32 && scales.dtype() == mx::float16) return launch(float{}, mx::float16_t{});

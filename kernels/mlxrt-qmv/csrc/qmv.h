@@ -36,7 +36,9 @@ std::vector<int> fast_bits();
 // transpose=true, group_size, bits) in affine mode computes it. Runs the primitive on the CPU
 // for bits 4 or 8, group sizes 32/64/128 and at most MAX_ROWS rows of x; anything else (a GPU
 // stream, more rows, other bits) is mx::quantized_matmul itself. centre > 0 promises that
-// biases == -centre * scales exactly (Problem::centre); it changes no result.
+// biases == -centre * scales exactly (Problem::centre); it changes no result. band == 16: w,
+// scales and biases are in bands of 16 rows (bands.h: band_rows), for the widths band_bits()
+// names; arguments the kernel cannot take so are refused (std::invalid_argument), never handed on.
 mx::array quantized_matmul(
     const mx::array& x,
     const mx::array& w,
@@ -45,6 +47,7 @@ mx::array quantized_matmul(
     int group_size,
     int bits,
     float centre = 0.f,
+    int band = 0,
     mx::StreamOrDevice s = {});
 
 // dequantize(w, scales, biases) as mx::dequantize computes it (affine mode), in the dtype of the
@@ -119,8 +122,8 @@ class QuantizedPrimitive : public CpuPrimitive {
 
 class QuantizedMatvec : public QuantizedPrimitive {
  public:
-  QuantizedMatvec(mx::Stream stream, int group_size, int bits, float centre = 0.f)
-      : QuantizedPrimitive(stream, group_size, bits), centre_(centre) {}
+  QuantizedMatvec(mx::Stream stream, int group_size, int bits, float centre = 0.f, int band = 0)
+      : QuantizedPrimitive(stream, group_size, bits), centre_(centre), band_(band) {}
   bool is_equivalent(const mx::Primitive& other) const override;
   void eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) override;
   std::vector<mx::Shape> output_shapes(const std::vector<mx::array>& inputs) override;
@@ -130,6 +133,7 @@ class QuantizedMatvec : public QuantizedPrimitive {
 
  private:
   float centre_; // Problem::centre
+  int band_; // Problem::band
 };
 
 class Dequantize : public QuantizedPrimitive {

@@ -38,6 +38,14 @@ row, :] = k`` updates one; the buffer reused where MLX would donate it), and ``a
 rotated q over their first ``length`` rows (default ``offset + 1``; a wrapped rotating cache's
 whole buffer), the same bits as those ops.
 
+``band_rows(a)`` (API 9) lays a 2-D array out in bands of :data:`BAND_ROWS` rows (element
+``[t][j][i]`` is ``a[16t + i][j]``; the same shape), and ``quantized_matmul(..., band=16)`` reads
+weights, scales and biases so laid out, for the widths :data:`BAND_BITS` names: with ``avx512 vnni``
+8-bit weights, whose products for several rows of ``x`` then take a third of the float work (a
+batch's decode step, a prefill), a lone row's no slower. Each row's result is its own bits whatever
+rows run beside it, as ever; not the row-major loops' bits (another order of the same float
+additions; docs/performance.md, "8-bit weights in bands of 16 rows").
+
 Importing this package raises ``ImportError`` when the installed MLX is not the one the
 extension was built against (:data:`BUILT_FOR_MLX`): the primitive is C++ against MLX's ABI.
 """
@@ -51,7 +59,7 @@ from mlxrt_qmv import _ext
 __all__ = ["quantized_matmul", "dequantize", "supported", "rms_norm", "rope", "attention", "swiglu", "geglu", "softmax", "log_softmax", "exp", "sort",
            "attention_supported", "decode_attention", "decode_attention_supported",
            "kernel_name", "threads", "set_threads", "MAX_ROWS", "MAX_QUERIES", "BITS", "FAST_BITS", "BUILT_FOR_MLX",
-           "API"]
+           "API", "band_rows", "BAND_ROWS", "BAND_BITS"]
 
 #: The interface version mlxrt requires exactly (``mlxrt.engine.qmv.API``): every function and
 #: attribute of this module, as documented above. Raised with any change mlxrt relies on.
@@ -70,6 +78,11 @@ BITS: tuple[int, ...] = tuple(_ext.BITS)
 #: GGUF conversion serves a lossless 5-bit layer (Q5_0, Q5_1, Q5_K) as stored where 5 is here and
 #: widens it to 8 bits elsewhere.
 FAST_BITS: tuple[int, ...] = tuple(_ext.FAST_BITS)
+#: Rows a band holds (:func:`band_rows`).
+BAND_ROWS: int = _ext.BAND_ROWS
+#: The weight widths ``quantized_matmul(..., band=16)`` takes with this process's kernel (API 9):
+#: ``(8,)`` with ``avx512 vnni``, none with the others.
+BAND_BITS: tuple[int, ...] = tuple(_ext.BAND_BITS)
 #: The most query positions the attention primitive takes.
 MAX_QUERIES: int = _ext.MAX_QUERIES
 
@@ -79,6 +92,7 @@ if mx.__version__.split(".dev")[0] != BUILT_FOR_MLX:
 
 quantized_matmul = _ext.quantized_matmul
 dequantize = _ext.dequantize
+band_rows = _ext.band_rows
 supported = _ext.supported
 kernel_name = _ext.kernel_name
 threads = _ext.threads
