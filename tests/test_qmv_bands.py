@@ -1,9 +1,10 @@
-"""8-bit weights in bands of 16 rows (mlxrt-qmv API 9): ``band_rows`` lays a matrix out so, the
-AVX-512 VNNI kernel's products read it with each row's result its own bits whatever rows of ``x``
-run beside it (a batch's step, a prefill's chunk), within the 8-bit activations' rounding of the
-row-major product; other kernels refuse the layout rather than compute another product; and
-``install`` bands a model's 8-bit layers (its embedding lookup reading the bands, the same rows)
-without changing greedy tokens."""
+"""Weights in bands of 16 rows (mlxrt-qmv API 9): ``band_rows`` lays a matrix out so, the AVX-512
+VNNI kernel's products read it with each row's result its own bits whatever rows of ``x`` run
+beside it (a batch's step, a prefill's chunk), near the row-major product (only the float
+additions' order differs), 3-, 4-, 5- and 6-bit bands with the bits of the same integers in 8-bit
+bands; other kernels refuse the layout rather than compute another product; and ``install`` bands
+a model's layers (an 8-bit embedding's lookup reading the bands, the same rows) without changing
+greedy tokens."""
 
 from __future__ import annotations
 
@@ -13,6 +14,7 @@ import numpy as np
 import pytest
 
 from mlxrt.engine import qmv
+from mlxrt.loading.gguf_quant import pack
 
 try:
     import mlxrt_qmv as ext
@@ -72,6 +74,28 @@ def test_each_row_of_a_banded_product_is_that_row_alone_and_near_the_row_major_o
     assert (mx.abs(alone - rowmajor) <= 1e-5 * scale).all().item(), mx.abs(alone - rowmajor).max().item()
 
 
+@pytest.mark.parametrize("bits", [4, 5, 3, 6])
+def test_narrower_bands_give_the_bits_of_the_same_integers_in_8_bit_bands(bits):
+    # band_rows(w, bits) lays the values out as the kernel's operands: unpacked in registers, the
+    # same integers meet x in the same order as the layer widened to 8 bits
+    if bits not in ext.BAND_BITS:
+        pytest.skip(f"{ext.kernel_name()!r} reads no {bits}-bit weights in bands")
+    rng = np.random.default_rng(bits)
+    top, centre = (1 << bits) - 1, 1 << (bits - 1)
+    for n, k in ((48, 640), (32, 96)):
+        q = np.clip(np.rint(centre + rng.standard_normal((n, k)) * top / 6), 0, top).astype(np.uint8)
+        d = mx.array((rng.random((n, k // 32)) * 0.02 + 0.002).astype(np.float16))
+        sb, bb = ext.band_rows(d), ext.band_rows(d * -float(centre))
+        narrow, wide = ext.band_rows(mx.array(pack(q, bits)), bits), ext.band_rows(mx.array(pack(q, 8)), 8)
+        x = _x(9, k, seed=k)
+        for rows in (1, 2, 5, 9):
+            got = ext.quantized_matmul(x[:rows], narrow, sb, bb, 32, bits, float(centre), band=16)
+            assert mx.array_equal(got, ext.quantized_matmul(x[:rows], wide, sb, bb, 32, 8, float(centre), band=16)).item()
+        # and near the row-major product of the same layer
+        rowmajor = ext.quantized_matmul(x, mx.array(pack(q, bits)), d, d * -float(centre), 32, bits, float(centre))
+        assert (mx.abs(got - rowmajor) <= 1e-5 * mx.abs(rowmajor).max(axis=-1, keepdims=True)).all().item()
+
+
 @banding
 def test_a_prefill_sized_product_and_leading_dimensions():
     w, s, b = _symmetric_8bit(64, 256, 32, mx.float16, seed=7)
@@ -87,9 +111,11 @@ def test_a_prefill_sized_product_and_leading_dimensions():
 def test_what_the_kernel_cannot_read_in_bands_is_refused_not_computed_otherwise():
     w, s, b = _symmetric_8bit(32, 64, 32, mx.float16, seed=1)
     x = _x(1, 64, seed=1)
-    w4, s4, b4 = mx.quantize(mx.ones((32, 64)), group_size=32, bits=4)
-    with pytest.raises(ValueError, match="reads no 4-bit weights in bands"):
-        ext.quantized_matmul(x, w4, s4, b4, 32, 4, band=16)
+    with pytest.raises(ValueError, match="3, 4, 5, 6 or 8 bits"):
+        ext.band_rows(w, 7)
+    w2, s2, b2 = mx.quantize(mx.ones((32, 64)), group_size=32, bits=2)
+    with pytest.raises(ValueError, match="reads no 2-bit weights in bands"):
+        ext.quantized_matmul(x, w2, s2, b2, 32, 2, band=16)
     if 8 not in ext.BAND_BITS:  # the AVX2 and portable kernels: no layout of bands at all
         with pytest.raises(ValueError, match="reads no 8-bit weights in bands"):
             ext.quantized_matmul(x, w, s, b, 32, 8, band=16)
@@ -100,7 +126,7 @@ def test_what_the_kernel_cannot_read_in_bands_is_refused_not_computed_otherwise(
         ext.quantized_matmul(x, w, s, b, 32, 8, band=8)
 
 
-def _tiny_model() -> nn.Module:
+def _tiny_model(bits: int, embedding_bits: int) -> nn.Module:
     from mlx_lm.models import llama
 
     args = llama.ModelArgs(model_type="llama", hidden_size=128, num_hidden_layers=2, intermediate_size=256,
@@ -108,7 +134,9 @@ def _tiny_model() -> nn.Module:
                            tie_word_embeddings=True)
     mx.random.seed(5)
     model = llama.Model(args)
-    nn.quantize(model, group_size=32, bits=8)  # every layer 8-bit, the tied head included
+    nn.quantize(model, group_size=32, bits=bits)
+    model.model.embed_tokens = nn.QuantizedEmbedding.from_embedding(  # the tied head's width
+        nn.Embedding(512, 128), group_size=32, bits=embedding_bits)
     mx.eval(model.parameters())
     return model
 
@@ -125,19 +153,25 @@ def _greedy(model: nn.Module, prompt: list[int], n: int) -> list[int]:
     return out
 
 
-@banding
-def test_install_bands_8_bit_layers_and_tokens_and_lookups_stay(monkeypatch):
+@pytest.mark.parametrize("bits, embedding_bits", [(8, 8), (4, 8), (5, 4)])
+def test_install_bands_the_layers_and_tokens_and_lookups_stay(monkeypatch, bits, embedding_bits):
+    # every layer the kernel reads in bands is banded; an embedding only at 8 bits (its lookup
+    # reads 8-bit bands: a narrower one stays rows, its tied head the row-major product)
+    if not {bits, embedding_bits} <= set(ext.BAND_BITS):
+        pytest.skip(f"{ext.kernel_name()!r} reads no {bits}- or {embedding_bits}-bit weights in bands")
     prompt = list(range(5, 45))
-    rows_model = _tiny_model()
+    rows_model = _tiny_model(bits, embedding_bits)
     monkeypatch.setenv("MLXRT_QMV_BANDS", "0")
     qmv.install(rows_model)
     monkeypatch.delenv("MLXRT_QMV_BANDS")
-    model = _tiny_model()
+    model = _tiny_model(bits, embedding_bits)
     ids = mx.array([[0, 3, 17, 255, 511]])
     looked_up = model.model.embed_tokens(ids)  # MLX's own lookup, before install
     assert qmv.install(model) == 2 * 7 + 1
-    layers = [m for _, m in model.named_modules() if "scales" in m]
-    assert layers and all(getattr(m, "band", 0) == 16 for m in layers)
+    for name, layer in model.named_modules():
+        if "scales" in layer:
+            banded = embedding_bits == 8 or name != "model.embed_tokens"
+            assert getattr(layer, "band", 0) == (16 if banded else 0), name
     assert all(getattr(m, "band", 0) == 0 for _, m in rows_model.named_modules() if "scales" in m)
     # the lookup reads the bands: MLX's rows, bit for bit
     assert mx.array_equal(model.model.embed_tokens(ids), looked_up).item()

@@ -30,12 +30,13 @@ it off. :func:`log_softmax` is the log-probabilities both
 lanes draw each token from, through the kernel's one-op primitive (MLX's bits; MLX's CPU
 ``logsumexp`` takes its exponentials one at a time, 0.8 ms a row of a 49K vocabulary).
 
-Where the kernel reads a width in bands of rows (``mlxrt_qmv.BAND_BITS``: 8-bit weights with the
+Where the kernel reads weights in bands of rows (``mlxrt_qmv.BAND_BITS``: every width with the
 AVX-512 VNNI kernel), :func:`install` lays those layers' weights, scales and biases out so
 (``band_rows``, in place where nothing else holds them): a batch's products take a third of the
-float work, a lone row's are no slower (docs/performance.md, "8-bit weights in bands of 16 rows").
-Such a layer's arrays are not MLX's layout: it computes only through the kernel (its embedding
-lookup reads the bands), and ``MLXRT_QMV_BANDS=0`` keeps every layer row-major.
+float work, a lone row's are no slower (docs/performance.md, "Weights in bands of 16 rows").
+Such a layer's arrays are not MLX's layout: it computes only through the kernel (an 8-bit
+embedding's lookup reads the bands; a narrower embedding stays row-major), and
+``MLXRT_QMV_BANDS=0`` keeps every layer row-major.
 """
 
 from __future__ import annotations
@@ -176,6 +177,7 @@ def install(model: Any, st: QmvStatus | None = None, *, known: Mapping[str, Scal
     if not st.active:
         return 0
     import mlx.core as mx
+    import mlx.nn as nn
 
     classes, bits = _classes(st.module), st.module.BITS
     compacting = os.environ.get("MLXRT_QMV_COMPACT", "1") != "0"  # off: the A/B measurement's other side
@@ -211,9 +213,12 @@ def install(model: Any, st: QmvStatus | None = None, *, known: Mapping[str, Scal
         return banded(new)
 
     def banded(new: Any) -> Any:
-        if banding and new.bits in st.module.BAND_BITS and new["weight"].shape[0] % st.module.BAND_ROWS == 0:
-            # the old layer lets go of its arrays once replaced, so band_rows permutes them in place
-            new.update({key: st.module.band_rows(new[key]) for key in ("weight", "scales", "biases")})
+        # an embedding's lookup reads bands of 8-bit rows only (_band_take): narrower ones stay rows
+        if (banding and new.bits in st.module.BAND_BITS and new["weight"].shape[0] % st.module.BAND_ROWS == 0
+                and (new.bits == 8 or not isinstance(new, nn.QuantizedEmbedding))):
+            # the old layer lets go of its arrays once replaced, so band_rows rewrites them in place
+            new.update({"weight": st.module.band_rows(new["weight"], new.bits),
+                        "scales": st.module.band_rows(new["scales"]), "biases": st.module.band_rows(new["biases"])})
             new.band = st.module.BAND_ROWS
         return new
 

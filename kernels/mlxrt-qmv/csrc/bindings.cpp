@@ -37,10 +37,11 @@ NB_MODULE(_ext, m) {
       "reading them; the result is the same. band=16 (API 9): w, scales and biases are in bands of 16 rows "
       "(band_rows), for the widths BAND_BITS names; ValueError where this kernel cannot read them so.");
   m.def(
-      "band_rows", [](const mx::array& a) { return mlxrt_qmv::band_rows(a); }, "a"_a,
+      "band_rows", [](const mx::array& a, int bits) { return mlxrt_qmv::band_rows(a, bits); }, "a"_a, "bits"_a = 0,
       "a (2-D, rows a multiple of 16) in bands of 16 rows, the same shape and dtype: element [t][j][i] of the "
-      "result is a[16t + i][j]. quantized_matmul(..., band=16) reads weights, scales and biases so. Where a is "
-      "not referenced once it is computed, its buffer is permuted in place.");
+      "result is a[16t + i][j] (scales, biases); bits (3, 4, 5, 6, 8): a is uint32 weights of that width, laid "
+      "out value by value as the kernel reads them (bands.h). quantized_matmul(..., band=16) reads weights, "
+      "scales and biases so. Where a is not referenced once it is computed, its buffer is rewritten in place.");
   m.attr("BAND_ROWS") = mlxrt_qmv::BAND_ROWS;
   m.attr("BAND_BITS") = nb::tuple(nb::cast(mlxrt_qmv::band_bits()));
   m.def(

@@ -23,6 +23,7 @@
 
 #include "kernels.h"
 #include "prefetch_x86.h"
+#include "vbmi_unpack.h"
 
 namespace mlxrt_qmv {
 
@@ -357,35 +358,6 @@ constexpr int PRE_ROWS = 8;
 constexpr int X_BLOCK = 64;
 constexpr int W_BAND = 16;
 
-// BITS (3, 5 or 6) bits a value to one byte a value, 64 values a step, with AVX-512 VBMI (Ice
-// Lake, Zen 4; not every VNNI CPU has it, so chosen at run time): eight values are BITS whole
-// bytes, so vpermb puts group j's bytes at the start of 64-bit lane j (perm) and vpmultishiftqb
-// takes value i's byte from bit i * BITS of its lane (shift); the bits above it, masked off, are
-// the next values'.
-template <int BITS>
-struct VbmiUnpack {
-  alignas(64) uint8_t perm[64];
-  alignas(64) uint8_t shift[64];
-  constexpr VbmiUnpack() : perm{}, shift{} {
-    for (int j = 0; j < 8; ++j)
-      for (int k = 0; k < 8; ++k) {
-        perm[8 * j + k] = static_cast<uint8_t>(j * BITS + k);
-        shift[8 * j + k] = static_cast<uint8_t>(k * BITS);
-      }
-  }
-};
-template <int BITS>
-constexpr VbmiUnpack<BITS> vbmi_unpack{};
-
-// The 64 values of the 8 * BITS bytes at the start of v, one a byte; bytes of lanes past `keep`
-// (16 dwords) zero.
-template <int BITS>
-__attribute__((target("avx512vbmi"), always_inline)) inline __m512i unpack64(__m512i v, __m512i perm, __m512i shift,
-                                                                               __mmask16 keep) {
-  const __m512i u = _mm512_multishift_epi64_epi8(shift, _mm512_permutexvar_epi8(perm, v));
-  return _mm512_maskz_and_epi32(keep, u, _mm512_set1_epi8(static_cast<char>((1 << BITS) - 1)));
-}
-
 // One weight row to one byte a value (unpack_row's scalar loop took ~0.25 ns a value, as long as
 // the products of one row of x).
 template <int BITS>
@@ -702,7 +674,7 @@ bool packed_lone_rows_avx512() {
 
 void rows_avx512_vnni(const Problem& p, int r0, int r1) {
   if (p.band != 0)
-    rows_avx512_bands8(p, r0, r1);
+    rows_avx512_bands(p, r0, r1);
   else if (p.bits == 4)
     rows_vnni<4>(p, r0, r1);
   else if (p.bits == 8)

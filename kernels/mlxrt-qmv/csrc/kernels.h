@@ -39,7 +39,8 @@ struct Problem {
   // reading them (the same values); the other loops read biases as ever.
   float centre = 0.f;
   // 16: the weights, scales and biases are in bands of 16 rows (bands.h), which only
-  // rows_avx512_vnni reads, for 8-bit weights; r0 and r1 are then multiples of 16. 0: row-major.
+  // rows_avx512_vnni reads (band_bits() says for which widths); r0 and r1 are then multiples of
+  // 16, and x is in order whatever the width. 0: row-major.
   int band = 0;
 };
 
@@ -126,8 +127,10 @@ void rows_avx512_vnni(const Problem& p, int r0, int r1);
 // Whether rows_avx512_vnni unpacks 3-, 5- and 6-bit rows in registers for 1 to 7 rows of x (the
 // CPU has AVX-512 VBMI): then those products cost no more than the same integers in 8-bit words.
 bool packed_lone_rows_avx512();
-// rows_avx512_vnni for 8-bit weights in bands of 16 rows (Problem::band): rows [r0, r1) whole bands.
-void rows_avx512_bands8(const Problem& p, int r0, int r1);
+// rows_avx512_vnni for weights in bands of 16 rows (Problem::band; bands_tile.h): rows [r0, r1)
+// whole bands; 3-, 5- and 6-bit weights (rows_avx512_bands_vbmi) only where the CPU has VBMI.
+void rows_avx512_bands(const Problem& p, int r0, int r1);
+void rows_avx512_bands_vbmi(const Problem& p, int r0, int r1);
 // quantize_x_int8 in AVX-512 (F, BW, VL), bit for bit: the VNNI kernel's quantize_int8.
 void quantize_x_int8_avx512(const float* x, int K, int group_size, int bits, int layout, int padded, int8_t* xq,
                             float* xd, float* xsum, float* xoff);

@@ -355,7 +355,7 @@ void run_typed(
   for (int m = 0; m < M; ++m) {
     const float* xr = xf + static_cast<size_t>(m) * K;
     if (kern.int8_layout >= 0) {
-      (kern.quantize_int8 != nullptr ? kern.quantize_int8 : quantize_x_int8)(xr, K, group_size, bits, kern.int8_layout, xstride, qbuf.data() + static_cast<size_t>(m) * xstride,
+      (kern.quantize_int8 != nullptr ? kern.quantize_int8 : quantize_x_int8)(xr, K, group_size, band ? 8 : bits, kern.int8_layout, xstride, qbuf.data() + static_cast<size_t>(m) * xstride,
                       xd + static_cast<size_t>(m) * K / 32, xsum + static_cast<size_t>(m) * G,
                       xoff + static_cast<size_t>(m) * G);
       continue;
@@ -419,7 +419,7 @@ std::vector<int> fast_bits() {
 
 std::vector<int> band_bits() {
 #if defined(__x86_64__) || defined(_M_X64)
-  if (kernel().rows == rows_avx512_vnni) return {8};
+  if (kernel().rows == rows_avx512_vnni) return packed_lone_rows_avx512() ? std::vector<int>{3, 4, 5, 6, 8} : std::vector<int>{4, 8};
 #endif
   return {};
 }
