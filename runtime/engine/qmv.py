@@ -163,7 +163,7 @@ class ScalesPlan:
 
 
 def install(model: Any, st: QmvStatus | None = None, *, known: Mapping[str, ScalesPlan] | None = None,
-            found: dict[str, ScalesPlan] | None = None) -> int:
+            found: dict[str, ScalesPlan] | None = None, evaluate: bool = True) -> int:
     """Make ``model``'s eligible ``nn.QuantizedLinear`` and ``nn.QuantizedEmbedding`` layers
     (whose ``as_linear`` is a tied output head) compute through the kernel; return how many.
     Each is replaced by an instance of a subclass of its MLX class holding the same parameters
@@ -172,7 +172,9 @@ def install(model: Any, st: QmvStatus | None = None, *, known: Mapping[str, Scal
 
     ``known``: each layer's :class:`ScalesPlan` by its path in ``model``, from an earlier start with
     the same weights (a layer it lacks is checked as usual); ``found`` receives every layer's
-    (``MLXRT_QMV_COMPACT=0`` keeps every scale float32 and fills nothing)."""
+    (``MLXRT_QMV_COMPACT=0`` keeps every scale float32 and fills nothing). ``evaluate=False`` leaves
+    the new layers' arrays to the caller's evaluation: on weights not yet read (mlx-lm's lazy
+    load), their layouts are then made as they are read, in place."""
     st = st if st is not None else load()
     if not st.active:
         return 0
@@ -223,7 +225,7 @@ def install(model: Any, st: QmvStatus | None = None, *, known: Mapping[str, Scal
         return new
 
     count = _replace_layers(model, kernel_layer)
-    if count:
+    if count and evaluate:
         mx.eval(model.parameters())
     return count
 

@@ -23,6 +23,8 @@ from mlxrt.errors import ModelLoadError
 from mlxrt.records import FamilyProfile, LoadedModel, ModelInfo, ToolStreamMode
 
 if TYPE_CHECKING:
+    from collections.abc import Callable
+
     from mlxrt.registry import PluginHost
 
 __all__ = [
@@ -41,11 +43,14 @@ log = logging.getLogger("mlxrt.loading")
 
 
 def mlx_lm_load(info: ModelInfo, classes: tuple[type, type] | None = None, *,
-                trust_remote_code: bool = False, lazy: bool = False) -> LoadedModel:
+                trust_remote_code: bool = False, lazy: bool = False,
+                prepare: Callable[[Any], None] | None = None) -> LoadedModel:
     """Load ``info`` with mlx-lm; ``classes=(Model, ModelArgs)`` supplies an architecture
     mlx-lm lacks (the family's own model code). ``trust_remote_code`` lets the tokenizer's
     own code from the model folder run (``--trust-remote-code``). ``lazy`` leaves the weights
-    unread until evaluated (``--distributed``: each rank reads only its shard)."""
+    unread until evaluated (``--distributed``: each rank reads only its shard). ``prepare`` is
+    called with the model once it is built, its weights not yet read: what it computes from them
+    (the kernel's layouts) is computed in the same read, beside the tokenizer's build."""
     from concurrent.futures import ThreadPoolExecutor
 
     from mlxrt.loading.weights import eos_token_ids, load_architecture_and_weights
@@ -58,6 +63,8 @@ def mlx_lm_load(info: ModelInfo, classes: tuple[type, type] | None = None, *,
     # the weights' side waiting for it.
     try:
         model, _config = load_architecture_and_weights(info.path, classes=classes, lazy=True)
+        if prepare is not None:
+            prepare(model)
         parameters = model.parameters() if not lazy else None
         with ThreadPoolExecutor(1, thread_name_prefix="mlxrt-tokenizer") as pool:
             tokenizing = pool.submit(load_tokenizer, info.path, eos_token_ids=eos_token_ids(info.path),
@@ -176,24 +183,37 @@ def load_weights(info: ModelInfo, host: PluginHost) -> tuple[LoadedModel, str | 
     check_model_folder(info.path)
     plugin, loaded = host.first_answer("mlxrt_load_model", info=info, host=host)
     lazy = bool(host.options.get("distributed"))
+    chosen: list[Any] = []
     if loaded is None:
-        loaded = mlx_lm_load(info, trust_remote_code=bool(host.options.get("trust_remote_code")), lazy=lazy)
+        # the dtype chosen and the kernel installed before the weights are read, so that the
+        # layouts it makes (bands of rows) are made in that read, beside the tokenizer's build
+        loaded = mlx_lm_load(info, trust_remote_code=bool(host.options.get("trust_remote_code")), lazy=lazy,
+                             prepare=None if lazy else lambda model: chosen.append(
+                                 _prepare(model, info, host, lazy=False, evaluate=False)))
     check_vocabulary(info.path, loaded.tokenizer)
-    choice = _choose_dtype(loaded, info, host, lazy=lazy)
-    if choice is not None and choice.cast:
-        cast_weights(loaded.model, choice.cast, model_id=info.model_id)
-    if choice is not None and not lazy:
-        import mlxrt.engine.qmv as qmv
-
-        if not choice.cast and (count := _install_kernel(loaded.model, info)):
-            log.info("%d quantized layers of %s run on the %s", count, info.model_id, qmv.status().text)
-        if (count := qmv.install_fused(loaded.model)):
-            log.info("%d norm and rotary layers of %s (and its attention and gated activation) run on "
-                     "the %s fused primitives", count, info.model_id, qmv.status().text)
+    choice = chosen[0] if chosen else _prepare(loaded.model, info, host, lazy=lazy)
     return attrs.evolve(loaded, dtype=choice), plugin
 
 
-def _install_kernel(model: Any, info: ModelInfo) -> int:
+def _prepare(model: Any, info: ModelInfo, host: PluginHost, *, lazy: bool, evaluate: bool = True) -> Any:
+    """The dtype ``model`` is served in (cast to it where it says so), and the kernel's layers
+    installed where it runs; the choice (``None``: a plugin's own model object). ``evaluate=False``:
+    the layers' new arrays are left for the caller's read of the weights."""
+    choice = _choose_dtype(model, info, host, lazy=lazy)
+    if choice is not None and choice.cast:
+        cast_weights(model, choice.cast, model_id=info.model_id)
+    if choice is not None and not lazy:
+        import mlxrt.engine.qmv as qmv
+
+        if not choice.cast and (count := _install_kernel(model, info, evaluate=evaluate)):
+            log.info("%d quantized layers of %s run on the %s", count, info.model_id, qmv.status().text)
+        if (count := qmv.install_fused(model)):
+            log.info("%d norm and rotary layers of %s (and its attention and gated activation) run on "
+                     "the %s fused primitives", count, info.model_id, qmv.status().text)
+    return choice
+
+
+def _install_kernel(model: Any, info: ModelInfo, *, evaluate: bool = True) -> int:
     """:func:`mlxrt.engine.qmv.install`, with what it found in these weights at an earlier start
     (:mod:`mlxrt.loading.kernel_plans`), and what it finds now kept for the next."""
     import mlxrt.engine.qmv as qmv
@@ -204,13 +224,13 @@ def _install_kernel(model: Any, info: ModelInfo) -> int:
         return 0
     known = read_plan(info.path, qmv.API)
     found: dict[str, qmv.ScalesPlan] = {}
-    count = qmv.install(model, st, known=known, found=found)
+    count = qmv.install(model, st, known=known, found=found, evaluate=evaluate)
     if found and found != known:
         write_plan(info.path, qmv.API, found)
     return count
 
 
-def _choose_dtype(loaded: LoadedModel, info: ModelInfo, host: PluginHost, *, lazy: bool) -> Any:
+def _choose_dtype(model: Any, info: ModelInfo, host: PluginHost, *, lazy: bool) -> Any:
     import mlx.core as mx
     import mlx.nn as nn
 
@@ -219,11 +239,11 @@ def _choose_dtype(loaded: LoadedModel, info: ModelInfo, host: PluginHost, *, laz
     from mlxrt.loading.blas import current
     from mlxrt.loading.dtype_choice import blas_name, choose_dtype
 
-    if not isinstance(loaded.model, nn.Module):  # a plugin's own model object: nothing to cast
+    if not isinstance(model, nn.Module):  # a plugin's own model object: nothing to cast
         return None
     budget = host.options.get("memory_budget")
     blas = current()
-    return choose_dtype(host.options.get("dtype") or "auto", loaded.model, info,
+    return choose_dtype(host.options.get("dtype") or "auto", model, info,
                         budget=parse_size(budget, default_unit="GB") if budget is not None else None,
                         blas_fast=blas.fast, blas_name=blas_name(blas.kind),
                         on_cpu=mx.default_device() == mx.cpu, lazy=lazy,

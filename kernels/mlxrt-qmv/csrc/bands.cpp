@@ -14,26 +14,36 @@ namespace {
 void pack_band(const uint8_t* q, int K, int bits, uint8_t* out) {
   for (int b = 0; b < K / 32; ++b) {
     uint8_t* o = out + static_cast<size_t>(b) * 64 * bits;
-    auto value = [&](int i, int k) { return q[static_cast<size_t>(i) * K + 32 * b + k]; }; // row i, block column k
+    const uint8_t* v = q + 32 * b; // row i's block: v[i * K ...]
     if (bits == 8) {
       for (int j = 0; j < 8; ++j)
-        for (int i = 0; i < BAND_ROWS; ++i)
-          for (int t = 0; t < 4; ++t) o[64 * j + 4 * i + t] = value(i, 4 * j + t);
+        for (int i = 0; i < BAND_ROWS; ++i) std::memcpy(o + 64 * j + 4 * i, v + static_cast<size_t>(i) * K + 4 * j, 4);
     } else if (bits == 4) {
       for (int l = 0; l < 4; ++l)
         for (int i = 0; i < BAND_ROWS; ++i)
-          for (int t = 0; t < 4; ++t)
-            o[64 * l + 4 * i + t] = static_cast<uint8_t>(value(i, 8 * l + t) | value(i, 8 * l + 4 + t) << 4);
+          for (int t = 0; t < 4; ++t) {
+            const uint8_t* r = v + static_cast<size_t>(i) * K + 8 * l;
+            o[64 * l + 4 * i + t] = static_cast<uint8_t>(r[t] | r[4 + t] << 4);
+          }
     } else {
-      std::memset(o, 0, static_cast<size_t>(64) * bits);
+      // operand j's 64 values (4i + t: row i's value 4j + t) as a bit stream: every eight
+      // values are `bits` whole bytes
       for (int j = 0; j < 8; ++j)
-        for (int v = 0; v < 64; ++v) { // value v = 4i + t of operand j, at bit v * bits of its run
-          const unsigned x = value(v / 4, 4 * j + v % 4);
-          const int at = 8 * bits * j * 8 + v * bits;
-          for (int k = 0; k < bits; ++k) o[(at + k) / 8] |= static_cast<uint8_t>(((x >> k) & 1u) << ((at + k) % 8));
+        for (int e = 0; e < 8; ++e) { // values 8e .. 8e + 7: rows 2e and 2e + 1
+          uint64_t word = 0;
+          for (int k = 0; k < 8; ++k)
+            word |= static_cast<uint64_t>(v[static_cast<size_t>(2 * e + k / 4) * K + 4 * j + k % 4]) << (k * bits);
+          std::memcpy(o + 8 * bits * j + bits * e, &word, bits); // little-endian: the low bytes
         }
     }
   }
+}
+
+// One band of `cols` units of type U: element [j][i] = in[i][j].
+template <typename U>
+void transpose_band(const U* in, size_t cols, U* out) {
+  for (size_t j = 0; j < cols; ++j)
+    for (size_t i = 0; i < BAND_ROWS; ++i) out[j * BAND_ROWS + i] = in[i * cols + j];
 }
 
 } // namespace
@@ -68,23 +78,30 @@ void BandRows::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::ar
   encoder.dispatch([src = in.data<uint8_t>(), dst = out.data<uint8_t>(), rows, cols, item, bits = bits_]() {
     const size_t band = BAND_ROWS * cols * item;
     const int K = static_cast<int>(cols * 32 / (bits > 0 ? bits : 32));
-    std::vector<uint8_t> copy(src == dst || bits > 0 ? band : 0), q(bits > 0 ? static_cast<size_t>(BAND_ROWS) * K : 0);
-    for (size_t t = 0; t < rows / BAND_ROWS; ++t) {
-      const uint8_t* from = src + t * band;
-      uint8_t* to = dst + t * band;
-      if (bits > 0) { // value by value: the band's rows unpacked, then packed as its operands
-        for (int i = 0; i < BAND_ROWS; ++i)
-          unpack_row(reinterpret_cast<const uint32_t*>(from + i * cols * item), bits, K, q.data() + static_cast<size_t>(i) * K);
-        pack_band(q.data(), K, bits, to);
-        continue;
-      }
-      if (src == dst) {
+    // the bands on the primitive's threads, each through a copy of itself (in place, `src` is `dst`)
+    parallel_for(static_cast<int>(rows / BAND_ROWS), rows * cols * item, [&](int t0, int t1) {
+      thread_local std::vector<uint8_t> copy, q;
+      copy.resize(band);
+      if (bits > 0) q.resize(static_cast<size_t>(BAND_ROWS) * K);
+      for (size_t t = t0; t < static_cast<size_t>(t1); ++t) {
+        const uint8_t* from = src + t * band;
+        uint8_t* to = dst + t * band;
+        if (bits > 0) { // value by value: the band's rows unpacked, then packed as its operands
+          for (int i = 0; i < BAND_ROWS; ++i)
+            unpack_row(reinterpret_cast<const uint32_t*>(from + i * cols * item), bits, K, q.data() + static_cast<size_t>(i) * K);
+          pack_band(q.data(), K, bits, to);
+          continue;
+        }
         std::memcpy(copy.data(), from, band);
-        from = copy.data();
+        if (item == 4)
+          transpose_band(reinterpret_cast<const uint32_t*>(copy.data()), cols, reinterpret_cast<uint32_t*>(to));
+        else if (item == 2)
+          transpose_band(reinterpret_cast<const uint16_t*>(copy.data()), cols, reinterpret_cast<uint16_t*>(to));
+        else
+          for (size_t i = 0; i < BAND_ROWS; ++i)
+            for (size_t j = 0; j < cols; ++j) std::memcpy(to + (j * BAND_ROWS + i) * item, copy.data() + (i * cols + j) * item, item);
       }
-      for (size_t i = 0; i < BAND_ROWS; ++i)
-        for (size_t j = 0; j < cols; ++j) std::memcpy(to + (j * BAND_ROWS + i) * item, from + (i * cols + j) * item, item);
-    }
+    });
   });
 }
 
