@@ -1,5 +1,5 @@
-"""The mlxrt-qmv kernel's ``sort`` and ``exp`` primitives give MLX's results bit for bit (every
-float class, ties, any bit pattern, several rows), and the nucleus (top-p) filter built on them
+"""The mlxrt-qmv kernel's ``sort``, ``exp`` and ``argmax`` primitives give MLX's results bit for bit
+(every float class, ties, any bit pattern, several rows; greedy draws go through ``argmax``), and the nucleus (top-p) filter built on them
 draws the same tokens as mlx-lm's ``make_sampler`` with the same seed, both alone and in the
 chain ``build_sampler`` makes. Skipped where the kernel is not built."""
 
@@ -60,6 +60,29 @@ def test_exp_gives_mlx_s_bits():
     x = mx.random.normal((3, 5, 7)) * 40  # odd shapes: a tail shorter than eight
     assert _same_bits(ext.exp(x), mx.exp(x))
     assert "MlxrtExp" in primitive_counts(ext.exp(x))
+
+
+def test_argmax_gives_mlx_s_index_and_greedy_draws_go_through_it():
+    # the first NaN, else the first maximum (ties, both zeros, -inf rows), any length and rows
+    for row in _rows():
+        x = mx.array(row)
+        assert ext.argmax(x).item() == mx.argmax(x).item(), row.size
+    nan, inf = float("nan"), float("inf")
+    for row in ([1.0, nan, 3.0, nan], [nan, 1.0], [-inf, -inf], [-0.0, 0.0], [1.0, 3.0, 3.0], [2.0] * 9 + [3.0] * 2):
+        assert ext.argmax(mx.array(row)).item() == mx.argmax(mx.array(row)).item(), row
+    x = mx.random.normal((5, 3, 4001))
+    got = ext.argmax(x)
+    assert got.dtype == mx.uint32 and mx.array_equal(got, mx.argmax(x, axis=-1)).item()
+    h = x.astype(mx.float16)  # other dtypes are mx.argmax's
+    assert mx.array_equal(ext.argmax(h), mx.argmax(h, axis=-1)).item()
+    # mlx-lm's greedy sampler (or none) draws through it, any other sampler as it is
+    from mlx_lm.sample_utils import greedy_sampler
+
+    lp = _logprobs(3)
+    for sampler in (greedy_sampler, None):
+        drawn = qmv.draw(sampler, lp)
+        assert "MlxrtArgmax" in primitive_counts(drawn) and mx.array_equal(drawn, mx.argmax(lp, axis=-1)).item()
+    assert qmv.draw(lambda logprobs: mx.zeros((3,), dtype=mx.uint32), lp).tolist() == [0, 0, 0]
 
 
 def _logprobs(rows: int, n: int = 49152, seed: int = 0) -> mx.array:

@@ -465,9 +465,10 @@ class BatchSteps:
         logprobs = qmv.log_softmax(logits)
         samplers = [seq.sampler for seq in self._rows]
         if all(sampler is samplers[0] for sampler in samplers):
-            drawn = samplers[0](logprobs)
+            drawn = qmv.draw(samplers[0], logprobs)
         else:
-            drawn = mx.concatenate([sampler(logprobs[at:at + 1]) for at, sampler in enumerate(samplers)], axis=0)
+            drawn = mx.concatenate([qmv.draw(sampler, logprobs[at:at + 1]) for at, sampler in enumerate(samplers)],
+                                   axis=0)
         self._inputs, self._drawn_from = drawn, list(logprobs)
         return contexts
 

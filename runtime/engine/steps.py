@@ -80,7 +80,7 @@ def token_steps(prompt: Any, model: Any, *, cache: list[Any], stream: Any, max_t
             for processor in processors or ():
                 logits = processor(history, logits)
             logprobs = qmv.log_softmax(logits)
-            return sample(logprobs), logprobs.squeeze(0)
+            return qmv.draw(sample, logprobs), logprobs.squeeze(0)
 
     # Releasing MLX's buffer cache after each chunk bounds a long prefill's memory; after the
     # only chunk of a short prompt it would just cost the first token its buffers (~0.2 ms).

@@ -1,4 +1,4 @@
-// The swiglu, geglu, softmax, log_softmax and exp primitives (activation.h): their ops, portable loops
+// The swiglu, geglu, softmax, log_softmax, argmax and exp primitives (activation.h): their ops, portable loops
 // and CPU evaluation.
 #include "activation.h"
 
@@ -268,6 +268,36 @@ void LogSoftmax::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::
     parallel_for(static_cast<int>(rows), static_cast<size_t>(rows * n) * 8, [&](int r0, int r1) {
       run(ip + r0 * n, op + r0 * n, r1 - r0, n);
     }, rows == 1);
+  });
+}
+
+// ---------------------------------------------------------------- argmax
+
+int64_t argmax_generic(const float* in, int64_t n) {
+  int64_t at = 0;
+  for (int64_t i = 1; i < n; ++i) {
+    if (std::isnan(in[at])) break; // MLX's: the first NaN wins
+    if (in[i] > in[at] || std::isnan(in[i])) at = i;
+  }
+  return at;
+}
+
+mx::array argmax(const mx::array& x, mx::StreamOrDevice s) {
+  const bool ok = mx::to_stream(s).device == mx::Device::cpu && x.dtype() == mx::float32 && x.ndim() >= 1 &&
+      x.shape(-1) > 0 && x.size() > 0;
+  if (!ok) return mx::argmax(x, -1, false, s);
+  return mx::array(mx::Shape(x.shape().begin(), x.shape().end() - 1), mx::uint32,
+                   std::make_shared<Argmax>(mx::to_stream(s)), {mx::contiguous(x, false, s)});
+}
+
+void Argmax::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::array>& outputs) {
+  const auto& x = inputs[0];
+  auto& out = outputs[0];
+  auto& encoder = begin_eval(inputs, out, stream());
+  const int64_t n = x.shape(-1), rows = static_cast<int64_t>(x.size()) / n;
+  encoder.dispatch([ip = x.data<float>(), op = out.data<uint32_t>(), rows, n]() {
+    const auto run = MLXRT_LOOP(argmax);
+    for (int64_t r = 0; r < rows; ++r) op[r] = static_cast<uint32_t>(run(ip + r * n, n));
   });
 }
 

@@ -65,6 +65,11 @@ NB_MODULE(_ext, m) {
       "last two axes are (queries, keys) and query i sees keys up to causal_start + i, as mx.softmax of "
       "where(that causal mask, x, finfo.min).");
   m.def(
+      "argmax", [](const mx::array& x) { return mlxrt_qmv::argmax(x); }, "x"_a,
+      "mx.argmax(x, axis=-1) with MLX's result (the first NaN of a row, else the first place of its maximum; "
+      "uint32): one primitive for float32 x on the CPU (eight at a time where the CPU has AVX2), mx.argmax "
+      "otherwise (API 9).");
+  m.def(
       "exp", [](const mx::array& x) { return mlxrt_qmv::exp(x); }, "x"_a,
       "mx.exp(x) with MLX's float32 results bit for bit: one primitive for float32 x on the CPU (eight at a time "
       "where the CPU has AVX2/FMA), mx.exp otherwise.");

@@ -139,6 +139,37 @@ void log_softmax_avx2(const float* in, float* out, int64_t rows, int64_t n) {
   }
 }
 
+int64_t argmax_avx2(const float* in, int64_t n) {
+  // the maximum and whether there is a NaN, eight at a time
+  const int64_t whole = n / 8 * 8;
+  __m256 vm = _mm256_set1_ps(-__builtin_inff()), nan = _mm256_setzero_ps();
+  for (int64_t i = 0; i < whole; i += 8) {
+    const __m256 v = _mm256_loadu_ps(in + i);
+    nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    vm = _mm256_max_ps(v, vm);
+  }
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vm), _mm256_extractf128_ps(vm, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  float m = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+  bool any_nan = _mm256_movemask_ps(nan) != 0;
+  for (int64_t i = whole; i < n; ++i) {
+    any_nan = any_nan || std::isnan(in[i]);
+    m = in[i] > m ? in[i] : m;
+  }
+  if (any_nan)
+    for (int64_t i = 0; i < n; ++i)
+      if (std::isnan(in[i])) return i;
+  // its first place (all -inf: 0, as MLX's)
+  const __m256 mv = _mm256_set1_ps(m);
+  for (int64_t i = 0; i < whole; i += 8) {
+    const int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(in + i), mv, _CMP_EQ_OQ));
+    if (hit != 0) return i + __builtin_ctz(static_cast<unsigned>(hit));
+  }
+  for (int64_t i = whole; i < n; ++i)
+    if (in[i] == m) return i;
+  return 0;
+}
+
 void exp_avx2(const float* in, float* out, int64_t n) {
   int64_t i = 0;
   for (; i + 8 <= n; i += 8) _mm256_storeu_ps(out + i, exp8(_mm256_loadu_ps(in + i)));

@@ -29,7 +29,8 @@ one element at a time through a software fma on x86-64). ``geglu(gate, up)`` is
 float32 (not its bits; API 8). ``log_softmax(x)`` is ``x -
 mx.logsumexp(x, axis=-1, keepdims=True)`` as one op, MLX's float32 bits: a decode step's
 log-probabilities over the vocabulary. ``exp(x)`` and ``sort(x)`` are ``mx.exp`` and ``mx.sort(x,
-axis=-1)`` with MLX's float32 results, for a sampler's nucleus (top-p) filter.
+axis=-1)`` with MLX's float32 results, for a sampler's nucleus (top-p) filter. ``argmax(x)`` (API 9)
+is ``mx.argmax(x, axis=-1)`` with MLX's result, a greedy draw from a decode step's log-probabilities.
 ``decode_attention(q, k, v, k_cache, v_cache, offset, scale, dims, traditional, base, rope_scale,
 row=None, length=None)`` is one token's attention step over mlx-lm's ``KVCache`` or
 ``RotatingKVCache`` buffers in three ops: k (rotated by ``rope`` at ``offset``) and v written into
@@ -59,7 +60,7 @@ from mlxrt_qmv import _ext
 __all__ = ["quantized_matmul", "dequantize", "supported", "rms_norm", "rope", "attention", "swiglu", "geglu", "softmax", "log_softmax", "exp", "sort",
            "attention_supported", "decode_attention", "decode_attention_supported",
            "kernel_name", "threads", "set_threads", "MAX_ROWS", "MAX_QUERIES", "BITS", "FAST_BITS", "BUILT_FOR_MLX",
-           "API", "band_rows", "BAND_ROWS", "BAND_BITS"]
+           "API", "band_rows", "BAND_ROWS", "BAND_BITS", "argmax"]
 
 #: The interface version mlxrt requires exactly (``mlxrt.engine.qmv.API``): every function and
 #: attribute of this module, as documented above. Raised with any change mlxrt relies on.
@@ -105,6 +106,7 @@ geglu = _ext.geglu
 softmax = _ext.softmax
 log_softmax = _ext.log_softmax
 exp = _ext.exp
+argmax = _ext.argmax
 sort = _ext.sort
 attention_supported = _ext.attention_supported
 decode_attention = _ext.decode_attention
