@@ -275,6 +275,32 @@ def _pause_gc() -> None:
     gc.disable()
 
 
+#: glibc's mallopt parameters (malloc.h): M_TRIM_THRESHOLD, M_TOP_PAD.
+_M_TRIM_THRESHOLD, _M_TOP_PAD = -1, -2
+
+
+def _grow_heap_in_large_steps() -> None:
+    """``mlxrt serve`` on glibc (Linux): the C heap grows 256 MiB at a time and keeps up to 1 GiB
+    freed at its top instead of giving it back (``mallopt`` ``M_TOP_PAD``, ``M_TRIM_THRESHOLD``;
+    elsewhere nothing changes).
+
+    A start allocates some hundreds of MB in small pieces: Python's modules, and a large
+    vocabulary's tokenizer in tokenizers' Rust (Gemma 3's 262,144 tokens and 514,847 merges,
+    ~0.8 s of the start, all of it holding the GIL). With glibc's defaults the heap grows and is
+    trimmed a little at a time; so, Gemma 3 270M's spawn to first completion was 1.69 s, 1.51 s
+    with these (medians of 8 starts each, taking turns; quiet machine), for 45 MB more peak RSS
+    (829 → 874 MB; SmolLM2's unchanged). Padding is address space until it is used."""
+    import ctypes
+
+    try:
+        mallopt = ctypes.CDLL(None).mallopt
+    except (AttributeError, OSError):  # not glibc (macOS, musl): its own malloc, left alone
+        return
+    mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
+    mallopt(_M_TOP_PAD, 256 << 20)
+    mallopt(_M_TRIM_THRESHOLD, 1 << 30)
+
+
 def _resume_gc() -> None:
     """After :func:`_pause_gc`: move everything the start made to the collector's permanent
     generation (``gc.freeze``, Python's recipe for long-lived start-up state: later collections
@@ -675,6 +701,7 @@ def main(argv: Sequence[str] | None = None) -> None:
         for name in ("yaml", "annotated_types", "pdb"):  # Litestar's, for what serving rarely does
             defer_module(name)
         _pause_gc()  # until the server listens (_resume_gc)
+        _grow_heap_in_large_steps()
     from mlxrt.loading.blas import activate
 
     activate(argv)  # before any plugin or command can import mlx.core

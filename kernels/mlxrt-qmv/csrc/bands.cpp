@@ -101,7 +101,7 @@ void BandRows::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::ar
           for (size_t i = 0; i < BAND_ROWS; ++i)
             for (size_t j = 0; j < cols; ++j) std::memcpy(to + (j * BAND_ROWS + i) * item, copy.data() + (i * cols + j) * item, item);
       }
-    });
+    }, /*lone=*/true);
   });
 }
 
