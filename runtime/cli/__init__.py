@@ -275,22 +275,26 @@ def _pause_gc() -> None:
     gc.disable()
 
 
-#: glibc's mallopt parameters (malloc.h): M_TRIM_THRESHOLD, M_TOP_PAD.
-_M_TRIM_THRESHOLD, _M_TOP_PAD = -1, -2
+#: glibc's mallopt parameters (malloc.h): M_TRIM_THRESHOLD, M_TOP_PAD, M_MMAP_THRESHOLD.
+_M_TRIM_THRESHOLD, _M_TOP_PAD, _M_MMAP_THRESHOLD = -1, -2, -3
 
 
 def _grow_heap_in_large_steps() -> None:
     """``mlxrt serve`` on glibc (Linux): the C heap grows 256 MiB at a time and keeps up to 1 GiB
-    freed at its top instead of giving it back (``mallopt`` ``M_TOP_PAD``, ``M_TRIM_THRESHOLD``;
-    elsewhere nothing changes).
+    freed at its top instead of giving it back (``mallopt`` ``M_TOP_PAD``, ``M_TRIM_THRESHOLD``,
+    and ``M_MMAP_THRESHOLD`` at its dynamic maximum, 32 MiB; elsewhere nothing changes).
 
     A start allocates some hundreds of MB in small pieces: Python's modules, and a large
     vocabulary's tokenizer in tokenizers' Rust (Gemma 3's 262,144 tokens and 514,847 merges,
     ~0.8 s of the start, all of it holding the GIL). With glibc's defaults the heap grows and is
     trimmed a little at a time; so, Gemma 3 270M's spawn to first completion was 1.69 s, 1.51 s
     with these (medians of 8 starts each, taking turns; quiet machine), for 45 MB more peak RSS
-    (829 → 874 MB; SmolLM2's unchanged). Padding is address space until it is used."""
+    (829 → 874 MB; SmolLM2's unchanged). Padding is address space until it is used.
+    ``MLXRT_HEAP_STEPS=0`` leaves glibc's defaults (the A/B measurement's other side)."""
     import ctypes
+
+    if os.environ.get("MLXRT_HEAP_STEPS", "1") == "0":
+        return
 
     try:
         mallopt = ctypes.CDLL(None).mallopt
@@ -299,6 +303,10 @@ def _grow_heap_in_large_steps() -> None:
     mallopt.argtypes, mallopt.restype = (ctypes.c_int, ctypes.c_int), ctypes.c_int
     mallopt(_M_TOP_PAD, 256 << 20)
     mallopt(_M_TRIM_THRESHOLD, 1 << 30)
+    # Setting either fixes the threshold past which an allocation is mapped on its own, which
+    # glibc otherwise raises as such blocks are freed (up to 32 MiB): fixed at that, so that a
+    # decode step's buffers of a few hundred KB are not mapped and unmapped every step.
+    mallopt(_M_MMAP_THRESHOLD, 32 << 20)
 
 
 def _resume_gc() -> None:
