@@ -80,9 +80,11 @@ void BandRows::eval_cpu(const std::vector<mx::array>& inputs, std::vector<mx::ar
     const int K = static_cast<int>(cols * 32 / (bits > 0 ? bits : 32));
     // the bands on the primitive's threads, each through a copy of itself (in place, `src` is `dst`)
     parallel_for(static_cast<int>(rows / BAND_ROWS), rows * cols * item, [&](int t0, int t1) {
-      thread_local std::vector<uint8_t> copy, q;
-      copy.resize(band);
-      if (bits > 0) q.resize(static_cast<size_t>(BAND_ROWS) * K);
+      thread_local std::vector<uint8_t> copy, q; // a band's copy (units), or its values (bits > 0)
+      if (bits > 0)
+        q.resize(static_cast<size_t>(BAND_ROWS) * K);
+      else
+        copy.resize(band);
       for (size_t t = t0; t < static_cast<size_t>(t1); ++t) {
         const uint8_t* from = src + t * band;
         uint8_t* to = dst + t * band;

@@ -1,4 +1,4 @@
-// swiglu, softmax, log_softmax and exp (activation.h) eight floats at a time: MLX's scalar arithmetic in AVX2, operation for
+// swiglu, softmax, log_softmax, argmax and exp (activation.h) eight floats at a time: MLX's scalar arithmetic in AVX2, operation for
 // operation, so the results are the same bits; and geglu, geglu_generic's operations eight lanes at a time (the
 // same bits as it). Compiled with AVX2/FMA for this file only (and -ffp-contract=off: a product followed by a sum
 // must stay two roundings, as in MLX's build) and run only where the CPU has them (activation.cpp checks).
@@ -18,6 +18,35 @@ inline __m256 sigmoid8(__m256 v) { // MLX's Sigmoid
   const __m256 one = _mm256_set1_ps(1.0f);
   const __m256 y = _mm256_div_ps(one, _mm256_add_ps(one, exp8(_mm256_andnot_ps(_mm256_set1_ps(-0.0f), v))));
   return _mm256_blendv_ps(_mm256_sub_ps(one, y), y, _mm256_cmp_ps(v, _mm256_setzero_ps(), _CMP_LT_OQ));
+}
+
+// A row's largest element other than NaN, eight at a time, and the place of its first NaN in
+// nan_at (-1: none): what log_softmax and argmax both start from (MLX's maximum keeps the first NaN
+// it meets; its argmax returns that NaN's place).
+float row_max(const float* in, int64_t n, int64_t& nan_at) {
+  const int64_t whole = n / 8 * 8;
+  __m256 vm = _mm256_set1_ps(-__builtin_inff()), nan = _mm256_setzero_ps();
+  for (int64_t i = 0; i < whole; i += 8) {
+    const __m256 v = _mm256_loadu_ps(in + i);
+    nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
+    vm = _mm256_max_ps(v, vm);
+  }
+  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vm), _mm256_extractf128_ps(vm, 1));
+  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+  float m = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
+  bool any_nan = _mm256_movemask_ps(nan) != 0;
+  for (int64_t i = whole; i < n; ++i) {
+    any_nan = any_nan || std::isnan(in[i]);
+    m = in[i] > m ? in[i] : m;
+  }
+  nan_at = -1;
+  if (any_nan)
+    for (int64_t i = 0; i < n; ++i)
+      if (std::isnan(in[i])) {
+        nan_at = i;
+        break;
+      }
+  return m;
 }
 
 } // namespace
@@ -100,26 +129,9 @@ void log_softmax_avx2(const float* in, float* out, int64_t rows, int64_t n) {
   const int64_t whole = n / 8 * 8;
   for (int64_t r = 0; r < rows; ++r, in += n, out += n) {
     // the maximum; MLX's one-lane loop keeps the first NaN it meets, so any NaN gives NaN
-    __m256 vm = _mm256_set1_ps(-__builtin_inff()), nan = _mm256_setzero_ps();
-    for (int64_t i = 0; i < whole; i += 8) {
-      const __m256 v = _mm256_loadu_ps(in + i);
-      nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-      vm = _mm256_max_ps(v, vm);
-    }
-    __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vm), _mm256_extractf128_ps(vm, 1));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    float m = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
-    bool any_nan = _mm256_movemask_ps(nan) != 0;
-    for (int64_t i = whole; i < n; ++i) {
-      any_nan = any_nan || std::isnan(in[i]);
-      m = in[i] > m ? in[i] : m;
-    }
-    if (any_nan)
-      for (int64_t i = 0; i < n; ++i)
-        if (std::isnan(in[i])) {
-          m = in[i];
-          break;
-        }
+    int64_t nan_at;
+    float m = row_max(in, n, nan_at);
+    if (nan_at >= 0) m = in[nan_at];
     // the exponentials eight at a time, summed one by one in order, as MLX's loop sums them
     const __m256 mv = _mm256_set1_ps(m);
     float total = 0.f;
@@ -140,26 +152,11 @@ void log_softmax_avx2(const float* in, float* out, int64_t rows, int64_t n) {
 }
 
 int64_t argmax_avx2(const float* in, int64_t n) {
-  // the maximum and whether there is a NaN, eight at a time
+  int64_t nan_at;
+  const float m = row_max(in, n, nan_at);
+  if (nan_at >= 0) return nan_at;
+  // the maximum's first place (all -inf: 0, as MLX's)
   const int64_t whole = n / 8 * 8;
-  __m256 vm = _mm256_set1_ps(-__builtin_inff()), nan = _mm256_setzero_ps();
-  for (int64_t i = 0; i < whole; i += 8) {
-    const __m256 v = _mm256_loadu_ps(in + i);
-    nan = _mm256_or_ps(nan, _mm256_cmp_ps(v, v, _CMP_UNORD_Q));
-    vm = _mm256_max_ps(v, vm);
-  }
-  __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(vm), _mm256_extractf128_ps(vm, 1));
-  m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-  float m = _mm_cvtss_f32(_mm_max_ss(m4, _mm_movehdup_ps(m4)));
-  bool any_nan = _mm256_movemask_ps(nan) != 0;
-  for (int64_t i = whole; i < n; ++i) {
-    any_nan = any_nan || std::isnan(in[i]);
-    m = in[i] > m ? in[i] : m;
-  }
-  if (any_nan)
-    for (int64_t i = 0; i < n; ++i)
-      if (std::isnan(in[i])) return i;
-  // its first place (all -inf: 0, as MLX's)
   const __m256 mv = _mm256_set1_ps(m);
   for (int64_t i = 0; i < whole; i += 8) {
     const int hit = _mm256_movemask_ps(_mm256_cmp_ps(_mm256_loadu_ps(in + i), mv, _CMP_EQ_OQ));
