@@ -58,6 +58,40 @@ def tiny_mlx_lm_model(model_type: str, *, vocab_size: int, seed: int, quantized:
     return model
 
 
+def tiny_quantized_llama(bits: int, embedding_bits: int, *, seed: int) -> Any:
+    """A two-block mlx-lm llama (hidden 128, vocabulary 512, tied head) with random weights, its
+    linear layers quantized at ``bits`` and its embedding (so the tied head) at ``embedding_bits``,
+    group 32: the layout of a GGUF's Q4_1 or Q8_0 blocks with a Q8_0 embedding."""
+    import mlx.core as mx
+    import mlx.nn as nn
+    from mlx_lm.models import llama
+
+    args = llama.ModelArgs(model_type="llama", hidden_size=128, num_hidden_layers=2, intermediate_size=256,
+                           num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=512,
+                           tie_word_embeddings=True)
+    mx.random.seed(seed)
+    model = llama.Model(args)
+    nn.quantize(model, group_size=32, bits=bits)
+    model.model.embed_tokens = nn.QuantizedEmbedding.from_embedding(nn.Embedding(512, 128), group_size=32,
+                                                                    bits=embedding_bits)
+    mx.eval(model.parameters())
+    return model
+
+
+def greedy(model: Any, prompt: list[int], n: int) -> list[int]:
+    """``n`` greedy tokens after ``prompt``, a decode step at a time through mlx-lm's prompt cache."""
+    import mlx.core as mx
+    from mlx_lm.models.cache import make_prompt_cache
+
+    cache = make_prompt_cache(model)
+    tokens, out = mx.array([prompt]), []
+    for _ in range(n):
+        nxt = int(mx.argmax(model(tokens, cache=cache)[:, -1, :], axis=-1).item())
+        out.append(nxt)
+        tokens = mx.array([[nxt]])
+    return out
+
+
 def openai_client(http_client):
     import openai
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 import pytest
-from support import primitive_counts
+from support import greedy, primitive_counts, tiny_quantized_llama
 
 from mlxrt.engine import qmv
 from mlxrt.loading.dtype_choice import DtypeFacts, Machine, Timing, choose_dtype, decide, time_paths
@@ -215,32 +215,8 @@ def test_the_other_loops_keep_within_their_rounding_bound_row_by_row(forced):
 
 
 def _tiny_quantized_model() -> nn.Module:
-    from mlx_lm.models import llama
-
-    args = llama.ModelArgs(model_type="llama", hidden_size=128, num_hidden_layers=2, intermediate_size=256,
-                           num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=512,
-                           tie_word_embeddings=True)
-    mx.random.seed(3)
-    model = llama.Model(args)
-    nn.quantize(model, group_size=32, bits=4)
-    # the embedding (and so the tied head) at 8 bits, as in a GGUF Q4_1 + Q8_0 file
-    model.model.embed_tokens = nn.QuantizedEmbedding.from_embedding(
-        nn.Embedding(512, 128), group_size=32, bits=8)
-    mx.eval(model.parameters())
-    return model
-
-
-def _greedy(model: nn.Module, prompt: list[int], n: int) -> list[int]:
-    from mlx_lm.models.cache import make_prompt_cache
-
-    cache = make_prompt_cache(model)
-    tokens, out = mx.array([prompt]), []
-    for _ in range(n):
-        logits = model(tokens, cache=cache)[:, -1, :]
-        nxt = int(mx.argmax(logits, axis=-1).item())
-        out.append(nxt)
-        tokens = mx.array([[nxt]])
-    return out
+    # 4-bit layers, the embedding (and so the tied head) at 8 bits, as in a GGUF Q4_1 + Q8_0 file
+    return tiny_quantized_llama(4, 8, seed=3)
 
 
 @needs_kernel
@@ -281,7 +257,7 @@ def test_install_keeps_scales_in_16_bits_where_they_are_exact_and_the_tokens_ali
     symmetric.update({"biases": symmetric["scales"] * -16.0})
     mx.eval(model.parameters())
     prompt = list(range(5, 45))
-    before, long_before = _greedy(model, prompt, 12), _greedy(model, list(range(5, 85)), 4)
+    before, long_before = greedy(model, prompt, 12), greedy(model, list(range(5, 85)), 4)
     embedded = model.model.embed_tokens(mx.array([[3, 7]]))
     qmv.install(model)
     layers = dict(model.named_modules())
@@ -293,7 +269,7 @@ def test_install_keeps_scales_in_16_bits_where_they_are_exact_and_the_tokens_ali
     # the embedding's rows (looked up, not multiplied) stay float32, the same values
     looked_up = model.model.embed_tokens(mx.array([[3, 7]]))
     assert looked_up.dtype == mx.float32 and mx.array_equal(looked_up, embedded).item()
-    assert _greedy(model, prompt, 12) == before and _greedy(model, list(range(5, 85)), 4) == long_before
+    assert greedy(model, prompt, 12) == before and greedy(model, list(range(5, 85)), 4) == long_before
 
 
 @needs_kernel
@@ -301,7 +277,7 @@ def test_install_swaps_layers_and_greedy_tokens_stay_the_same():
     model = _tiny_quantized_model()
     prompt = list(range(5, 45))  # 40 tokens: the prefill runs the kernel (in two pieces for q15)
     long = list(range(5, 85))  # 80: the 8-bit kernels' way, or dequantize + BLAS for the others
-    before, long_before = _greedy(model, prompt, 12), _greedy(model, long, 4)
+    before, long_before = greedy(model, prompt, 12), greedy(model, long, 4)
     logits_before = model(mx.array([prompt[:3]]))
     count = qmv.install(model)
     # 7 linear layers a block, 2 blocks, and the embedding (its as_linear is the tied head)
@@ -310,7 +286,7 @@ def test_install_swaps_layers_and_greedy_tokens_stay_the_same():
     assert {"KernelQuantizedLinear", "KernelQuantizedEmbedding"} <= kinds and "QuantizedLinear" not in kinds
     assert all(isinstance(m, nn.QuantizedLinear) for _, m in model.named_modules()
                if type(m).__name__ == "KernelQuantizedLinear")
-    assert _greedy(model, prompt, 12) == before and _greedy(model, long, 4) == long_before
+    assert greedy(model, prompt, 12) == before and greedy(model, long, 4) == long_before
     logits = model(mx.array([prompt[:3]]))
     if INT8:
         # x rounded to int8 per block of 32 moves each product by ~0.1-0.3% of its size (see

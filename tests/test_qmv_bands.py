@@ -9,9 +9,9 @@ greedy tokens."""
 from __future__ import annotations
 
 import mlx.core as mx
-import mlx.nn as nn
 import numpy as np
 import pytest
+from support import greedy, tiny_quantized_llama
 
 from mlxrt.engine import qmv
 from mlxrt.loading.gguf_quant import pack
@@ -126,31 +126,6 @@ def test_what_the_kernel_cannot_read_in_bands_is_refused_not_computed_otherwise(
         ext.quantized_matmul(x, w, s, b, 32, 8, band=8)
 
 
-def _tiny_model(bits: int, embedding_bits: int) -> nn.Module:
-    from mlx_lm.models import llama
-
-    args = llama.ModelArgs(model_type="llama", hidden_size=128, num_hidden_layers=2, intermediate_size=256,
-                           num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-5, vocab_size=512,
-                           tie_word_embeddings=True)
-    mx.random.seed(5)
-    model = llama.Model(args)
-    nn.quantize(model, group_size=32, bits=bits)
-    model.model.embed_tokens = nn.QuantizedEmbedding.from_embedding(  # the tied head's width
-        nn.Embedding(512, 128), group_size=32, bits=embedding_bits)
-    mx.eval(model.parameters())
-    return model
-
-
-def _greedy(model: nn.Module, prompt: list[int], n: int) -> list[int]:
-    from mlx_lm.models.cache import make_prompt_cache
-
-    cache = make_prompt_cache(model)
-    tokens, out = mx.array([prompt]), []
-    for _ in range(n):
-        nxt = int(mx.argmax(model(tokens, cache=cache)[:, -1, :], axis=-1).item())
-        out.append(nxt)
-        tokens = mx.array([[nxt]])
-    return out
 
 
 @pytest.mark.parametrize("bits, embedding_bits", [(8, 8), (4, 8), (5, 4)])
@@ -160,11 +135,11 @@ def test_install_bands_the_layers_and_tokens_and_lookups_stay(monkeypatch, bits,
     if not {bits, embedding_bits} <= set(ext.BAND_BITS):
         pytest.skip(f"{ext.kernel_name()!r} reads no {bits}- or {embedding_bits}-bit weights in bands")
     prompt = list(range(5, 45))
-    rows_model = _tiny_model(bits, embedding_bits)
+    rows_model = tiny_quantized_llama(bits, embedding_bits, seed=5)
     monkeypatch.setenv("MLXRT_QMV_BANDS", "0")
     qmv.install(rows_model)
     monkeypatch.delenv("MLXRT_QMV_BANDS")
-    model = _tiny_model(bits, embedding_bits)
+    model = tiny_quantized_llama(bits, embedding_bits, seed=5)
     ids = mx.array([[0, 3, 17, 255, 511]])
     looked_up = model.model.embed_tokens(ids)  # MLX's own lookup, before install
     assert qmv.install(model) == 2 * 7 + 1
@@ -175,7 +150,7 @@ def test_install_bands_the_layers_and_tokens_and_lookups_stay(monkeypatch, bits,
     assert all(getattr(m, "band", 0) == 0 for _, m in rows_model.named_modules() if "scales" in m)
     # the lookup reads the bands: MLX's rows, bit for bit
     assert mx.array_equal(model.model.embed_tokens(ids), looked_up).item()
-    assert _greedy(model, prompt, 10) == _greedy(rows_model, prompt, 10)
+    assert greedy(model, prompt, 10) == greedy(rows_model, prompt, 10)
     # a batch of two prompts: each row's logits are those of its prompt alone
     both = model(mx.array([prompt[:20], prompt[20:]]))
     for i, piece in enumerate((prompt[:20], prompt[20:])):
